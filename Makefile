@@ -1,0 +1,57 @@
+# hvdps: one-command set-up on a fresh Debian machine (Python 3.11, root or sudo).
+#   make demo   set up everything, then run the side-by-side comparison on the bundled digits
+#   make test   set up everything, then run the test suite
+# Set-up is idempotent: a stamp file records a verified install, so later calls are fast.
+
+PYTHON   ?= python3
+VENV     ?= .venv
+BIN      := $(VENV)/bin
+STAMP    := $(VENV)/.hvdps-ready
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+TF_PIN   := tensorflow-cpu==2.15.1
+HVD_PIN  := horovod==0.28.1
+# Open MPI refuses to start as root unless told; harmless for other users.
+export OMPI_ALLOW_RUN_AS_ROOT=1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: setup demo test bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): setup.py Makefile
+	@command -v mpirun >/dev/null && [ -e /usr/include/x86_64-linux-gnu/openmpi/include/mpi.h -o -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
+	  || { echo "== installing Open MPI from Debian"; \
+	       $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	       $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin iproute2 >/dev/null; }
+	@[ -x $(BIN)/python ] || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "== installing TensorFlow and build tools"
+	@$(BIN)/pip install -q --upgrade pip setuptools wheel
+	@$(BIN)/pip install -q "$(TF_PIN)" "numpy<2" "cmake<4" packaging
+	@$(BIN)/python -c "import horovod.tensorflow" 2>/dev/null || { \
+	  echo "== building $(HVD_PIN) from source with TensorFlow + MPI + Gloo (about 3 minutes)"; \
+	  PATH="$(abspath $(BIN)):$$PATH" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+	  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+	  $(BIN)/pip install -q --no-build-isolation --no-cache-dir "$(HVD_PIN)"; }
+	@echo "== installing hvdps and test tools"
+	@$(BIN)/pip install -q -e ".[test]"
+	@echo "== verifying horovodrun --check-build"
+	@$(BIN)/horovodrun --check-build > $(VENV)/check-build.txt 2>&1 || { cat $(VENV)/check-build.txt; echo "error: horovodrun --check-build failed"; exit 1; }
+	@for want in TensorFlow MPI Gloo; do \
+	  grep -E "\[X\] $$want\b" $(VENV)/check-build.txt >/dev/null || { cat $(VENV)/check-build.txt; \
+	    echo "error: horovod was built without $$want support (see above); run 'make clean-venv setup'"; exit 1; }; \
+	done
+	@echo "== horovod build verified: TensorFlow, MPI and Gloo"
+	@touch $@
+
+demo: setup
+	$(BIN)/hvdps-compare --workers 1,2 --out runs/demo
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+bench: setup
+	$(BIN)/python benchmarks/run_all.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,201 @@
+"""The one run configuration both backends share.
+
+The comparison is only fair if both trainers read the same flags into the same
+frozen object and save it next to their results, so a reader can check that two
+runs really trained the same model on the same data with the same batch.
+"""
+import argparse
+import dataclasses
+import json
+import os
+from typing import Optional, Tuple
+
+from common.errors import UsageError
+
+MODELS = ("mlp", "cnn", "resnet50")
+DATASETS = ("digits", "mnist", "synthetic")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: str = "mlp"
+    dataset: str = "digits"
+    data_dir: Optional[str] = None
+    batch_size: int = 32                    # per worker / per rank
+    learning_rate: float = 0.05             # before any world-size scaling
+    optimizer: str = "momentum"
+    momentum: float = 0.9
+    scale_lr: bool = True                   # lr *= world size (Goyal et al.)
+    lr_warmup_epochs: float = 1.0           # linear warm-up to the scaled lr
+    epochs: int = 5
+    train_steps: int = 0                    # >0: stop after this many steps, overrides epochs
+    hidden_units: int = 100
+    seed: int = 42
+    train_dir: str = "runs/latest"
+    target_accuracy: float = 0.9
+    log_every: int = 10
+    warmup_steps: int = 5                   # excluded from throughput figures
+    image_shape: Tuple[int, ...] = (28, 28, 1)  # synthetic data only
+    num_classes: int = 10                   # synthetic data only
+    synthetic_samples: int = 2048
+    shuffle: bool = True
+    eval_every_epoch: bool = True
+    resume: bool = False
+    checkpoint_every_epoch: bool = True
+
+    def __post_init__(self):
+        validate(self)
+
+    def replace(self, **kw):
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self):
+        d = dataclasses.asdict(self)
+        d["image_shape"] = list(self.image_shape)
+        return d
+
+    def to_json(self):
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UsageError(f"unknown config keys: {', '.join(unknown)}")
+        d = dict(d)
+        if "image_shape" in d:
+            d["image_shape"] = tuple(d["image_shape"])
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text):
+        return cls.from_dict(json.loads(text))
+
+    def save(self, directory, name="config.json"):
+        """Write atomically so a crash never leaves a half-written config."""
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, name)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(self.to_json())
+        os.replace(tmp, path)
+        return path
+
+
+def _one_of(name, value, allowed):
+    if value not in allowed:
+        raise UsageError(f"unknown {name} '{value}' (valid: {', '.join(allowed)})")
+
+
+def validate(cfg):
+    _one_of("model", cfg.model, MODELS)
+    _one_of("dataset", cfg.dataset, DATASETS)
+    _one_of("optimizer", cfg.optimizer, OPTIMIZERS)
+    positive = ("batch_size", "learning_rate", "hidden_units", "log_every", "num_classes",
+                "synthetic_samples")
+    for name in positive:
+        if getattr(cfg, name) <= 0:
+            raise UsageError(f"--{name} must be positive, got {getattr(cfg, name)}")
+    for name in ("epochs", "train_steps", "warmup_steps"):
+        if getattr(cfg, name) < 0:
+            raise UsageError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.epochs == 0 and cfg.train_steps == 0:
+        raise UsageError("nothing to train: set --epochs or --train_steps above 0")
+    if cfg.lr_warmup_epochs < 0 or not 0 <= cfg.momentum < 1:
+        raise UsageError("--lr_warmup_epochs must be >= 0 and --momentum in [0, 1)")
+    if not 0 < cfg.target_accuracy <= 1:
+        raise UsageError(f"--target_accuracy must be in (0, 1], got {cfg.target_accuracy}")
+    if len(cfg.image_shape) != 3 or any(d <= 0 for d in cfg.image_shape):
+        raise UsageError(f"--image_shape must be H,W,C with positive sizes, got {cfg.image_shape}")
+    if cfg.dataset == "mnist" and not cfg.data_dir:
+        raise UsageError("--dataset mnist needs --data_dir (a folder with mnist.npz or the IDX files)")
+    if cfg.data_dir and not os.path.isdir(cfg.data_dir):
+        raise UsageError(f"--data_dir {cfg.data_dir}: no such directory")
+    if cfg.model == "resnet50" and cfg.dataset != "synthetic":
+        raise UsageError("--model resnet50 needs --dataset synthetic with --image_shape of at least 32,32,3")
+    if cfg.model == "resnet50" and (min(cfg.image_shape[:2]) < 32 or cfg.image_shape[2] != 3):
+        raise UsageError("--model resnet50 needs --image_shape of at least 32,32,3")
+
+
+def _shape(text):
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected H,W,C such as 28,28,1, got '{text}'")
+    return shape
+
+
+def _bool(text):
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got '{text}'")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that fails with one ``error:`` line and exit 2 (no usage dump)."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def build_parser(description, prog=None):
+    """Flags shared by both trainers; each backend adds its own on the result.
+
+    Keeps the flag names of the classic distributed-TF and Horovod examples
+    (``--batch_size``, ``--learning_rate``, ``--train_steps``, ``--hidden_units``,
+    ``--data_dir``, ``--train_dir``) so users' existing launch lines still work.
+    """
+    d = Config()
+    p = _Parser(description=description, prog=prog,
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("training (shared by every backend)")
+    g.add_argument("--model", default=d.model, help=f"one of {', '.join(MODELS)}")
+    g.add_argument("--dataset", default=d.dataset, help=f"one of {', '.join(DATASETS)}")
+    g.add_argument("--data_dir", default=d.data_dir, help="folder with mnist.npz or the 4 MNIST IDX files")
+    g.add_argument("--batch_size", type=int, default=d.batch_size, help="per worker (per rank)")
+    g.add_argument("--learning_rate", type=float, default=d.learning_rate, help="before world-size scaling")
+    g.add_argument("--optimizer", default=d.optimizer, help=f"one of {', '.join(OPTIMIZERS)}")
+    g.add_argument("--momentum", type=float, default=d.momentum)
+    g.add_argument("--scale_lr", type=_bool, default=d.scale_lr, help="multiply lr by the number of workers")
+    g.add_argument("--lr_warmup_epochs", type=float, default=d.lr_warmup_epochs)
+    g.add_argument("--epochs", type=int, default=d.epochs)
+    g.add_argument("--train_steps", type=int, default=d.train_steps, help="if >0, overrides --epochs")
+    g.add_argument("--hidden_units", type=int, default=d.hidden_units, help="MLP hidden layer width")
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--train_dir", "--out", dest="train_dir", default=d.train_dir,
+                   help="where metrics, checkpoints, TensorBoard events and config.json go")
+    g.add_argument("--target_accuracy", type=float, default=d.target_accuracy)
+    g.add_argument("--log_every", type=int, default=d.log_every, help="steps between metric records")
+    g.add_argument("--warmup_steps", type=int, default=d.warmup_steps, help="steps excluded from throughput")
+    g.add_argument("--image_shape", type=_shape, default=d.image_shape, help="synthetic data: H,W,C")
+    g.add_argument("--num_classes", type=int, default=d.num_classes, help="synthetic data")
+    g.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples)
+    g.add_argument("--shuffle", type=_bool, default=d.shuffle)
+    g.add_argument("--eval_every_epoch", type=_bool, default=d.eval_every_epoch)
+    g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --train_dir")
+    return p
+
+
+def from_args(args):
+    fields = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+
+
+def make_config(**kw):
+    """Config for tests and programmatic use: defaults plus overrides, validated."""
+    if "image_shape" in kw:
+        kw["image_shape"] = tuple(kw["image_shape"])
+    return Config(**kw)
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return Config.from_json(f.read())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: cannot read config: {exc}")

@@ -1,0 +1,243 @@
+"""Data sets and deterministic sharding shared by both backends.
+
+Sharding rule (the reason the backends can be compared sample for sample):
+every epoch draws one permutation of the *whole* training set from
+``(seed, epoch)``; worker ``i`` of ``n`` takes positions ``i, i+n, i+2n, ...``
+and every shard is cut to the same length. Then, for every step ``k``, the union
+of the ``n`` workers' batches of size ``b`` is exactly batch ``k`` of a single
+process that uses batch ``n*b`` -- which is what makes synchronous data
+parallelism provably equivalent to one big-batch process, and is tested.
+"""
+import gzip
+import os
+import struct
+
+import numpy as np
+
+from common.errors import UsageError
+
+IDX_IMAGES_MAGIC = 2051
+IDX_LABELS_MAGIC = 2049
+MNIST_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+DIGITS_TEST_FRACTION = 0.2
+DIGITS_SPLIT_SEED = 20240229   # fixed: the test set never depends on the training seed
+SYNTHETIC_TEST_SAMPLES = 256
+
+
+class DataError(UsageError):
+    """A data file is missing, truncated or not what it claims to be."""
+
+
+# ---------------------------------------------------------------- MNIST files
+def _open(path):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def read_idx(path, expect_magic):
+    """Read one IDX file (images: magic 2051, 3 dims; labels: magic 2049, 1 dim)."""
+    name = os.path.basename(path)
+    try:
+        with _open(path) as f:
+            raw = f.read()
+    except (OSError, EOFError) as exc:
+        raise DataError(f"{path}: cannot read: {exc}")
+    if len(raw) < 8:
+        raise DataError(f"{path}: truncated header ({len(raw)} bytes)")
+    magic, count = struct.unpack(">II", raw[:8])
+    if magic != expect_magic:
+        raise DataError(f"{path}: bad magic number {magic}, expected {expect_magic} for {name}")
+    ndim = 3 if expect_magic == IDX_IMAGES_MAGIC else 1
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path}: truncated header ({len(raw)} bytes)")
+    dims = struct.unpack(">" + "I" * ndim, raw[4:header])
+    if ndim == 3 and (dims[1] == 0 or dims[2] == 0):
+        raise DataError(f"{path}: image size {dims[1]}x{dims[2]} is empty")
+    want = int(np.prod(dims))
+    have = len(raw) - header
+    if have != want:
+        raise DataError(f"{path}: {'truncated' if have < want else 'trailing data'}: "
+                        f"header says {dims} = {want} bytes, file has {have}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def _find(data_dir, stem):
+    for candidate in (stem, stem + ".gz"):
+        path = os.path.join(data_dir, candidate)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def load_mnist(data_dir):
+    """MNIST from a local folder: Keras' ``mnist.npz`` or the four IDX files."""
+    if not data_dir or not os.path.isdir(data_dir):
+        raise DataError(f"MNIST data dir {data_dir!r} does not exist")
+    npz = os.path.join(data_dir, "mnist.npz")
+    if os.path.exists(npz):
+        try:
+            with np.load(npz, allow_pickle=False) as z:
+                missing = [k for k in MNIST_FILES if k not in z.files]
+                if missing:
+                    raise DataError(f"{npz}: missing arrays {', '.join(missing)}")
+                arrays = {k: z[k] for k in MNIST_FILES}
+        except DataError:
+            raise
+        except Exception as exc:  # zipfile/pickle errors: many types, one message
+            raise DataError(f"{npz}: not a readable .npz file: {exc}")
+        source = npz
+    else:
+        arrays = {}
+        for key, stem in MNIST_FILES.items():
+            path = _find(data_dir, stem)
+            if path is None:
+                raise DataError(f"{data_dir}: neither mnist.npz nor {stem}[.gz] found")
+            magic = IDX_IMAGES_MAGIC if key.startswith("x") else IDX_LABELS_MAGIC
+            arrays[key] = read_idx(path, magic)
+        source = data_dir
+    for split in ("train", "test"):
+        x, y = arrays["x_" + split], arrays["y_" + split]
+        if x.ndim != 3:
+            raise DataError(f"{source}: x_{split} should be N x H x W, has shape {x.shape}")
+        if y.ndim != 1 or len(x) != len(y):
+            raise DataError(f"{source}: {len(x)} {split} images but labels of shape {y.shape}")
+        if len(y) and (y.min() < 0 or y.max() > 9):
+            raise DataError(f"{source}: {split} label out of range 0..9 (found {int(y.min())}..{int(y.max())})")
+    scale = lambda x: (x.astype(np.float32) / 255.0)[..., None]
+    return (scale(arrays["x_train"]), arrays["y_train"].astype(np.int32),
+            scale(arrays["x_test"]), arrays["y_test"].astype(np.int32))
+
+
+def write_idx(path, array):
+    """Write an IDX file (used by tests and by users converting their own data)."""
+    array = np.asarray(array, dtype=np.uint8)
+    magic = IDX_IMAGES_MAGIC if array.ndim == 3 else IDX_LABELS_MAGIC
+    payload = struct.pack(">I", magic) + struct.pack(">" + "I" * array.ndim, *array.shape) + array.tobytes()
+    with _open_write(path) as f:
+        f.write(payload)
+
+
+def _open_write(path):
+    return gzip.open(path, "wb") if path.endswith(".gz") else open(path, "wb")
+
+
+# ---------------------------------------------------------------- digits
+def load_digits():
+    """scikit-learn's 8x8 handwritten digits: real data shipped in the wheel."""
+    from sklearn.datasets import load_digits as sk_digits
+    d = sk_digits()
+    x = (d.images.astype(np.float32) / 16.0)[..., None]
+    y = d.target.astype(np.int32)
+    perm = np.random.RandomState(DIGITS_SPLIT_SEED).permutation(len(x))
+    n_test = int(round(len(x) * DIGITS_TEST_FRACTION))
+    test, train = perm[:n_test], perm[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+def load_synthetic(cfg):
+    rng = np.random.RandomState(cfg.seed)
+    shape = tuple(cfg.image_shape)
+    make = lambda n: (rng.standard_normal((n,) + shape).astype(np.float32),
+                      rng.randint(0, cfg.num_classes, size=n).astype(np.int32))
+    x_train, y_train = make(cfg.synthetic_samples)
+    x_test, y_test = make(SYNTHETIC_TEST_SAMPLES)
+    return x_train, y_train, x_test, y_test
+
+
+def input_spec(cfg):
+    """(input shape, classes) from the config alone, so models can be built before data loads."""
+    if cfg.dataset == "digits":
+        return (8, 8, 1), 10
+    if cfg.dataset == "mnist":
+        return (28, 28, 1), 10
+    return tuple(cfg.image_shape), cfg.num_classes
+
+
+_CACHE = {}
+
+
+def load_arrays(cfg):
+    key = (cfg.dataset, cfg.data_dir, cfg.seed, tuple(cfg.image_shape), cfg.num_classes,
+           cfg.synthetic_samples)
+    if key not in _CACHE:
+        if cfg.dataset == "digits":
+            _CACHE[key] = load_digits()
+        elif cfg.dataset == "mnist":
+            _CACHE[key] = load_mnist(cfg.data_dir)
+        else:
+            _CACHE[key] = load_synthetic(cfg)
+    return _CACHE[key]
+
+
+# ---------------------------------------------------------------- sharding
+def check_shard(shard_index, num_shards):
+    if num_shards < 1 or not 0 <= shard_index < num_shards:
+        raise UsageError(f"shard {shard_index} of {num_shards} is out of range")
+
+
+def steps_per_epoch(num_examples, num_shards, batch_size):
+    """Steps each worker runs so that one epoch covers the data set once across workers."""
+    steps = (num_examples // num_shards) // batch_size
+    if steps == 0:
+        raise UsageError(f"batch {batch_size} x {num_shards} workers exceeds the "
+                         f"{num_examples} training examples: lower --batch_size")
+    return steps
+
+
+def shard_indices(num_examples, shard_index, num_shards, epoch, seed, shuffle=True):
+    """Example indices worker ``shard_index`` sees in ``epoch`` (equal length for all shards)."""
+    check_shard(shard_index, num_shards)
+    if shuffle:
+        order = np.random.RandomState((seed * 1000003 + epoch) % (2 ** 32)).permutation(num_examples)
+    else:
+        order = np.arange(num_examples)
+    return order[shard_index::num_shards][: num_examples // num_shards]
+
+
+def train_index_stream(cfg, num_examples, shard_index, num_shards, epochs):
+    """Concatenated per-epoch indices, each epoch trimmed to whole batches."""
+    spe = steps_per_epoch(num_examples, num_shards, cfg.batch_size)
+    parts = [shard_indices(num_examples, shard_index, num_shards, e, cfg.seed, cfg.shuffle)
+             [: spe * cfg.batch_size] for e in range(epochs)]
+    return np.concatenate(parts).astype(np.int64)
+
+
+def plan(cfg, num_examples, num_shards):
+    """(steps per epoch, total steps, epochs to materialise) for this run."""
+    spe = steps_per_epoch(num_examples, num_shards, cfg.batch_size)
+    total = cfg.train_steps if cfg.train_steps > 0 else cfg.epochs * spe
+    return spe, total, -(-total // spe)
+
+
+def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_steps=None):
+    """A tf.data pipeline of ``(x, y)`` batches for one worker.
+
+    train: this worker's shard for the whole run (all epochs), batched with
+    ``cfg.batch_size``, starting at ``start_step`` (for resume). ``num_steps``
+    overrides the planned length (async PS workers may have to run longer when
+    a peer is lost); later epochs continue the same per-epoch permutations.
+    test: this worker's slice ``i::n`` of the held-out set, no shuffling, last
+    batch kept, so the shards' sums add up to the full test set.
+    """
+    import tensorflow as tf
+    check_shard(shard_index, num_shards)
+    x_train, y_train, x_test, y_test = load_arrays(cfg)
+    if split == "test":
+        x, y = x_test[shard_index::num_shards], y_test[shard_index::num_shards]
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(cfg.batch_size).prefetch(2)
+    if split != "train":
+        raise UsageError(f"unknown split '{split}' (valid: train, test)")
+    spe, total, epochs = plan(cfg, len(x_train), num_shards)
+    if num_steps is not None:
+        total, epochs = num_steps, -(-num_steps // spe)
+    idx = train_index_stream(cfg, len(x_train), shard_index, num_shards, epochs)
+    idx = idx[start_step * cfg.batch_size: total * cfg.batch_size]
+    xs, ys = tf.constant(x_train), tf.constant(y_train)
+    ds = tf.data.Dataset.from_tensor_slices(idx).batch(cfg.batch_size, drop_remainder=True)
+    ds = ds.map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE)

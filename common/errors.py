@@ -1,0 +1,52 @@
+"""One way to fail: a single ``error: ...`` line and a meaningful exit code.
+
+Users launch these scripts under horovodrun/mpirun/Kubernetes, where a Python
+traceback from every rank buries the real cause. Everything a user can get wrong
+raises :class:`UsageError`; :func:`cli` turns it into one line and exit 2.
+"""
+import functools
+import os
+import sys
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class UsageError(Exception):
+    """Bad flags, config, paths or input files: the user can fix it."""
+
+
+class RunError(Exception):
+    """The run itself failed (lost peer, timeout): not a usage problem."""
+
+
+def fail(message, code=EXIT_USAGE, quiet=False, hard_exit=False):
+    if not quiet:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    if hard_exit:   # skip interpreter teardown: TF gRPC servers cannot be stopped
+        sys.stdout.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def cli(fn=None, *, hard_exit=False):
+    """Decorate a ``main()`` so user errors end as one line, not a traceback.
+
+    ``HVDPS_QUIET_ERRORS`` lets a backend silence non-chief ranks so that a
+    4-rank job prints the error once, while still exiting non-zero everywhere.
+    """
+    if fn is None:
+        return functools.partial(cli, hard_exit=hard_exit)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        quiet = os.environ.get("HVDPS_QUIET_ERRORS") == "1"
+        try:
+            return fn(*args, **kwargs)
+        except UsageError as exc:
+            fail(str(exc), EXIT_USAGE, quiet, hard_exit)
+        except RunError as exc:
+            fail(str(exc), EXIT_FAILURE, quiet, hard_exit)
+        except KeyboardInterrupt:
+            fail("interrupted", 130, quiet, hard_exit)
+    return wrapper

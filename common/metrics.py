@@ -1,0 +1,198 @@
+"""The metrics file both backends write, and the reader the report uses.
+
+One JSON object per line in ``<train_dir>/metrics.jsonl``; the schema is in
+docs/metrics.md. Only the chief / rank 0 writes (the writer is a no-op
+elsewhere), and each record is flushed on its own line so a crash leaves a
+readable prefix and a live progress bar can tail the file.
+"""
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import time
+
+SCHEMA_VERSION = 1
+RECORD_TYPES = ("header", "step", "eval", "summary")
+HEADER_FIELDS = ("backend", "mode", "world_size", "num_ps", "batch_size_per_worker",
+                 "global_batch_size", "model", "dataset", "config", "host", "versions")
+STEP_FIELDS = ("global_step", "samples_seen", "wall_time", "loss", "samples_per_sec")
+EVAL_FIELDS = ("epoch", "global_step", "wall_time", "loss", "accuracy")
+SUMMARY_FIELDS = ("status", "total_time", "steps", "samples_seen", "throughput",
+                  "time_to_target", "final_test_accuracy", "final_test_loss",
+                  "grad_bytes_per_step")
+
+
+def library_versions():
+    versions = {"python": platform.python_version()}
+    for name in ("tensorflow", "horovod", "numpy", "mpi4py"):
+        try:
+            module = __import__(name)
+            versions[name] = getattr(module, "__version__", "?")
+        except Exception:
+            versions[name] = None
+    return versions
+
+
+def throughput_stats(rates):
+    """Median, mean and 95% half-width (1.96 standard errors) of per-interval samples/sec."""
+    rates = [float(r) for r in rates if r is not None and math.isfinite(r) and r > 0]
+    if not rates:
+        return {"median": None, "mean": None, "error": None, "n": 0}
+    mean = statistics.fmean(rates)
+    err = 1.96 * statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) > 1 else 0.0
+    return {"median": statistics.median(rates), "mean": mean, "error": err, "n": len(rates)}
+
+
+def format_throughput(stats):
+    if not stats or stats.get("mean") is None:
+        return "n/a"
+    return f"{stats['mean']:.1f} +/- {stats['error']:.1f} (median {stats['median']:.1f})"
+
+
+class ThroughputMeter:
+    """Samples/sec per logging interval, ignoring the first ``warmup_steps`` steps.
+
+    Warm-up steps include graph tracing, Horovod's first negotiation and the PS
+    variable fetches; counting them would penalise whichever backend starts slower.
+    """
+
+    def __init__(self, warmup_steps):
+        self.warmup_steps = warmup_steps
+        self.rates = []
+        self._mark = None   # (step, samples, time) at the start of the current interval
+
+    def update(self, step, samples_seen, now=None):
+        """Record progress; returns the rate of the interval just closed, or None."""
+        now = time.perf_counter() if now is None else now
+        if step < self.warmup_steps:
+            return None
+        if self._mark is None or step <= self._mark[0]:
+            self._mark = (step, samples_seen, now)
+            return None
+        _, samples0, t0 = self._mark
+        self._mark = (step, samples_seen, now)
+        if now <= t0:
+            return None
+        rate = (samples_seen - samples0) / (now - t0)
+        self.rates.append(rate)
+        return rate
+
+    def stats(self):
+        return throughput_stats(self.rates)
+
+
+class MetricsWriter:
+    def __init__(self, train_dir, enabled=True, name="metrics.jsonl"):
+        self.enabled = enabled
+        self.path = os.path.join(train_dir, name)
+        self.start = time.time()
+        self.target_time = None
+        self._f = None
+        if enabled:
+            os.makedirs(train_dir, exist_ok=True)
+            self._f = open(self.path, "a")
+
+    def elapsed(self):
+        return time.time() - self.start
+
+    def _write(self, record):
+        if self._f:
+            self._f.write(json.dumps(record, sort_keys=True, default=_plain) + "\n")
+            self._f.flush()
+
+    def header(self, cfg, backend, mode, world_size, num_ps, **extra):
+        self._write(dict(type="header", schema_version=SCHEMA_VERSION, backend=backend, mode=mode,
+                         world_size=world_size, num_ps=num_ps,
+                         batch_size_per_worker=cfg.batch_size,
+                         global_batch_size=cfg.batch_size * world_size,
+                         model=cfg.model, dataset=cfg.dataset, config=cfg.to_dict(),
+                         host=socket.gethostname(), cpus=os.cpu_count(),
+                         versions=library_versions(), start_time=self.start, **extra))
+
+    def step(self, global_step, samples_seen, loss, samples_per_sec, **extra):
+        self._write(dict(type="step", global_step=int(global_step), samples_seen=int(samples_seen),
+                         wall_time=self.elapsed(), loss=_num(loss),
+                         samples_per_sec=_num(samples_per_sec), **extra))
+
+    def eval(self, epoch, global_step, loss, accuracy, target=None, **extra):
+        now = self.elapsed()
+        if target is not None and self.target_time is None and accuracy >= target:
+            self.target_time = now
+        self._write(dict(type="eval", split="test", epoch=epoch, global_step=int(global_step),
+                         wall_time=now, loss=_num(loss), accuracy=_num(accuracy), **extra))
+
+    def summary(self, status, steps, samples_seen, throughput, final_loss, final_accuracy,
+                grad_bytes_per_step, **extra):
+        self._write(dict(type="summary", status=status, total_time=self.elapsed(), steps=int(steps),
+                         samples_seen=int(samples_seen), throughput=throughput,
+                         time_to_target=self.target_time, final_test_accuracy=_num(final_accuracy),
+                         final_test_loss=_num(final_loss),
+                         grad_bytes_per_step=grad_bytes_per_step, **extra))
+
+    def close(self):
+        if self._f:
+            self._f.close()
+            self._f = None
+
+
+def _plain(x):
+    """NumPy scalars/arrays (TF session results) as plain JSON values."""
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+
+
+def _num(x):
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+# ---------------------------------------------------------------- reading back
+def read_records(path):
+    """All complete records of a metrics file; a torn last line (crash) is ignored."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("type") in RECORD_TYPES:
+                records.append(rec)
+    return records
+
+
+def load_run(run_dir, name="metrics.jsonl"):
+    """One run as a flat row for tables, plus its curves. Missing parts become None."""
+    recs = read_records(os.path.join(run_dir, name))
+    header = next((r for r in recs if r["type"] == "header"), {})
+    summary = next((r for r in reversed(recs) if r["type"] == "summary"), {})
+    evals = [r for r in recs if r["type"] == "eval"]
+    steps = [r for r in recs if r["type"] == "step"]
+    tp = summary.get("throughput") or {}
+    row = {
+        "run_dir": run_dir,
+        "backend": header.get("backend"), "mode": header.get("mode"),
+        "workers": header.get("world_size"), "num_ps": header.get("num_ps"),
+        "model": header.get("model"), "dataset": header.get("dataset"),
+        "batch_per_worker": header.get("batch_size_per_worker"),
+        "global_batch": header.get("global_batch_size"),
+        "status": summary.get("status", "incomplete"),
+        "samples_per_sec_median": tp.get("median"), "samples_per_sec_mean": tp.get("mean"),
+        "samples_per_sec_error": tp.get("error"),
+        "time_to_target": summary.get("time_to_target"),
+        "final_test_accuracy": summary.get("final_test_accuracy",
+                                           evals[-1]["accuracy"] if evals else None),
+        "final_test_loss": summary.get("final_test_loss", evals[-1]["loss"] if evals else None),
+        "final_train_loss": steps[-1]["loss"] if steps else None,
+        "grad_bytes_per_step": summary.get("grad_bytes_per_step"),
+        "wall_time": summary.get("total_time"),
+        "steps": summary.get("steps"),
+    }
+    return row, {"header": header, "evals": evals, "steps": steps, "summary": summary}

@@ -1,0 +1,89 @@
+"""Models both backends train.
+
+Initial weights of the MLP and CNN come from NumPy, seeded by ``cfg.seed``, not
+from TensorFlow's RNG: TF draws different numbers in eager mode (Horovod) and in
+graph mode (the PS backend's between-graph replication), and the equivalence
+tests need every backend and every worker count to start from the same point.
+"""
+import numpy as np
+
+from common.data import input_spec
+
+
+def _numpy_initializer(tf, seed, kind):
+    class NumpyInit(tf.keras.initializers.Initializer):
+        def __init__(self, seed, kind):
+            self.seed, self.kind = seed, kind
+
+        def __call__(self, shape, dtype=None, **kwargs):
+            shape = tuple(int(s) for s in shape)
+            rng = np.random.RandomState(self.seed)
+            if self.kind == "zeros":
+                value = np.zeros(shape, np.float32)
+            else:  # Glorot uniform, as Keras' default, with fan-in/out of dense and conv kernels
+                receptive = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
+                fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive
+                limit = np.sqrt(6.0 / (fan_in + fan_out))
+                value = rng.uniform(-limit, limit, size=shape).astype(np.float32)
+            return tf.constant(value, dtype=dtype or tf.float32)
+
+        def get_config(self):
+            return {"seed": self.seed, "kind": self.kind}
+
+    return NumpyInit(seed, kind)
+
+
+def build_model(cfg):
+    """An uncompiled Keras model for ``cfg.model`` whose input follows ``cfg.dataset``."""
+    import tensorflow as tf
+    shape, classes = input_spec(cfg)
+    L = tf.keras.layers
+    init = lambda i: dict(kernel_initializer=_numpy_initializer(tf, cfg.seed * 100 + i, "glorot"),
+                          bias_initializer=_numpy_initializer(tf, 0, "zeros"))
+    if cfg.model == "mlp":
+        # The classic distributed-TF example: flatten -> hidden (ReLU) -> 10 logits.
+        return tf.keras.Sequential([
+            L.Input(shape),
+            L.Flatten(),
+            L.Dense(cfg.hidden_units, activation="relu", **init(1)),
+            L.Dense(classes, **init(2)),
+        ], name="mlp")
+    if cfg.model == "cnn":
+        return tf.keras.Sequential([
+            L.Input(shape),
+            L.Conv2D(32, 3, padding="same", activation="relu", **init(1)),
+            L.Conv2D(64, 3, padding="same", activation="relu", **init(2)),
+            L.MaxPooling2D(2),
+            L.Flatten(),
+            L.Dense(128, activation="relu", **init(3)),
+            L.Dense(classes, **init(4)),
+        ], name="cnn")
+    if cfg.model == "resnet50":
+        tf.keras.utils.set_random_seed(cfg.seed)
+        return tf.keras.applications.ResNet50(weights=None, input_shape=shape, classes=classes,
+                                              classifier_activation=None)
+    raise ValueError(cfg.model)  # unreachable: Config validates the name
+
+
+def num_parameters(model):
+    return int(sum(int(np.prod(w.shape)) for w in model.trainable_weights))
+
+
+def gradient_bytes(model):
+    """Bytes one worker sends per step (float32 gradients of every trainable weight)."""
+    return 4 * num_parameters(model)
+
+
+def loss_fn():
+    import tensorflow as tf
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def make_optimizer(cfg, learning_rate):
+    """The optimizer before any distribution wrapper; ``learning_rate`` may be a schedule."""
+    import tensorflow as tf
+    if cfg.optimizer == "sgd":
+        return tf.keras.optimizers.legacy.SGD(learning_rate)
+    if cfg.optimizer == "momentum":
+        return tf.keras.optimizers.legacy.SGD(learning_rate, momentum=cfg.momentum)
+    return tf.keras.optimizers.legacy.Adam(learning_rate)

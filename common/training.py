@@ -1,0 +1,261 @@
+"""Backend-neutral training pieces: learning-rate rule, evaluation sums, checkpoints, progress.
+
+Pure TensorFlow (no Horovod, no tf.distribute), so the Horovod loop and the PS
+loop apply the identical learning-rate rule and evaluation arithmetic.
+"""
+import os
+import sys
+import time
+
+import numpy as np
+
+from common.errors import UsageError
+
+
+def peak_learning_rate(cfg, world_size):
+    return cfg.learning_rate * (world_size if cfg.scale_lr else 1)
+
+
+def warmup_steps_for_lr(cfg, steps_per_epoch, world_size):
+    if world_size == 1 or not cfg.scale_lr:
+        return 0
+    return int(round(cfg.lr_warmup_epochs * steps_per_epoch))
+
+
+def make_lr_schedule(cfg, steps_per_epoch, world_size):
+    """Linear warm-up from the single-worker lr to ``lr * world_size`` (Goyal et al. 2017).
+
+    Returned as a Keras schedule so the same object drives the eager Horovod loop
+    and (called on the global-step tensor) the PS graph.
+    """
+    import tensorflow as tf
+
+    base = float(cfg.learning_rate)
+    peak = float(peak_learning_rate(cfg, world_size))
+    warm = warmup_steps_for_lr(cfg, steps_per_epoch, world_size)
+
+    class WarmupThenConstant(tf.keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step):
+            if warm == 0:
+                return tf.constant(peak, tf.float32)
+            frac = tf.minimum(tf.cast(step, tf.float32) / float(warm), 1.0)
+            return base + (peak - base) * frac
+
+        def get_config(self):
+            return {"base": base, "peak": peak, "warmup_steps": warm}
+
+    return WarmupThenConstant()
+
+
+def eval_sums(model, dataset, loss_fn):
+    """(sum of losses, correct predictions, examples) over a dataset, for cross-worker reduction."""
+    import tensorflow as tf
+    loss_sum, correct, count = 0.0, 0, 0
+    for x, y in dataset:
+        logits = model(x, training=False)
+        per_example = loss_fn(y, logits) * tf.cast(tf.shape(y)[0], tf.float32)
+        loss_sum += float(per_example)
+        correct += int(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32),
+                                                      tf.cast(y, tf.int32)), tf.int32)))
+        count += int(tf.shape(y)[0])
+    return np.array([loss_sum, correct, count], dtype=np.float64)
+
+
+def finish_eval(sums):
+    loss_sum, correct, count = (float(v) for v in sums)
+    if count == 0:
+        return float("nan"), float("nan")
+    return loss_sum / count, correct / count
+
+
+def check_train_dir(cfg):
+    """Fail early, on every worker, if results cannot be written or resumed from."""
+    d = cfg.train_dir
+    if os.path.exists(d) and not os.path.isdir(d):
+        raise UsageError(f"--train_dir {d} exists and is not a directory")
+    parent = d if os.path.isdir(d) else (os.path.dirname(os.path.abspath(d)) or ".")
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--train_dir {d} is not writable")
+    ckpt = os.path.join(d, "checkpoints")
+    if cfg.resume and (not os.path.isdir(ckpt) or not os.access(ckpt, os.R_OK | os.X_OK)):
+        raise UsageError(f"--resume: no readable checkpoint directory at {ckpt}")
+    if cfg.resume and not os.path.exists(os.path.join(ckpt, "checkpoint")):
+        raise UsageError(f"--resume: no checkpoint saved yet in {ckpt}")
+    if not cfg.resume and os.path.exists(os.path.join(d, "metrics.jsonl")):
+        raise UsageError(f"--train_dir {d} already holds a run (metrics.jsonl); "
+                         f"use --resume to continue it or choose another directory")
+
+
+def check_resume_compatible(cfg, train_dir):
+    """A resumed run must train the same model on the same data with the same batch."""
+    from common.config import load
+    path = os.path.join(train_dir, "config.json")
+    if not os.path.exists(path):
+        raise UsageError(f"--resume: {path} is missing")
+    old = load(path)
+    for key in ("model", "dataset", "batch_size", "hidden_units", "image_shape", "num_classes", "seed"):
+        if getattr(old, key) != getattr(cfg, key):
+            raise UsageError(f"--resume: {key} was {getattr(old, key)!r} in {path}, now "
+                             f"{getattr(cfg, key)!r}")
+
+
+def save_weights_npz(model, path):
+    """Final weights in model order, written atomically (tests and users diff these)."""
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, *[np.asarray(w) for w in model.get_weights()])
+    os.replace(tmp, path)
+
+
+def load_weights_npz(path):
+    with np.load(path) as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))]
+
+
+class Progress:
+    """tqdm bar on a terminal; plain periodic lines in logs (CI, mpirun, kubectl logs)."""
+
+    def __init__(self, total, initial=0, desc="train", enabled=True):
+        self.enabled = enabled
+        self.bar = None
+        self.total = total
+        self.desc = desc
+        self._last = 0.0
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
+
+    def update(self, step, **info):
+        if not self.enabled:
+            return
+        text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix_str(text, refresh=True)
+        elif time.time() - self._last >= 2.0 or step >= self.total:
+            self._last = time.time()
+            print(f"[{self.desc}] step {step}/{self.total} {text}", flush=True)
+
+    def write(self, text):
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+class TensorBoard:
+    """Scalar events through TensorBoard's own pure-Python writer.
+
+    tf.summary needs eager mode and tf.compat.v1.summary.FileWriter refuses eager
+    mode; this works in both, so the eager Horovod loop and the graph-mode PS
+    chief write identical event files.
+    """
+
+    def __init__(self, logdir):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        self.writer = EventFileWriter(logdir)
+
+    def scalars(self, step, **values):
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        vals = [summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+                for k, v in values.items() if v is not None and np.isfinite(v)]
+        if vals:
+            self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                                  summary=summary_pb2.Summary(value=vals)))
+
+    def close(self):
+        self.writer.close()
+
+
+class RunLog:
+    """Everything the chief records about a run: metrics file, TensorBoard, progress, throughput.
+
+    Constructed on every worker so loops need no ``if chief`` around each call;
+    on non-chief workers every method is a no-op.
+    """
+
+    def __init__(self, cfg, backend, total_steps, samples_per_step, extra_header=None, start_step=0):
+        from common.metrics import MetricsWriter, ThroughputMeter
+        self.cfg = cfg
+        self.enabled = backend.is_chief
+        self.samples_per_step = samples_per_step
+        self.meter = ThroughputMeter(cfg.warmup_steps + start_step)
+        self.metrics = MetricsWriter(cfg.train_dir, enabled=self.enabled)
+        self.tb = TensorBoard(os.path.join(cfg.train_dir, "tensorboard")) if self.enabled else None
+        self.progress = Progress(total_steps, initial=start_step, desc=backend.name, enabled=self.enabled)
+        self.last_eval = (None, None)
+        if self.enabled:
+            cfg.save(cfg.train_dir)
+            self.metrics.header(cfg, backend.name, backend.mode, backend.world_size, backend.num_ps,
+                                samples_per_step=samples_per_step, start_step=start_step,
+                                total_steps=total_steps, **(extra_header or {}))
+
+    def step(self, step, loss, lr=None, samples_seen=None, **extra):
+        if not self.enabled:
+            return
+        samples = samples_seen if samples_seen is not None else step * self.samples_per_step
+        rate = self.meter.update(step, samples)
+        self.metrics.step(step, samples, loss, rate, **extra)
+        self.tb.scalars(step, loss=loss, samples_per_sec=rate, learning_rate=lr)
+        self.progress.update(step, loss=float(loss), **({"samples/s": rate} if rate else {}))
+
+    def eval(self, epoch, step, loss, accuracy):
+        if not self.enabled:
+            return
+        self.last_eval = (loss, accuracy)
+        self.metrics.eval(epoch, step, loss, accuracy, target=self.cfg.target_accuracy)
+        self.tb.scalars(step, test_loss=loss, test_accuracy=accuracy)
+        self.progress.write(f"epoch {epoch}: step {step} test_loss={loss:.4f} test_accuracy={accuracy:.4f}")
+
+    def finish(self, steps, grad_bytes_per_step, status="ok", **extra):
+        if not self.enabled:
+            return None
+        stats = self.meter.stats()
+        loss, acc = self.last_eval
+        self.metrics.summary(status, steps, steps * self.samples_per_step, stats, loss, acc,
+                             grad_bytes_per_step, **extra)
+        self.progress.close()
+        from common.metrics import format_throughput
+        print(f"samples/sec: {format_throughput(stats)}  test_accuracy: "
+              f"{acc if acc is None else round(acc, 4)}  time: {self.metrics.elapsed():.1f}s", flush=True)
+        self.metrics.close()
+        self.tb.close()
+        return stats
+
+
+class Watchdog:
+    """Ends the process with a one-line error if the training loop stops making progress.
+
+    The last line of defence against gRPC/MPI calls that TensorFlow or Horovod
+    would otherwise wait on forever (a dead peer during session creation, say).
+    """
+
+    def __init__(self, timeout, message, code=1):
+        import threading
+        self.timeout, self.message, self.code = timeout, message, code
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="hvdps-watchdog")
+        self._thread.start()
+
+    def kick(self, message=None):
+        self._last = time.monotonic()
+        if message:
+            self.message = message
+
+    def _run(self):
+        while not self._stop.wait(0.5):
+            if time.monotonic() - self._last > self.timeout:
+                print(f"error: {self.message} (no progress for {self.timeout:.0f}s)",
+                      file=sys.stderr, flush=True)
+                os._exit(self.code)
+
+    def stop(self):
+        self._stop.set()

@@ -1,0 +1,147 @@
+"""Horovod specifics, behind the common Backend interface.
+
+Everything that knows about ``hvd`` lives here: joining the job, giving each
+rank its GPU or its share of the CPU cores, wrapping the optimizer/tape for ring
+all-reduce, broadcasting rank 0's state and averaging metrics.
+"""
+import os
+
+import numpy as np
+
+from common.backend import Backend
+from common.errors import RunError
+
+# Launchers set one of these before Python starts, so the rank is known before
+# hvd.init() -- needed to silence the duplicate error lines of ranks 1..n-1.
+_RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def launcher_rank():
+    for name in _RANK_ENV:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def add_horovod_args(parser):
+    g = parser.add_argument_group("Horovod")
+    g.add_argument("--loop", choices=("custom", "fit"), default="custom",
+                   help="custom tf.function loop with DistributedGradientTape, or Keras fit with "
+                        "DistributedOptimizer")
+    g.add_argument("--fp16_allreduce", action="store_true", help="compress gradients to fp16 on the wire")
+    g.add_argument("--fusion_threshold_mb", type=float, default=None, help="HOROVOD_FUSION_THRESHOLD")
+    g.add_argument("--cycle_time_ms", type=float, default=None, help="HOROVOD_CYCLE_TIME")
+    g.add_argument("--timeline", default=None, help="HOROVOD_TIMELINE file (written by rank 0's coordinator)")
+    g.add_argument("--autotune", action="store_true", help="HOROVOD_AUTOTUNE=1")
+    g.add_argument("--threads_per_rank", type=int, default=0,
+                   help="CPU threads for TF per rank (0: host cores / ranks on this host)")
+    return parser
+
+
+def tuning_env(args):
+    """Flags -> the environment variables Horovod reads at init (explicit env wins if flag unset)."""
+    env = {}
+    if args.fusion_threshold_mb is not None:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
+    if args.cycle_time_ms is not None:
+        env["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
+    if args.timeline:
+        env["HOROVOD_TIMELINE"] = os.path.abspath(args.timeline)
+    if args.autotune:
+        env["HOROVOD_AUTOTUNE"] = "1"
+    return env
+
+
+def host_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class HorovodBackend(Backend):
+    name = "horovod"
+    mode = "sync"
+
+    def __init__(self, fp16_allreduce=False, threads_per_rank=0, env=None):
+        super().__init__()
+        self.fp16 = fp16_allreduce
+        self.threads_per_rank = threads_per_rank
+        self.env = env or {}
+        self.hvd = None
+        self.threads = None
+
+    def setup(self, cfg=None):
+        os.environ.update(self.env)
+        import tensorflow as tf
+        import horovod.tensorflow.keras as hvd
+        hvd.init()                                       # Horovod: join the ring
+        self.hvd = hvd
+        self.rank, self.world_size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self.is_chief = self.rank == 0
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:                                         # Horovod: one GPU per process
+            for gpu in gpus:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            tf.config.set_visible_devices(gpus[self.local_rank % len(gpus)], "GPU")
+        # Horovod on CPU: N ranks on one host share its cores instead of each
+        # starting a thread pool the size of the machine and fighting.
+        self.threads = self.threads_per_rank or max(1, host_cores() // self.local_size)
+        tf.config.threading.set_intra_op_parallelism_threads(self.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, self.threads)))
+        return self
+
+    @property
+    def compression(self):
+        return self.hvd.Compression.fp16 if self.fp16 else self.hvd.Compression.none
+
+    def wrap_optimizer(self, optimizer):
+        return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
+
+    def wrap_tape(self, tape):
+        import horovod.tensorflow as hvd_tf
+        return hvd_tf.DistributedGradientTape(tape, compression=self.compression)
+
+    def sync_initial_state(self, model, optimizer):
+        """Broadcast rank 0's weights and optimizer slots (after build or restore)."""
+        import horovod.tensorflow as hvd_tf
+        hvd_tf.broadcast_variables(model.variables, root_rank=0)
+        if optimizer is not None and optimizer.variables():
+            hvd_tf.broadcast_variables(optimizer.variables(), root_rank=0)
+
+    def keras_callbacks(self):
+        return [self.hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                self.hvd.callbacks.MetricAverageCallback()]
+
+    def reduce_metric(self, value, name="metric", op="mean"):
+        import horovod.tensorflow as hvd_tf
+        hop = {"mean": hvd_tf.Average, "sum": hvd_tf.Sum, "max": hvd_tf.Max, "min": hvd_tf.Min}[op]
+        arr = np.asarray(value, dtype=np.float64)
+        out = hvd_tf.allreduce(arr, op=hop, name=f"hvdps.{name}")
+        return out.numpy()
+
+    def broadcast_object(self, obj):
+        import horovod.tensorflow as hvd_tf
+        return hvd_tf.broadcast_object(obj, root_rank=0)
+
+    def max_divergence(self, model):
+        """Largest |w_rank - w_rank0| over all weights and ranks: 0 when the ranks agree."""
+        import horovod.tensorflow as hvd_tf
+        worst = 0.0
+        for i, w in enumerate(model.weights):
+            ref = hvd_tf.broadcast(w, root_rank=0, name=f"hvdps.div.{i}")
+            worst = max(worst, float(np.max(np.abs(w.numpy() - ref.numpy()))) if w.shape.num_elements() else 0.0)
+        return float(self.reduce_metric(worst, "divergence", op="max"))
+
+    def barrier(self):
+        self.reduce_metric(0.0, "barrier")
+
+    def shutdown(self):
+        if self.hvd is not None:
+            self.hvd.shutdown()
+
+
+def check_alive(value):
+    if not np.all(np.isfinite(value)):
+        raise RunError("loss became NaN/inf: lower --learning_rate")

@@ -1,0 +1,148 @@
+"""Horovod trainer: synchronous data parallelism with ring all-reduce.
+
+One process per GPU (or per CPU slot). Any of these launch lines works:
+
+    horovodrun -np 4 python horovod_train/main.py --model cnn
+    horovodrun --gloo -np 2 python horovod_train/main.py
+    horovodrun --mpi -np 2 -H host1:1,host2:1 python horovod_train/main.py
+    mpirun -np 4 -bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH \\
+        python horovod_train/main.py            # add --allow-run-as-root as root
+    python horovod_train/main.py                # world size 1
+
+Lines marked ``# Horovod:`` are the only differences from single-process code.
+"""
+import math
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # keep TF's C++ start-up chatter out of the logs
+if __package__ in (None, ""):   # run as a script: make the repo importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common.backend import get_backend
+from common.config import build_parser, from_args
+from common.data import load_arrays, make_dataset, plan
+from common.errors import cli
+from common.models import build_model, gradient_bytes, loss_fn, make_optimizer
+from common.training import (RunLog, check_resume_compatible, check_train_dir, eval_sums,
+                             finish_eval, make_lr_schedule, save_weights_npz)
+from horovod_train.backend import add_horovod_args, check_alive, launcher_rank, tuning_env
+
+
+@cli
+def main(argv=None):
+    if launcher_rank() != 0:
+        os.environ["HVDPS_QUIET_ERRORS"] = "1"   # Horovod: one error line per job, not per rank
+    parser = add_horovod_args(build_parser(__doc__.splitlines()[0], prog="horovod_train/main.py"))
+    args = parser.parse_args(argv)
+    cfg = from_args(args)
+    check_train_dir(cfg)                         # every rank fails the same way, before joining
+    if cfg.resume:
+        check_resume_compatible(cfg, cfg.train_dir)
+    num_train = len(load_arrays(cfg)[0])
+
+    # Horovod: initialize, pin one GPU per process or split CPU cores between local ranks.
+    backend = get_backend("horovod", fp16_allreduce=args.fp16_allreduce,
+                          threads_per_rank=args.threads_per_rank, env=tuning_env(args)).setup(cfg)
+    import tensorflow as tf
+
+    # Horovod: each rank runs 1/size of the steps an epoch takes, on its own shard.
+    steps_per_epoch, total_steps, _ = plan(cfg, num_train, backend.world_size)
+    model = build_model(cfg)
+    # Horovod: scale the learning rate by the number of workers, with a warm-up.
+    optimizer = make_optimizer(cfg, make_lr_schedule(cfg, steps_per_epoch, backend.world_size))
+    criterion = loss_fn()
+
+    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
+    manager = tf.train.CheckpointManager(ckpt, os.path.join(cfg.train_dir, "checkpoints"), max_to_keep=3)
+    start_step = 0
+    if cfg.resume and backend.is_chief:          # Horovod: rank 0 restores, then broadcasts
+        ckpt.restore(manager.latest_checkpoint)
+        start_step = int(step_var.numpy())
+    start_step = backend.broadcast_object(start_step)  # Horovod: everyone resumes at rank 0's step
+    step_var.assign(start_step)
+    backend.sync_initial_state(model, None)      # Horovod: rank 0's weights everywhere
+
+    train_ds = make_dataset(cfg, backend.rank, backend.world_size, start_step=start_step)
+    test_ds = make_dataset(cfg, backend.rank, backend.world_size, split="test")
+    log = RunLog(cfg, backend, total_steps, cfg.batch_size * backend.world_size, start_step=start_step,
+                 extra_header={"loop": args.loop, "fp16_allreduce": args.fp16_allreduce,
+                               "threads_per_rank": backend.threads, "steps_per_epoch": steps_per_epoch})
+
+    def evaluate(epoch, step):
+        # Horovod: each rank scores its slice of the test set; sums are all-reduced.
+        loss, acc = finish_eval(backend.reduce_metric(eval_sums(model, test_ds, criterion), "eval", op="sum"))
+        log.eval(epoch, step, loss, acc)
+
+    def end_of_step(step, losses):
+        if step % cfg.log_every == 0 or step == total_steps:
+            loss = float(backend.reduce_metric(sum(losses) / len(losses), "loss"))  # Horovod: average
+            check_alive(loss)
+            log.step(step, loss, lr=float(optimizer.lr(step)))
+            losses.clear()
+        if step % steps_per_epoch == 0 or step == total_steps:
+            epoch = math.ceil(step / steps_per_epoch)
+            if cfg.eval_every_epoch or step == total_steps:
+                evaluate(epoch, step)
+            if backend.is_chief:                 # Horovod: only rank 0 writes checkpoints
+                step_var.assign(step)
+                manager.save(checkpoint_number=step)
+
+    if args.loop == "fit":
+        run_fit(cfg, backend, model, optimizer, criterion, train_ds, start_step, total_steps, end_of_step)
+    else:
+        run_custom(cfg, backend, model, optimizer, criterion, train_ds, start_step, end_of_step)
+
+    divergence = backend.max_divergence(model)   # Horovod: all ranks must hold the same weights
+    if backend.is_chief:
+        save_weights_npz(model, os.path.join(cfg.train_dir, "weights.npz"))
+    wire = gradient_bytes(model) // (2 if args.fp16_allreduce else 1)
+    log.finish(total_steps, wire, max_weight_divergence=divergence)
+    backend.shutdown()
+    return 0
+
+
+def run_custom(cfg, backend, model, optimizer, criterion, train_ds, start_step, end_of_step):
+    import tensorflow as tf
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = criterion(y, model(x, training=True))
+        tape = backend.wrap_tape(tape)           # Horovod: all-reduce the gradients
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    losses, step = [], start_step
+    for x, y in train_ds:
+        losses.append(float(train_step(x, y)))
+        step += 1
+        if step == start_step + 1:               # Horovod: optimizer slots exist only now
+            backend.sync_initial_state(model, optimizer)
+        end_of_step(step, losses)
+
+
+def run_fit(cfg, backend, model, optimizer, criterion, train_ds, start_step, total_steps, end_of_step):
+    import tensorflow as tf
+
+    class Hook(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.step, self.losses = start_step, []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.step += 1
+            self.losses.append(float(logs["loss"]))
+            end_of_step(self.step, self.losses)
+
+    # Horovod: DistributedOptimizer all-reduces gradients inside Keras' train step.
+    model.compile(optimizer=backend.wrap_optimizer(optimizer), loss=criterion,
+                  metrics=["accuracy"], run_eagerly=False)
+    model.fit(train_ds, steps_per_epoch=total_steps - start_step, epochs=1, verbose=0,
+              callbacks=backend.keras_callbacks() + [Hook()])   # Horovod: broadcast + metric averaging
+
+
+if __name__ == "__main__":
+    sys.exit(main())

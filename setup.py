@@ -1,0 +1,39 @@
+"""Packaging for hvdps.
+
+The Horovod wheel is deliberately *not* an install_requires: it must be compiled
+against the TensorFlow already in the environment (see the Makefile), and letting
+pip resolve it would build it in an isolated env against the wrong TensorFlow.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="hvdps",
+    version="0.1.0",
+    description="Train one TensorFlow model two ways (Horovod all-reduce vs parameter servers) and compare",
+    python_requires=">=3.9,<3.12",
+    packages=find_packages(include=["common", "common.*", "horovod_train", "horovod_train.*",
+                                    "ps_train", "ps_train.*"]),
+    install_requires=[
+        "tensorflow-cpu==2.15.1",
+        "numpy>=1.23,<2",
+        "scikit-learn==1.5.2",
+        "mpi4py==4.0.1",
+        "matplotlib==3.9.2",
+        "tqdm==4.66.5",
+        "PyYAML==6.0.2",
+    ],
+    extras_require={
+        "gpu": ["tensorflow[and-cuda]==2.15.1"],
+        "horovod": ["horovod==0.28.1"],
+        "test": ["pytest==8.3.3", "pytest-timeout==2.3.1"],
+    },
+    entry_points={
+        "console_scripts": [
+            "hvdps-horovod=horovod_train.main:main",
+            "hvdps-ps=ps_train.main:main",
+            "hvdps-ps-launch=ps_train.launch:main",
+            "hvdps-compare=common.compare:main",
+            "hvdps-hosts=common.hosts:main",
+        ],
+    },
+)

@@ -1,0 +1,200 @@
+"""The Horovod trainer, launched the ways users launch it (real ranks, real launchers)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from common.metrics import load_run
+from common.training import load_weights_npz
+from tests.conftest import BIN, REPO, env, run
+
+MAIN = os.path.join(REPO, "horovod_train", "main.py")
+FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5"]
+
+
+def horovodrun(np_, *args, controller=None, timeout=240):
+    ctrl = [f"--{controller}"] if controller else []
+    return run([os.path.join(BIN, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", *ctrl,
+                sys.executable, MAIN, *args], timeout=timeout)
+
+
+def mpirun(np_, *args, timeout=240):
+    return run(["mpirun", "--allow-run-as-root", "-np", str(np_), "-bind-to", "none", "-map-by", "slot",
+                "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+                "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
+                "--mca", "oob_tcp_if_include", "lo", sys.executable, MAIN, *args], timeout=timeout)
+
+
+def ok(result):
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def accuracy_run(tmp_path, launch, np_, *extra, **kw):
+    out = str(tmp_path / "run")
+    ok(launch(np_, *FAST, "--train_dir", out, *extra, **kw))
+    row, curves = load_run(out)
+    assert row["status"] == "ok" and row["backend"] == "horovod" and row["workers"] == np_
+    assert row["global_batch"] == 32 * np_
+    assert row["final_test_accuracy"] >= 0.90, row
+    assert curves["summary"]["max_weight_divergence"] == 0.0     # all ranks hold the same weights
+    assert row["samples_per_sec_median"] > 0
+    assert os.path.exists(os.path.join(out, "weights.npz"))
+    assert os.listdir(os.path.join(out, "tensorboard"))
+    assert os.path.exists(os.path.join(out, "checkpoints", "checkpoint"))
+    assert len(curves["evals"]) == 4                               # one eval per epoch
+    return row, curves
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_two_ranks_reach_accuracy(tmp_path, controller):
+    accuracy_run(tmp_path, horovodrun, 2, controller=controller)
+
+
+def test_default_controller_keras_fit(tmp_path):
+    row, curves = accuracy_run(tmp_path, horovodrun, 2, "--loop", "fit")
+    assert curves["header"]["loop"] == "fit"
+
+
+def test_plain_mpirun(tmp_path):
+    accuracy_run(tmp_path, mpirun, 2)
+
+
+def test_single_process(tmp_path):
+    out = str(tmp_path / "one")
+    r = ok(run([sys.executable, MAIN, *FAST, "--train_dir", out]))
+    row, _ = load_run(out)
+    assert row["workers"] == 1 and row["final_test_accuracy"] >= 0.9
+    assert "samples/sec:" in r.stdout
+
+
+EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs", "0", "--learning_rate", "0.1",
+         "--train_steps", "15", "--eval_every_epoch", "false", "--log_every", "5"]
+
+
+def test_two_ranks_equal_one_process_with_double_batch(tmp_path):
+    """Synchronous all-reduce is exactly big-batch SGD: np=2 x b == np=1 x 2b."""
+    ok(horovodrun(2, *EQUIV, "--batch_size", "16", "--train_dir", str(tmp_path / "two")))
+    ok(run([sys.executable, MAIN, *EQUIV, "--batch_size", "32", "--train_dir", str(tmp_path / "one")]))
+    two = load_weights_npz(str(tmp_path / "two" / "weights.npz"))
+    one = load_weights_npz(str(tmp_path / "one" / "weights.npz"))
+    from common.config import make_config
+    from common.models import build_model
+    init = build_model(make_config(seed=42)).get_weights()
+    assert max(np.max(np.abs(a - b)) for a, b in zip(one, init)) > 1e-3   # training moved the weights
+    for a, b in zip(two, one):
+        assert np.linalg.norm(a - b) <= 1e-5 * max(np.linalg.norm(b), 1e-12), np.linalg.norm(a - b)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "vgg"], "error: unknown model 'vgg' (valid: mlp, cnn, resnet50)"),
+    (["--batch_size", "-4"], "error: --batch_size must be positive"),
+    (["--dataset", "mnist", "--data_dir", "/nonexistent"], "error: --data_dir /nonexistent: no such directory"),
+])
+def test_bad_input_under_horovodrun(tmp_path, args, message):
+    t0 = time.monotonic()
+    r = horovodrun(2, *args, "--train_dir", str(tmp_path / "bad"), controller="gloo", timeout=90)
+    assert r.returncode != 0
+    assert time.monotonic() - t0 < 60
+    combined = r.stdout + r.stderr
+    assert combined.count(message) == 1, combined[-3000:]      # printed once, by rank 0
+    assert "Traceback" not in combined
+
+
+def test_unreadable_checkpoint_dir(tmp_path):
+    out = tmp_path / "run"
+    r = run([sys.executable, MAIN, "--resume", "--train_dir", str(out)], timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: --resume: no readable checkpoint")
+
+
+def test_existing_run_not_overwritten(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("precious\n")
+    r = run([sys.executable, MAIN, "--train_dir", str(out)], timeout=60)
+    assert r.returncode == 2 and "already holds a run" in r.stderr
+    assert (out / "metrics.jsonl").read_text() == "precious\n"
+
+
+def test_resume_continues_from_checkpoint(tmp_path):
+    out = str(tmp_path / "run")
+    ok(run([sys.executable, MAIN, "--train_steps", "44", "--batch_size", "32", "--train_dir", out]))
+    ok(run([sys.executable, MAIN, "--train_steps", "88", "--batch_size", "32", "--train_dir", out,
+            "--resume"]))
+    row, curves = load_run(out)
+    headers = [r for r in __import__("common.metrics", fromlist=["x"]).read_records(out + "/metrics.jsonl")
+               if r["type"] == "header"]
+    assert [h["start_step"] for h in headers] == [0, 44]
+    assert curves["steps"][-1]["global_step"] == 88
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_killed_rank_fails_job_promptly(tmp_path, controller):
+    """kill -9 on one rank: the job must end non-zero within 60 s, checkpoints intact."""
+    out = tmp_path / "run"
+    argv = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", f"--{controller}",
+            sys.executable, MAIN, "--epochs", "400", "--batch_size", "8", "--train_dir", str(out)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True, env=env())
+    try:
+        victim = None
+        deadline = time.monotonic() + 120
+        while victim is None and time.monotonic() < deadline:   # wait until training is under way
+            time.sleep(1)
+            if (out / "checkpoints" / "checkpoint").exists():
+                victim = _rank_pid(p.pid, rank=1)
+        assert victim, "training never started"
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        p.wait(timeout=90)
+        assert time.monotonic() - t0 < 60
+        assert p.returncode != 0
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
+    import tensorflow as tf
+    latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
+    assert latest, "no checkpoint survived"
+    reader = tf.train.load_checkpoint(latest)                   # readable, not half-written
+    assert reader.get_variable_to_shape_map()
+
+
+def _rank_pid(root, rank):
+    """PID of the training process whose launcher-given rank is ``rank`` (searching root's tree)."""
+    for pid in _descendants(root):
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"horovod_train/main.py" not in cmd:
+            continue
+        for var in (b"HOROVOD_RANK=", b"OMPI_COMM_WORLD_RANK="):
+            if any(e == var + str(rank).encode() for e in environ):
+                return pid
+    return None
+
+
+def _descendants(root):
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        for c in children.get(pid, []):
+            out.append(c)
+            todo.append(c)
+    return out

@@ -1,0 +1,217 @@
+"""The parameter-server trainer, with every role a real process on loopback."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from common.metrics import load_run
+from common.training import load_weights_npz
+from ps_train.launch import free_ports
+from tests.conftest import REPO, env, py, run
+
+MAIN = os.path.join(REPO, "ps_train", "main.py")
+FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5", "--startup_timeout", "60"]
+
+
+def launch(num_ps, num_workers, *args, timeout=300):
+    return py("-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(num_workers),
+              *args, timeout=timeout)
+
+
+def ok(result):
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-5000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.mark.parametrize("num_ps, mode", [(1, "--async"), (1, "--sync"), (2, "--async"), (2, "--sync")])
+def test_cluster_reaches_accuracy(tmp_path, num_ps, mode):
+    out = str(tmp_path / "run")
+    r = ok(launch(num_ps, 2, *FAST, mode, "--train_dir", out))
+    row, curves = load_run(out)
+    header = curves["header"]
+    assert row["backend"] == "ps" and row["mode"] == mode[2:] and row["num_ps"] == num_ps
+    assert row["workers"] == 2 and row["status"] == "ok"
+    assert row["final_test_accuracy"] >= 0.90, row
+    # Every role ended by itself with exit 0 (the launcher reports codes; none was killed).
+    assert "still running after the chief finished" not in r.stdout
+    assert "[ps:0] ps:0 done" in r.stdout
+    # Variables really are sharded over the PS tasks.
+    devices = {d for d in header["placement"].values()}
+    assert {f"/job:ps/task:{i}" for i in range(num_ps)} <= devices
+    # The global step means updates: samples seen match the Horovod budget for the same flags.
+    R = 2 if mode == "--sync" else 1
+    assert header["samples_per_step"] == 32 * R
+    spe = (1437 // 2) // 32
+    assert curves["summary"]["steps"] == 4 * spe * 2 // R
+    assert curves["summary"]["samples_seen"] == 4 * spe * 2 * 32
+    assert sum(curves["summary"]["worker_steps"]) == 4 * spe * 2   # every worker batch counted once
+    assert len(curves["evals"]) >= 4
+
+
+EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs", "0", "--learning_rate", "0.1",
+         "--train_steps", "15", "--eval_every_epoch", "false", "--log_every", "5"]
+
+
+def test_sync_two_workers_equal_one_process_with_double_batch(tmp_path):
+    ok(launch(1, 2, *EQUIV, "--sync", "--batch_size", "16", "--train_dir", str(tmp_path / "ps")))
+    ok(run([sys.executable, os.path.join(REPO, "horovod_train", "main.py"), *EQUIV, "--batch_size", "32",
+            "--train_dir", str(tmp_path / "one")]))
+    ps = load_weights_npz(str(tmp_path / "ps" / "weights.npz"))
+    one = load_weights_npz(str(tmp_path / "one" / "weights.npz"))
+    assert len(ps) == len(one)
+    for a, b in zip(ps, one):
+        assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), np.linalg.norm(a - b)
+
+
+def test_async_is_not_big_batch_sgd(tmp_path):
+    """Control for the test above: async updates do differ, so that test can fail."""
+    ok(launch(1, 2, *EQUIV, "--async", "--batch_size", "16", "--train_steps", "8",
+              "--train_dir", str(tmp_path / "ps")))
+    ok(run([sys.executable, os.path.join(REPO, "horovod_train", "main.py"), *EQUIV, "--train_steps", "8",
+            "--batch_size", "32", "--train_dir", str(tmp_path / "one")]))
+    ps = load_weights_npz(str(tmp_path / "ps" / "weights.npz"))
+    one = load_weights_npz(str(tmp_path / "one" / "weights.npz"))
+    assert max(np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in zip(ps, one)) > 1e-3
+
+
+def _per_role(tmp_path, cluster, mode, extra=(), tf_config=False):
+    """Start every role by hand, as a user would; returns {name: Popen}."""
+    procs = {}
+    for role in ("ps", "worker"):
+        for i in range(len(cluster[role])):
+            if tf_config:
+                argv = [sys.executable, MAIN]
+                e = env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": i}}))
+            else:
+                argv = [sys.executable, MAIN, f"--job_name={role}", f"--task_index={i}",
+                        "--ps_hosts=" + ",".join(cluster["ps"]), "--worker_hosts=" + ",".join(cluster["worker"])]
+                e = env()
+            argv += [*FAST, mode, "--train_dir", str(tmp_path / "run"), *extra]
+            procs[f"{role}:{i}"] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                    text=True, env=e, start_new_session=True)
+    return procs
+
+
+def _finish(procs, timeout):
+    outs, deadline = {}, time.monotonic() + timeout
+    try:
+        for name, p in procs.items():
+            outs[name] = p.communicate(timeout=max(1, deadline - time.monotonic()))[0]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    return outs
+
+
+def _cluster(num_ps=1, num_workers=2):
+    ports = free_ports(num_ps + num_workers)
+    return {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
+            "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:]]}
+
+
+@pytest.mark.parametrize("tf_config", [False, True])
+def test_per_role_launch_every_role_exits_zero(tmp_path, tf_config):
+    procs = _per_role(tmp_path, _cluster(), "--async", tf_config=tf_config)
+    outs = _finish(procs, 240)
+    codes = {n: p.returncode for n, p in procs.items()}
+    assert codes == {"ps:0": 0, "worker:0": 0, "worker:1": 0}, outs
+    row, _ = load_run(str(tmp_path / "run"))
+    assert row["final_test_accuracy"] >= 0.9
+
+
+def test_async_survives_a_killed_worker(tmp_path):
+    cluster = _cluster()
+    procs = _per_role(tmp_path, cluster, "--async", extra=["--epochs", "30", "--batch_size", "8"])
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count('"step"') < 3):
+            time.sleep(0.5)
+        assert metrics.exists(), "training never started"
+        os.kill(procs["worker:1"].pid, signal.SIGKILL)
+    finally:
+        outs = _finish(procs, 300)
+    assert procs["worker:0"].returncode == 0, outs["worker:0"][-3000:]
+    assert procs["ps:0"].returncode == 0, outs["ps:0"][-3000:]
+    row, curves = load_run(str(tmp_path / "run"))
+    assert row["status"] == "ok"
+    assert curves["summary"]["lost_workers"] == ["worker:1"]
+    assert "finished without worker(s) worker:1" in outs["worker:0"]
+
+
+def test_sync_lost_worker_fails_clearly(tmp_path):
+    cluster = _cluster()
+    procs = _per_role(tmp_path, cluster, "--sync",
+                      extra=["--epochs", "30", "--batch_size", "8", "--step_timeout", "15"])
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count('"step"') < 2):
+            time.sleep(0.5)
+        assert metrics.exists(), "training never started"
+        os.kill(procs["worker:1"].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        procs["worker:0"].wait(timeout=90)
+        assert time.monotonic() - t0 < 60
+    finally:
+        outs = _finish(procs, 90)
+    assert procs["worker:0"].returncode == 1
+    assert "error: worker:0: no update for 15s (sync mode)" in outs["worker:0"]
+    assert procs["ps:0"].returncode == 0          # the failing chief still released the PS
+
+
+@pytest.mark.parametrize("args, env_extra, message", [
+    (["--job_name=boss", "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2"], {},
+     "error: unknown job name 'boss' (valid: ps, worker, chief)"),
+    (["--job_name=worker", "--task_index=5", "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2"], {},
+     "error: --task_index 5 out of range for job 'worker' (0..0)"),
+    (["--job_name=worker", "--ps_hosts=", "--worker_hosts=127.0.0.1:2"], {}, "error: --ps_hosts: empty host"),
+    (["--job_name=worker", "--ps_hosts=127.0.0.1", "--worker_hosts=127.0.0.1:2"], {},
+     "error: --ps_hosts[0]: expected host:port"),
+    ([], {"TF_CONFIG": "{oops"}, "error: TF_CONFIG is not valid JSON"),
+    (["--job_name=ps"], {"TF_CONFIG": json.dumps({"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+                                                  "task": {"type": "worker", "index": 0}})},
+     "error: --job_name=ps conflicts with TF_CONFIG task type 'worker'"),
+    (["--ps_hosts=127.0.0.1:9"], {"TF_CONFIG": json.dumps({"cluster": {"ps": ["127.0.0.1:1"],
+                                                                       "worker": ["127.0.0.1:2"]},
+                                                           "task": {"type": "worker", "index": 0}})},
+     "error: --ps_hosts 127.0.0.1:9 conflicts with TF_CONFIG (127.0.0.1:1)"),
+    ([], {}, "error: no cluster given"),
+])
+def test_bad_cluster_input(args, env_extra, message):
+    r = run([sys.executable, MAIN, *args], env=env(**env_extra), timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(message), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_port_in_use():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        r = run([sys.executable, MAIN, "--job_name=ps", f"--ps_hosts=127.0.0.1:{port}",
+                 f"--worker_hosts=127.0.0.1:{free_ports(1)[0]}"], timeout=60)
+    finally:
+        s.close()
+    assert r.returncode == 2 and f"cannot listen on port {port}" in r.stderr
+
+
+def test_ps_never_comes_up(tmp_path):
+    ps_port, w_port = free_ports(2)
+    t0 = time.monotonic()
+    r = run([sys.executable, MAIN, "--job_name=worker", f"--ps_hosts=127.0.0.1:{ps_port}",
+             f"--worker_hosts=127.0.0.1:{w_port}", "--startup_timeout", "3",
+             "--train_dir", str(tmp_path / "r")], timeout=60)
+    assert r.returncode == 1
+    assert f"error: parameter server 127.0.0.1:{ps_port} did not come up within 3s" in r.stderr
+    assert time.monotonic() - t0 < 40
