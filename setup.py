@@ -17,7 +17,7 @@ setup(
         "tensorflow-cpu==2.15.1",
         "numpy>=1.23,<2",
         "scikit-learn==1.5.2",
-        "mpi4py==4.0.1",
+        "mpi4py==4.1.2",
         "matplotlib==3.9.2",
         "tqdm==4.66.5",
         "PyYAML==6.0.2",

@@ -42,10 +42,23 @@ class Backend:
     def shutdown(self):
         pass
 
+    @classmethod
+    def launch_command(cls, workers, trainer_args, python, mode=None, num_ps=1):
+        """argv that starts a whole job of this backend with ``workers`` training processes."""
+        raise NotImplementedError
 
-def get_backend(name, **kwargs):
-    """Backend instance by name; an unknown name lists the valid ones."""
+    @classmethod
+    def modes(cls):
+        return ("sync",)
+
+
+def backend_class(name):
+    """Backend class by name; an unknown name lists the valid ones."""
     if name not in BACKENDS:
         raise UsageError(f"unknown backend '{name}' (valid: {', '.join(sorted(BACKENDS))})")
     module, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    return getattr(importlib.import_module(module), cls)
+
+
+def get_backend(name, **kwargs):
+    return backend_class(name)(**kwargs)

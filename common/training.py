@@ -22,29 +22,42 @@ def warmup_steps_for_lr(cfg, steps_per_epoch, world_size):
     return int(round(cfg.lr_warmup_epochs * steps_per_epoch))
 
 
+_SCHEDULE = []
+
+
+def _schedule_class():
+    """Defined on first use (TF imported lazily) and registered, so Keras and Horovod's
+    DistributedOptimizer, which rebuilds the optimizer from its config, can re-create it."""
+    if _SCHEDULE:
+        return _SCHEDULE[0]
+    import tensorflow as tf
+
+    @tf.keras.utils.register_keras_serializable(package="hvdps")
+    class WarmupThenConstant(tf.keras.optimizers.schedules.LearningRateSchedule):
+        def __init__(self, base, peak, warmup_steps):
+            self.base, self.peak, self.warmup_steps = float(base), float(peak), int(warmup_steps)
+
+        def __call__(self, step):
+            if self.warmup_steps == 0:
+                return tf.constant(self.peak, tf.float32)
+            frac = tf.minimum(tf.cast(step, tf.float32) / float(self.warmup_steps), 1.0)
+            return self.base + (self.peak - self.base) * frac
+
+        def get_config(self):
+            return {"base": self.base, "peak": self.peak, "warmup_steps": self.warmup_steps}
+
+    _SCHEDULE.append(WarmupThenConstant)
+    return WarmupThenConstant
+
+
 def make_lr_schedule(cfg, steps_per_epoch, world_size):
     """Linear warm-up from the single-worker lr to ``lr * world_size`` (Goyal et al. 2017).
 
     Returned as a Keras schedule so the same object drives the eager Horovod loop
     and (called on the global-step tensor) the PS graph.
     """
-    import tensorflow as tf
-
-    base = float(cfg.learning_rate)
-    peak = float(peak_learning_rate(cfg, world_size))
-    warm = warmup_steps_for_lr(cfg, steps_per_epoch, world_size)
-
-    class WarmupThenConstant(tf.keras.optimizers.schedules.LearningRateSchedule):
-        def __call__(self, step):
-            if warm == 0:
-                return tf.constant(peak, tf.float32)
-            frac = tf.minimum(tf.cast(step, tf.float32) / float(warm), 1.0)
-            return base + (peak - base) * frac
-
-        def get_config(self):
-            return {"base": base, "peak": peak, "warmup_steps": warm}
-
-    return WarmupThenConstant()
+    return _schedule_class()(cfg.learning_rate, peak_learning_rate(cfg, world_size),
+                             warmup_steps_for_lr(cfg, steps_per_epoch, world_size))
 
 
 def eval_sums(model, dataset, loss_fn):

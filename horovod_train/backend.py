@@ -141,6 +141,13 @@ class HorovodBackend(Backend):
         if self.hvd is not None:
             self.hvd.shutdown()
 
+    @classmethod
+    def launch_command(cls, workers, trainer_args, python, mode=None, num_ps=0):
+        import shutil
+        main = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
+        horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(python), "horovodrun")
+        return [horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", python, main, *trainer_args]
+
 
 def check_alive(value):
     if not np.all(np.isfinite(value)):

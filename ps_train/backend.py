@@ -211,6 +211,15 @@ class PSBackend(Backend):
         """Metrics come from the chief's view of the shared variables; nothing to combine."""
         return value
 
+    @classmethod
+    def modes(cls):
+        return ("async", "sync")
+
+    @classmethod
+    def launch_command(cls, workers, trainer_args, python, mode="async", num_ps=1):
+        return [python, "-u", "-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(workers),
+                f"--{mode}", *trainer_args]
+
     def samples_per_update(self, batch_size):
         return batch_size * self.replicas_to_aggregate
 

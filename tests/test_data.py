@@ -103,7 +103,7 @@ def test_gzip_truncated(tmp_path):
         load_mnist(str(tmp_path))
 
 
-@pytest.mark.parametrize("n, shards", [(100, 1), (100, 2), (101, 3), (1437, 4), (7, 7)])
+@pytest.mark.parametrize("n, shards", [(100, 1), (100, 2), (101, 3), (1438, 4), (7, 7)])
 @pytest.mark.parametrize("epoch", [0, 3])
 def test_shards_disjoint_and_cover(n, shards, epoch):
     parts = [shard_indices(n, i, shards, epoch, seed=5) for i in range(shards)]
@@ -125,8 +125,8 @@ def test_shards_change_per_epoch_and_seed():
 def test_union_of_worker_batches_is_the_big_batch(workers, batch):
     """The property that makes n workers x batch b equal one process x batch n*b."""
     cfg = make_config(batch_size=batch, epochs=2)
-    big = train_index_stream(cfg.replace(batch_size=batch * workers), 1437, 0, 1, 2).reshape(-1, batch * workers)
-    streams = [train_index_stream(cfg, 1437, i, workers, 2).reshape(-1, batch) for i in range(workers)]
+    big = train_index_stream(cfg.replace(batch_size=batch * workers), 1438, 0, 1, 2).reshape(-1, batch * workers)
+    streams = [train_index_stream(cfg, 1438, i, workers, 2).reshape(-1, batch) for i in range(workers)]
     assert all(len(s) == len(big) for s in streams)
     for k in range(len(big)):
         assert sorted(np.concatenate([s[k] for s in streams]).tolist()) == sorted(big[k].tolist())
@@ -142,11 +142,11 @@ def test_make_dataset_shapes_and_length():
     cfg = make_config(batch_size=16, epochs=2)
     ds = make_dataset(cfg, 1, 2)
     batches = list(ds)
-    assert len(batches) == 2 * steps_per_epoch(1437, 2, 16)
+    assert len(batches) == 2 * steps_per_epoch(1438, 2, 16)
     x, y = batches[0]
     assert x.shape == (16, 8, 8, 1) and y.shape == (16,)
     test = list(make_dataset(cfg, 0, 1, split="test"))
-    assert sum(int(b[1].shape[0]) for b in test) == 360
+    assert sum(int(b[1].shape[0]) for b in test) == 359
 
 
 def test_make_dataset_resume_skips_steps():
@@ -160,7 +160,7 @@ def test_make_dataset_resume_skips_steps():
 def test_test_split_sharding_covers_test_set():
     cfg = make_config(batch_size=50)
     counts = [sum(int(b[1].shape[0]) for b in make_dataset(cfg, i, 3, split="test")) for i in range(3)]
-    assert sum(counts) == 360
+    assert sum(counts) == 359
 
 
 def test_synthetic_shape():
@@ -173,7 +173,7 @@ def test_synthetic_shape():
 def test_digits_is_real_and_split_fixed():
     from common.data import load_digits
     x, y, xt, yt = load_digits()
-    assert len(x) + len(xt) == 1797 and len(xt) == 360
+    assert len(x) + len(xt) == 1797 and len(xt) == 359
     assert set(np.unique(y)) == set(range(10))
     x2, y2, _, _ = load_digits()
     np.testing.assert_array_equal(y, y2)

@@ -46,7 +46,7 @@ def test_cluster_reaches_accuracy(tmp_path, num_ps, mode):
     # The global step means updates: samples seen match the Horovod budget for the same flags.
     R = 2 if mode == "--sync" else 1
     assert header["samples_per_step"] == 32 * R
-    spe = (1437 // 2) // 32
+    spe = (1438 // 2) // 32
     assert curves["summary"]["steps"] == 4 * spe * 2 // R
     assert curves["summary"]["samples_seen"] == 4 * spe * 2 * 32
     assert sum(curves["summary"]["worker_steps"]) == 4 * spe * 2   # every worker batch counted once

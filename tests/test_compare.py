@@ -1,0 +1,107 @@
+"""The comparison report: computed values, file agreement, and a real end-to-end run."""
+import csv
+import json
+import os
+import sys
+
+import pytest
+
+from common.compare import add_scaling, collect, parse_variants, write_report
+from common.config import make_config
+from common.errors import UsageError
+from common.metrics import MetricsWriter, throughput_stats
+from tests.conftest import BIN, run
+
+
+def fake_run(d, backend, mode, workers, rates, accs, num_ps=0):
+    w = MetricsWriter(str(d))
+    w.header(make_config(), backend, mode, workers, num_ps)
+    for i, a in enumerate(accs):
+        w.eval(i + 1, 10 * (i + 1), 1.0 - a, a, target=0.9)
+    w.summary("ok", 40, 1280, throughput_stats(rates), 1.0 - accs[-1], accs[-1], 1000)
+    w.close()
+    return {"backend": backend, "mode": mode, "workers": workers, "run_dir": str(d), "returncode": 0}
+
+
+def test_report_values(tmp_path):
+    runs = [fake_run(tmp_path / "a", "horovod", "sync", 1, [100, 100, 100], [0.5, 0.95]),
+            fake_run(tmp_path / "b", "horovod", "sync", 2, [180, 180, 180], [0.6, 0.96]),
+            fake_run(tmp_path / "c", "ps", "async", 1, [90, 90], [0.4, 0.92], num_ps=1),
+            fake_run(tmp_path / "d", "ps", "async", 2, [90, 90], [0.4, 0.92], num_ps=1),
+            {"backend": "ps", "mode": "sync", "workers": 2, "run_dir": str(tmp_path / "missing"),
+             "returncode": 1, "error": "error: boom"}]
+    rows = collect(runs)
+    by = {(r["backend"], r["mode"], r["workers"]): r for r in rows}
+    assert by[("horovod", "sync", 2)]["scaling_efficiency"] == pytest.approx(0.9)
+    assert by[("ps", "async", 2)]["scaling_efficiency"] == pytest.approx(0.5)
+    assert by[("horovod", "sync", 1)]["scaling_efficiency"] == pytest.approx(1.0)
+    assert by[("ps", "sync", 2)]["status"] == "failed" and by[("ps", "sync", 2)]["scaling_efficiency"] is None
+    assert by[("horovod", "sync", 2)]["time_to_target"] is not None
+    out = tmp_path / "report"
+    write_report(rows, str(out), {"x": 1}, {"host": "h"})
+    data = json.load(open(out / "results.json"))["rows"]
+    with open(out / "results.csv") as f:
+        csv_rows = list(csv.DictReader(f))
+    assert len(data) == len(csv_rows) == 5
+    for j, c in zip(data, csv_rows):
+        assert str(j["samples_per_sec_median"] if j["samples_per_sec_median"] is not None else "") == \
+            c["samples_per_sec_median"]
+        assert c["backend"] == j["backend"] and c["status"] == j["status"]
+    report = (out / "report.md").read_text()
+    assert "| horovod | sync | 2 | - | 180 | 180 ± 0 | 90% |" in report
+    assert "error: boom" in report
+    for png in ("throughput.png", "accuracy_vs_time.png"):
+        assert (out / png).stat().st_size > 5000
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("horovod,ps", [("horovod", "sync"), ("ps", "async"), ("ps", "sync")]),
+    ("ps:sync", [("ps", "sync")]),
+])
+def test_variants(text, expected):
+    assert parse_variants(text) == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("mpi", "unknown backend 'mpi' (valid: horovod, ps)"),
+    ("ps:lazy", "backend ps has no mode 'lazy' (valid: async, sync)"),
+])
+def test_bad_variants(text, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_variants(text)
+
+
+def test_dry_run_prints_real_commands(tmp_path):
+    r = run([os.path.join(BIN, "hvdps-compare"), "--dry-run", "--workers", "1,2", "--batch_size", "16",
+             "--out", str(tmp_path / "c")], timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 6
+    assert sum("horovodrun -np 2 -H localhost:2" in l for l in lines) == 1
+    assert sum("ps_train.launch --num_ps 1 --num_workers 2 --sync" in l for l in lines) == 1
+    assert all("--batch_size 16" in l for l in lines)
+
+
+def test_end_to_end_both_backends(tmp_path):
+    out = tmp_path / "cmp"
+    r = run([os.path.join(BIN, "hvdps-compare"), "--workers", "1,2", "--backends", "horovod,ps:async",
+             "--train_steps", "30", "--batch_size", "16", "--log_every", "5", "--no-progress",
+             "--out", str(out)], timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.load(open(out / "results.json"))["rows"]
+    assert {(x["backend"], x["mode"], x["workers"]) for x in rows} == \
+        {("horovod", "sync", 1), ("horovod", "sync", 2), ("ps", "async", 1), ("ps", "async", 2)}
+    for x in rows:
+        assert x["status"] == "ok"
+        assert x["samples_per_sec_median"] > 0 and 0 <= x["final_test_accuracy"] <= 1
+        assert x["grad_bytes_per_step"] == rows[0]["grad_bytes_per_step"]   # same model everywhere
+        assert x["global_batch"] == 16 * x["workers"]
+    # --from rebuilds the same table without training
+    r2 = run([os.path.join(BIN, "hvdps-compare"), "--from", str(out / "runs"), "--out", str(tmp_path / "again")],
+             timeout=120)
+    assert r2.returncode == 0, r2.stderr
+    again = json.load(open(tmp_path / "again" / "results.json"))["rows"]
+    key = lambda x: (x["backend"], x["mode"], x["workers"])
+    assert sorted(map(key, again)) == sorted(map(key, rows))
+    assert {key(x): x["samples_per_sec_median"] for x in again} == {key(x): x["samples_per_sec_median"] for x in rows}
