@@ -296,8 +296,81 @@ def make_parser():
     g.add_argument("--from", dest="from_dirs", nargs="+", default=None,
                    help="rebuild the report from existing run directories")
     g.add_argument("--no-progress", dest="progress", action="store_false")
+    j = p.add_argument_group("scaling projection (--project)")
+    j.add_argument("--project", action="store_true", help="project efficiency to many workers; no training")
+    j.add_argument("--comm-json", dest="comm_json", default=None,
+                   help="measured latency/bandwidth (benchmarks/results/comm.json) to fit the model from")
+    j.add_argument("--bandwidth-gbps", dest="bandwidth_gbps", type=float, default=None,
+                   help="link bandwidth in Gbit/s (overrides the measured fit)")
+    j.add_argument("--latency-us", dest="latency_us", type=float, default=None, help="per-message latency")
+    j.add_argument("--step-compute-ms", dest="step_compute_ms", type=float, default=None,
+                   help="compute time of one step on one worker")
+    j.add_argument("--model-params", dest="model_params", type=float, default=None,
+                   help="parameters (millions) of the model whose gradients are exchanged")
+    j.add_argument("--model-name", dest="model_name", default=None,
+                   help="known model for --model-params: resnet50, resnet101, inception_v3, vgg16")
+    j.add_argument("--gpus-per-server", dest="gpus_per_server", type=int, default=1)
+    j.add_argument("--overlap", type=float, default=0.0,
+                   help="fraction of communication hidden behind backprop (0 = none)")
+    j.add_argument("--max-workers", dest="max_workers", type=int, default=512)
+    j.add_argument("--compute-from", dest="compute_from", default=None,
+                   help="a 1-worker run dir: compute time per step = batch / its samples/sec")
     p.set_defaults(train_dir="runs/compare")
     return p
+
+
+def run_projection(args):
+    """The alpha-beta projection (common.projection) from measurements and/or given hardware."""
+    from common import projection as pj
+    fits = {}
+    comm_json = args.comm_json or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                               "benchmarks", "results", "comm.json")
+    if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None):
+        data = json.load(open(comm_json))
+        fits = pj.fit_from_comm(data["results"], data.get("np", 2))
+    ring, ps = fits.get("allreduce"), fits.get("ps")
+    if args.bandwidth_gbps is not None or args.latency_us is not None:
+        if args.bandwidth_gbps is None or args.latency_us is None:
+            if not ring:
+                raise UsageError("--project needs both --bandwidth-gbps and --latency-us, or a --comm-json")
+        bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else ring["bandwidth"]
+        lat = args.latency_us * 1e-6 if args.latency_us is not None else ring["alpha"]
+        ring = ps = {"bandwidth": bw, "alpha": lat}
+    if not ring or not ps:
+        raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
+                         f"and no --bandwidth-gbps/--latency-us given")
+    if args.model_name and args.model_name not in pj.KNOWN_MODELS:
+        raise UsageError(f"unknown --model-name '{args.model_name}' (valid: {', '.join(pj.KNOWN_MODELS)})")
+    grad = pj.params_bytes(args.model_params, args.model_name)
+    compute = args.step_compute_ms / 1e3 if args.step_compute_ms else None
+    if args.compute_from:
+        row, curves = load_run(args.compute_from)
+        if not row.get("samples_per_sec_median"):
+            raise UsageError(f"--compute-from {args.compute_from}: no throughput in that run")
+        compute = compute or row["global_batch"] / row["samples_per_sec_median"]
+        grad = grad or row["grad_bytes_per_step"]
+    if not grad or not compute:
+        raise UsageError("--project needs the gradient size (--model-params, --model-name or --compute-from) "
+                         "and the compute time (--step-compute-ms or --compute-from)")
+    if not 0 <= args.overlap < 1 or args.gpus_per_server < 1 or args.max_workers < 1:
+        raise UsageError("--overlap must be in [0, 1), --gpus-per-server and --max-workers >= 1")
+    workers = pj.powers_of_two(1, args.max_workers)
+    rows = pj.project(grad, compute, workers, ring, ps, shards=pj.powers_of_two(1, 8),
+                      per_server=args.gpus_per_server, overlap=args.overlap)
+    os.makedirs(args.out, exist_ok=True)
+    text = (f"# Scaling projection\n\ngradient {grad / 1e6:.1f} MB, compute {compute * 1e3:.1f} ms/step, "
+            f"ring: {ring['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha {ring['alpha'] * 1e6:.1f} us; "
+            f"PS: {ps['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha {ps['alpha'] * 1e6:.1f} us; "
+            f"{args.gpus_per_server} worker(s) per server; overlap {args.overlap:.0%}\n\n" + pj.table(rows) + "\n")
+    with open(os.path.join(args.out, "projection.md"), "w") as f:
+        f.write(text + "\n![projection](projection.png)\n")
+    with open(os.path.join(args.out, "projection.json"), "w") as f:
+        f.write(pj.dumps({"grad_bytes": grad, "compute_s": compute, "ring": ring, "ps": ps,
+                          "overlap": args.overlap, "gpus_per_server": args.gpus_per_server, "rows": rows}))
+    pj.plot(rows, os.path.join(args.out, "projection.png"), f"{grad / 1e6:.0f} MB gradients, "
+            f"{compute * 1e3:.0f} ms compute")
+    print(text)
+    return 0
 
 
 def trainer_args_of(args, parser):
@@ -329,6 +402,8 @@ def main(argv=None):
     args.out = cfg.train_dir
     if args.num_ps < 1:
         raise UsageError("--num_ps must be at least 1")
+    if args.project:
+        return run_projection(args)
     if args.from_dirs:
         runs = runs_from_dirs(args.from_dirs)
     else:

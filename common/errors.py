@@ -23,6 +23,11 @@ class RunError(Exception):
 def fail(message, code=EXIT_USAGE, quiet=False, hard_exit=False):
     if not quiet:
         print(f"error: {message}", file=sys.stderr, flush=True)
+    else:
+        # A silenced rank gives rank 0 a moment to print the one error line:
+        # launchers kill the whole job as soon as the first rank exits.
+        import time
+        time.sleep(3)
     if hard_exit:   # skip interpreter teardown: TF gRPC servers cannot be stopped
         sys.stdout.flush()
         os._exit(code)
@@ -40,13 +45,13 @@ def cli(fn=None, *, hard_exit=False):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        quiet = os.environ.get("HVDPS_QUIET_ERRORS") == "1"
+        quiet = lambda: os.environ.get("HVDPS_QUIET_ERRORS") == "1"   # read late: main() may set it
         try:
             return fn(*args, **kwargs)
         except UsageError as exc:
-            fail(str(exc), EXIT_USAGE, quiet, hard_exit)
+            fail(str(exc), EXIT_USAGE, quiet(), hard_exit)
         except RunError as exc:
-            fail(str(exc), EXIT_FAILURE, quiet, hard_exit)
+            fail(str(exc), EXIT_FAILURE, quiet(), hard_exit)
         except KeyboardInterrupt:
-            fail("interrupted", 130, quiet, hard_exit)
+            fail("interrupted", 130, quiet(), hard_exit)
     return wrapper

@@ -9,6 +9,7 @@ children also die with the launcher (PDEATHSIG), so nothing is orphaned.
 """
 import argparse
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -65,12 +66,19 @@ class Cluster:
         self.lock = threading.Lock()
         self.procs = {}
         self.threads = []
+        self.cpu = {}
 
     def start(self):
         for name, argv, extra_env in self.tasks:
             env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env, **extra_env)
+            cpus = env.pop("HVDPS_PIN_CPU", None)
+
+            def prepare(cpus=cpus):
+                _die_with_parent()
+                if cpus is not None:
+                    os.sched_setaffinity(0, {int(cpus)})
             p = subprocess.Popen(argv + self.trainer_args, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+                                 stderr=subprocess.STDOUT, env=env, preexec_fn=prepare)
             self.procs[name] = p
             t = threading.Thread(target=_pump, args=(name, p.stdout, self.out, self.lock), daemon=True)
             t.start()
@@ -98,8 +106,18 @@ class Cluster:
     def pids(self):
         return {name: p.pid for name, p in self.procs.items()}
 
+    def sample_cpu(self):
+        """CPU seconds (user+system) each role has used so far; kept after the role exits."""
+        tick = os.sysconf("SC_CLK_TCK")
+        for name, p in self.procs.items():
+            try:
+                fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
+                self.cpu[name] = (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, IndexError, ValueError):
+                pass
 
-def build_tasks(num_ps, num_workers, host, python=sys.executable, threads=None):
+
+def build_tasks(num_ps, num_workers, host, python=sys.executable, threads=None, pin=False):
     ports = free_ports(num_ps + num_workers, host)
     ps_hosts = ",".join(f"{host}:{p}" for p in ports[:num_ps])
     worker_hosts = ",".join(f"{host}:{p}" for p in ports[num_ps:])
@@ -109,6 +127,8 @@ def build_tasks(num_ps, num_workers, host, python=sys.executable, threads=None):
             argv = [python, "-u", "-m", "ps_train.main", f"--job_name={job}", f"--task_index={i}",
                     f"--ps_hosts={ps_hosts}", f"--worker_hosts={worker_hosts}"]
             env = {"HVDPS_THREADS": str(threads)} if threads and job == "worker" else {}
+            if pin and job == "worker":   # one core per worker; PS tasks float (their CPU is reported)
+                env["HVDPS_PIN_CPU"] = str(i % (os.cpu_count() or 1))
             tasks.append((f"{job}:{i}", argv, env))
     return tasks
 
@@ -119,6 +139,7 @@ def supervise(cluster, sync, timeout=None):
     started = time.monotonic()
     reported = set()
     while True:
+        cluster.sample_cpu()
         code = chief.poll()
         if code is not None:
             break
@@ -145,6 +166,7 @@ def supervise(cluster, sync, timeout=None):
     # A failed chief gets no grace: nothing useful can happen after it.
     deadline = time.monotonic() + (30 if code == 0 else 0)
     while time.monotonic() < deadline and any(p.poll() is None for p in cluster.procs.values()):
+        cluster.sample_cpu()
         time.sleep(0.1)
     for name, p in cluster.procs.items():
         if p.poll() is None:
@@ -158,6 +180,8 @@ def parse_args(argv):
     p.add_argument("--num_workers", type=int, default=2)
     p.add_argument("--host", default="127.0.0.1", help="address every task listens on")
     p.add_argument("--threads_per_worker", type=int, default=0, help="TF threads per worker (0: TF default)")
+    p.add_argument("--pin_workers", action="store_true",
+                   help="pin worker i to core i (equal core budget per worker, for scaling benchmarks)")
     p.add_argument("--timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
     args, rest = p.parse_known_args(argv)
     for bad in ("--job_name", "--task_index", "--ps_hosts", "--worker_hosts", "--chief_host", "--cluster_spec"):
@@ -177,7 +201,7 @@ def main(argv=None):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host,
-                                  threads=args.threads_per_worker), rest, env=env)
+                                  threads=args.threads_per_worker, pin=args.pin_workers), rest, env=env)
     sync = "--sync" in rest
     code = 1
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -197,8 +221,22 @@ def main(argv=None):
         cluster.stop()
         for s, h in previous.items():
             signal.signal(s, h)
+    cluster.say("cpu seconds: " + ", ".join(f"{n} {c:.1f}" for n, c in sorted(cluster.cpu.items())))
+    train_dir = _flag_value(rest, "--train_dir") or _flag_value(rest, "--out")
+    if train_dir and os.path.isdir(train_dir):   # the PS tasks' cost belongs in the results too
+        with open(os.path.join(train_dir, "launch.json"), "w") as f:
+            json.dump({"cpu_seconds": cluster.cpu, "exit_code": code, "pids": cluster.pids()}, f, indent=2)
     cluster.say(f"chief exit code {code}")
     return code
+
+
+def _flag_value(argv, flag):
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
 
 
 if __name__ == "__main__":

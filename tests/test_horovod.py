@@ -102,7 +102,8 @@ def test_bad_input_under_horovodrun(tmp_path, args, message):
     assert time.monotonic() - t0 < 60
     combined = r.stdout + r.stderr
     assert combined.count(message) == 1, combined[-3000:]      # printed once, by rank 0
-    assert "Traceback" not in combined
+    # No rank prints a traceback (horovodrun itself raises one when a rank fails: not ours).
+    assert not [l for l in combined.splitlines() if l.startswith("[") and "Traceback" in l]
 
 
 def test_unreadable_checkpoint_dir(tmp_path):

@@ -1,0 +1,220 @@
+"""Gradient-exchange cost: Horovod allreduce (MPI, Gloo) vs raw MPI vs PS push/pull.
+
+    python benchmarks/comm_bandwidth.py [--np 2] [--sizes-mb 1,10,100] [--repeats 10]
+
+One invocation runs every measurement back to back on the same machine and
+writes benchmarks/results/comm.json plus a markdown table:
+
+- mpi4py ``Allreduce`` (raw MPI) and ``hvd.allreduce`` with the MPI controller
+  in the *same* mpirun job, so both see identical conditions;
+- ``hvd.allreduce`` under ``horovodrun --gloo``;
+- Horovod again with tuning (fusion threshold, cycle time) given by --tuned-env;
+- PS push (worker -> PS ``assign_add``) and pull (PS -> worker read) over
+  TensorFlow's gRPC runtime, 1 worker and 1 PS task, on the same sizes.
+
+Sizes: the models' gradient sizes plus --sizes-mb. Times are medians over
+--repeats after --warmup untimed rounds. Bandwidth = bytes / time (algorithm
+bandwidth: what the trainer experiences, not bus bandwidth).
+"""
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+
+def gradient_sizes():
+    from common.config import make_config
+    from common.models import build_model, gradient_bytes
+    out = {}
+    for name, kw in (("mlp/digits", dict(model="mlp")), ("cnn/digits", dict(model="cnn")),
+                     ("mlp/mnist-shape", dict(model="mlp", dataset="synthetic", image_shape=(28, 28, 1))),
+                     ("resnet50/224", dict(model="resnet50", dataset="synthetic", image_shape=(224, 224, 3),
+                                           num_classes=1000))):
+        out[name] = gradient_bytes(build_model(make_config(**kw)))
+    return out
+
+
+def timeit(fn, repeats, warmup):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------- inside the jobs
+def worker_allreduce(args):
+    """Runs on every rank. Rank 0 prints one JSON line per measurement."""
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    raw = None
+    if args.with_mpi4py:
+        from mpi4py import MPI
+        raw = MPI.COMM_WORLD
+    sizes = json.loads(args.sizes_json)
+    for label, nbytes in sizes:
+        n = max(1, nbytes // 4)
+        x = tf.random.uniform([n], dtype=tf.float32)
+        counter = [0]
+
+        def hvd_op():
+            counter[0] += 1
+            hvd.allreduce(x, op=hvd.Sum, name=f"bw.{label}.{counter[0] % 4}").numpy()
+
+        t_hvd = timeit(hvd_op, args.repeats, args.warmup)
+        rec = {"label": label, "bytes": n * 4, "impl": f"horovod-{args.impl}", "seconds": t_hvd}
+        if hvd.rank() == 0:
+            print("RESULT " + json.dumps(rec), flush=True)
+        if raw is not None:
+            a = np.random.rand(n).astype(np.float32)
+            b = np.empty_like(a)
+            from mpi4py import MPI
+
+            def mpi_op():
+                raw.Allreduce(a, b, op=MPI.SUM)
+
+            raw.Barrier()
+            t_mpi = timeit(mpi_op, args.repeats, args.warmup)
+            if hvd.rank() == 0:
+                print("RESULT " + json.dumps({"label": label, "bytes": n * 4, "impl": "mpi4py", "seconds": t_mpi}),
+                      flush=True)
+    hvd.shutdown()
+
+
+def worker_ps(args):
+    """One PS task in a child process, this process as the worker; push and pull per size."""
+    import numpy as np
+    import tensorflow as tf
+    from ps_train.launch import free_ports
+    tf.compat.v1.disable_eager_execution()
+    ps_port, w_port = free_ports(2)
+    cluster = {"ps": [f"127.0.0.1:{ps_port}"], "worker": [f"127.0.0.1:{w_port}"]}
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import tensorflow as tf, json, sys, time;"
+        f"s=tf.distribute.Server(tf.train.ClusterSpec({cluster!r}), job_name='ps', task_index=0);"
+        "time.sleep(3600)")], env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=0)
+        for label, nbytes in json.loads(args.sizes_json):
+            n = max(1, nbytes // 4)
+            g = tf.Graph()
+            with g.as_default():
+                with tf.device("/job:ps/task:0"):
+                    var = tf.compat.v1.get_variable("v", [n], tf.float32, tf.compat.v1.zeros_initializer())
+                with tf.device("/job:worker/task:0"):
+                    grad = tf.compat.v1.get_variable("g", [n], tf.float32, tf.compat.v1.ones_initializer(),
+                                                     collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+                    pulled = tf.reduce_sum(tf.identity(var))   # forces the bytes onto the worker
+                with tf.device("/job:ps/task:0"):
+                    push = var.assign_add(grad.read_value()).op
+                init = [tf.compat.v1.global_variables_initializer(), tf.compat.v1.local_variables_initializer()]
+            cfg = tf.compat.v1.ConfigProto(device_filters=["/job:ps", "/job:worker/task:0"])
+            with tf.compat.v1.Session(server.target, graph=g, config=cfg) as sess:
+                sess.run(init)
+                for impl, op in (("ps-push", push), ("ps-pull", pulled)):
+                    t = timeit(lambda: sess.run(op), args.repeats, args.warmup)
+                    print("RESULT " + json.dumps({"label": label, "bytes": n * 4, "impl": impl, "seconds": t}),
+                          flush=True)
+    finally:
+        child.kill()
+        child.wait()
+    os._exit(0)
+
+
+# ---------------------------------------------------------------- driver
+def run_job(argv, env, timeout=1200):
+    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    results = [json.loads(l[len("RESULT "):]) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    if p.returncode != 0:
+        print(f"FAILED ({p.returncode}): {shlex.join(argv)}\n{p.stderr[-2000:]}", file=sys.stderr)
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--sizes-mb", default="1,10,100")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--tuned-env", default="HOROVOD_FUSION_THRESHOLD=0 HOROVOD_CYCLE_TIME=0.1",
+                    help="environment for the 'tuned' Horovod rows")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "comm.json"))
+    ap.add_argument("--worker", choices=("allreduce", "ps"), help=argparse.SUPPRESS)
+    ap.add_argument("--impl", default="mpi", help=argparse.SUPPRESS)
+    ap.add_argument("--with-mpi4py", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes-json", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker == "allreduce":
+        return worker_allreduce(args)
+    if args.worker == "ps":
+        return worker_ps(args)
+
+    sizes = sorted(gradient_sizes().items(), key=lambda kv: kv[1])
+    sizes += [(f"{mb}MB", int(float(mb) * 1024 * 1024)) for mb in args.sizes_mb.split(",")]
+    common = ["--sizes-json", json.dumps(sizes), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    bindir = os.path.dirname(sys.executable)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONPATH=REPO, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+    me = [sys.executable, os.path.abspath(__file__)]
+    mpirun = ["mpirun", "-np", str(args.np), "-bind-to", "none", "--mca", "btl", "self,vader,tcp",
+              "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]
+    tuned = dict(kv.split("=", 1) for kv in args.tuned_env.split())
+    results = []
+    results += run_job(mpirun + ["-x", "HOROVOD_CPU_OPERATIONS=mpi"] + me +
+                       ["--worker", "allreduce", "--impl", "mpi", "--with-mpi4py"] + common, env)
+    tuned_x = [x for k, v in tuned.items() for x in ("-x", f"{k}={v}")]
+    results += run_job(mpirun + ["-x", "HOROVOD_CPU_OPERATIONS=mpi"] + tuned_x + me +
+                       ["--worker", "allreduce", "--impl", "mpi-tuned"] + common, env)
+    results += run_job([os.path.join(bindir, "horovodrun"), "--gloo", "-np", str(args.np), "-H",
+                        f"localhost:{args.np}"] + me + ["--worker", "allreduce", "--impl", "gloo"] + common, env)
+    results += run_job([os.path.join(bindir, "horovodrun"), "--gloo", "-np", str(args.np), "-H",
+                        f"localhost:{args.np}"] + me + ["--worker", "allreduce", "--impl", "gloo-tuned"] + common,
+                       dict(env, **tuned))
+    results += run_job(me + ["--worker", "ps"] + common, env)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"np": args.np, "repeats": args.repeats, "tuned_env": args.tuned_env,
+                   "command": shlex.join([os.path.relpath(sys.executable, REPO)] + sys.argv),
+                   "results": results}, f, indent=2)
+    print(table(results))
+
+
+def table(results):
+    impls = []
+    for r in results:
+        if r["impl"] not in impls:
+            impls.append(r["impl"])
+    labels = []
+    for r in results:
+        if (r["label"], r["bytes"]) not in labels:
+            labels.append((r["label"], r["bytes"]))
+    by = {(r["label"], r["impl"]): r["seconds"] for r in results}
+    lines = ["| size | bytes | " + " | ".join(impls) + " | best horovod / mpi4py |",
+             "|---|---|" + "---|" * len(impls) + "---|"]
+    for label, nbytes in labels:
+        cells = []
+        for impl in impls:
+            t = by.get((label, impl))
+            cells.append(f"{t * 1e3:.2f} ms ({nbytes / t / 1e9:.2f} GB/s)" if t else "-")
+        mpi = by.get((label, "mpi4py"))
+        hv = [by[(label, i)] for i in impls if i.startswith("horovod") and (label, i) in by]
+        ratio = f"{mpi / min(hv):.2f}x" if mpi and hv else "-"
+        lines.append(f"| {label} | {nbytes:,} | " + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Training throughput and scaling efficiency with an equal core budget per worker.
+
+    python benchmarks/throughput.py [--models mlp,cnn,resnet50] [--backends horovod,ps:async,ps:sync]
+
+Each worker gets exactly one core: the 1-worker baseline is pinned to core 0,
+2 workers to cores 0 and 1 (Horovod: ``mpirun -bind-to core -map-by core``;
+PS: the launcher's ``--pin_workers``), each with one TF thread. PS tasks are not
+pinned; their CPU seconds are reported as part of the cost. Synthetic data,
+warm-up steps excluded; samples/sec is the median over logging intervals, with
+the mean +/- 95% half-width. Efficiency = throughput(2) / (2 * throughput(1)).
+Results: benchmarks/results/throughput.json and a markdown table.
+"""
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+
+from common.metrics import load_run  # noqa: E402
+
+MODELS = {   # synthetic data shape, classes, per-worker batch, steps (global-batch steps), warm-up
+    "mlp": (["--image_shape", "28,28,1", "--num_classes", "10"], 64, 400, 20),
+    "cnn": (["--image_shape", "28,28,1", "--num_classes", "10"], 32, 120, 10),
+    "resnet50": (["--image_shape", "64,64,3", "--num_classes", "100"], 8, 14, 4),
+}
+
+
+def command(backend, mode, workers, num_ps, model, out):
+    shape, batch, steps, warm = MODELS[model]
+    flags = ["--model", model, "--dataset", "synthetic", *shape, "--batch_size", str(batch),
+             "--train_steps", str(steps), "--warmup_steps", str(warm), "--log_every", "2",
+             "--synthetic_samples", "512", "--eval_every_epoch", "false", "--train_dir", out]
+    py = sys.executable
+    if backend == "horovod":
+        main = os.path.join(REPO, "horovod_train", "main.py")
+        if workers == 1:
+            return ["taskset", "-c", "0", py, main, "--threads_per_rank", "1", *flags]
+        return ["mpirun", "-np", str(workers), "-bind-to", "core", "-map-by", "core", "-x", "PATH",
+                "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL", py, main, "--threads_per_rank", "1", *flags]
+    return [py, "-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(workers),
+            "--pin_workers", "--threads_per_worker", "1", f"--{mode}", *flags]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mlp,cnn,resnet50")
+    ap.add_argument("--backends", default="horovod:sync,ps:async,ps:sync")
+    ap.add_argument("--num_ps", default="1", help="PS task counts to try, e.g. 1,2")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
+    args = ap.parse_args()
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONPATH=REPO,
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="hvdps-bench-")
+    try:
+        for model in args.models.split(","):
+            for variant in args.backends.split(","):
+                backend, _, mode = variant.partition(":")
+                for num_ps in ([int(x) for x in args.num_ps.split(",")] if backend == "ps" else [0]):
+                    for workers in (1, 2):
+                        out = os.path.join(tmp, f"{model}-{backend}-{mode}-ps{num_ps}-w{workers}")
+                        argv = command(backend, mode or "sync", workers, num_ps, model, out)
+                        p = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
+                        row = {"model": model, "backend": backend, "mode": mode or "sync", "num_ps": num_ps,
+                               "workers": workers, "command": shlex.join(argv).replace(tmp, "$OUT"),
+                               "ok": p.returncode == 0}
+                        if p.returncode == 0:
+                            r, curves = load_run(out)
+                            row.update(median=r["samples_per_sec_median"], mean=r["samples_per_sec_mean"],
+                                       error=r["samples_per_sec_error"], grad_bytes=r["grad_bytes_per_step"])
+                            launch = os.path.join(out, "launch.json")
+                            if os.path.exists(launch):
+                                row["cpu_seconds"] = json.load(open(launch))["cpu_seconds"]
+                        else:
+                            row["error"] = (p.stderr or p.stdout)[-500:]
+                        rows.append(row)
+                        print(json.dumps({k: v for k, v in row.items() if k != "command"}), flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    base = {(r["model"], r["backend"], r["mode"], r["num_ps"]): r.get("median") for r in rows if r["workers"] == 1}
+    for r in rows:
+        b = base.get((r["model"], r["backend"], r["mode"], r["num_ps"]))
+        r["efficiency"] = r["median"] / (r["workers"] * b) if b and r.get("median") else None
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"command": shlex.join([os.path.relpath(sys.executable, REPO)] + sys.argv), "rows": rows}, f,
+                  indent=2)
+    print(table(rows))
+
+
+def table(rows):
+    lines = ["| model | backend | mode | PS | workers | samples/sec median | mean ± 95% | efficiency | PS cpu s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        head = f"| {r['model']} | {r['backend']} | {r['mode']} | {r['num_ps'] or '-'} | {r['workers']} | "
+        if not r.get("median"):
+            lines.append(head + "failed | | | |")
+            continue
+        eff = "-" if r.get("efficiency") is None else f"{100 * r['efficiency']:.0f}%"
+        ps_cpu = sum(v for k, v in (r.get("cpu_seconds") or {}).items() if k.startswith("ps:"))
+        lines.append(head + f"{r['median']:.1f} | {r['mean']:.1f} ± {r['error']:.1f} | {eff} | "
+                     f"{ps_cpu:.1f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Scheduler scripts and Kubernetes manifests parse, and use flags the trainers accept."""
+import glob
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from common.hosts import parse_cluster_spec, parse_hostfile, parse_tf_config
+from horovod_train.backend import add_horovod_args
+from ps_train.main import make_parser as ps_parser
+from common.config import build_parser
+from tests.conftest import REPO
+
+HF = os.path.join(REPO, "hostfiles")
+SCRIPTS = sorted(glob.glob(os.path.join(HF, "slurm", "*")) + glob.glob(os.path.join(HF, "pbs", "*")))
+MANIFESTS = sorted(glob.glob(os.path.join(HF, "k8s", "*.yaml")))
+
+
+def parse_trainer(script, args):
+    parser = add_horovod_args(build_parser("t")) if "horovod_train" in script else ps_parser()
+    return parser.parse_args(args)
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=os.path.basename)
+def test_scripts_are_valid_bash(path):
+    r = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=os.path.basename)
+def test_script_trainer_flags_are_accepted(path):
+    text = open(path).read()
+    train = re.search(r'TRAIN_ARGS=\(?"?([^)\n"]*(?:"[^"\n]*"[^)\n"]*)*)', text)
+    calls = re.findall(r"python ((?:horovod|ps)_train/main\.py)([^\n]*)", text)
+    assert calls, "no trainer call found"
+    for script, rest in calls:
+        args = shlex.split(rest.replace('"${TRAIN_ARGS[@]}"', "").replace("$TRAIN_ARGS", ""))
+        if train and ("TRAIN_ARGS" in rest):
+            args += shlex.split(re.sub(r"\$\{[^}]+\}", "x", train.group(1)))
+        args = [re.sub(r"\$\{[^}]+\}|\$\w+", "x", a) for a in args if a != "\\"]
+        cfg_args = parse_trainer(script, args)
+        assert cfg_args.batch_size > 0
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=os.path.basename)
+def test_manifests_load_and_use_real_flags(path):
+    docs = list(yaml.safe_load_all(open(path)))
+    assert docs and all(d["apiVersion"].startswith("kubeflow.org/") for d in docs)
+    found = 0
+    for doc in docs:
+        specs = doc["spec"].get("tfReplicaSpecs") or doc["spec"].get("mpiReplicaSpecs")
+        for role, spec in specs.items():
+            for c in spec["template"]["spec"]["containers"]:
+                if doc["kind"] == "TFJob":
+                    assert c["name"] == "tensorflow"          # the operator injects TF_CONFIG only there
+                    assert c["ports"][0]["containerPort"] == 2222
+                cmd = c.get("command") or []
+                for i, a in enumerate(cmd):
+                    if a.endswith("_train/main.py"):
+                        parse_trainer(a, cmd[i + 1:])
+                        found += 1
+    assert found
+
+
+def test_tfjob_tf_config_is_accepted():
+    """What the operator would inject for this TFJob parses as our TF_CONFIG."""
+    doc = yaml.safe_load(open(os.path.join(HF, "k8s", "tfjob.yaml")))
+    reps = doc["spec"]["tfReplicaSpecs"]
+    cluster = {role.lower(): [f"hvdps-ps-{role.lower()}-{i}:2222" for i in range(spec["replicas"])]
+               for role, spec in reps.items()}
+    for role in cluster:
+        for i in range(len(cluster[role])):
+            assert parse_tf_config(json.dumps({"cluster": cluster, "task": {"type": role, "index": i}}))[1] == role
+
+
+def test_example_files_parse():
+    assert parse_hostfile(os.path.join(HF, "hostfile.example")) == [("node1", 4), ("node2", 4)]
+    assert parse_cluster_spec(os.path.join(HF, "cluster.json"))["ps"] == ["node1:2222", "node2:2222"]
+    assert parse_cluster_spec(os.path.join(HF, "cluster.yaml"))["chief"] == ["node1:2224"]
+
+
+def test_slurm_ps_script_builds_tf_config(tmp_path):
+    """Run ps.sbatch with stand-ins for srun/scontrol/python: each task gets a valid, distinct TF_CONFIG."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "scontrol").write_text("#!/bin/bash\nprintf 'nodeA\\nnodeB\\nnodeC\\n'\n")
+    (stubs / "srun").write_text("#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n"
+                                "for i in 0 1 2; do SLURM_PROCID=$i \"$@\" || exit 1; done\n")
+    (stubs / "python").write_text("#!/bin/bash\necho \"$TF_CONFIG\"\n")
+    for f in stubs.iterdir():
+        f.chmod(0o755)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "activate").write_text(f"export PATH={stubs}:$PATH\n")
+    env = dict(os.environ, SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_NODELIST="node[A-C]", SLURM_JOB_ID="7",
+               PATH=f"{stubs}:{os.environ['PATH']}")
+    r = subprocess.run(["bash", os.path.join(HF, "slurm", "ps.sbatch")], capture_output=True, text=True,
+                       env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    configs = [parse_tf_config(line) for line in r.stdout.strip().splitlines()]
+    assert [(role, i) for _, role, i in configs] == [("ps", 0), ("worker", 0), ("worker", 1)]
+    assert configs[0][0] == {"ps": ["nodeA:2222"], "worker": ["nodeB:2222", "nodeC:2222"]}
