@@ -45,7 +45,7 @@ $(STAMP): setup.py Makefile
 	@touch $@
 
 demo: setup
-	$(BIN)/hvdps-compare --workers 1,2 --out runs/demo
+	$(BIN)/hvdps-compare --workers 1,2 --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: setup
 	$(BIN)/python -m pytest -q tests

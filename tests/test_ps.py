@@ -47,9 +47,12 @@ def test_cluster_reaches_accuracy(tmp_path, num_ps, mode):
     R = 2 if mode == "--sync" else 1
     assert header["samples_per_step"] == 32 * R
     spe = (1438 // 2) // 32
-    assert curves["summary"]["steps"] == 4 * spe * 2 // R
-    assert curves["summary"]["samples_seen"] == 4 * spe * 2 * 32
-    assert sum(curves["summary"]["worker_steps"]) == 4 * spe * 2   # every worker batch counted once
+    target = 4 * spe * 2 // R                  # the same samples as Horovod's 4 epochs
+    steps = curves["summary"]["steps"]
+    # async: the other worker may finish one step already under way when the target is hit
+    assert target <= steps <= target + (0 if R == 2 else 1)
+    assert curves["summary"]["samples_seen"] == steps * 32 * R
+    assert sum(curves["summary"]["worker_steps"]) == steps * R   # every applied batch counted once
     assert len(curves["evals"]) >= 4
 
 
