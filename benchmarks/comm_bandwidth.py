@@ -56,6 +56,8 @@ def timeit(fn, repeats, warmup):
 def worker_allreduce(args):
     """Runs on every rank. Rank 0 prints one JSON line per measurement."""
     import numpy as np
+    if args.impl == "mpi4py":
+        return worker_mpi4py(args, np)
     import tensorflow as tf
     import horovod.tensorflow as hvd
     hvd.init()
@@ -89,9 +91,24 @@ def worker_allreduce(args):
             raw.Barrier()
             t_mpi = timeit(mpi_op, args.repeats, args.warmup)
             if hvd.rank() == 0:
-                print("RESULT " + json.dumps({"label": label, "bytes": n * 4, "impl": "mpi4py", "seconds": t_mpi}),
-                      flush=True)
-    hvd.shutdown()
+                print("RESULT " + json.dumps({"label": label, "bytes": n * 4, "impl": "mpi4py-beside-horovod",
+                                              "seconds": t_mpi}), flush=True)
+    sys.stdout.flush()
+    os._exit(0)   # skip MPI finalisation: Horovod and mpi4py would both finalise MPI (segfault)
+
+
+def worker_mpi4py(args, np):
+    """Raw MPI with nothing else in the process: the bandwidth ceiling on this machine."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    for label, nbytes in json.loads(args.sizes_json):
+        a = np.random.rand(max(1, nbytes // 4)).astype(np.float32)
+        b = np.empty_like(a)
+        comm.Barrier()
+        t = timeit(lambda: comm.Allreduce(a, b, op=MPI.SUM), args.repeats, args.warmup)
+        if comm.rank == 0:
+            print("RESULT " + json.dumps({"label": label, "bytes": a.nbytes, "impl": "mpi4py", "seconds": t}),
+                  flush=True)
 
 
 def worker_ps(args):
@@ -137,7 +154,8 @@ def worker_ps(args):
 # ---------------------------------------------------------------- driver
 def run_job(argv, env, timeout=1200):
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
-    results = [json.loads(l[len("RESULT "):]) for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    # horovodrun prefixes lines with "[rank]<stdout>:"
+    results = [json.loads(l.split("RESULT ", 1)[1]) for l in p.stdout.splitlines() if "RESULT " in l]
     if p.returncode != 0:
         print(f"FAILED ({p.returncode}): {shlex.join(argv)}\n{p.stderr[-2000:]}", file=sys.stderr)
     return results
@@ -149,7 +167,7 @@ def main():
     ap.add_argument("--sizes-mb", default="1,10,100")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--tuned-env", default="HOROVOD_FUSION_THRESHOLD=0 HOROVOD_CYCLE_TIME=0.1",
+    ap.add_argument("--tuned-env", default="HOROVOD_CYCLE_TIME=0 TF_CPU_ALLOCATOR_USE_BFC=true",
                     help="environment for the 'tuned' Horovod rows")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "comm.json"))
     ap.add_argument("--worker", choices=("allreduce", "ps"), help=argparse.SUPPRESS)
@@ -173,6 +191,7 @@ def main():
               "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]
     tuned = dict(kv.split("=", 1) for kv in args.tuned_env.split())
     results = []
+    results += run_job(mpirun + me + ["--worker", "allreduce", "--impl", "mpi4py"] + common, env)
     results += run_job(mpirun + ["-x", "HOROVOD_CPU_OPERATIONS=mpi"] + me +
                        ["--worker", "allreduce", "--impl", "mpi", "--with-mpi4py"] + common, env)
     tuned_x = [x for k, v in tuned.items() for x in ("-x", f"{k}={v}")]
@@ -202,7 +221,7 @@ def table(results):
         if (r["label"], r["bytes"]) not in labels:
             labels.append((r["label"], r["bytes"]))
     by = {(r["label"], r["impl"]): r["seconds"] for r in results}
-    lines = ["| size | bytes | " + " | ".join(impls) + " | best horovod / mpi4py |",
+    lines = ["| size | bytes | " + " | ".join(impls) + " | best Horovod bandwidth / raw MPI |",
              "|---|---|" + "---|" * len(impls) + "---|"]
     for label, nbytes in labels:
         cells = []
@@ -211,6 +230,7 @@ def table(results):
             cells.append(f"{t * 1e3:.2f} ms ({nbytes / t / 1e9:.2f} GB/s)" if t else "-")
         mpi = by.get((label, "mpi4py"))
         hv = [by[(label, i)] for i in impls if i.startswith("horovod") and (label, i) in by]
+        best = min(hv) if hv else None
         ratio = f"{mpi / min(hv):.2f}x" if mpi and hv else "-"
         lines.append(f"| {label} | {nbytes:,} | " + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from common.metrics import load_run  # noqa: E402
 MODELS = {   # synthetic data shape, classes, per-worker batch, steps (global-batch steps), warm-up
     "mlp": (["--image_shape", "28,28,1", "--num_classes", "10"], 64, 400, 20),
     "cnn": (["--image_shape", "28,28,1", "--num_classes", "10"], 32, 120, 10),
-    "resnet50": (["--image_shape", "64,64,3", "--num_classes", "100"], 8, 14, 4),
+    "resnet50": (["--image_shape", "64,64,3", "--num_classes", "100"], 8, 24, 4),
 }
 
 
@@ -36,7 +36,8 @@ def command(backend, mode, workers, num_ps, model, out):
     shape, batch, steps, warm = MODELS[model]
     flags = ["--model", model, "--dataset", "synthetic", *shape, "--batch_size", str(batch),
              "--train_steps", str(steps), "--warmup_steps", str(warm), "--log_every", "2",
-             "--synthetic_samples", "512", "--eval_every_epoch", "false", "--train_dir", out]
+             "--synthetic_samples", "512", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
+             "--train_dir", out]
     py = sys.executable
     if backend == "horovod":
         main = os.path.join(REPO, "horovod_train", "main.py")

@@ -177,6 +177,8 @@ def build_parser(description, prog=None):
     g.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples)
     g.add_argument("--shuffle", type=_bool, default=d.shuffle)
     g.add_argument("--eval_every_epoch", type=_bool, default=d.eval_every_epoch)
+    g.add_argument("--checkpoint_every_epoch", type=_bool, default=d.checkpoint_every_epoch,
+                   help="false: checkpoint only at the end (benchmarks: a save stalls every worker)")
     g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --train_dir")
     return p
 

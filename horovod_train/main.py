@@ -85,8 +85,8 @@ def main(argv=None):
             epoch = math.ceil(step / steps_per_epoch)
             if cfg.eval_every_epoch or step == total_steps:
                 evaluate(epoch, step)
-            if backend.is_chief:                 # Horovod: only rank 0 writes checkpoints
-                step_var.assign(step)
+            if backend.is_chief and (cfg.checkpoint_every_epoch or step == total_steps):
+                step_var.assign(step)            # Horovod: only rank 0 writes checkpoints
                 manager.save(checkpoint_number=step)
 
     if args.loop == "fit":

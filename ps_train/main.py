@@ -116,7 +116,8 @@ def main(argv=None):
         with tf.compat.v1.train.MonitoredTrainingSession(
                 master=backend.server.target, is_chief=backend.is_chief, hooks=hooks,
                 checkpoint_dir=ckpt_dir if backend.is_chief else None,
-                save_checkpoint_steps=updates_per_epoch if backend.is_chief else None,
+                save_checkpoint_steps=(updates_per_epoch if cfg.checkpoint_every_epoch else target_updates)
+                if backend.is_chief else None,
                 save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
                 log_step_count_steps=0, config=backend.session_config(),
                 max_wait_secs=args.startup_timeout, stop_grace_period_secs=5) as sess:
