@@ -48,7 +48,7 @@ demo: setup
 	$(BIN)/hvdps-compare --workers 1,2 --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --timeout 900 tests
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py

@@ -32,8 +32,9 @@ MODELS = {   # synthetic data shape, classes, per-worker batch, steps (global-ba
 }
 
 
-def command(backend, mode, workers, num_ps, model, out):
-    shape, batch, steps, warm = MODELS[model]
+def command(backend, mode, workers, num_ps, model, out, batch=None, steps=None, warm=None, mpi_yield=False):
+    shape, batch0, steps0, warm0 = MODELS[model]
+    batch, steps, warm = batch or batch0, steps or steps0, warm or warm0
     flags = ["--model", model, "--dataset", "synthetic", *shape, "--batch_size", str(batch),
              "--train_steps", str(steps), "--warmup_steps", str(warm), "--log_every", "2",
              "--synthetic_samples", "512", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
@@ -43,7 +44,9 @@ def command(backend, mode, workers, num_ps, model, out):
         main = os.path.join(REPO, "horovod_train", "main.py")
         if workers == 1:
             return ["taskset", "-c", "0", py, main, "--threads_per_rank", "1", *flags]
-        return ["mpirun", "-np", str(workers), "-bind-to", "core", "-map-by", "core", "-x", "PATH",
+        # mpi_yield_when_idle: a rank waiting in MPI yields its only core instead of spinning on it
+        yield_ = ["--mca", "mpi_yield_when_idle", "1"] if mpi_yield else []
+        return ["mpirun", "-np", str(workers), "-bind-to", "core", "-map-by", "core", *yield_, "-x", "PATH",
                 "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL", py, main, "--threads_per_rank", "1", *flags]
     return [py, "-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(workers),
             "--pin_workers", "--threads_per_worker", "1", f"--{mode}", *flags]
@@ -54,6 +57,10 @@ def main():
     ap.add_argument("--models", default="mlp,cnn,resnet50")
     ap.add_argument("--backends", default="horovod:sync,ps:async,ps:sync")
     ap.add_argument("--num_ps", default="1", help="PS task counts to try, e.g. 1,2")
+    ap.add_argument("--batch", type=int, default=None, help="per-worker batch for every model (default: per model)")
+    ap.add_argument("--steps", type=int, default=None, help="global-batch steps per run")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up steps excluded from throughput")
+    ap.add_argument("--mpi_yield", action="store_true", help="mpirun --mca mpi_yield_when_idle 1 for Horovod")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
     args = ap.parse_args()
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1",
@@ -68,7 +75,8 @@ def main():
                 for num_ps in ([int(x) for x in args.num_ps.split(",")] if backend == "ps" else [0]):
                     for workers in (1, 2):
                         out = os.path.join(tmp, f"{model}-{backend}-{mode}-ps{num_ps}-w{workers}")
-                        argv = command(backend, mode or "sync", workers, num_ps, model, out)
+                        argv = command(backend, mode or "sync", workers, num_ps, model, out, args.batch,
+                                       args.steps, args.warmup, args.mpi_yield)
                         p = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
                         row = {"model": model, "backend": backend, "mode": mode or "sync", "num_ps": num_ps,
                                "workers": workers, "command": shlex.join(argv).replace(tmp, "$OUT"),

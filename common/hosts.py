@@ -50,13 +50,16 @@ def parse_hostfile_text(text, source="<hostfile>"):
     return hosts
 
 
-def parse_hostfile(path):
+def _read(path, what):
     try:
         with open(path) as f:
-            text = f.read()
+            return f.read()
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read hostfile: {exc.strerror}")
-    return parse_hostfile_text(text, path)
+        raise UsageError(f"{path}: cannot read {what}: {exc.strerror}")
+
+
+def parse_hostfile(path):
+    return parse_hostfile_text(_read(path, "hostfile"), path)
 
 
 def parse_host_list(text, source="-H"):
@@ -113,11 +116,7 @@ def validate_cluster(cluster, source="cluster spec"):
 
 def parse_cluster_spec(path):
     """JSON or YAML file: either ``{"cluster": {...}}`` (TF_CONFIG style) or the roles directly."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read cluster spec: {exc.strerror}")
+    text = _read(path, "cluster spec")
     try:
         if path.endswith((".yaml", ".yml")):
             import yaml

@@ -25,13 +25,18 @@ SUMMARY_FIELDS = ("status", "total_time", "steps", "samples_seen", "throughput",
 
 
 def library_versions():
+    """Installed versions, read from package metadata: nothing is imported (common/ stays
+    free of Horovod and tf.distribute imports)."""
+    from importlib import metadata
     versions = {"python": platform.python_version()}
-    for name in ("tensorflow", "horovod", "numpy", "mpi4py"):
-        try:
-            module = __import__(name)
-            versions[name] = getattr(module, "__version__", "?")
-        except Exception:
-            versions[name] = None
+    for key, dist in (("tensorflow", "tensorflow-cpu"), ("horovod", "horovod"), ("numpy", "numpy"),
+                      ("mpi4py", "mpi4py")):
+        for name in (dist, key, "tensorflow"):
+            try:
+                versions[key] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                versions[key] = None
     return versions
 
 

@@ -108,6 +108,10 @@ def main(argv=None):
                                "updates_per_epoch": updates_per_epoch,
                                "placement": describe_placement(tf.compat.v1.global_variables()),
                                "loss_source": "chief's own batches"})
+    if backend.is_chief:                         # PS: say once what a global step is
+        print(f"{backend.mode} mode, {n} workers, {backend.num_ps} PS: global step = updates applied on the PS; "
+              f"1 update = {R} worker batch(es) of {b} = {R * b} samples; target {target_updates} updates "
+              f"= {target_updates * R * b} samples", flush=True)
     ckpt_dir = os.path.join(cfg.train_dir, "checkpoints")
     step_opts = tf.compat.v1.RunOptions(timeout_in_ms=int(args.step_timeout * 1000))
     dog = Watchdog(args.startup_timeout + args.step_timeout, f"{job}:{index}: session did not start")
