@@ -85,7 +85,8 @@ def execute(runs, timeout, progress=True):
                TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
-    bar = tqdm(runs, desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(runs, desc="runs", unit="run", disable=None if progress else True,  # None: off when not a TTY
+               dynamic_ncols=True)
     for run in bar:
         bar.set_postfix_str(run["name"])
         os.makedirs(os.path.dirname(run["run_dir"]), exist_ok=True)
