@@ -51,6 +51,11 @@ class Backend:
     def modes(cls):
         return ("sync",)
 
+    @classmethod
+    def server_tasks(cls, num_ps):
+        """Processes a job starts besides its workers (parameter servers); 0 for all-reduce."""
+        return 0
+
 
 def backend_class(name):
     """Backend class by name; an unknown name lists the valid ones."""

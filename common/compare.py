@@ -9,7 +9,6 @@ with identical trainer flags, so model, data, seed, per-worker batch, global
 batch, learning-rate rule and samples seen are the same; only the distribution
 differs. A failed run is recorded with its error and the others still run.
 """
-import argparse
 import csv
 import json
 import os
@@ -58,12 +57,14 @@ def plan_runs(args, trainer_args, cores):
     runs = []
     python = sys.executable
     for backend, mode in parse_variants(args.backends):
+        cls = backend_class(backend)
+        servers = cls.server_tasks(args.num_ps)
         for n in parse_workers(args.workers):
-            name = f"{backend}-{mode}-w{n}" + (f"-ps{args.num_ps}" if backend == "ps" else "")
+            name = f"{backend}-{mode}-w{n}" + (f"-ps{servers}" if servers else "")
             run_dir = os.path.join(args.out, "runs", name)
-            cmd = backend_class(backend).launch_command(
-                n, [*trainer_args, "--train_dir", run_dir], python, mode=mode, num_ps=args.num_ps)
-            procs = n + (args.num_ps if backend == "ps" else 0)
+            cmd = cls.launch_command(n, [*trainer_args, "--train_dir", run_dir], python, mode=mode,
+                                     num_ps=args.num_ps)
+            procs = n + servers
             runs.append({"name": name, "backend": backend, "mode": mode, "workers": n, "run_dir": run_dir,
                          "cmd": cmd, "oversubscribed": procs > cores})
     return runs

@@ -136,7 +136,7 @@ def _bool(text):
     raise argparse.ArgumentTypeError(f"expected true/false, got '{text}'")
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse that fails with one ``error:`` line and exit 2 (no usage dump)."""
 
     def error(self, message):
@@ -151,7 +151,7 @@ def build_parser(description, prog=None):
     ``--data_dir``, ``--train_dir``) so users' existing launch lines still work.
     """
     d = Config()
-    p = _Parser(description=description, prog=prog,
+    p = Parser(description=description, prog=prog,
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = p.add_argument_group("training (shared by every backend)")
     g.add_argument("--model", default=d.model, help=f"one of {', '.join(MODELS)}")

@@ -194,14 +194,14 @@ def tf_configs(cluster):
 
 def main(argv=None):
     """hvdps-hosts: one inventory (a hostfile) -> every format the launchers want."""
-    import argparse
     import sys
 
     from common.errors import cli
 
     @cli
     def run():
-        p = argparse.ArgumentParser(prog="hvdps-hosts", description=main.__doc__)
+        from common.config import Parser
+        p = Parser(prog="hvdps-hosts", description=main.__doc__)
         p.add_argument("inventory", help="hostfile: one 'host slots=N' per line")
         p.add_argument("--format", default="all",
                        choices=("all", "horovodrun", "mpi-hostfile", "cluster-spec", "tf-config"))

@@ -114,10 +114,10 @@ def check_resume_compatible(cfg, train_dir):
                              f"{getattr(cfg, key)!r}")
 
 
-def save_weights_npz(model, path):
-    """Final weights in model order, written atomically (tests and users diff these)."""
+def save_weights_npz(weights, path):
+    """Final weights (arrays in model order), written atomically: tests and users diff these."""
     tmp = path + ".tmp.npz"
-    np.savez(tmp, *[np.asarray(w) for w in model.get_weights()])
+    np.savez(tmp, *[np.asarray(w) for w in weights])
     os.replace(tmp, path)
 
 

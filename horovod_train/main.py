@@ -96,7 +96,7 @@ def main(argv=None):
 
     divergence = backend.max_divergence(model)   # Horovod: all ranks must hold the same weights
     if backend.is_chief:
-        save_weights_npz(model, os.path.join(cfg.train_dir, "weights.npz"))
+        save_weights_npz(model.get_weights(), os.path.join(cfg.train_dir, "weights.npz"))
     wire = gradient_bytes(model) // (2 if args.fp16_allreduce else 1)
     log.finish(total_steps, wire, max_weight_divergence=divergence)
     backend.shutdown()

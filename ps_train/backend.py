@@ -216,6 +216,10 @@ class PSBackend(Backend):
         return ("async", "sync")
 
     @classmethod
+    def server_tasks(cls, num_ps):
+        return num_ps
+
+    @classmethod
     def launch_command(cls, workers, trainer_args, python, mode="async", num_ps=1):
         return [python, "-u", "-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(workers),
                 f"--{mode}", *trainer_args]

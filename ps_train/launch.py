@@ -7,7 +7,6 @@ with its name (``[ps:0]``, ``[worker:1]``); the exit code is the chief's. On
 exit, Ctrl-C, SIGTERM, or a role failing, every process is torn down: the
 children also die with the launcher (PDEATHSIG), so nothing is orphaned.
 """
-import argparse
 import ctypes
 import json
 import os
@@ -21,6 +20,7 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from common.config import Parser
 from common.errors import UsageError, cli
 
 _PR_SET_PDEATHSIG = 1
@@ -175,7 +175,7 @@ def supervise(cluster, sync, timeout=None):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=True)
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("--num_ps", type=int, default=1)
     p.add_argument("--num_workers", type=int, default=2)
     p.add_argument("--host", default="127.0.0.1", help="address every task listens on")

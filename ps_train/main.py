@@ -33,7 +33,7 @@ from common.data import load_arrays, make_dataset, plan
 from common.errors import RunError, cli
 from common.models import build_model, gradient_bytes, loss_fn
 from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir,
-                             make_lr_schedule)
+                             make_lr_schedule, save_weights_npz)
 from ps_train.backend import add_ps_args, describe_placement, make_v1_optimizer, resolve_cluster
 
 STALL_SECONDS = 10.0   # a worker without a step for this long is reported lost (async)
@@ -156,7 +156,7 @@ def main(argv=None):
                 lost = _wait_for_workers(raw, worker_steps, worker_done, stall, backend, dog)
                 if evaluated_at != final:
                     log.eval(max(1, final // updates_per_epoch), final, *_evaluate(raw, eval_init, eval_fetch))
-                _save_weights(raw, model, os.path.join(cfg.train_dir, "weights.npz"))
+                save_weights_npz(raw(model.weights), os.path.join(cfg.train_dir, "weights.npz"))
                 log.finish(final, gradient_bytes(model), status=status, lost_workers=lost,
                            worker_steps=raw(worker_steps).tolist(), num_ps=backend.num_ps)
     except BaseException:
@@ -243,14 +243,6 @@ def _wait_until_initialised(tf, backend):
                 raise RunError(f"{backend.job}:{backend.index}: the chief did not initialise the model "
                                f"within {backend.startup_timeout:.0f}s (--startup_timeout)")
             time.sleep(0.2)
-
-
-def _save_weights(raw, model, path):
-    import numpy as np
-    values = raw(model.weights)
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, *values)
-    os.replace(tmp, path)
 
 
 def _quiet_queue_runner_shutdown(tf):

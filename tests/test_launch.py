@@ -101,6 +101,7 @@ def test_prefixes_and_chief_exit_code(tmp_path):
     (["--num_workers", "0"], "error: --num_ps and --num_workers must be at least 1"),
     (["--job_name", "ps"], "error: --job_name is chosen by the launcher"),
     (["--model", "nope"], "error: unknown model 'nope'"),
+    (["--num_ps", "many"], "error: argument --num_ps: invalid int value: 'many'"),
 ])
 def test_launcher_bad_input(args, message):
     r = py("-m", "ps_train.launch", *args, timeout=60)
