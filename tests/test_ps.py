@@ -49,8 +49,9 @@ def test_cluster_reaches_accuracy(tmp_path, num_ps, mode):
     spe = (1438 // 2) // 32
     target = 4 * spe * 2 // R                  # the same samples as Horovod's 4 epochs
     steps = curves["summary"]["steps"]
-    # async: the other worker may finish one step already under way when the target is hit
-    assert target <= steps <= target + (0 if R == 2 else 1)
+    # async: StopAtStepHook judges from the global step it read before its own step, so
+    # the other worker may finish up to two steps already under way when the target is hit
+    assert target <= steps <= target + (0 if R == 2 else 2)
     assert curves["summary"]["samples_seen"] == steps * 32 * R
     assert sum(curves["summary"]["worker_steps"]) == steps * R   # every applied batch counted once
     assert len(curves["evals"]) >= 4
