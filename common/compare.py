@@ -327,9 +327,18 @@ def run_projection(args):
     fits = {}
     comm_json = args.comm_json or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                "benchmarks", "results", "comm.json")
+    for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.comm_json and not os.path.exists(args.comm_json):
+        raise UsageError(f"--comm-json {args.comm_json}: no such file")
     if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None):
-        data = json.load(open(comm_json))
-        fits = pj.fit_from_comm(data["results"], data.get("np", 2))
+        try:
+            data = json.load(open(comm_json))
+            fits = pj.fit_from_comm(data["results"], data.get("np", 2))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--comm-json {comm_json}: not a comm_bandwidth.py result file ({exc})")
     ring, ps = fits.get("allreduce"), fits.get("ps")
     if args.bandwidth_gbps is not None or args.latency_us is not None:
         if args.bandwidth_gbps is None or args.latency_us is None:

@@ -40,6 +40,11 @@ def add_horovod_args(parser):
 
 def tuning_env(args):
     """Flags -> the environment variables Horovod reads at init (explicit env wins if flag unset)."""
+    from common.errors import UsageError
+    for name in ("fusion_threshold_mb", "cycle_time_ms", "threads_per_rank"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise UsageError(f"--{name} must be >= 0, got {value}")
     env = {}
     if args.fusion_threshold_mb is not None:
         env["HOROVOD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))

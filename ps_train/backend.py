@@ -59,6 +59,11 @@ def _host_list(text, flag):
 def resolve_cluster(args, environ=None):
     """(cluster, job, index) from flags, --cluster_spec or TF_CONFIG; conflicts are errors."""
     environ = os.environ if environ is None else environ
+    for name in ("startup_timeout", "step_timeout"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.replicas_to_aggregate < 0:
+        raise UsageError(f"--replicas_to_aggregate must be >= 0, got {args.replicas_to_aggregate}")
     flags = {"ps": _host_list(args.ps_hosts, "--ps_hosts"),
              "worker": _host_list(args.worker_hosts, "--worker_hosts"),
              "chief": _host_list(args.chief_host, "--chief_host")}

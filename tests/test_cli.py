@@ -23,6 +23,10 @@ PS_FLAGS = ["--job_name=worker", "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0
     (HVD, ["--batch_size", "5000"], "error: batch 5000 x 1 workers exceeds the 1438 training examples"),
     (PS, PS_FLAGS + ["--model", "alexnet"], "error: unknown model 'alexnet'"),
     (PS, PS_FLAGS + ["--optimizer", "lamb"], "error: unknown optimizer 'lamb' (valid: sgd, momentum, adam)"),
+    (HVD, ["--threads_per_rank", "-1"], "error: --threads_per_rank must be >= 0, got -1"),
+    (HVD, ["--cycle_time_ms", "-2"], "error: --cycle_time_ms must be >= 0"),
+    (PS, PS_FLAGS + ["--startup_timeout", "-1"], "error: --startup_timeout must be positive, got -1.0"),
+    (PS, PS_FLAGS + ["--sync", "--replicas_to_aggregate", "-1"], "error: --replicas_to_aggregate must be >= 0"),
     (PS, ["--job_name=ps", "--ps_hosts=a:1", "--worker_hosts=b:2", "--sync", "--async", "--sync"], None),
 ])
 def test_bad_input_exit_2(tmp_path, script, args, message):

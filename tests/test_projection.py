@@ -64,6 +64,20 @@ def test_project_command(tmp_path):
     assert (out / "projection.png").stat().st_size > 5000
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--bandwidth-gbps", "-3", "--latency-us", "10"], "--bandwidth-gbps must be positive, got -3.0"),
+    (["--comm-json", "{bad}"], "not a comm_bandwidth.py result file"),
+    (["--comm-json", "/no/such.json"], "--comm-json /no/such.json: no such file"),
+])
+def test_project_bad_input(tmp_path, args, message):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{bad")
+    args = [str(bad) if a == "{bad}" else a for a in args]
+    r = run([os.path.join(BIN, "hvdps-compare"), "--project", *args, "--model-name", "vgg16",
+             "--step-compute-ms", "100", "--out", str(tmp_path / "p")], timeout=60)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_project_needs_inputs(tmp_path):
     r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth-gbps", "25", "--latency-us", "10",
              "--out", str(tmp_path / "p")], timeout=60)
