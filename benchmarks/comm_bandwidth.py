@@ -118,7 +118,7 @@ def worker_ps(args):
     """One PS task in a child process, this process as the worker; push and pull per size."""
     import numpy as np
     import tensorflow as tf
-    from ps_train.launch import free_ports
+    from common.procs import free_ports
     tf.compat.v1.disable_eager_execution()
     ps_port, w_port = free_ports(2)
     cluster = {"ps": [f"127.0.0.1:{ps_port}"], "worker": [f"127.0.0.1:{w_port}"]}
@@ -186,9 +186,8 @@ def main():
     sizes = sorted(gradient_sizes().items(), key=lambda kv: kv[1])
     sizes += [(f"{mb}MB", int(float(mb) * 1024 * 1024)) for mb in args.sizes_mb.split(",")]
     common = ["--sizes-json", json.dumps(sizes), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
-    bindir = os.path.dirname(sys.executable)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PYTHONPATH=REPO, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+    from common.procs import child_env
+    env = child_env()
     me = [sys.executable, os.path.abspath(__file__)]
     mpirun = ["mpirun", "-np", str(args.np), "-bind-to", "none", "--mca", "btl", "self,vader,tcp",
               "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]

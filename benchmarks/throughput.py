@@ -24,6 +24,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 from common.metrics import load_run  # noqa: E402
+from common.procs import child_env  # noqa: E402
+from hvdps.launchers import get_launcher  # noqa: E402
 
 MODELS = {   # synthetic data shape, classes, per-worker batch, steps (global-batch steps), warm-up
     "mlp": (["--image_shape", "28,28,1", "--num_classes", "10"], 64, 400, 20),
@@ -33,23 +35,15 @@ MODELS = {   # synthetic data shape, classes, per-worker batch, steps (global-ba
 
 
 def command(backend, mode, workers, num_ps, model, out, batch=None, steps=None, warm=None, mpi_yield=False):
+    """The comparison's own launch line (hvdps.launchers), pinned to one core per worker."""
     shape, batch0, steps0, warm0 = MODELS[model]
     batch, steps, warm = batch or batch0, steps or steps0, warm or warm0
     flags = ["--model", model, "--dataset", "synthetic", *shape, "--batch_size", str(batch),
              "--train_steps", str(steps), "--warmup_steps", str(warm), "--log_every", "2",
              "--synthetic_samples", "512", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
              "--train_dir", out]
-    py = sys.executable
-    if backend == "horovod":
-        main = os.path.join(REPO, "horovod_train", "main.py")
-        if workers == 1:
-            return ["taskset", "-c", "0", py, main, "--threads_per_rank", "1", *flags]
-        # mpi_yield_when_idle: a rank waiting in MPI yields its only core instead of spinning on it
-        yield_ = ["--mca", "mpi_yield_when_idle", "1"] if mpi_yield else []
-        return ["mpirun", "-np", str(workers), "-bind-to", "core", "-map-by", "core", *yield_, "-x", "PATH",
-                "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL", py, main, "--threads_per_rank", "1", *flags]
-    return [py, "-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(workers),
-            "--pin_workers", "--threads_per_worker", "1", f"--{mode}", *flags]
+    options = {"mpi_yield": mpi_yield} if backend == "horovod" else {}
+    return get_launcher(backend, **options).command(workers, flags, mode=mode, num_ps=num_ps, pin_cores=True)
 
 
 def main():
@@ -63,9 +57,7 @@ def main():
     ap.add_argument("--mpi_yield", action="store_true", help="mpirun --mca mpi_yield_when_idle 1 for Horovod")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "throughput.json"))
     args = ap.parse_args()
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONPATH=REPO,
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    env = child_env()
     rows = []
     tmp = tempfile.mkdtemp(prefix="hvdps-bench-")
     try:

@@ -1,24 +1,20 @@
-"""The small interface each distribution backend implements, and its one factory.
+"""The interface both trainers use, and nothing more.
 
-Both trainers are written against this interface so the only difference a
-reader sees between them is the backend object; nothing else in the code base
-branches on the backend's name.
+Each trainer calls exactly these members on its backend; everything else a
+method needs (Horovod's tape wrapper and broadcasts, the PS device setter and
+gRPC server) lives in that backend's own package and is marked ``# Horovod:``
+or ``# PS:`` where its main calls it. This module imports no backend: each
+main constructs its own, and the application tier (``hvdps/``) maps backend
+names to launchers.
 """
-import importlib
-
-from common.errors import UsageError
-
-BACKENDS = {
-    "horovod": "horovod_train.backend:HorovodBackend",
-    "ps": "ps_train.backend:PSBackend",
-}
 
 
 class Backend:
-    """What a trainer needs from a distribution strategy.
+    """A distribution method as a training loop sees it.
 
-    setup() joins the job and fills rank / world_size / is_chief; the other
-    methods are the only distribution-specific operations a training loop does.
+    ``setup()`` joins the job and fills rank / world_size / is_chief; ``plan()``
+    says what one update means for this method; ``wrap_optimizer()`` is where
+    gradients start to be exchanged; ``shutdown()`` leaves the job.
     """
     name = "base"
     mode = "sync"
@@ -30,40 +26,12 @@ class Backend:
     def setup(self, cfg):
         raise NotImplementedError
 
+    def plan(self, cfg, num_examples):
+        """The RunPlan (common.plan) of this run: steps, updates and samples per update."""
+        raise NotImplementedError
+
     def wrap_optimizer(self, optimizer):
-        raise NotImplementedError
-
-    def sync_initial_state(self, model, optimizer):
-        raise NotImplementedError
-
-    def reduce_metric(self, value, name="metric", op="mean"):
         raise NotImplementedError
 
     def shutdown(self):
         pass
-
-    @classmethod
-    def launch_command(cls, workers, trainer_args, python, mode=None, num_ps=1):
-        """argv that starts a whole job of this backend with ``workers`` training processes."""
-        raise NotImplementedError
-
-    @classmethod
-    def modes(cls):
-        return ("sync",)
-
-    @classmethod
-    def server_tasks(cls, num_ps):
-        """Processes a job starts besides its workers (parameter servers); 0 for all-reduce."""
-        return 0
-
-
-def backend_class(name):
-    """Backend class by name; an unknown name lists the valid ones."""
-    if name not in BACKENDS:
-        raise UsageError(f"unknown backend '{name}' (valid: {', '.join(sorted(BACKENDS))})")
-    module, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
-
-
-def get_backend(name, **kwargs):
-    return backend_class(name)(**kwargs)

@@ -7,6 +7,7 @@ runs really trained the same model on the same data with the same batch.
 import argparse
 import dataclasses
 import json
+import math
 import os
 from typing import Optional, Tuple
 
@@ -43,6 +44,7 @@ class Config:
     eval_every_epoch: bool = True
     resume: bool = False
     checkpoint_every_epoch: bool = True
+    threads_per_worker: int = 0             # TF intra-op threads per worker; 0: automatic
 
     def __post_init__(self):
         validate(self)
@@ -89,7 +91,15 @@ def _one_of(name, value, allowed):
         raise UsageError(f"unknown {name} '{value}' (valid: {', '.join(allowed)})")
 
 
+def check_finite(name, value):
+    """NaN and inf pass every ``<`` / ``>`` check, so they are refused by name first."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"--{name} must be a finite number, got {value}")
+
+
 def validate(cfg):
+    for f in dataclasses.fields(cfg):
+        check_finite(f.name, getattr(cfg, f.name))
     _one_of("model", cfg.model, MODELS)
     _one_of("dataset", cfg.dataset, DATASETS)
     _one_of("optimizer", cfg.optimizer, OPTIMIZERS)
@@ -98,7 +108,7 @@ def validate(cfg):
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise UsageError(f"--{name} must be positive, got {getattr(cfg, name)}")
-    for name in ("epochs", "train_steps", "warmup_steps"):
+    for name in ("epochs", "train_steps", "warmup_steps", "threads_per_worker"):
         if getattr(cfg, name) < 0:
             raise UsageError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.epochs == 0 and cfg.train_steps == 0:
@@ -180,7 +190,39 @@ def build_parser(description, prog=None):
     g.add_argument("--checkpoint_every_epoch", type=_bool, default=d.checkpoint_every_epoch,
                    help="false: checkpoint only at the end (benchmarks: a save stalls every worker)")
     g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --train_dir")
+    g.add_argument("--threads_per_worker", type=int, default=d.threads_per_worker,
+                   help="TensorFlow intra-op threads per worker/rank (0: Horovod splits the host's "
+                        "cores between its local ranks; a PS worker takes TensorFlow's default)")
     return p
+
+
+def argv_of(args, parser, skip=()):
+    """The flags of a parsed namespace that differ from the parser's defaults, as argv.
+
+    Launchers parse the trainer flags once (to validate them and read what they
+    need) and hand the *parsed* values on to every task with this, instead of
+    forwarding and searching the raw strings.
+    """
+    out = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in skip or action.dest == "help":
+            continue
+        default = parser.get_default(action.dest)
+        value = getattr(args, action.dest, default)
+        if value == default:
+            continue
+        flag = action.option_strings[0]
+        if action.nargs == 0:                    # store_true / store_false
+            if action.const == value:
+                out.append(flag)
+            continue
+        if isinstance(value, bool):
+            out += [flag, "true" if value else "false"]
+        elif isinstance(value, (tuple, list)):
+            out += [flag, ",".join(str(v) for v in value)]
+        else:
+            out += [flag, str(value)]
+    return out
 
 
 def from_args(args):

@@ -104,6 +104,9 @@ def load_mnist(data_dir):
         x, y = arrays["x_" + split], arrays["y_" + split]
         if x.ndim != 3:
             raise DataError(f"{source}: x_{split} should be N x H x W, has shape {x.shape}")
+        if x.shape[1:] != (28, 28):
+            raise DataError(f"{source}: {split} images are {x.shape[1]}x{x.shape[2]}; MNIST-format files hold "
+                            f"28x28 images (other data: --dataset synthetic or your own loader)")
         if y.ndim != 1 or len(x) != len(y):
             raise DataError(f"{source}: {len(x)} {split} images but labels of shape {y.shape}")
         if len(y) and (y.min() < 0 or y.max() > 9):
@@ -207,20 +210,13 @@ def train_index_stream(cfg, num_examples, shard_index, num_shards, epochs):
     return np.concatenate(parts).astype(np.int64)
 
 
-def plan(cfg, num_examples, num_shards):
-    """(steps per epoch, total steps, epochs to materialise) for this run."""
-    spe = steps_per_epoch(num_examples, num_shards, cfg.batch_size)
-    total = cfg.train_steps if cfg.train_steps > 0 else cfg.epochs * spe
-    return spe, total, -(-total // spe)
-
-
 def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_steps=None):
     """A tf.data pipeline of ``(x, y)`` batches for one worker.
 
     train: this worker's shard for the whole run (all epochs), batched with
-    ``cfg.batch_size``, starting at ``start_step`` (for resume). ``num_steps``
-    overrides the planned length (async PS workers may have to run longer when
-    a peer is lost); later epochs continue the same per-epoch permutations.
+    ``cfg.batch_size``, starting at ``start_step`` (for resume), ``num_steps``
+    batches long (default: the run plan's; async PS workers may have to run
+    longer when a peer is lost); later epochs continue the same permutations.
     test: this worker's slice ``i::n`` of the held-out set, no shuffling, last
     batch kept, so the shards' sums add up to the full test set.
     """
@@ -232,12 +228,15 @@ def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(cfg.batch_size).prefetch(2)
     if split != "train":
         raise UsageError(f"unknown split '{split}' (valid: train, test)")
-    spe, total, epochs = plan(cfg, len(x_train), num_shards)
-    if num_steps is not None:
-        total, epochs = num_steps, -(-num_steps // spe)
-    idx = train_index_stream(cfg, len(x_train), shard_index, num_shards, epochs)
-    idx = idx[start_step * cfg.batch_size: total * cfg.batch_size]
+    if num_steps is None:
+        from common.plan import make_plan
+        num_steps = make_plan(cfg, len(x_train), num_shards, num_shards).worker_steps
+    spe = steps_per_epoch(len(x_train), num_shards, cfg.batch_size)
+    total, epochs = num_steps, -(-num_steps // spe)
+    idx = train_index_stream(cfg, len(x_train), shard_index, num_shards, epochs)[: total * cfg.batch_size]
     xs, ys = tf.constant(x_train), tf.constant(y_train)
-    ds = tf.data.Dataset.from_tensor_slices(idx).batch(cfg.batch_size, drop_remainder=True)
+    # start_step may be a tensor (a PS worker learns its position only once the session runs);
+    # skipping batches of indices costs nothing, the images are gathered after it.
+    ds = tf.data.Dataset.from_tensor_slices(idx).batch(cfg.batch_size, drop_remainder=True).skip(start_step)
     ds = ds.map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)), num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)

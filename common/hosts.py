@@ -52,10 +52,12 @@ def parse_hostfile_text(text, source="<hostfile>"):
 
 def _read(path, what):
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             return f.read()
     except OSError as exc:
         raise UsageError(f"{path}: cannot read {what}: {exc.strerror}")
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a text file (cannot read {what})")
 
 
 def parse_hostfile(path):
@@ -144,10 +146,12 @@ def parse_tf_config(text, source="TF_CONFIG"):
     if not isinstance(task, dict) or "type" not in task:
         raise UsageError(f"{source}: task needs 'type' and 'index'")
     role, index = task["type"], task.get("index", 0)
+    if not isinstance(role, str):
+        raise UsageError(f"{source}: task type must be a string such as \"worker\", got {role!r}")
     if role not in cluster:
         raise UsageError(f"{source}: task type {role!r} is not in the cluster "
                          f"(roles: {', '.join(cluster)})")
-    if not isinstance(index, int) or not 0 <= index < len(cluster[role]):
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cluster[role]):
         raise UsageError(f"{source}: task index {index!r} out of range for {role} "
                          f"(0..{len(cluster[role]) - 1})")
     return cluster, role, index
@@ -171,6 +175,8 @@ def to_cluster_spec(hosts, num_ps=1, port=2222, chief=True):
 
     def addr(h):
         p = next_port.get(h, port)
+        if p > 65535:
+            raise UsageError(f"--port {port}: host {h} needs ports up to {p}, past 65535; choose a lower --port")
         next_port[h] = p + 1
         return f"{h}:{p}"
 
@@ -190,40 +196,3 @@ def tf_configs(cluster):
         for i in range(len(cluster.get(role, []))):
             out.append((role, i, json.dumps({"cluster": cluster, "task": {"type": role, "index": i}})))
     return out
-
-
-def main(argv=None):
-    """hvdps-hosts: one inventory (a hostfile) -> every format the launchers want."""
-    import sys
-
-    from common.errors import cli
-
-    @cli
-    def run():
-        from common.config import Parser
-        p = Parser(prog="hvdps-hosts", description=main.__doc__)
-        p.add_argument("inventory", help="hostfile: one 'host slots=N' per line")
-        p.add_argument("--format", default="all",
-                       choices=("all", "horovodrun", "mpi-hostfile", "cluster-spec", "tf-config"))
-        p.add_argument("--num_ps", type=int, default=1)
-        p.add_argument("--port", type=int, default=2222, help="first port of the PS cluster (Kubeflow uses 2222)")
-        p.add_argument("--no_chief", action="store_true", help="worker 0 acts as chief (classic layout)")
-        args = p.parse_args(argv)
-        if args.num_ps < 1 or not 0 < args.port < 65536:
-            raise UsageError("--num_ps must be >= 1 and --port in 1..65535")
-        hosts = parse_hostfile(args.inventory)
-        cluster = to_cluster_spec(hosts, args.num_ps, args.port, chief=not args.no_chief)
-        parts = {
-            "horovodrun": f"horovodrun -np {sum(s for _, s in hosts)} -H {to_horovod_hosts(hosts)}\n",
-            "mpi-hostfile": to_mpi_hostfile(hosts),
-            "cluster-spec": json.dumps({"cluster": cluster}, indent=2) + "\n",
-            "tf-config": "".join(f"# {r}:{i}\nTF_CONFIG='{c}'\n" for r, i, c in tf_configs(cluster)),
-        }
-        for name, text in parts.items():
-            if args.format in ("all", name):
-                if args.format == "all":
-                    sys.stdout.write(f"## {name}\n")
-                sys.stdout.write(text)
-        return 0
-
-    return run()

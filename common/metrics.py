@@ -13,7 +13,7 @@ import socket
 import statistics
 import time
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RECORD_TYPES = ("header", "step", "eval", "summary")
 HEADER_FIELDS = ("backend", "mode", "world_size", "num_ps", "batch_size_per_worker",
                  "global_batch_size", "model", "dataset", "config", "host", "versions")
@@ -107,11 +107,13 @@ class MetricsWriter:
             self._f.write(json.dumps(record, sort_keys=True, default=_plain) + "\n")
             self._f.flush()
 
-    def header(self, cfg, backend, mode, world_size, num_ps, **extra):
+    def header(self, cfg, backend, mode, world_size, num_ps, plan, **extra):
+        """``global_batch_size`` is what one update of the weights averages: b x n for
+        all-reduce, b x R for sync PS, b for async PS (one worker batch per update)."""
         self._write(dict(type="header", schema_version=SCHEMA_VERSION, backend=backend, mode=mode,
                          world_size=world_size, num_ps=num_ps,
                          batch_size_per_worker=cfg.batch_size,
-                         global_batch_size=cfg.batch_size * world_size,
+                         global_batch_size=plan.samples_per_update, plan=plan.to_dict(),
                          model=cfg.model, dataset=cfg.dataset, config=cfg.to_dict(),
                          host=socket.gethostname(), cpus=os.cpu_count(),
                          versions=library_versions(), start_time=self.start, **extra))
@@ -158,18 +160,23 @@ def _num(x):
 
 # ---------------------------------------------------------------- reading back
 def read_records(path):
-    """All complete records of a metrics file; a torn last line (crash) is ignored."""
+    """All complete records of a metrics file; a torn last line (crash) and lines that are
+    not records (binary junk, arrays, objects without a known ``type``) are skipped."""
     records = []
-    with open(path) as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("type") in RECORD_TYPES:
-                records.append(rec)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("type") in RECORD_TYPES:
+                    records.append(rec)
+    except OSError as exc:
+        from common.errors import UsageError
+        raise UsageError(f"{path}: cannot read: {exc.strerror}")
     return records
 
 

@@ -79,11 +79,33 @@ def loss_fn():
     return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def make_optimizer(cfg, learning_rate):
-    """The optimizer before any distribution wrapper; ``learning_rate`` may be a schedule."""
+def make_optimizer(cfg, learning_rate, api="keras"):
+    """The optimizer before any distribution wrapper; ``learning_rate`` may be a schedule
+    (Keras) or a tensor (v1).
+
+    One rule, two APIs: Horovod's DistributedOptimizer wraps a Keras optimizer,
+    TensorFlow's SyncReplicasOptimizer only a ``tf.compat.v1.train`` one.
+    """
     import tensorflow as tf
+    keras, v1 = tf.keras.optimizers.legacy, tf.compat.v1.train
     if cfg.optimizer == "sgd":
-        return tf.keras.optimizers.legacy.SGD(learning_rate)
+        return keras.SGD(learning_rate) if api == "keras" else v1.GradientDescentOptimizer(learning_rate)
     if cfg.optimizer == "momentum":
-        return tf.keras.optimizers.legacy.SGD(learning_rate, momentum=cfg.momentum)
-    return tf.keras.optimizers.legacy.Adam(learning_rate)
+        return (keras.SGD(learning_rate, momentum=cfg.momentum) if api == "keras"
+                else v1.MomentumOptimizer(learning_rate, cfg.momentum))
+    return keras.Adam(learning_rate) if api == "keras" else v1.AdamOptimizer(learning_rate)
+
+
+def eval_batch_sums(logits, labels):
+    """[sum of losses, correct predictions, examples] of one batch, as float64.
+
+    Sums, not means, so workers' and batches' parts add up to the whole test
+    set exactly; the eager (Horovod) and graph (PS) evaluations both use it.
+    """
+    import tensorflow as tf
+    labels = tf.cast(labels, tf.int32)
+    losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    correct = tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels)
+    return tf.stack([tf.reduce_sum(tf.cast(losses, tf.float64)),
+                     tf.reduce_sum(tf.cast(correct, tf.float64)),
+                     tf.cast(tf.size(labels), tf.float64)])

@@ -12,16 +12,6 @@ import numpy as np
 from common.errors import UsageError
 
 
-def peak_learning_rate(cfg, world_size):
-    return cfg.learning_rate * (world_size if cfg.scale_lr else 1)
-
-
-def warmup_steps_for_lr(cfg, steps_per_epoch, world_size):
-    if world_size == 1 or not cfg.scale_lr:
-        return 0
-    return int(round(cfg.lr_warmup_epochs * steps_per_epoch))
-
-
 _SCHEDULE = []
 
 
@@ -50,28 +40,25 @@ def _schedule_class():
     return WarmupThenConstant
 
 
-def make_lr_schedule(cfg, steps_per_epoch, world_size):
-    """Linear warm-up from the single-worker lr to ``lr * world_size`` (Goyal et al. 2017).
+def make_lr_schedule(cfg, plan):
+    """Linear warm-up from the single-worker lr to ``lr * plan.lr_scale`` (Goyal et al. 2017),
+    over ``--lr_warmup_epochs`` epochs counted in updates.
 
     Returned as a Keras schedule so the same object drives the eager Horovod loop
     and (called on the global-step tensor) the PS graph.
     """
-    return _schedule_class()(cfg.learning_rate, peak_learning_rate(cfg, world_size),
-                             warmup_steps_for_lr(cfg, steps_per_epoch, world_size))
+    scale = plan.lr_scale if cfg.scale_lr else 1
+    warmup = 0 if scale == 1 else int(round(cfg.lr_warmup_epochs * plan.updates_per_epoch))
+    return _schedule_class()(cfg.learning_rate, cfg.learning_rate * scale, warmup)
 
 
-def eval_sums(model, dataset, loss_fn):
-    """(sum of losses, correct predictions, examples) over a dataset, for cross-worker reduction."""
-    import tensorflow as tf
-    loss_sum, correct, count = 0.0, 0, 0
+def eval_sums(model, dataset):
+    """[loss sum, correct, examples] over a dataset (eager), for cross-worker reduction."""
+    from common.models import eval_batch_sums
+    total = np.zeros(3, np.float64)
     for x, y in dataset:
-        logits = model(x, training=False)
-        per_example = loss_fn(y, logits) * tf.cast(tf.shape(y)[0], tf.float32)
-        loss_sum += float(per_example)
-        correct += int(tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32),
-                                                      tf.cast(y, tf.int32)), tf.int32)))
-        count += int(tf.shape(y)[0])
-    return np.array([loss_sum, correct, count], dtype=np.float64)
+        total += eval_batch_sums(model(x, training=False), y).numpy()
+    return total
 
 
 def finish_eval(sums):
@@ -86,11 +73,13 @@ def check_train_dir(cfg):
     d = cfg.train_dir
     if os.path.exists(d) and not os.path.isdir(d):
         raise UsageError(f"--train_dir {d} exists and is not a directory")
-    parent = d if os.path.isdir(d) else (os.path.dirname(os.path.abspath(d)) or ".")
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--train_dir {d} is not writable")
+    try:                         # root passes os.access everywhere; only trying tells (/proc, read-only mounts)
+        os.makedirs(d, exist_ok=True)
+        probe = os.path.join(d, f".hvdps-write-test-{os.getpid()}")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as exc:
+        raise UsageError(f"--train_dir {d} is not writable: {exc.strerror}")
     ckpt = os.path.join(d, "checkpoints")
     if cfg.resume and (not os.path.isdir(ckpt) or not os.access(ckpt, os.R_OK | os.X_OK)):
         raise UsageError(f"--resume: no readable checkpoint directory at {ckpt}")
@@ -192,28 +181,30 @@ class RunLog:
 
     Constructed on every worker so loops need no ``if chief`` around each call;
     on non-chief workers every method is a no-op.
+
+    Steps here are updates of the weights (the global step); what one update
+    is worth in samples comes from the run plan, for every backend alike.
     """
 
-    def __init__(self, cfg, backend, total_steps, samples_per_step, extra_header=None, start_step=0):
+    def __init__(self, cfg, backend, plan, extra_header=None, start_step=0):
         from common.metrics import MetricsWriter, ThroughputMeter
         self.cfg = cfg
+        self.plan = plan
         self.enabled = backend.is_chief
-        self.samples_per_step = samples_per_step
         self.meter = ThroughputMeter(cfg.warmup_steps + start_step)
         self.metrics = MetricsWriter(cfg.train_dir, enabled=self.enabled)
         self.tb = TensorBoard(os.path.join(cfg.train_dir, "tensorboard")) if self.enabled else None
-        self.progress = Progress(total_steps, initial=start_step, desc=backend.name, enabled=self.enabled)
+        self.progress = Progress(plan.total_updates, initial=start_step, desc=backend.name, enabled=self.enabled)
         self.last_eval = (None, None)
         if self.enabled:
             cfg.save(cfg.train_dir)
-            self.metrics.header(cfg, backend.name, backend.mode, backend.world_size, backend.num_ps,
-                                samples_per_step=samples_per_step, start_step=start_step,
-                                total_steps=total_steps, **(extra_header or {}))
+            self.metrics.header(cfg, backend.name, backend.mode, backend.world_size, backend.num_ps, plan,
+                                start_step=start_step, **(extra_header or {}))
 
     def step(self, step, loss, lr=None, samples_seen=None, **extra):
         if not self.enabled:
             return
-        samples = samples_seen if samples_seen is not None else step * self.samples_per_step
+        samples = samples_seen if samples_seen is not None else step * self.plan.samples_per_update
         rate = self.meter.update(step, samples)
         self.metrics.step(step, samples, loss, rate, **extra)
         self.tb.scalars(step, loss=loss, samples_per_sec=rate, learning_rate=lr)
@@ -232,7 +223,7 @@ class RunLog:
             return None
         stats = self.meter.stats()
         loss, acc = self.last_eval
-        self.metrics.summary(status, steps, steps * self.samples_per_step, stats, loss, acc,
+        self.metrics.summary(status, steps, steps * self.plan.samples_per_update, stats, loss, acc,
                              grad_bytes_per_step, **extra)
         self.progress.close()
         from common.metrics import format_throughput

@@ -1,8 +1,11 @@
-"""Horovod specifics, behind the common Backend interface.
+"""Horovod specifics: the common Backend interface plus what only all-reduce needs.
 
 Everything that knows about ``hvd`` lives here: joining the job, giving each
 rank its GPU or its share of the CPU cores, wrapping the optimizer/tape for ring
-all-reduce, broadcasting rank 0's state and averaging metrics.
+all-reduce, broadcasting rank 0's state and averaging metrics. The members
+outside the interface (``wrap_tape``, ``broadcast_state``, ``broadcast_object``,
+``allreduce``, ``max_divergence``, ``keras_callbacks``) are called only by
+horovod_train/main.py, on lines marked ``# Horovod:``.
 """
 import os
 
@@ -10,6 +13,7 @@ import numpy as np
 
 from common.backend import Backend
 from common.errors import RunError
+from common.plan import make_plan
 
 # Launchers set one of these before Python starts, so the rank is known before
 # hvd.init() -- needed to silence the duplicate error lines of ranks 1..n-1.
@@ -33,16 +37,17 @@ def add_horovod_args(parser):
     g.add_argument("--cycle_time_ms", type=float, default=None, help="HOROVOD_CYCLE_TIME")
     g.add_argument("--timeline", default=None, help="HOROVOD_TIMELINE file (written by rank 0's coordinator)")
     g.add_argument("--autotune", action="store_true", help="HOROVOD_AUTOTUNE=1")
-    g.add_argument("--threads_per_rank", type=int, default=0,
-                   help="CPU threads for TF per rank (0: host cores / ranks on this host)")
     return parser
 
 
 def tuning_env(args):
     """Flags -> the environment variables Horovod reads at init (explicit env wins if flag unset)."""
     from common.errors import UsageError
-    for name in ("fusion_threshold_mb", "cycle_time_ms", "threads_per_rank"):
+    from common.config import check_finite
+    for name in ("fusion_threshold_mb", "cycle_time_ms"):
         value = getattr(args, name)
+        if value is not None:
+            check_finite(name, value)
         if value is not None and value < 0:
             raise UsageError(f"--{name} must be >= 0, got {value}")
     env = {}
@@ -68,15 +73,14 @@ class HorovodBackend(Backend):
     name = "horovod"
     mode = "sync"
 
-    def __init__(self, fp16_allreduce=False, threads_per_rank=0, env=None):
+    def __init__(self, fp16_allreduce=False, env=None):
         super().__init__()
         self.fp16 = fp16_allreduce
-        self.threads_per_rank = threads_per_rank
         self.env = env or {}
         self.hvd = None
         self.threads = None
 
-    def setup(self, cfg=None):
+    def setup(self, cfg):
         os.environ.update(self.env)
         import tensorflow as tf
         import horovod.tensorflow.keras as hvd
@@ -92,10 +96,14 @@ class HorovodBackend(Backend):
             tf.config.set_visible_devices(gpus[self.local_rank % len(gpus)], "GPU")
         # Horovod on CPU: N ranks on one host share its cores instead of each
         # starting a thread pool the size of the machine and fighting.
-        self.threads = self.threads_per_rank or max(1, host_cores() // self.local_size)
+        self.threads = cfg.threads_per_worker or max(1, host_cores() // self.local_size)
         tf.config.threading.set_intra_op_parallelism_threads(self.threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, self.threads)))
         return self
+
+    def plan(self, cfg, num_examples):
+        """One step = one update averaging one batch from every rank."""
+        return make_plan(cfg, num_examples, self.world_size, batches_per_update=self.world_size)
 
     @property
     def compression(self):
@@ -104,22 +112,30 @@ class HorovodBackend(Backend):
     def wrap_optimizer(self, optimizer):
         return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
 
+    def shutdown(self):
+        if self.hvd is not None:
+            self.hvd.shutdown()
+
+    # ---------------------------------------------------------------- Horovod only
     def wrap_tape(self, tape):
         import horovod.tensorflow as hvd_tf
         return hvd_tf.DistributedGradientTape(tape, compression=self.compression)
 
-    def sync_initial_state(self, model, optimizer):
-        """Broadcast rank 0's weights and optimizer slots (after build or restore)."""
+    def broadcast_state(self, model, optimizer):
+        """Rank 0's weights and optimizer state (slots, iteration count) on every rank.
+
+        The slots must already exist on every rank (``create_slots``): a
+        broadcast of variables that only rank 0 has waits forever.
+        """
         import horovod.tensorflow as hvd_tf
         hvd_tf.broadcast_variables(model.variables, root_rank=0)
-        if optimizer is not None and optimizer.variables():
-            hvd_tf.broadcast_variables(optimizer.variables(), root_rank=0)
+        hvd_tf.broadcast_variables(optimizer.variables(), root_rank=0)
 
     def keras_callbacks(self):
         return [self.hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                 self.hvd.callbacks.MetricAverageCallback()]
 
-    def reduce_metric(self, value, name="metric", op="mean"):
+    def allreduce(self, value, name="metric", op="mean"):
         import horovod.tensorflow as hvd_tf
         hop = {"mean": hvd_tf.Average, "sum": hvd_tf.Sum, "max": hvd_tf.Max, "min": hvd_tf.Min}[op]
         arr = np.asarray(value, dtype=np.float64)
@@ -137,21 +153,16 @@ class HorovodBackend(Backend):
         for i, w in enumerate(model.weights):
             ref = hvd_tf.broadcast(w, root_rank=0, name=f"hvdps.div.{i}")
             worst = max(worst, float(np.max(np.abs(w.numpy() - ref.numpy()))) if w.shape.num_elements() else 0.0)
-        return float(self.reduce_metric(worst, "divergence", op="max"))
+        return float(self.allreduce(worst, "divergence", op="max"))
 
-    def barrier(self):
-        self.reduce_metric(0.0, "barrier")
 
-    def shutdown(self):
-        if self.hvd is not None:
-            self.hvd.shutdown()
+def create_slots(model, optimizer):
+    """Create the optimizer's variables (slots, iteration count) now, on every rank.
 
-    @classmethod
-    def launch_command(cls, workers, trainer_args, python, mode=None, num_ps=0):
-        import shutil
-        main = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
-        horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(python), "horovodrun")
-        return [horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", python, main, *trainer_args]
+    Keras creates them on the first apply_gradients; a resumed run must have them
+    before rank 0 restores and broadcasts, or ranks 1..n-1 hang in the broadcast.
+    """
+    optimizer._create_all_weights(model.trainable_variables)
 
 
 def check_alive(value):

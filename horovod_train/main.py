@@ -19,14 +19,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # keep TF's C++ start-up ch
 if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.backend import get_backend
 from common.config import build_parser, from_args
-from common.data import load_arrays, make_dataset, plan
-from common.errors import cli
+from common.data import load_arrays, make_dataset
+from common.errors import UsageError, cli
 from common.models import build_model, gradient_bytes, loss_fn, make_optimizer
 from common.training import (RunLog, check_resume_compatible, check_train_dir, eval_sums,
                              finish_eval, make_lr_schedule, save_weights_npz)
-from horovod_train.backend import add_horovod_args, check_alive, launcher_rank, tuning_env
+from horovod_train.backend import (HorovodBackend, add_horovod_args, check_alive, create_slots,
+                                   launcher_rank, tuning_env)
 
 
 @cli
@@ -42,68 +42,80 @@ def main(argv=None):
     num_train = len(load_arrays(cfg)[0])
 
     # Horovod: initialize, pin one GPU per process or split CPU cores between local ranks.
-    backend = get_backend("horovod", fp16_allreduce=args.fp16_allreduce,
-                          threads_per_rank=args.threads_per_rank, env=tuning_env(args)).setup(cfg)
+    backend = HorovodBackend(fp16_allreduce=args.fp16_allreduce, env=tuning_env(args)).setup(cfg)
     import tensorflow as tf
 
     # Horovod: each rank runs 1/size of the steps an epoch takes, on its own shard.
-    steps_per_epoch, total_steps, _ = plan(cfg, num_train, backend.world_size)
+    plan = backend.plan(cfg, num_train)
     model = build_model(cfg)
     # Horovod: scale the learning rate by the number of workers, with a warm-up.
-    optimizer = make_optimizer(cfg, make_lr_schedule(cfg, steps_per_epoch, backend.world_size))
-    criterion = loss_fn()
+    optimizer = make_optimizer(cfg, make_lr_schedule(cfg, plan))
+    if args.loop == "fit":
+        optimizer = backend.wrap_optimizer(optimizer)   # Horovod: all-reduce inside Keras' train step
+    create_slots(model, optimizer)               # Horovod: every rank has the slots rank 0 restores
 
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
     manager = tf.train.CheckpointManager(ckpt, os.path.join(cfg.train_dir, "checkpoints"), max_to_keep=3)
-    start_step = 0
-    if cfg.resume and backend.is_chief:          # Horovod: rank 0 restores, then broadcasts
-        ckpt.restore(manager.latest_checkpoint)
-        start_step = int(step_var.numpy())
+    start_step = restore(cfg, ckpt, manager, step_var) if backend.is_chief else 0  # Horovod: rank 0 reads
     start_step = backend.broadcast_object(start_step)  # Horovod: everyone resumes at rank 0's step
+    if start_step >= plan.total_updates:
+        raise UsageError(f"--resume: {cfg.train_dir} is already at step {start_step} of {plan.total_updates}; "
+                         f"raise --epochs or --train_steps to train further")
     step_var.assign(start_step)
-    backend.sync_initial_state(model, None)      # Horovod: rank 0's weights everywhere
+    backend.broadcast_state(model, optimizer)    # Horovod: rank 0's weights and slots everywhere
 
-    train_ds = make_dataset(cfg, backend.rank, backend.world_size, start_step=start_step)
+    train_ds = make_dataset(cfg, backend.rank, backend.world_size, start_step=start_step,
+                            num_steps=plan.worker_steps)
     test_ds = make_dataset(cfg, backend.rank, backend.world_size, split="test")
-    log = RunLog(cfg, backend, total_steps, cfg.batch_size * backend.world_size, start_step=start_step,
+    log = RunLog(cfg, backend, plan, start_step=start_step,
                  extra_header={"loop": args.loop, "fp16_allreduce": args.fp16_allreduce,
-                               "threads_per_rank": backend.threads, "steps_per_epoch": steps_per_epoch})
-
-    def evaluate(epoch, step):
-        # Horovod: each rank scores its slice of the test set; sums are all-reduced.
-        loss, acc = finish_eval(backend.reduce_metric(eval_sums(model, test_ds, criterion), "eval", op="sum"))
-        log.eval(epoch, step, loss, acc)
+                               "threads_per_worker": backend.threads})
+    criterion = loss_fn()
 
     def end_of_step(step, losses):
-        if step % cfg.log_every == 0 or step == total_steps:
-            loss = float(backend.reduce_metric(sum(losses) / len(losses), "loss"))  # Horovod: average
+        if step % cfg.log_every == 0 or step == plan.total_updates:
+            loss = float(backend.allreduce(sum(losses) / len(losses), "loss"))  # Horovod: average
             check_alive(loss)
             log.step(step, loss, lr=float(optimizer.lr(step)))
             losses.clear()
-        if step % steps_per_epoch == 0 or step == total_steps:
-            epoch = math.ceil(step / steps_per_epoch)
-            if cfg.eval_every_epoch or step == total_steps:
-                evaluate(epoch, step)
-            if backend.is_chief and (cfg.checkpoint_every_epoch or step == total_steps):
+        if step % plan.updates_per_epoch == 0 or step == plan.total_updates:
+            epoch = math.ceil(step / plan.updates_per_epoch)
+            if cfg.eval_every_epoch or step == plan.total_updates:
+                # Horovod: each rank scores its slice of the test set; the sums are all-reduced.
+                log.eval(epoch, step, *finish_eval(backend.allreduce(eval_sums(model, test_ds), "eval", op="sum")))
+            if backend.is_chief and (cfg.checkpoint_every_epoch or step == plan.total_updates):
                 step_var.assign(step)            # Horovod: only rank 0 writes checkpoints
                 manager.save(checkpoint_number=step)
 
     if args.loop == "fit":
-        run_fit(cfg, backend, model, optimizer, criterion, train_ds, start_step, total_steps, end_of_step)
+        run_fit(backend, model, optimizer, criterion, train_ds, start_step, plan.total_updates, end_of_step)
     else:
-        run_custom(cfg, backend, model, optimizer, criterion, train_ds, start_step, end_of_step)
+        run_custom(backend, model, optimizer, criterion, train_ds, start_step, end_of_step)
 
     divergence = backend.max_divergence(model)   # Horovod: all ranks must hold the same weights
     if backend.is_chief:
         save_weights_npz(model.get_weights(), os.path.join(cfg.train_dir, "weights.npz"))
     wire = gradient_bytes(model) // (2 if args.fp16_allreduce else 1)
-    log.finish(total_steps, wire, max_weight_divergence=divergence)
+    log.finish(plan.total_updates, wire, max_weight_divergence=divergence)
     backend.shutdown()
     return 0
 
 
-def run_custom(cfg, backend, model, optimizer, criterion, train_ds, start_step, end_of_step):
+def restore(cfg, ckpt, manager, step_var):
+    """The step of the latest checkpoint (0 for a new run), with its weights and slots loaded."""
+    if not cfg.resume:
+        return 0
+    import tensorflow as tf
+    try:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    except (tf.errors.OpError, ValueError, AssertionError) as exc:
+        raise UsageError(f"--resume: cannot restore {manager.latest_checkpoint}: "
+                         f"{str(exc).splitlines()[0]}")
+    return int(step_var.numpy())
+
+
+def run_custom(backend, model, optimizer, criterion, train_ds, start_step, end_of_step):
     import tensorflow as tf
 
     @tf.function
@@ -119,12 +131,10 @@ def run_custom(cfg, backend, model, optimizer, criterion, train_ds, start_step, 
     for x, y in train_ds:
         losses.append(float(train_step(x, y)))
         step += 1
-        if step == start_step + 1:               # Horovod: optimizer slots exist only now
-            backend.sync_initial_state(model, optimizer)
         end_of_step(step, losses)
 
 
-def run_fit(cfg, backend, model, optimizer, criterion, train_ds, start_step, total_steps, end_of_step):
+def run_fit(backend, model, optimizer, criterion, train_ds, start_step, total_steps, end_of_step):
     import tensorflow as tf
 
     class Hook(tf.keras.callbacks.Callback):
@@ -137,9 +147,7 @@ def run_fit(cfg, backend, model, optimizer, criterion, train_ds, start_step, tot
             self.losses.append(float(logs["loss"]))
             end_of_step(self.step, self.losses)
 
-    # Horovod: DistributedOptimizer all-reduces gradients inside Keras' train step.
-    model.compile(optimizer=backend.wrap_optimizer(optimizer), loss=criterion,
-                  metrics=["accuracy"], run_eagerly=False)
+    model.compile(optimizer=optimizer, loss=criterion, metrics=["accuracy"], run_eagerly=False)
     model.fit(train_ds, steps_per_epoch=total_steps - start_step, epochs=1, verbose=0,
               callbacks=backend.keras_callbacks() + [Hook()])   # Horovod: broadcast + metric averaging
 

@@ -20,24 +20,12 @@ import time
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.config import Parser
+from common.config import argv_of
 from common.errors import UsageError, cli
+from common.procs import child_env, free_ports
 
 _PR_SET_PDEATHSIG = 1
-
-
-def free_ports(n, host="127.0.0.1"):
-    """Ports the kernel says are free now; all held open together so they are distinct."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+CHOSEN_BY_LAUNCHER = ("job_name", "task_index", "ps_hosts", "worker_hosts", "chief_host", "cluster_spec")
 
 
 def _die_with_parent():
@@ -70,7 +58,7 @@ class Cluster:
 
     def start(self):
         for name, argv, extra_env in self.tasks:
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env, **extra_env)
+            env = dict(self.env or child_env(), **extra_env)
             cpus = env.pop("HVDPS_PIN_CPU", None)
 
             def prepare(cpus=cpus):
@@ -117,24 +105,38 @@ class Cluster:
                 pass
 
 
-def build_tasks(num_ps, num_workers, host, python=sys.executable, threads=None, pin=False):
+def build_tasks(num_ps, num_workers, host, python=sys.executable, pin=False):
+    """(name, argv, extra env) per role, each on a free port of ``host``."""
     ports = free_ports(num_ps + num_workers, host)
-    ps_hosts = ",".join(f"{host}:{p}" for p in ports[:num_ps])
-    worker_hosts = ",".join(f"{host}:{p}" for p in ports[num_ps:])
+    fmt = f"[{host}]" if ":" in host else host
+    ps_hosts = ",".join(f"{fmt}:{p}" for p in ports[:num_ps])
+    worker_hosts = ",".join(f"{fmt}:{p}" for p in ports[num_ps:])
     tasks = []
     for job, count in (("ps", num_ps), ("worker", num_workers)):
         for i in range(count):
             argv = [python, "-u", "-m", "ps_train.main", f"--job_name={job}", f"--task_index={i}",
                     f"--ps_hosts={ps_hosts}", f"--worker_hosts={worker_hosts}"]
-            env = {"HVDPS_THREADS": str(threads)} if threads and job == "worker" else {}
+            env = {}
             if pin and job == "worker":   # one core per worker; PS tasks float (their CPU is reported)
                 env["HVDPS_PIN_CPU"] = str(i % (os.cpu_count() or 1))
             tasks.append((f"{job}:{i}", argv, env))
     return tasks
 
 
+def describe_exit(name, rc):
+    if rc is not None and rc < 0:
+        try:
+            return f"{name} was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"{name} was killed by signal {-rc}"
+    return f"{name} exited with code {rc}"
+
+
 def supervise(cluster, sync, timeout=None):
-    """Wait for the chief (worker:0); decide what other roles' deaths mean. Returns the exit code."""
+    """Wait for the chief (worker:0); decide what other roles' deaths mean.
+
+    Returns (exit code, what ended the job).
+    """
     chief = cluster.procs["worker:0"]
     started = time.monotonic()
     reported = set()
@@ -152,15 +154,13 @@ def supervise(cluster, sync, timeout=None):
                 cluster.say(f"{name} finished")   # released by the chief; the chief exits next
                 continue
             if name.startswith("ps:") or (rc != 0 and sync):
-                cluster.say(f"{name} exited with code {rc}; "
-                            f"{'a PS is gone' if name.startswith('ps:') else 'sync training needs every worker'}"
-                            f": stopping the cluster")
-                return rc or 1
-            cluster.say(f"{name} exited with code {rc}"
-                        f"{'; async training continues without it' if rc else ''}")
+                why = "a PS is gone" if name.startswith("ps:") else "sync training needs every worker"
+                cluster.say(f"{describe_exit(name, rc)}; {why}: stopping the cluster")
+                return (rc if rc and rc > 0 else 1), describe_exit(name, rc)
+            cluster.say(describe_exit(name, rc) + ("; async training continues without it" if rc else ""))
         if timeout and time.monotonic() - started > timeout:
             cluster.say(f"timed out after {timeout:.0f}s: stopping the cluster")
-            return 124
+            return 124, "timeout"
         time.sleep(0.1)
     # Chief finished: the PS tasks were told to exit, other workers stop at the same global step.
     # A failed chief gets no grace: nothing useful can happen after it.
@@ -171,39 +171,56 @@ def supervise(cluster, sync, timeout=None):
     for name, p in cluster.procs.items():
         if p.poll() is None:
             cluster.say(f"{name} still running after the chief finished: stopping it")
-    return code
+    return (code if code >= 0 else 1), describe_exit("worker:0 (chief)", code)
+
+
+def make_parser():
+    """The trainer's own parser plus the launcher's flags: one parse validates everything."""
+    from ps_train.main import make_parser as trainer_parser
+    p = trainer_parser()
+    p.prog = "python -m ps_train.launch"
+    p.description = __doc__.splitlines()[0]
+    g = p.add_argument_group("local launcher")
+    g.add_argument("--num_ps", type=int, default=1)
+    g.add_argument("--num_workers", type=int, default=2)
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address every task listens on and is reached at (loopback: nothing else can connect)")
+    g.add_argument("--pin_workers", action="store_true",
+                   help="pin worker i to core i (equal core budget per worker, for scaling benchmarks)")
+    g.add_argument("--timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
+    return p
+
+
+LAUNCHER_FLAGS = ("num_ps", "num_workers", "host", "pin_workers", "timeout")
 
 
 def parse_args(argv):
-    p = Parser(description=__doc__.splitlines()[0])
-    p.add_argument("--num_ps", type=int, default=1)
-    p.add_argument("--num_workers", type=int, default=2)
-    p.add_argument("--host", default="127.0.0.1", help="address every task listens on")
-    p.add_argument("--threads_per_worker", type=int, default=0, help="TF threads per worker (0: TF default)")
-    p.add_argument("--pin_workers", action="store_true",
-                   help="pin worker i to core i (equal core budget per worker, for scaling benchmarks)")
-    p.add_argument("--timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
-    args, rest = p.parse_known_args(argv)
-    for bad in ("--job_name", "--task_index", "--ps_hosts", "--worker_hosts", "--chief_host", "--cluster_spec"):
-        if any(a == bad or a.startswith(bad + "=") for a in rest):
-            raise UsageError(f"{bad} is chosen by the launcher; do not pass it")
+    from common.config import check_finite, from_args
+    p = make_parser()
+    args = p.parse_args(argv)
+    for name in CHOSEN_BY_LAUNCHER:
+        if getattr(args, name) is not None:
+            raise UsageError(f"--{name} is chosen by the launcher; do not pass it")
+    if os.environ.get("TF_CONFIG", "").strip():
+        raise UsageError("TF_CONFIG is set: the launcher chooses the cluster itself; unset it")
     if args.num_ps < 1 or args.num_workers < 1:
         raise UsageError("--num_ps and --num_workers must be at least 1")
-    return args, rest
+    check_finite("timeout", args.timeout)
+    if args.timeout < 0:
+        raise UsageError(f"--timeout must be >= 0, got {args.timeout}")
+    from_args(args)                  # the training flags, validated once here rather than N times
+    from ps_train.cluster import check_ps_flags
+    check_ps_flags(args)
+    trainer_argv = argv_of(args, p, skip=LAUNCHER_FLAGS)
+    return args, trainer_argv
 
 
 @cli
 def main(argv=None):
-    args, rest = parse_args(sys.argv[1:] if argv is None else argv)
-    # Validate the trainer flags once, here, rather than as N identical failures.
-    from ps_train.main import validate_trainer_args
-    validate_trainer_args(rest)
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {"PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host,
-                                  threads=args.threads_per_worker, pin=args.pin_workers), rest, env=env)
-    sync = "--sync" in rest
-    code = 1
+    args, trainer_argv = parse_args(sys.argv[1:] if argv is None else argv)
+    cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host, pin=args.pin_workers),
+                      trainer_argv, env=child_env())
+    code, ended_by = 1, "?"
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def on_signal(signum, frame):
@@ -213,30 +230,21 @@ def main(argv=None):
     try:
         cluster.start()
         cluster.say("started " + ", ".join(f"{n} (pid {pid})" for n, pid in cluster.pids().items()))
-        code = supervise(cluster, sync, args.timeout or None)
+        code, ended_by = supervise(cluster, args.sync, args.timeout or None)
     except KeyboardInterrupt:
         cluster.say("interrupted: stopping the cluster")
-        code = 130
+        code, ended_by = 130, "interrupted"
     finally:
         cluster.stop()
         for s, h in previous.items():
             signal.signal(s, h)
     cluster.say("cpu seconds: " + ", ".join(f"{n} {c:.1f}" for n, c in sorted(cluster.cpu.items())))
-    train_dir = _flag_value(rest, "--train_dir") or _flag_value(rest, "--out")
-    if train_dir and os.path.isdir(train_dir):   # the PS tasks' cost belongs in the results too
-        with open(os.path.join(train_dir, "launch.json"), "w") as f:
-            json.dump({"cpu_seconds": cluster.cpu, "exit_code": code, "pids": cluster.pids()}, f, indent=2)
-    cluster.say(f"chief exit code {code}")
+    if os.path.isdir(args.train_dir):   # the PS tasks' cost belongs in the results too
+        with open(os.path.join(args.train_dir, "launch.json"), "w") as f:
+            json.dump({"cpu_seconds": cluster.cpu, "exit_code": code, "ended_by": ended_by,
+                       "pids": cluster.pids()}, f, indent=2)
+    cluster.say(f"exit code {code} ({ended_by})")
     return code
-
-
-def _flag_value(argv, flag):
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
 
 
 if __name__ == "__main__":

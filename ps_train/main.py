@@ -17,7 +17,8 @@ or all roles on this machine with free ports:
 
 Worker 0 (or the chief) initialises the variables, evaluates, and writes
 checkpoints, TensorBoard events and metrics.jsonl; at the end it tells every PS
-to exit. Lines marked ``# PS:`` are the only differences from single-process code.
+to exit (ps_train/stop.py). Lines marked ``# PS:`` are the only differences
+from single-process code.
 """
 import os
 import sys
@@ -27,25 +28,23 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # keep TF's C++ start-up ch
 if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.backend import get_backend
 from common.config import build_parser, from_args
-from common.data import load_arrays, make_dataset, plan
-from common.errors import RunError, cli
-from common.models import build_model, gradient_bytes, loss_fn
-from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir,
-                             make_lr_schedule, save_weights_npz)
-from ps_train.backend import add_ps_args, describe_placement, make_v1_optimizer, resolve_cluster
-
-STALL_SECONDS = 10.0   # a worker without a step for this long is reported lost (async)
+from common.data import load_arrays
+from common.errors import RunError, UsageError, cli
+from common.hosts import parse_address
+from common.models import gradient_bytes
+from common.training import RunLog, Watchdog, check_resume_compatible, check_train_dir, save_weights_npz
+from ps_train import stop
+from ps_train.backend import PSBackend, describe_placement
+from ps_train.chief import WorkerTracker, evaluate
+from ps_train.cluster import add_ps_args, resolve_cluster
+from ps_train.graph import build_graph, data_position
+from ps_train.listen import choose_address, restrict_listening
+from ps_train.peers import ChiefWatch, PSWatch
 
 
 def make_parser():
     return add_ps_args(build_parser(__doc__.splitlines()[0], prog="ps_train/main.py"))
-
-
-def validate_trainer_args(argv):
-    """Parse and validate trainer flags without starting anything (used by the launcher)."""
-    return from_args(make_parser().parse_args(list(argv)))
 
 
 @cli(hard_exit=True)
@@ -53,181 +52,188 @@ def main(argv=None):
     args = make_parser().parse_args(argv)
     cfg = from_args(args)
     cluster, job, index = resolve_cluster(args)  # PS: flags, --cluster_spec or TF_CONFIG
-    backend = get_backend("ps", cluster=cluster, job=job, index=index, sync=args.sync,
-                          replicas_to_aggregate=args.replicas_to_aggregate,
-                          startup_timeout=args.startup_timeout, step_timeout=args.step_timeout)
+    backend = PSBackend(cluster, job, index, sync=args.sync, replicas_to_aggregate=args.replicas_to_aggregate,
+                        startup_timeout=args.startup_timeout, step_timeout=args.step_timeout)
     if backend.is_chief:
         check_train_dir(cfg)
         if cfg.resume:
             check_resume_compatible(cfg, cfg.train_dir)
+    if argv is None:                             # PS: listen on this task's address only (ps_train/listen.py)
+        listen_only_on(backend, args.bind)
     num_train = 0 if backend.is_ps else len(load_arrays(cfg)[0])
     backend.setup(cfg)                           # PS: start this task's gRPC server
     if backend.is_ps:                            # PS: serve variables until the chief says stop
-        print(f"ps:{index} serving on {cluster['ps'][index]}", flush=True)
-        backend.serve_until_done()
-        print(f"ps:{index} done", flush=True)
-        _exit(0)
+        print(f"ps:{index} serving on {backend.address}", flush=True)
+        code = stop.serve_until_done(backend)   # released by the chief: a clean exit, whatever its result
+        print(f"ps:{index} done" + (f" (the chief failed with code {code})" if code else ""), flush=True)
+        hard_exit(0)
     backend.wait_for_ps()                        # PS: bounded wait instead of a silent hang
 
     import tensorflow as tf
-    tf.get_logger().setLevel("ERROR")            # v1 deprecation notices would drown the progress lines
-    _quiet_queue_runner_shutdown(tf)
-    n, R, b = backend.world_size, backend.replicas_to_aggregate, cfg.batch_size
-    # PS: budgets are in samples, so both backends see the same data: one
-    # Horovod step = n*b samples; one PS update = R*b samples.
-    spe, total_steps, _ = plan(cfg, num_train, n)
-    updates_per_epoch = spe * n // R
-    target_updates = total_steps * n // R
-
-    with tf.compat.v1.device(backend.device_setter()):     # PS: variables on the PS tasks, round-robin
-        global_step = tf.compat.v1.train.get_or_create_global_step()
-        model = build_model(cfg)
-        train_ds = make_dataset(cfg, backend.rank, n, num_steps=total_steps * n)
-        x, y = tf.compat.v1.data.make_one_shot_iterator(train_ds).get_next()
-        loss = loss_fn()(y, model(x, training=True))
-        lr = make_lr_schedule(cfg, updates_per_epoch, R)(global_step)
-        optimizer = backend.wrap_optimizer(make_v1_optimizer(cfg, lr))   # PS: sync wraps
-        worker_steps = tf.compat.v1.get_variable("hvdps/worker_steps", [n], tf.int64,
-                                                 tf.compat.v1.zeros_initializer(), trainable=False)
-        worker_done = tf.compat.v1.get_variable("hvdps/worker_done", [n], tf.int64,
-                                                tf.compat.v1.zeros_initializer(), trainable=False)
-        train_op = optimizer.minimize(loss, global_step=global_step, var_list=model.trainable_variables)
-        with tf.control_dependencies([train_op]):
-            train_op = tf.compat.v1.scatter_add(worker_steps, [backend.rank], [1]).op
-        mark_done = tf.compat.v1.scatter_update(worker_done, [backend.rank], [1]).op
-        eval_fetch, eval_init = _eval_ops(tf, cfg, model) if backend.is_chief else (None, None)
-
-    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=target_updates)]
-    if args.sync:                                # PS: chief runs the token queue; no spare tokens
-        hooks.append(optimizer.make_session_run_hook(backend.is_chief, num_tokens=max(0, R - n)))
+    quiet_tensorflow(tf)
+    plan = backend.plan(cfg, num_train)          # PS: one update = R worker batches (sync) or 1 (async)
+    start_update = resume_point(cfg, plan) if backend.is_chief and cfg.resume else 0
+    graph = build_graph(cfg, backend, plan)      # PS: variables on the PS tasks
     if not backend.is_chief:
-        _wait_until_initialised(tf, backend)     # PS: the chief initialises (or restores)
-    log = RunLog(cfg, backend, target_updates, backend.samples_per_update(b),
-                 extra_header={"cluster": cluster, "replicas_to_aggregate": R,
-                               "global_step_unit": f"one update = {R} worker batch(es) of {b}",
-                               "updates_per_epoch": updates_per_epoch,
-                               "placement": describe_placement(tf.compat.v1.global_variables()),
-                               "loss_source": "chief's own batches"})
+        wait_until_initialised(tf, backend)      # PS: the chief initialises (or restores)
+    log = RunLog(cfg, backend, plan, start_step=start_update, extra_header={
+        "cluster": cluster, "replicas_to_aggregate": backend.replicas_to_aggregate,
+        "placement": describe_placement(tf.compat.v1.global_variables()), "loss_source": "chief's own batches"})
     if backend.is_chief:                         # PS: say once what a global step is
-        print(f"{backend.mode} mode, {n} workers, {backend.num_ps} PS: global step = updates applied on the PS; "
-              f"1 update = {R} worker batch(es) of {b} = {R * b} samples; target {target_updates} updates "
-              f"= {target_updates * R * b} samples", flush=True)
-    ckpt_dir = os.path.join(cfg.train_dir, "checkpoints")
-    step_opts = tf.compat.v1.RunOptions(timeout_in_ms=int(args.step_timeout * 1000))
-    dog = Watchdog(args.startup_timeout + args.step_timeout, f"{job}:{index}: session did not start")
-    status, lost = "ok", []
+        print(f"{backend.mode} mode, {plan.workers} workers, {backend.num_ps} PS: global step = updates applied "
+              f"on the PS; {plan.global_step_meaning}; target {plan.total_updates} updates", flush=True)
     try:
-        with tf.compat.v1.train.MonitoredTrainingSession(
-                master=backend.server.target, is_chief=backend.is_chief, hooks=hooks,
-                checkpoint_dir=ckpt_dir if backend.is_chief else None,
-                save_checkpoint_steps=(updates_per_epoch if cfg.checkpoint_every_epoch else target_updates)
-                if backend.is_chief else None,
-                save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
-                log_step_count_steps=0, config=backend.session_config(),
-                max_wait_secs=args.startup_timeout, stop_grace_period_secs=5) as sess:
-            dog.kick(f"{job}:{index}: a training step blocked (lost PS or sync peer?)")
-            raw = lambda fetches: sess.run_step_fn(lambda step_context: step_context.session.run(fetches))
-            gstep = raw(global_step)
-            last_epoch, local, evaluated_at = gstep // updates_per_epoch, 0, None
-            stall = {}
-            while not sess.should_stop():
-                try:
-                    _, loss_v, gstep = sess.run([train_op, loss, global_step], options=step_opts)
-                except tf.errors.DeadlineExceededError:
-                    raise RunError(f"{job}:{index}: no update for {args.step_timeout:.0f}s "
-                                   f"({backend.mode} mode): a worker or PS was lost")
-                dog.kick()
-                local += 1
-                if not backend.is_chief:
-                    continue
-                if local % cfg.log_every == 0:       # PS: chief reports every worker's progress
-                    counts = raw(worker_steps)
-                    lost = _lost_workers(counts, stall, backend)
-                    log.step(gstep, float(loss_v), lr=float(raw(lr)), worker_steps=counts.tolist(),
-                             lost_workers=lost)
-                if gstep // updates_per_epoch > last_epoch or gstep >= target_updates:
-                    last_epoch = gstep // updates_per_epoch
-                    if cfg.eval_every_epoch or gstep >= target_updates:
-                        log.eval(max(1, last_epoch), gstep, *_evaluate(raw, eval_init, eval_fetch))
-                        evaluated_at = gstep
-            raw(mark_done)
-            if backend.is_chief:
-                final = raw(global_step)
-                lost = _wait_for_workers(raw, worker_steps, worker_done, stall, backend, dog)
-                if evaluated_at != final:
-                    log.eval(max(1, final // updates_per_epoch), final, *_evaluate(raw, eval_init, eval_fetch))
-                save_weights_npz(raw(model.weights), os.path.join(cfg.train_dir, "weights.npz"))
-                log.finish(final, gradient_bytes(model), status=status, lost_workers=lost,
-                           worker_steps=raw(worker_steps).tolist(), num_ps=backend.num_ps)
+        lost = train(cfg, backend, plan, graph, log)
     except BaseException:
         if backend.is_chief:                     # PS: a failed chief still releases the PS tasks
-            backend.signal_done(1)
+            stop.signal_done(backend, 1)
         raise
-    dog.stop()
-    if backend.is_chief:
-        if lost:
-            print(f"chief: finished without worker(s) {', '.join(lost)} (lost during training)", flush=True)
-        backend.signal_done()                    # PS: let every PS task exit
-    _exit(0)
+    if lost:
+        print(f"chief: finished without worker(s) {', '.join(lost)} (lost during training)", flush=True)
+    stop.signal_done(backend)                    # PS: let every PS task exit
+    hard_exit(0)
 
 
-def _eval_ops(tf, cfg, model):
-    test_ds = make_dataset(cfg, 0, 1, split="test").unbatch().batch(256)
-    it = tf.compat.v1.data.make_initializable_iterator(test_ds)
-    xt, yt = it.get_next()
-    logits = model(xt, training=False)
-    per_example = tf.keras.losses.sparse_categorical_crossentropy(yt, logits, from_logits=True)
-    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32),
-                                             tf.cast(yt, tf.int32)), tf.float64))
-    fetch = (tf.reduce_sum(tf.cast(per_example, tf.float64)), correct, tf.cast(tf.size(yt), tf.float64))
-    return fetch, it.initializer
+def train(cfg, backend, plan, graph, log):
+    """The session loop of every worker; the chief also logs, evaluates and checkpoints.
 
-
-def _evaluate(raw, init, fetch):
+    Returns the workers the chief saw lost (async), after every live one has finished.
+    """
     import tensorflow as tf
-    raw(init)
-    total = [0.0, 0.0, 0.0]
-    while True:
-        try:
-            part = raw(fetch)
-        except tf.errors.OutOfRangeError:
-            break
-        total = [a + b for a, b in zip(total, part)]
-    return total[0] / total[2], total[1] / total[2]
+    dog = Watchdog(backend.startup_timeout + backend.step_timeout,
+                   f"{backend.job}:{backend.index}: session did not start")
+    ps_watch = PSWatch(backend)
+    chief_watch = None if backend.is_chief else ChiefWatch(backend, on_wait=dog.kick)
+    step_opts = tf.compat.v1.RunOptions(timeout_in_ms=int(backend.step_timeout * 1000))
+    try:
+        with open_session(cfg, backend, plan, graph) as sess:
+            dog.kick(f"{backend.job}:{backend.index}: a training step blocked (lost PS or sync peer?)")
+            read = reader(sess)
+            start = data_position(plan, read(graph.global_step), read(graph.worker_steps)[backend.rank])
+            read(graph.data_init, {graph.data_skip: start})   # PS: resume the data stream where it was
+            chief = ChiefBookkeeping(cfg, backend, plan, graph, log, read) if backend.is_chief else None
+            while not sess.should_stop():
+                if chief_watch:
+                    chief_watch.check()
+                try:
+                    _, loss, update = sess.run([graph.train_op, graph.loss, graph.global_step], options=step_opts)
+                except tf.errors.DeadlineExceededError:
+                    raise RunError((chief.blocked() if chief else None) or
+                                   f"{backend.job}:{backend.index}: no update for {backend.step_timeout:.0f}s "
+                                   f"({backend.mode} mode): a worker or PS was lost")
+                dog.kick()
+                if chief:
+                    chief.after_step(update, loss)
+            read(graph.mark_done)
+            if not chief:                        # PS: nothing else to do; the chief ends the job
+                ps_watch.stop()
+                hard_exit(0)
+            return chief.finish(dog.kick)
+    finally:                                     # from here on, PS tasks leaving is expected
+        dog.stop()
+        ps_watch.stop()
 
 
-def _lost_workers(counts, stall, backend):
-    """Workers whose step count has not moved for STALL_SECONDS (async keeps going without them)."""
-    now = time.monotonic()
-    lost = []
-    for rank, c in enumerate(counts):
-        prev = stall.get(rank)
-        if prev is None or prev[0] != c:
-            stall[rank] = (c, now)
-        elif now - prev[1] > STALL_SECONDS:
-            lost.append(_names(backend)[rank])
-    return lost
+def open_session(cfg, backend, plan, graph):
+    import tensorflow as tf
+    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=plan.total_updates)]
+    if backend.sync:                             # PS: chief runs the token queue; no spare tokens
+        hooks.append(graph.optimizer.make_session_run_hook(
+            backend.is_chief, num_tokens=max(0, backend.replicas_to_aggregate - plan.workers)))
+    every = plan.updates_per_epoch if cfg.checkpoint_every_epoch else plan.total_updates
+    return tf.compat.v1.train.MonitoredTrainingSession(
+        master=backend.server.target, is_chief=backend.is_chief, hooks=hooks,
+        scaffold=tf.compat.v1.train.Scaffold(saver=graph.saver),
+        checkpoint_dir=os.path.join(cfg.train_dir, "checkpoints") if backend.is_chief else None,
+        save_checkpoint_steps=every if backend.is_chief else None,
+        save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
+        log_step_count_steps=0, config=backend.session_config(),
+        max_wait_secs=backend.startup_timeout, stop_grace_period_secs=5)
 
 
-def _wait_for_workers(raw, worker_steps, worker_done, stall, backend, dog, grace=60.0):
-    """Before the PS tasks go away, let every live worker finish its last step."""
-    deadline = time.monotonic() + grace
-    while True:
-        dog.kick()
-        done = raw(worker_done)
-        lost = _lost_workers(raw(worker_steps), stall, backend)
-        lost = [name for rank, name in enumerate(_names(backend)) if name in lost and not done[rank]]
-        pending = [name for rank, name in enumerate(_names(backend)) if not done[rank] and name not in lost]
-        if not pending or time.monotonic() > deadline:
-            return lost
-        time.sleep(0.2)
+def reader(sess):
+    """Run fetches on the PS without the training hooks (no step counted, no checkpoint)."""
+    def read(fetches, feed_dict=None):
+        return sess.run_step_fn(lambda step_context: step_context.session.run(fetches, feed_dict=feed_dict))
+    return read
 
 
-def _names(backend):
-    return [f"{job}:{i}" for job, i in backend.replica_list]
+class ChiefBookkeeping:
+    """What only the chief does around the shared loop: progress, lost workers, evaluation."""
+
+    def __init__(self, cfg, backend, plan, graph, log, read):
+        self.cfg, self.backend, self.plan, self.graph, self.log, self.read = cfg, backend, plan, graph, log, read
+        self.tracker = WorkerTracker(backend.task_names(), backend.sync, backend.step_timeout)
+        self.local_steps = 0
+        self.epoch = plan.epoch_of(int(read(graph.global_step)))
+        self.evaluated_at = None
+        self.lost = []
+
+    def after_step(self, update, loss):
+        self.local_steps += 1
+        if self.local_steps % self.cfg.log_every == 0:   # PS: every worker's progress, from the PS
+            counts = self.read(self.graph.worker_steps)
+            self.lost = self.tracker.update(counts)
+            self.log.step(update, float(loss), lr=float(self.read(self.graph.learning_rate)),
+                          worker_steps=counts.tolist(), lost_workers=self.lost)
+        if self.plan.epoch_of(update) > self.epoch or update >= self.plan.total_updates:
+            self.epoch = self.plan.epoch_of(update)
+            if self.cfg.eval_every_epoch or update >= self.plan.total_updates:
+                self.evaluate(update)
+
+    def blocked(self):
+        """Why a step blocked for --step_timeout: the workers whose server is gone (or None).
+
+        Counters cannot tell: in lock-step every live worker waits at the same count."""
+        return self.tracker.gone(self.backend.task_addresses()[1:])
+
+    def evaluate(self, update):
+        self.log.eval(max(1, self.plan.epoch_of(update)), update, *evaluate(self.read, self.graph))
+        self.evaluated_at = update
+
+    def finish(self, kick):
+        """Wait for the other workers, evaluate the final weights, write the summary."""
+        final = int(self.read(self.graph.global_step))
+        self.lost = self.tracker.wait_for_finish(self.read, self.graph, kick)
+        if self.evaluated_at != final:
+            self.evaluate(final)
+        save_weights_npz(self.read(self.graph.model.weights), os.path.join(self.cfg.train_dir, "weights.npz"))
+        self.log.finish(final, gradient_bytes(self.graph.model), lost_workers=self.lost,
+                        worker_steps=self.read(self.graph.worker_steps).tolist())
+        return self.lost
 
 
-def _wait_until_initialised(tf, backend):
+def resume_point(cfg, plan):
+    """The global step of the checkpoint to resume from: readable, and short of the target."""
+    import tensorflow as tf
+    ckpt_dir = os.path.join(cfg.train_dir, "checkpoints")
+    path = tf.train.latest_checkpoint(ckpt_dir)
+    try:
+        update = int(tf.train.load_variable(path, "global_step")) if path else None
+        reader = tf.train.load_checkpoint(path) if path else None
+        for name in (reader.get_variable_to_shape_map() if reader else {}):
+            reader.get_tensor(name)          # every tensor readable: a truncated file fails here
+    except (tf.errors.OpError, ValueError) as exc:
+        raise UsageError(f"--resume: cannot restore {path}: {str(exc).splitlines()[0]}")
+    if update is None:
+        raise UsageError(f"--resume: no checkpoint in {ckpt_dir} (the 'checkpoint' index names none "
+                         f"that exists here)")
+    if update >= plan.total_updates:
+        raise UsageError(f"--resume: {cfg.train_dir} is already at step {update} of {plan.total_updates}; "
+                         f"raise --epochs or --train_steps to train further")
+    return update
+
+
+def listen_only_on(backend, bind):
+    host, port = parse_address(backend.address, f"{backend.job}:{backend.index}")
+    address, note = choose_address(host, bind)
+    if note:
+        print(f"{backend.job}:{backend.index}: {note}", flush=True)
+    backend.bind_address = address
+    restrict_listening(address, port, f"{backend.job}:{backend.index}")   # may re-execute this process
+
+
+def wait_until_initialised(tf, backend):
     """Poll every 0.2s (TF's own SessionManager polls every 30s) until the chief has initialised."""
     check = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
     deadline = time.monotonic() + backend.startup_timeout
@@ -245,9 +251,11 @@ def _wait_until_initialised(tf, backend):
             time.sleep(0.2)
 
 
-def _quiet_queue_runner_shutdown(tf):
-    """SyncReplicasOptimizer's token thread is cancelled when the session closes; that is the end, not an error."""
+def quiet_tensorflow(tf):
+    """v1 deprecation notices would drown the progress lines, and SyncReplicasOptimizer's
+    token thread is cancelled when the session closes: that is the end, not an error."""
     import threading
+    tf.get_logger().setLevel("ERROR")
     default = threading.excepthook
 
     def hook(args):
@@ -258,7 +266,7 @@ def _quiet_queue_runner_shutdown(tf):
     threading.excepthook = hook
 
 
-def _exit(code):
+def hard_exit(code):
     """Leave without tearing down the gRPC server threads (TF cannot stop a Server cleanly)."""
     sys.stdout.flush()
     sys.stderr.flush()

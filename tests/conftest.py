@@ -11,20 +11,10 @@ BIN = os.path.dirname(sys.executable)
 
 
 def env(**extra):
-    e = dict(os.environ)
-    e.update({
-        "PYTHONPATH": REPO + os.pathsep + e.get("PYTHONPATH", ""),
-        "PATH": BIN + os.pathsep + e.get("PATH", ""),
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "OMPI_ALLOW_RUN_AS_ROOT": "1",
-        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "OMPI_MCA_btl": "self,tcp",
-        "OMPI_MCA_btl_tcp_if_include": "lo",
-        "OMPI_MCA_oob_tcp_if_include": "lo",
-        "PYTHONUNBUFFERED": "1",
-    })
-    e.update({k: str(v) for k, v in extra.items()})
-    return e
+    """The project's child environment (common.procs), with Open MPI kept on loopback."""
+    from common.procs import child_env
+    return child_env(OMPI_MCA_btl="self,tcp", OMPI_MCA_btl_tcp_if_include="lo",
+                     OMPI_MCA_oob_tcp_if_include="lo", **extra)
 
 
 def run(argv, timeout=300, **kw):

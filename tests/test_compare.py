@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from common.compare import add_scaling, collect, parse_variants, write_report
+from common.plan import make_plan
+from hvdps.launchers import parse_variants
+from hvdps.report import add_scaling, collect, write_report
 from common.config import make_config
 from common.errors import UsageError
 from common.metrics import MetricsWriter, throughput_stats
@@ -15,7 +17,8 @@ from tests.conftest import BIN, run
 
 def fake_run(d, backend, mode, workers, rates, accs, num_ps=0):
     w = MetricsWriter(str(d))
-    w.header(make_config(), backend, mode, workers, num_ps)
+    cfg = make_config()
+    w.header(cfg, backend, mode, workers, num_ps, make_plan(cfg, 1000, workers, workers))
     for i, a in enumerate(accs):
         w.eval(i + 1, 10 * (i + 1), 1.0 - a, a, target=0.9)
     w.summary("ok", 40, 1280, throughput_stats(rates), 1.0 - accs[-1], accs[-1], 1000)
@@ -78,7 +81,8 @@ def test_dry_run_prints_real_commands(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 6
-    assert sum("horovodrun -np 2 -H localhost:2" in l for l in lines) == 1
+    assert sum("mpirun -np 2 -bind-to none -map-by slot --mca btl self,vader --mca oob_tcp_if_include lo"
+               in l for l in lines) == 1
     assert sum("ps_train.launch --num_ps 1 --num_workers 2 --sync" in l for l in lines) == 1
     assert all("--batch_size 16" in l for l in lines)
 
@@ -96,7 +100,8 @@ def test_end_to_end_both_backends(tmp_path):
         assert x["status"] == "ok"
         assert x["samples_per_sec_median"] > 0 and 0 <= x["final_test_accuracy"] <= 1
         assert x["grad_bytes_per_step"] == rows[0]["grad_bytes_per_step"]   # same model everywhere
-        assert x["global_batch"] == 16 * x["workers"]
+        # one update averages every rank's batch (all-reduce) or is one worker's batch (async PS)
+        assert x["global_batch"] == 16 * (x["workers"] if x["backend"] == "horovod" else 1)
     # --from rebuilds the same table without training
     r2 = run([os.path.join(BIN, "hvdps-compare"), "--from", str(out / "runs"), "--out", str(tmp_path / "again")],
              timeout=120)

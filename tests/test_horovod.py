@@ -133,6 +133,54 @@ def test_resume_continues_from_checkpoint(tmp_path):
     assert curves["steps"][-1]["global_step"] == 88
 
 
+RESUME = ["--batch_size", "32", "--log_every", "5", "--optimizer", "momentum", "--eval_every_epoch", "false"]
+
+
+@pytest.mark.parametrize("np_, loop", [(1, "custom"), (2, "custom"), (2, "fit")])
+def test_resume_is_exact(tmp_path, np_, loop):
+    """Stopped after epoch 2 and resumed to 4 == 4 epochs straight: bit for bit.
+
+    Momentum slots, the optimizer's iteration count (the lr warm-up position), the
+    data order and the global step all have to survive the checkpoint. With 2 ranks
+    this also hangs (caught by the timeout) if only rank 0 has the slots it restores.
+    """
+    launch = (lambda *a: run([sys.executable, MAIN, *a], timeout=240)) if np_ == 1 else \
+        (lambda *a: horovodrun(np_, *a, controller="gloo", timeout=240))
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    ok(launch(*RESUME, "--loop", loop, "--epochs", "4", "--train_dir", straight))
+    ok(launch(*RESUME, "--loop", loop, "--epochs", "2", "--train_dir", split))
+    ok(launch(*RESUME, "--loop", loop, "--epochs", "4", "--train_dir", split, "--resume"))
+    a = load_weights_npz(os.path.join(straight, "weights.npz"))
+    b = load_weights_npz(os.path.join(split, "weights.npz"))
+    assert max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) == 0.0
+    assert load_run(split)[1]["summary"]["steps"] == load_run(straight)[1]["summary"]["steps"]
+
+
+def test_resume_past_the_end_is_a_usage_error(tmp_path):
+    out = str(tmp_path / "run")
+    ok(run([sys.executable, MAIN, *RESUME, "--epochs", "2", "--train_dir", out]))
+    before = open(os.path.join(out, "metrics.jsonl")).read()
+    r = run([sys.executable, MAIN, *RESUME, "--epochs", "1", "--train_dir", out, "--resume"], timeout=120)
+    assert r.returncode == 2 and "is already at step 88 of 44" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert open(os.path.join(out, "metrics.jsonl")).read() == before     # nothing appended
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_resume_from_damaged_checkpoint(tmp_path, damage):
+    out = tmp_path / "run"
+    ok(run([sys.executable, MAIN, *RESUME, "--epochs", "1", "--train_dir", str(out)]))
+    data = sorted((out / "checkpoints").glob("*.data-*"))[-1]
+    if damage == "truncate":
+        data.write_bytes(data.read_bytes()[:100])
+    else:
+        data.unlink()
+    r = run([sys.executable, MAIN, *RESUME, "--epochs", "2", "--train_dir", str(out), "--resume"], timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: --resume: cannot restore"), r.stderr
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_killed_rank_fails_job_promptly(tmp_path, controller):
     """kill -9 on one rank: the job must end non-zero within 60 s, checkpoints intact."""

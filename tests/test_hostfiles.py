@@ -14,7 +14,7 @@ from common.hosts import parse_cluster_spec, parse_hostfile, parse_tf_config
 from horovod_train.backend import add_horovod_args
 from ps_train.main import make_parser as ps_parser
 from common.config import build_parser
-from tests.conftest import REPO
+from tests.conftest import BIN, REPO, run
 
 HF = os.path.join(REPO, "hostfiles")
 SCRIPTS = sorted(glob.glob(os.path.join(HF, "slurm", "*")) + glob.glob(os.path.join(HF, "pbs", "*")))
@@ -104,3 +104,16 @@ def test_slurm_ps_script_builds_tf_config(tmp_path):
     configs = [parse_tf_config(line) for line in r.stdout.strip().splitlines()]
     assert [(role, i) for _, role, i in configs] == [("ps", 0), ("worker", 0), ("worker", 1)]
     assert configs[0][0] == {"ps": ["nodeA:2222"], "worker": ["nodeB:2222", "nodeC:2222"]}
+
+
+@pytest.mark.parametrize("name", ["hostfile.example"])
+def test_shipped_hostfile_accepted_by_horovodrun(name, tmp_path):
+    """Horovod 0.28.1's own --hostfile parser (it has none of ours' tolerance) reads the file."""
+    from horovod.runner.common.util.hosts import parse_host_files
+    path = os.path.join(HF, name)
+    assert parse_host_files(path) == ",".join(f"{h}:{s}" for h, s in parse_hostfile(path))
+    # and what hvdps-hosts writes for mpirun/horovodrun is accepted as well
+    out = tmp_path / "hf"
+    r = run([os.path.join(BIN, "hvdps-hosts"), path, "--format", "mpi-hostfile"], timeout=60)
+    out.write_text(r.stdout)
+    assert parse_host_files(str(out)) == parse_host_files(path)

@@ -72,9 +72,49 @@ def test_killed_ps_stops_cluster_with_failure(tmp_path):
     os.kill(pids["ps:0"], signal.SIGKILL)
     out = _finish(p, 90)
     assert p.returncode != 0
-    assert "[launch] ps:0 exited with code -9; a PS is gone: stopping the cluster" in out
+    assert "[launch] ps:0 was killed by SIGKILL; a PS is gone: stopping the cluster" in out
+    assert "[launch] exit code 1 (ps:0 was killed by SIGKILL)" in out
     time.sleep(0.5)
     assert not [n for n, pid in pids.items() if _alive(pid)]
+
+
+def test_killed_sync_worker_is_named(tmp_path):
+    p, lines, pids = _start(tmp_path, "--num_ps", "1", "--num_workers", "2", "--sync", *LONG)
+    assert "worker:1" in pids, "".join(lines)
+    os.kill(pids["worker:1"], signal.SIGKILL)
+    out = _finish(p, 90)
+    assert p.returncode == 1, out
+    assert "[launch] worker:1 was killed by SIGKILL; sync training needs every worker" in out
+    assert "[launch] exit code 1 (worker:1 was killed by SIGKILL)" in out
+    time.sleep(0.5)
+    assert not [n for n, pid in pids.items() if _alive(pid)]
+
+
+def _listeners(pids):
+    """{pid: [local address:port, ...]} of the TCP listening sockets these processes own."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=10).stdout
+    found = {}
+    for line in out.splitlines():
+        for pid in pids:
+            if f"pid={pid}," in line:
+                found.setdefault(pid, []).append(line.split()[3])
+    return found
+
+
+def test_every_task_listens_on_loopback_only(tmp_path):
+    """TensorFlow's gRPC server binds every interface by itself; hvdps' tasks must not."""
+    p, lines, pids = _start(tmp_path, "--num_ps", "2", "--num_workers", "2", *LONG)
+    try:
+        assert len(pids) == 4, "".join(lines)
+        found = _listeners(pids.values())
+    finally:
+        p.send_signal(signal.SIGINT)
+        _finish(p)
+    assert set(found) == set(pids.values()), (found, pids)       # every task's server was seen
+    for pid, addrs in found.items():
+        for addr in addrs:
+            host = addr.rsplit(":", 1)[0]
+            assert host in ("127.0.0.1", "[::ffff:127.0.0.1]"), (pid, addrs)
 
 
 def test_launcher_killed_hard_leaves_no_orphans(tmp_path):
@@ -94,7 +134,7 @@ def test_prefixes_and_chief_exit_code(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:]
     assert "[ps:0] ps:0 serving on 127.0.0.1:" in r.stdout
     assert "[worker:0] samples/sec:" in r.stdout
-    assert "[launch] chief exit code 0" in r.stdout
+    assert "[launch] exit code 0 (worker:0 (chief) exited with code 0)" in r.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -102,6 +142,12 @@ def test_prefixes_and_chief_exit_code(tmp_path):
     (["--job_name", "ps"], "error: --job_name is chosen by the launcher"),
     (["--model", "nope"], "error: unknown model 'nope'"),
     (["--num_ps", "many"], "error: argument --num_ps: invalid int value: 'many'"),
+    (["--timeout", "-5"], "error: --timeout must be >= 0, got -5.0"),
+    (["--timeout", "nan"], "error: --timeout must be a finite number, got nan"),
+    (["--learning_rate", "nan"], "error: --learning_rate must be a finite number, got nan"),
+    (["--step_timeout", "inf"], "error: --step_timeout must be a finite number, got inf"),
+    (["--startup_timeout", "nan"], "error: --startup_timeout must be a finite number, got nan"),
+    (["--threads_per_worker", "-1"], "error: --threads_per_worker must be >= 0, got -1"),
 ])
 def test_launcher_bad_input(args, message):
     r = py("-m", "ps_train.launch", *args, timeout=60)

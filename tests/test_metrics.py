@@ -3,13 +3,14 @@ import json
 import pytest
 
 from common.config import make_config
+from common.plan import make_plan
 from common.metrics import (MetricsWriter, ThroughputMeter, load_run, read_records, throughput_stats)
 
 
 def test_round_trip(tmp_path):
     cfg = make_config(batch_size=8)
     w = MetricsWriter(str(tmp_path))
-    w.header(cfg, "horovod", "sync", 2, 0)
+    w.header(cfg, "horovod", "sync", 2, 0, make_plan(cfg, 1000, 2, 2))
     w.step(10, 160, 1.5, 100.0)
     w.eval(1, 10, 1.2, 0.5, target=0.9)
     w.eval(2, 20, 0.4, 0.93, target=0.9)

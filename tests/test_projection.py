@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from common import projection as pj
+from hvdps import projection as pj
 from tests.conftest import BIN, run
 
 

@@ -1,0 +1,68 @@
+"""Ports and child processes: the one copy of what every launcher and test needs.
+
+TensorFlow waits forever for a task that never comes up, and Open MPI refuses
+to start as root; both are turned here into bounded, explained behaviour.
+"""
+import os
+import socket
+import sys
+import time
+
+from common.errors import RunError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def split_address(addr):
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def port_open(addr, timeout=0.5):
+    """True if something accepts TCP connections at ``host:port``."""
+    try:
+        with socket.create_connection(split_address(addr), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_ports(addresses, timeout, what, flag="--startup_timeout"):
+    """Block until every host:port accepts TCP, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    for addr in addresses:
+        while not port_open(addr, timeout=1.0):
+            if time.monotonic() > deadline:
+                raise RunError(f"{what} {addr} did not come up within {timeout:.0f}s ({flag}); "
+                               f"is it running and reachable?")
+            time.sleep(0.2)
+
+
+def free_ports(n, host="127.0.0.1"):
+    """Ports the kernel says are free now; all held open together so they are distinct."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def child_env(base=None, **extra):
+    """Environment for a process this project starts: repo importable, venv first on PATH,
+    unbuffered output, TF's C++ start-up chatter off, Open MPI allowed to run as root."""
+    env = dict(os.environ if base is None else base)
+    env.update({
+        "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", ""),
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+        "PYTHONUNBUFFERED": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    })
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env

@@ -1,0 +1,47 @@
+"""hvdps-hosts: one inventory (a hostfile) -> every format the launchers want.
+
+    hvdps-hosts hostfiles/hostfile.example                  # all formats
+    hvdps-hosts inventory --format horovodrun               # horovodrun -np N -H h1:4,h2:4
+    hvdps-hosts inventory --format tf-config --num_ps 2     # one TF_CONFIG per task
+
+Parsing and validation live in common/hosts.py (the trainers use them too);
+this is only the command.
+"""
+import json
+import sys
+
+from common.config import Parser
+from common.errors import UsageError, cli
+from common.hosts import parse_hostfile, tf_configs, to_cluster_spec, to_horovod_hosts, to_mpi_hostfile
+
+
+@cli
+def main(argv=None):
+    p = Parser(prog="hvdps-hosts", description=__doc__.splitlines()[0])
+    p.add_argument("inventory", help="hostfile: one 'host slots=N' per line")
+    p.add_argument("--format", default="all",
+                   choices=("all", "horovodrun", "mpi-hostfile", "cluster-spec", "tf-config"))
+    p.add_argument("--num_ps", type=int, default=1)
+    p.add_argument("--port", type=int, default=2222, help="first port of the PS cluster (Kubeflow uses 2222)")
+    p.add_argument("--no_chief", action="store_true", help="worker 0 acts as chief (classic layout)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.num_ps < 1 or not 0 < args.port < 65536:
+        raise UsageError("--num_ps must be >= 1 and --port in 1..65535")
+    hosts = parse_hostfile(args.inventory)
+    cluster = to_cluster_spec(hosts, args.num_ps, args.port, chief=not args.no_chief)
+    parts = {
+        "horovodrun": f"horovodrun -np {sum(s for _, s in hosts)} -H {to_horovod_hosts(hosts)}\n",
+        "mpi-hostfile": to_mpi_hostfile(hosts),
+        "cluster-spec": json.dumps({"cluster": cluster}, indent=2) + "\n",
+        "tf-config": "".join(f"# {r}:{i}\nTF_CONFIG='{c}'\n" for r, i, c in tf_configs(cluster)),
+    }
+    for name, text in parts.items():
+        if args.format in ("all", name):
+            if args.format == "all":
+                sys.stdout.write(f"## {name}\n")
+            sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

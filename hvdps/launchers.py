@@ -1,0 +1,87 @@
+"""How to start a whole job of each backend on this machine: the one place that maps names.
+
+The comparison and the benchmarks start every run through these, with the
+real launchers (``mpirun`` for Horovod, ``python -m ps_train.launch`` for PS),
+so what they measure is what a user's launch line does. Only ``get_launcher``
+branches on a backend's name; an unknown name lists the valid ones.
+"""
+import os
+import shutil
+import sys
+
+from common.errors import UsageError
+from common.procs import REPO
+
+# Local Horovod runs: ranks talk over shared memory, Open MPI's out-of-band
+# channel over loopback only, so nothing the job starts is reachable from outside.
+LOCAL_MPI_FLAGS = ("--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo")
+
+
+class Launcher:
+    name = "base"
+    modes = ("sync",)
+
+    def server_tasks(self, num_ps):
+        """Processes a job starts besides its workers (parameter servers); 0 for all-reduce."""
+        return 0
+
+    def command(self, workers, trainer_argv, mode=None, num_ps=1, pin_cores=False, python=sys.executable):
+        """argv that starts ``workers`` training processes with ``trainer_argv``.
+
+        ``pin_cores``: one core per worker and one TensorFlow thread each, for
+        scaling benchmarks where every worker must get the same CPU budget.
+        """
+        raise NotImplementedError
+
+
+class HorovodLauncher(Launcher):
+    name = "horovod"
+
+    def __init__(self, mpi_yield=False):
+        self.mpi_yield = mpi_yield
+
+    def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable):
+        main = os.path.join(REPO, "horovod_train", "main.py")
+        mpirun = shutil.which("mpirun") or "mpirun"
+        bind = ["-bind-to", "core", "-map-by", "core"] if pin_cores else ["-bind-to", "none", "-map-by", "slot"]
+        threads = ["--threads_per_worker", "1"] if pin_cores else []
+        # mpi_yield_when_idle: a rank waiting in MPI yields its core instead of spinning on it
+        extra = ["--mca", "mpi_yield_when_idle", "1"] if self.mpi_yield else []
+        return [mpirun, "-np", str(workers), *bind, *LOCAL_MPI_FLAGS, *extra, "-x", "PATH", "-x", "PYTHONPATH",
+                "-x", "TF_CPP_MIN_LOG_LEVEL", python, main, *threads, *trainer_argv]
+
+
+class PSLauncher(Launcher):
+    name = "ps"
+    modes = ("async", "sync")
+
+    def server_tasks(self, num_ps):
+        return num_ps
+
+    def command(self, workers, trainer_argv, mode="async", num_ps=1, pin_cores=False, python=sys.executable):
+        pin = ["--pin_workers", "--threads_per_worker", "1"] if pin_cores else []
+        return [python, "-u", "-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(workers),
+                f"--{mode}", *pin, *trainer_argv]
+
+
+LAUNCHERS = {"horovod": HorovodLauncher, "ps": PSLauncher}
+
+
+def get_launcher(name, **options):
+    if name not in LAUNCHERS:
+        raise UsageError(f"unknown backend '{name}' (valid: {', '.join(sorted(LAUNCHERS))})")
+    return LAUNCHERS[name](**options)
+
+
+def parse_variants(text):
+    """'horovod,ps' -> [(backend, mode)], PS in both modes; 'ps:sync' picks one mode."""
+    out = []
+    for item in [s.strip() for s in text.split(",") if s.strip()]:
+        name, _, mode = item.partition(":")
+        modes = get_launcher(name).modes          # unknown names list the valid ones
+        if mode and mode not in modes:
+            raise UsageError(f"backend {name} has no mode '{mode}' (valid: {', '.join(modes)})")
+        out += [(name, m) for m in ([mode] if mode else modes)]
+    if not out:
+        raise UsageError("--backends is empty")
+    return out

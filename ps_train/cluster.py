@@ -1,0 +1,110 @@
+"""Who is who in a parameter-server job: host flags, --cluster_spec or TF_CONFIG, checked.
+
+The three sources a cluster admin may use are merged here, and any
+disagreement between them is a one-line usage error rather than a task that
+waits forever for a peer at the wrong address.
+"""
+import os
+
+from common.config import check_finite
+from common.errors import UsageError
+from common.hosts import parse_address, parse_cluster_spec, parse_tf_config, validate_cluster
+
+JOBS = ("ps", "worker", "chief")
+
+
+def add_ps_args(parser):
+    g = parser.add_argument_group("parameter servers")
+    g.add_argument("--job_name", default=None, help="ps, worker or chief (or from TF_CONFIG)")
+    g.add_argument("--task_index", type=int, default=None, help="index within the job (or from TF_CONFIG)")
+    g.add_argument("--ps_hosts", default=None, help="comma-separated host:port list")
+    g.add_argument("--worker_hosts", default=None, help="comma-separated host:port list")
+    g.add_argument("--chief_host", default=None, help="host:port of a separate chief task (optional)")
+    g.add_argument("--cluster_spec", default=None, help="JSON/YAML file with the cluster (see hostfiles/)")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--sync", dest="sync", action="store_true", default=False,
+                      help="synchronous updates (SyncReplicasOptimizer)")
+    mode.add_argument("--async", dest="sync", action="store_false", help="asynchronous updates (default)")
+    g.add_argument("--replicas_to_aggregate", type=int, default=0,
+                   help="sync: gradients averaged per update (0: all workers)")
+    g.add_argument("--startup_timeout", type=float, default=60.0,
+                   help="seconds to wait for PS tasks / the chief's initialisation")
+    g.add_argument("--step_timeout", type=float, default=60.0,
+                   help="seconds one training step may block (a lost sync peer) before failing")
+    g.add_argument("--bind", default="auto",
+                   help="address this task's gRPC server listens on: auto = its own cluster address when that "
+                        "is an address of this machine (loopback for local runs), else every interface; an IP; "
+                        "or 0.0.0.0 for every interface. TensorFlow's gRPC has no authentication: keep it narrow")
+    return parser
+
+
+def _host_list(text, flag):
+    if text is None:
+        return None
+    items = [s.strip() for s in text.split(",")]
+    if not text.strip() or any(not s for s in items):
+        raise UsageError(f"{flag}: empty host in {text!r} (expected host:port,host:port)")
+    for i, addr in enumerate(items):
+        parse_address(addr, f"{flag}[{i}]")
+    return items
+
+
+def check_ps_flags(args):
+    """The PS flags that do not depend on the cluster (the launcher checks them once, too)."""
+    for name in ("startup_timeout", "step_timeout"):
+        check_finite(name, getattr(args, name))
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.replicas_to_aggregate < 0:
+        raise UsageError(f"--replicas_to_aggregate must be >= 0, got {args.replicas_to_aggregate}")
+
+
+def resolve_cluster(args, environ=None):
+    """(cluster, job, index) from flags, --cluster_spec or TF_CONFIG; conflicts are errors."""
+    environ = os.environ if environ is None else environ
+    check_ps_flags(args)
+    flags = {"ps": _host_list(args.ps_hosts, "--ps_hosts"),
+             "worker": _host_list(args.worker_hosts, "--worker_hosts"),
+             "chief": _host_list(args.chief_host, "--chief_host")}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    cluster, job, index, source = None, args.job_name, args.task_index, "flags"
+    if args.cluster_spec:
+        cluster, source = parse_cluster_spec(args.cluster_spec), args.cluster_spec
+    tf_config = environ.get("TF_CONFIG", "").strip()
+    if tf_config:
+        tf_cluster, tf_job, tf_index = parse_tf_config(tf_config)
+        if cluster is not None and cluster != tf_cluster:
+            raise UsageError(f"TF_CONFIG cluster differs from {args.cluster_spec}; give only one")
+        cluster, source = tf_cluster, "TF_CONFIG"
+        if job is not None and job != tf_job:
+            raise UsageError(f"--job_name={job} conflicts with TF_CONFIG task type {tf_job!r}")
+        if index is not None and index != tf_index:
+            raise UsageError(f"--task_index={index} conflicts with TF_CONFIG task index {tf_index}")
+        job, index = tf_job, tf_index
+    if cluster is None:
+        if "ps" not in flags or ("worker" not in flags and "chief" not in flags):
+            raise UsageError("no cluster given: pass --ps_hosts and --worker_hosts, --cluster_spec, "
+                             "or set TF_CONFIG")
+        cluster = validate_cluster(flags, "host flags")
+    else:
+        for role, addrs in flags.items():
+            if cluster.get(role) != addrs:
+                raise UsageError(f"--{role}_host{'s' if role != 'chief' else ''} {','.join(addrs)} "
+                                 f"conflicts with {source} ({','.join(cluster.get(role, [])) or 'none'})")
+    if job is None:
+        raise UsageError(f"--job_name is required (valid: {', '.join(j for j in JOBS if j in cluster)})")
+    if job not in JOBS:
+        raise UsageError(f"unknown job name '{job}' (valid: {', '.join(JOBS)})")
+    if job not in cluster:
+        raise UsageError(f"job '{job}' has no hosts in the cluster (roles: {', '.join(cluster)})")
+    index = 0 if index is None else index
+    if not 0 <= index < len(cluster[job]):
+        raise UsageError(f"--task_index {index} out of range for job '{job}' "
+                         f"(0..{len(cluster[job]) - 1})")
+    return cluster, job, index
+
+
+def replicas(cluster):
+    """Training tasks in shard order: the chief (if any) first, then the workers."""
+    return [("chief", i) for i in range(len(cluster.get("chief", [])))] + \
+           [("worker", i) for i in range(len(cluster.get("worker", [])))]

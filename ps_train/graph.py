@@ -1,0 +1,86 @@
+"""The between-graph replicated training graph one PS worker builds.
+
+Every worker builds the same graph under ``replica_device_setter``, so the
+variables land on the PS tasks (round-robin) and the computation on the worker
+itself. Two bookkeeping vectors live on the PS beside the model: how many
+batches each worker has applied, and which workers have finished; the chief
+reads them to report lost workers and to know when the PS tasks may go.
+"""
+import dataclasses
+from typing import Any
+
+from common.data import make_dataset
+from common.models import build_model, eval_batch_sums, loss_fn, make_optimizer
+from common.training import make_lr_schedule
+
+
+@dataclasses.dataclass
+class TrainGraph:
+    global_step: Any
+    model: Any
+    loss: Any
+    learning_rate: Any
+    optimizer: Any
+    train_op: Any          # one worker batch: gradients pushed, worker's step counter bumped
+    worker_steps: Any      # [workers] int64 on the PS: batches applied per worker
+    worker_done: Any       # [workers] int64 on the PS: 1 once a worker has left its loop
+    mark_done: Any
+    saver: Any
+    data_init: Any = None  # (re)starts this worker's data stream at data_skip batches
+    data_skip: Any = None
+    eval_init: Any = None  # chief only: re-reads the test set
+    eval_sums: Any = None  # chief only: [loss sum, correct, count] of one test batch
+
+
+def build_graph(cfg, backend, plan):
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    with v1.device(backend.device_setter()):     # PS: variables on the PS tasks, round-robin
+        global_step = v1.train.get_or_create_global_step()
+        model = build_model(cfg)
+        # An async worker may have to cover a lost peer's share, hence the longer stream.
+        # Where this worker's data stream starts is known once the session runs (0, or the
+        # restored position on --resume): fed to data_init as data_skip.
+        data_skip = v1.placeholder_with_default(tf.constant(0, tf.int64), [], name="hvdps/data_skip")
+        train_ds = make_dataset(cfg, backend.rank, plan.workers, start_step=data_skip,
+                                num_steps=plan.worker_steps * plan.workers)
+        data_iterator = v1.data.make_initializable_iterator(train_ds)
+        x, y = data_iterator.get_next()
+        loss = loss_fn()(y, model(x, training=True))
+        learning_rate = make_lr_schedule(cfg, plan)(global_step)
+        optimizer = backend.wrap_optimizer(make_optimizer(cfg, learning_rate, api="v1"))  # PS: sync wraps
+        zeros = v1.zeros_initializer()
+        worker_steps = v1.get_variable("hvdps/worker_steps", [plan.workers], tf.int64, zeros, trainable=False)
+        worker_done = v1.get_variable("hvdps/worker_done", [plan.workers], tf.int64, zeros, trainable=False)
+        minimize = optimizer.minimize(loss, global_step=global_step, var_list=model.trainable_variables)
+        with tf.control_dependencies([minimize]):
+            train_op = v1.scatter_add(worker_steps, [backend.rank], [1]).op
+        mark_done = v1.scatter_update(worker_done, [backend.rank], [1]).op
+        graph = TrainGraph(global_step, model, loss, learning_rate, optimizer, train_op, worker_steps,
+                           worker_done, mark_done, saver=None, data_init=data_iterator.initializer,
+                           data_skip=data_skip)
+        if backend.is_chief:
+            graph.eval_init, graph.eval_sums = _eval_ops(tf, cfg, model)
+    # Relative paths in the 'checkpoint' index: a copied or moved run directory
+    # resumes from its own files, never from the directory it was copied from.
+    graph.saver = v1.train.Saver(sharded=True, max_to_keep=3, save_relative_paths=True)
+    return graph
+
+
+def data_position(plan, update, own_batches):
+    """Batches this worker has already trained on, from restored counters.
+
+    Sync with every worker in each update (lock-step, no spare tokens): exactly
+    one batch per update, so the global step. Otherwise the worker's own count
+    of applied batches, as the checkpoint recorded it.
+    """
+    if plan.batches_per_update == plan.workers:
+        return int(update)
+    return int(own_batches)
+
+
+def _eval_ops(tf, cfg, model):
+    test_ds = make_dataset(cfg, 0, 1, split="test").unbatch().batch(256)
+    it = tf.compat.v1.data.make_initializable_iterator(test_ds)
+    xt, yt = it.get_next()
+    return it.initializer, eval_batch_sums(model(xt, training=False), yt)

@@ -1,0 +1,107 @@
+"""Which address a task's gRPC server listens on, and making TensorFlow honour it.
+
+TensorFlow's gRPC runtime is unauthenticated (anyone who reaches a task's port
+can read or overwrite the model) and its server always binds every interface.
+hvdps binds the task's own address instead: loopback for local runs, the
+configured address on a cluster. TensorFlow offers no option for that, so the
+task re-executes itself once with a tiny preloaded library
+(ps_train/native/bind_to.c) that turns that one wildcard bind() into a bind()
+to the chosen address.
+
+``--bind auto`` (default): the address the cluster gives this task, if it is
+an address of this machine; otherwise (a Kubernetes service name, say, which
+resolves to a virtual IP) every interface, said in one line. ``--bind ADDR``
+forces one; ``--bind 0.0.0.0`` (or ``::``) asks for every interface.
+"""
+import hashlib
+import ipaddress
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+from common.errors import UsageError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "native", "bind_to.c")
+BUILT = os.path.join(HERE, "native", "libhvdps_bind.so")   # made by `make setup`
+WILDCARDS = ("0.0.0.0", "::", "*")
+
+
+def choose_address(host, bind):
+    """(address to bind or None for every interface, note for the user or None)."""
+    if bind not in (None, "", "auto"):
+        if bind in WILDCARDS:
+            return None, None
+        try:
+            ipaddress.ip_address(bind)
+        except ValueError:
+            raise UsageError(f"--bind {bind}: expected an IP address, 'auto' or 0.0.0.0")
+        if not bindable(bind):
+            raise UsageError(f"--bind {bind}: not an address of this machine")
+        return bind, None
+    ip = resolve(host.strip("[]"))
+    if ip and (ipaddress.ip_address(ip).is_loopback or bindable(ip)):
+        return ip, None
+    return None, (f"{host} is not an address of this machine (a service name?): listening on every "
+                  f"interface; restrict with --bind ADDR")
+
+
+def resolve(host):
+    try:
+        return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+    except (socket.gaierror, IndexError, UnicodeError):
+        return None
+
+
+def bindable(ip):
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family) as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
+        return False
+
+
+def shim_library():
+    """Path of the compiled shim: the one `make setup` built, else one compiled now into
+    the user's cache (needs a C compiler); None if neither is possible."""
+    if os.path.exists(BUILT):
+        return BUILT
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc or not os.path.exists(SOURCE):
+        return None
+    digest = hashlib.sha256(open(SOURCE, "rb").read()).hexdigest()[:12]
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hvdps")
+    path = os.path.join(cache, f"libhvdps_bind-{digest}.so")
+    if not os.path.exists(path):
+        os.makedirs(cache, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        if subprocess.call([cc, "-shared", "-fPIC", "-O2", "-o", tmp, SOURCE, "-ldl"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) != 0:
+            return None
+        os.replace(tmp, path)
+    return path
+
+
+def restrict_listening(address, port, who):
+    """Re-execute this process with the shim preloaded so its gRPC server binds ``address``.
+
+    Returns only when nothing needs doing (wildcard asked for, or already in place).
+    """
+    if address is None:
+        return
+    if os.environ.get("HVDPS_BIND_ADDR") == address and os.environ.get("HVDPS_BIND_PORT") == str(port):
+        return
+    lib = shim_library()
+    if lib is None:
+        print(f"warning: {who}: no C compiler to build the bind shim: the gRPC server will listen on "
+              f"every interface (run `make setup`)", file=sys.stderr, flush=True)
+        return
+    env = dict(os.environ, HVDPS_BIND_ADDR=address, HVDPS_BIND_PORT=str(port))
+    env["LD_PRELOAD"] = " ".join(p for p in (lib, os.environ.get("LD_PRELOAD", "")) if p)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, env)
