@@ -44,6 +44,7 @@ class Config:
     eval_every_epoch: bool = True
     resume: bool = False
     checkpoint_every_epoch: bool = True
+    checkpoint_steps: int = 0               # >0: a checkpoint every N updates (bounds what a restart loses)
     threads_per_worker: int = 0             # TF intra-op threads per worker; 0: automatic
 
     def __post_init__(self):
@@ -108,7 +109,7 @@ def validate(cfg):
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise UsageError(f"--{name} must be positive, got {getattr(cfg, name)}")
-    for name in ("epochs", "train_steps", "warmup_steps", "threads_per_worker"):
+    for name in ("epochs", "train_steps", "warmup_steps", "threads_per_worker", "checkpoint_steps"):
         if getattr(cfg, name) < 0:
             raise UsageError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.epochs == 0 and cfg.train_steps == 0:
@@ -147,7 +148,12 @@ def _bool(text):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that fails with one ``error:`` line and exit 2 (no usage dump)."""
+    """argparse that fails with one ``error:`` line and exit 2 (no usage dump), and takes
+    flags only by their full names (``--model`` must not silently mean ``--model-name``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise UsageError(message)
@@ -189,6 +195,9 @@ def build_parser(description, prog=None):
     g.add_argument("--eval_every_epoch", type=_bool, default=d.eval_every_epoch)
     g.add_argument("--checkpoint_every_epoch", type=_bool, default=d.checkpoint_every_epoch,
                    help="false: checkpoint only at the end (benchmarks: a save stalls every worker)")
+    g.add_argument("--checkpoint_steps", type=int, default=d.checkpoint_steps,
+                   help="also checkpoint every N updates (0: per --checkpoint_every_epoch); a restart loses "
+                        "at most this many")
     g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --train_dir")
     g.add_argument("--threads_per_worker", type=int, default=d.threads_per_worker,
                    help="TensorFlow intra-op threads per worker/rank (0: Horovod splits the host's "

@@ -52,6 +52,13 @@ def make_lr_schedule(cfg, plan):
     return _schedule_class()(cfg.learning_rate, cfg.learning_rate * scale, warmup)
 
 
+def checkpoint_interval(cfg, plan):
+    """Updates between two checkpoints: --checkpoint_steps, else an epoch, else the whole run."""
+    if cfg.checkpoint_steps:
+        return cfg.checkpoint_steps
+    return plan.updates_per_epoch if cfg.checkpoint_every_epoch else plan.total_updates
+
+
 def eval_sums(model, dataset):
     """[loss sum, correct, examples] over a dataset (eager), for cross-worker reduction."""
     from common.models import eval_batch_sums
@@ -68,8 +75,12 @@ def finish_eval(sums):
     return loss_sum / count, correct / count
 
 
-def check_train_dir(cfg):
-    """Fail early, on every worker, if results cannot be written or resumed from."""
+def check_train_dir(cfg, joining=False):
+    """Fail early, on every worker, if results cannot be written or resumed from.
+
+    ``joining``: this process joins a job already under way (elastic Horovod), so
+    the run it finds in the directory is its own.
+    """
     d = cfg.train_dir
     if os.path.exists(d) and not os.path.isdir(d):
         raise UsageError(f"--train_dir {d} exists and is not a directory")
@@ -85,7 +96,7 @@ def check_train_dir(cfg):
         raise UsageError(f"--resume: no readable checkpoint directory at {ckpt}")
     if cfg.resume and not os.path.exists(os.path.join(ckpt, "checkpoint")):
         raise UsageError(f"--resume: no checkpoint saved yet in {ckpt}")
-    if not cfg.resume and os.path.exists(os.path.join(d, "metrics.jsonl")):
+    if not cfg.resume and not joining and os.path.exists(os.path.join(d, "metrics.jsonl")):
         raise UsageError(f"--train_dir {d} already holds a run (metrics.jsonl); "
                          f"use --resume to continue it or choose another directory")
 
@@ -201,6 +212,13 @@ class RunLog:
             self.metrics.header(cfg, backend.name, backend.mode, backend.world_size, backend.num_ps, plan,
                                 start_step=start_step, **(extra_header or {}))
 
+    @classmethod
+    def disabled(cls):
+        """A RunLog that records nothing (a process that is not rank 0)."""
+        log = cls.__new__(cls)
+        log.enabled = False
+        return log
+
     def step(self, step, loss, lr=None, samples_seen=None, **extra):
         if not self.enabled:
             return
@@ -210,20 +228,21 @@ class RunLog:
         self.tb.scalars(step, loss=loss, samples_per_sec=rate, learning_rate=lr)
         self.progress.update(step, loss=float(loss), **({"samples/s": rate} if rate else {}))
 
-    def eval(self, epoch, step, loss, accuracy):
+    def eval(self, epoch, step, loss, accuracy, **extra):
         if not self.enabled:
             return
         self.last_eval = (loss, accuracy)
-        self.metrics.eval(epoch, step, loss, accuracy, target=self.cfg.target_accuracy)
+        self.metrics.eval(epoch, step, loss, accuracy, target=self.cfg.target_accuracy, **extra)
         self.tb.scalars(step, test_loss=loss, test_accuracy=accuracy)
         self.progress.write(f"epoch {epoch}: step {step} test_loss={loss:.4f} test_accuracy={accuracy:.4f}")
 
-    def finish(self, steps, grad_bytes_per_step, status="ok", **extra):
+    def finish(self, steps, grad_bytes_per_step, status="ok", samples_seen=None, **extra):
         if not self.enabled:
             return None
         stats = self.meter.stats()
         loss, acc = self.last_eval
-        self.metrics.summary(status, steps, steps * self.plan.samples_per_update, stats, loss, acc,
+        samples = samples_seen if samples_seen is not None else steps * self.plan.samples_per_update
+        self.metrics.summary(status, steps, samples, stats, loss, acc,
                              grad_bytes_per_step, **extra)
         self.progress.close()
         from common.metrics import format_throughput

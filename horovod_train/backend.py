@@ -37,6 +37,11 @@ def add_horovod_args(parser):
     g.add_argument("--cycle_time_ms", type=float, default=None, help="HOROVOD_CYCLE_TIME")
     g.add_argument("--timeline", default=None, help="HOROVOD_TIMELINE file (written by rank 0's coordinator)")
     g.add_argument("--autotune", action="store_true", help="HOROVOD_AUTOTUNE=1")
+    g.add_argument("--elastic", action="store_true",
+                   help="elastic training under horovodrun --min-np/--max-np --host-discovery-script "
+                        "(horovod_train/elastic.py)")
+    g.add_argument("--commit_steps", type=int, default=10,
+                   help="--elastic: commit the state every N updates (a lost rank rolls back to the last commit)")
     return parser
 
 
@@ -44,6 +49,8 @@ def tuning_env(args):
     """Flags -> the environment variables Horovod reads at init (explicit env wins if flag unset)."""
     from common.errors import UsageError
     from common.config import check_finite
+    if args.commit_steps < 1:
+        raise UsageError(f"--commit_steps must be >= 1, got {args.commit_steps}")
     for name in ("fusion_threshold_mb", "cycle_time_ms"):
         value = getattr(args, name)
         if value is not None:
@@ -101,6 +108,12 @@ class HorovodBackend(Backend):
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, self.threads)))
         return self
 
+    def refresh(self):
+        """Re-read rank and size: an elastic job changes them on every reset."""
+        self.rank, self.world_size = self.hvd.rank(), self.hvd.size()
+        self.local_rank, self.local_size = self.hvd.local_rank(), self.hvd.local_size()
+        self.is_chief = self.rank == 0
+
     def plan(self, cfg, num_examples):
         """One step = one update averaging one batch from every rank."""
         return make_plan(cfg, num_examples, self.world_size, batches_per_update=self.world_size)
@@ -154,6 +167,29 @@ class HorovodBackend(Backend):
             ref = hvd_tf.broadcast(w, root_rank=0, name=f"hvdps.div.{i}")
             worst = max(worst, float(np.max(np.abs(w.numpy() - ref.numpy()))) if w.shape.num_elements() else 0.0)
         return float(self.allreduce(worst, "divergence", op="max"))
+
+
+def elastic_job_id():
+    """The rendezvous of the horovodrun invocation this process belongs to (None outside elastic runs)."""
+    addr, port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"), os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    return f"{addr}:{port}" if addr and port else None
+
+
+def joining_elastic_job(train_dir):
+    """True if ``train_dir`` already belongs to the elastic job this process joins."""
+    job = elastic_job_id()
+    try:
+        return job is not None and open(os.path.join(train_dir, "elastic_job")).read().strip() == job
+    except OSError:
+        return False
+
+
+def mark_elastic_job(train_dir):
+    job = elastic_job_id()
+    if job:
+        os.makedirs(train_dir, exist_ok=True)
+        with open(os.path.join(train_dir, "elastic_job"), "w") as f:
+            f.write(job + "\n")
 
 
 def create_slots(model, optimizer):

@@ -23,10 +23,11 @@ from common.config import build_parser, from_args
 from common.data import load_arrays, make_dataset
 from common.errors import UsageError, cli
 from common.models import build_model, gradient_bytes, loss_fn, make_optimizer
-from common.training import (RunLog, check_resume_compatible, check_train_dir, eval_sums,
+from common.training import (RunLog, check_resume_compatible, check_train_dir, checkpoint_interval, eval_sums,
                              finish_eval, make_lr_schedule, save_weights_npz)
 from horovod_train.backend import (HorovodBackend, add_horovod_args, check_alive, create_slots,
-                                   launcher_rank, tuning_env)
+                                   joining_elastic_job, launcher_rank, mark_elastic_job, tuning_env)
+from horovod_train.elastic import train_elastic
 
 
 @cli
@@ -36,7 +37,7 @@ def main(argv=None):
     parser = add_horovod_args(build_parser(__doc__.splitlines()[0], prog="horovod_train/main.py"))
     args = parser.parse_args(argv)
     cfg = from_args(args)
-    check_train_dir(cfg)                         # every rank fails the same way, before joining
+    check_train_dir(cfg, joining=args.elastic and joining_elastic_job(cfg.train_dir))  # every rank, before joining
     if cfg.resume:
         check_resume_compatible(cfg, cfg.train_dir)
     num_train = len(load_arrays(cfg)[0])
@@ -44,6 +45,11 @@ def main(argv=None):
     # Horovod: initialize, pin one GPU per process or split CPU cores between local ranks.
     backend = HorovodBackend(fp16_allreduce=args.fp16_allreduce, env=tuning_env(args)).setup(cfg)
     import tensorflow as tf
+    if args.elastic:                             # Horovod: the world may shrink and grow (elastic.py)
+        if backend.is_chief:
+            mark_elastic_job(cfg.train_dir)
+        model, criterion = build_model(cfg), loss_fn()
+        return train_elastic(cfg, args, backend, model, make_optimizer(cfg, cfg.learning_rate), criterion, num_train)
 
     # Horovod: each rank runs 1/size of the steps an epoch takes, on its own shard.
     plan = backend.plan(cfg, num_train)
@@ -72,6 +78,7 @@ def main(argv=None):
                  extra_header={"loop": args.loop, "fp16_allreduce": args.fp16_allreduce,
                                "threads_per_worker": backend.threads})
     criterion = loss_fn()
+    checkpoint_every = checkpoint_interval(cfg, plan)
 
     def end_of_step(step, losses):
         if step % cfg.log_every == 0 or step == plan.total_updates:
@@ -84,9 +91,9 @@ def main(argv=None):
             if cfg.eval_every_epoch or step == plan.total_updates:
                 # Horovod: each rank scores its slice of the test set; the sums are all-reduced.
                 log.eval(epoch, step, *finish_eval(backend.allreduce(eval_sums(model, test_ds), "eval", op="sum")))
-            if backend.is_chief and (cfg.checkpoint_every_epoch or step == plan.total_updates):
-                step_var.assign(step)            # Horovod: only rank 0 writes checkpoints
-                manager.save(checkpoint_number=step)
+        if backend.is_chief and (step % checkpoint_every == 0 or step == plan.total_updates):
+            step_var.assign(step)                # Horovod: only rank 0 writes checkpoints
+            manager.save(checkpoint_number=step)
 
     if args.loop == "fit":
         run_fit(backend, model, optimizer, criterion, train_ds, start_step, plan.total_updates, end_of_step)
@@ -109,7 +116,7 @@ def restore(cfg, ckpt, manager, step_var):
     import tensorflow as tf
     try:
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-    except (tf.errors.OpError, ValueError, AssertionError) as exc:
+    except (tf.errors.OpError, ValueError, AssertionError, IndexError) as exc:   # TF raises all four
         raise UsageError(f"--resume: cannot restore {manager.latest_checkpoint}: "
                          f"{str(exc).splitlines()[0]}")
     return int(step_var.numpy())

@@ -1,11 +1,15 @@
 """Start a whole parameter-server cluster on this machine, for development and tests.
 
     python -m ps_train.launch --num_ps 2 --num_workers 2 [--sync] [trainer flags...]
+    python -m ps_train.launch --max_restarts 3 --checkpoint_steps 100 [...]   # recover by itself
 
-Every role gets a free localhost port; each role's output lines are prefixed
-with its name (``[ps:0]``, ``[worker:1]``); the exit code is the chief's. On
-exit, Ctrl-C, SIGTERM, or a role failing, every process is torn down: the
-children also die with the launcher (PDEATHSIG), so nothing is orphaned.
+Every role gets a free port on --host (loopback by default, and each task
+listens there only); each role's output lines are prefixed with its name
+(``[ps:0]``, ``[worker:1]``); the exit code is the chief's. On exit, Ctrl-C,
+SIGTERM, or a role failing, every process is torn down: the children also die
+with the launcher (PDEATHSIG), so nothing is orphaned. With --max_restarts, a
+failed job is started again from its latest checkpoint, as a TFJob's OnFailure
+restart policy would, and launch.json records what each restart lost.
 """
 import ctypes
 import json
@@ -188,14 +192,19 @@ def make_parser():
     g.add_argument("--pin_workers", action="store_true",
                    help="pin worker i to core i (equal core budget per worker, for scaling benchmarks)")
     g.add_argument("--timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
+    g.add_argument("--max_restarts", type=int, default=0,
+                   help="when the job fails (a PS or the chief lost, a sync worker gone), restart every role "
+                        "from the latest checkpoint up to this many times (see --checkpoint_steps)")
     return p
 
 
-LAUNCHER_FLAGS = ("num_ps", "num_workers", "host", "pin_workers", "timeout")
+LAUNCHER_FLAGS = ("num_ps", "num_workers", "host", "pin_workers", "timeout", "max_restarts")
 
 
 def parse_args(argv):
+    """(launcher + trainer args, the parser): the trainer flags validated once, here."""
     from common.config import check_finite, from_args
+    from ps_train.cluster import check_ps_flags
     p = make_parser()
     args = p.parse_args(argv)
     for name in CHOSEN_BY_LAUNCHER:
@@ -205,22 +214,20 @@ def parse_args(argv):
         raise UsageError("TF_CONFIG is set: the launcher chooses the cluster itself; unset it")
     if args.num_ps < 1 or args.num_workers < 1:
         raise UsageError("--num_ps and --num_workers must be at least 1")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max_restarts must be >= 0, got {args.max_restarts}")
     check_finite("timeout", args.timeout)
     if args.timeout < 0:
         raise UsageError(f"--timeout must be >= 0, got {args.timeout}")
-    from_args(args)                  # the training flags, validated once here rather than N times
-    from ps_train.cluster import check_ps_flags
+    from_args(args)
     check_ps_flags(args)
-    trainer_argv = argv_of(args, p, skip=LAUNCHER_FLAGS)
-    return args, trainer_argv
+    return args, p
 
 
-@cli
-def main(argv=None):
-    args, trainer_argv = parse_args(sys.argv[1:] if argv is None else argv)
+def run_once(args, trainer_argv):
+    """One cluster from start to end: (exit code, what ended it, CPU seconds per role, pids)."""
     cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host, pin=args.pin_workers),
                       trainer_argv, env=child_env())
-    code, ended_by = 1, "?"
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def on_signal(signum, frame):
@@ -239,10 +246,69 @@ def main(argv=None):
         for s, h in previous.items():
             signal.signal(s, h)
     cluster.say("cpu seconds: " + ", ".join(f"{n} {c:.1f}" for n, c in sorted(cluster.cpu.items())))
+    return code, ended_by, cluster
+
+
+def checkpoint_step(train_dir):
+    """Global step of the latest checkpoint, from TensorFlow's 'checkpoint' index (no TF import)."""
+    try:
+        text = open(os.path.join(train_dir, "checkpoints", "checkpoint")).read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("model_checkpoint_path:"):
+            tail = line.split(":", 1)[1].strip().strip('"').rsplit("-", 1)[-1]
+            return int(tail) if tail.isdigit() else None
+    return None
+
+
+def last_logged_step(train_dir):
+    from common.metrics import read_records
+    path = os.path.join(train_dir, "metrics.jsonl")
+    steps = [r["global_step"] for r in read_records(path) if r["type"] == "step"] if os.path.exists(path) else []
+    return steps[-1] if steps else 0
+
+
+def exact_resume_points(train_dir, restarts):
+    """Where each restart really resumed: the restarted chief's header says (async, the checkpoint's
+    name can trail the global step it holds by an update that was in flight)."""
+    from common.metrics import read_records
+    path = os.path.join(train_dir, "metrics.jsonl")
+    headers = [r for r in read_records(path) if r["type"] == "header"] if os.path.exists(path) else []
+    if len(headers) <= len(restarts):
+        return                          # a restart that died before writing its header: keep the estimate
+    for restart, header in zip(restarts, headers[len(headers) - len(restarts):]):
+        restart["resumed_from"] = header.get("start_step", restart["resumed_from"])
+        restart["lost_updates"] = max(0, restart["last_logged_update"] - restart["resumed_from"])
+
+
+@cli
+def main(argv=None):
+    args, parser = parse_args(sys.argv[1:] if argv is None else argv)
+    restarts = []
+    while True:
+        code, ended_by, cluster = run_once(args, argv_of(args, parser, skip=LAUNCHER_FLAGS))
+        # Restart like a TFJob's OnFailure policy: not after success, a usage error or Ctrl-C.
+        if code in (0, 2, 130) or len(restarts) >= args.max_restarts:
+            break
+        resumed_from = checkpoint_step(args.train_dir)
+        if resumed_from is None:
+            cluster.say(f"{ended_by}; no checkpoint in {args.train_dir} to restart from")
+            break
+        last = last_logged_step(args.train_dir)
+        lost = max(0, last - resumed_from)
+        restarts.append({"after": ended_by, "exit_code": code, "resumed_from": resumed_from,
+                         "last_logged_update": last, "lost_updates": lost})
+        cluster.say(f"restart {len(restarts)}/{args.max_restarts} after {ended_by}: resuming from the checkpoint "
+                    f"at update {resumed_from}; {lost} logged update(s) since then are lost")
+        args.resume = True
+    exact_resume_points(args.train_dir, restarts)
     if os.path.isdir(args.train_dir):   # the PS tasks' cost belongs in the results too
-        with open(os.path.join(args.train_dir, "launch.json"), "w") as f:
+        path = os.path.join(args.train_dir, "launch.json")
+        with open(path + ".tmp", "w") as f:
             json.dump({"cpu_seconds": cluster.cpu, "exit_code": code, "ended_by": ended_by,
-                       "pids": cluster.pids()}, f, indent=2)
+                       "restarts": restarts, "pids": cluster.pids()}, f, indent=2)
+        os.replace(path + ".tmp", path)
     cluster.say(f"exit code {code} ({ended_by})")
     return code
 

@@ -33,7 +33,8 @@ from common.data import load_arrays
 from common.errors import RunError, UsageError, cli
 from common.hosts import parse_address
 from common.models import gradient_bytes
-from common.training import RunLog, Watchdog, check_resume_compatible, check_train_dir, save_weights_npz
+from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir, checkpoint_interval,
+                             save_weights_npz)
 from ps_train import stop
 from ps_train.backend import PSBackend, describe_placement
 from ps_train.chief import WorkerTracker, evaluate
@@ -140,7 +141,7 @@ def open_session(cfg, backend, plan, graph):
     if backend.sync:                             # PS: chief runs the token queue; no spare tokens
         hooks.append(graph.optimizer.make_session_run_hook(
             backend.is_chief, num_tokens=max(0, backend.replicas_to_aggregate - plan.workers)))
-    every = plan.updates_per_epoch if cfg.checkpoint_every_epoch else plan.total_updates
+    every = checkpoint_interval(cfg, plan)
     return tf.compat.v1.train.MonitoredTrainingSession(
         master=backend.server.target, is_chief=backend.is_chief, hooks=hooks,
         scaffold=tf.compat.v1.train.Scaffold(saver=graph.saver),
@@ -213,7 +214,7 @@ def resume_point(cfg, plan):
         reader = tf.train.load_checkpoint(path) if path else None
         for name in (reader.get_variable_to_shape_map() if reader else {}):
             reader.get_tensor(name)          # every tensor readable: a truncated file fails here
-    except (tf.errors.OpError, ValueError) as exc:
+    except (tf.errors.OpError, ValueError, IndexError) as exc:   # a truncated file: IndexError
         raise UsageError(f"--resume: cannot restore {path}: {str(exc).splitlines()[0]}")
     if update is None:
         raise UsageError(f"--resume: no checkpoint in {ckpt_dir} (the 'checkpoint' index names none "
