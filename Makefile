@@ -19,7 +19,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 setup: $(STAMP)
 
-$(STAMP): setup.py Makefile ps_train/native/bind_to.c
+$(STAMP): setup.py Makefile common/native/bind_to.c
 	@command -v mpirun >/dev/null && [ -e /usr/include/x86_64-linux-gnu/openmpi/include/mpi.h -o -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
 	  || { echo "== installing Open MPI from Debian"; \
 	       $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
@@ -35,8 +35,8 @@ $(STAMP): setup.py Makefile ps_train/native/bind_to.c
 	  $(BIN)/pip install -q --no-build-isolation --no-cache-dir "$(HVD_PIN)"; }
 	@echo "== installing hvdps and test tools"
 	@$(BIN)/pip install -q -e ".[test]"
-	@echo "== building the PS bind shim (gRPC servers listen on their own address only)"
-	@cc -shared -fPIC -O2 -Wall -o ps_train/native/libhvdps_bind.so ps_train/native/bind_to.c -ldl
+	@echo "== building the bind shim (local servers listen on loopback / their own address only)"
+	@cc -shared -fPIC -O2 -Wall -o common/native/libhvdps_bind.so common/native/bind_to.c -ldl
 	@echo "== verifying horovodrun --check-build"
 	@$(BIN)/horovodrun --check-build > $(VENV)/check-build.txt 2>&1 || { cat $(VENV)/check-build.txt; echo "error: horovodrun --check-build failed"; exit 1; }
 	@for want in TensorFlow MPI Gloo; do \

@@ -43,7 +43,8 @@ def command(backend, mode, workers, num_ps, model, out, batch=None, steps=None, 
              "--synthetic_samples", "512", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
              "--train_dir", out]
     options = {"mpi_yield": mpi_yield} if backend == "horovod" else {}
-    return get_launcher(backend, **options).command(workers, flags, mode=mode, num_ps=num_ps, pin_cores=True)
+    launcher = get_launcher(backend, **options)
+    return launcher.command(workers, flags, mode=mode, num_ps=num_ps, pin_cores=True), launcher.env()
 
 
 def main():
@@ -67,9 +68,10 @@ def main():
                 for num_ps in ([int(x) for x in args.num_ps.split(",")] if backend == "ps" else [0]):
                     for workers in (1, 2):
                         out = os.path.join(tmp, f"{model}-{backend}-{mode}-ps{num_ps}-w{workers}")
-                        argv = command(backend, mode or "sync", workers, num_ps, model, out, args.batch,
+                        argv, extra_env = command(backend, mode or "sync", workers, num_ps, model, out, args.batch,
                                        args.steps, args.warmup, args.mpi_yield)
-                        p = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=1800)
+                        p = subprocess.run(argv, capture_output=True, text=True, env={**env, **extra_env}, cwd=REPO,
+                                           timeout=1800)
                         row = {"model": model, "backend": backend, "mode": mode or "sync", "num_ps": num_ps,
                                "workers": workers, "command": shlex.join(argv).replace(tmp, "$OUT"),
                                "ok": p.returncode == 0}

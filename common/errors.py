@@ -20,6 +20,21 @@ class RunError(Exception):
     """The run itself failed (lost peer, timeout): not a usage problem."""
 
 
+def describe(exc):
+    """One readable line for an exception, TensorFlow's included.
+
+    TF messages carry a function-node prefix, a temporary file name and an op
+    tag around the cause: '{{function_node ...}} /x/tmp123; No space left on
+    device [Op:SaveV2]' -> 'No space left on device'.
+    """
+    import re
+    text = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    text = text.strip().splitlines()[0]
+    text = re.sub(r"^\{\{[^}]*\}\}\s*", "", text)
+    text = re.sub(r"\s*\[Op:[^\]]*\]$", "", text)
+    return text.rsplit("; ", 1)[-1].strip() or type(exc).__name__
+
+
 def fail(message, code=EXIT_USAGE, quiet=False, hard_exit=False):
     if not quiet:
         print(f"error: {message}", file=sys.stderr, flush=True)

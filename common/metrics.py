@@ -104,8 +104,12 @@ class MetricsWriter:
 
     def _write(self, record):
         if self._f:
-            self._f.write(json.dumps(record, sort_keys=True, default=_plain) + "\n")
-            self._f.flush()
+            try:
+                self._f.write(json.dumps(record, sort_keys=True, default=_plain) + "\n")
+                self._f.flush()
+            except OSError as exc:          # a full disk: one line, and the records before stay whole
+                from common.errors import RunError
+                raise RunError(f"cannot write {self.path}: {exc.strerror}")
 
     def header(self, cfg, backend, mode, world_size, num_ps, plan, **extra):
         """``global_batch_size`` is what one update of the weights averages: b x n for

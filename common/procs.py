@@ -3,14 +3,19 @@
 TensorFlow waits forever for a task that never comes up, and Open MPI refuses
 to start as root; both are turned here into bounded, explained behaviour.
 """
+import hashlib
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import time
 
 from common.errors import RunError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIM_SOURCE = os.path.join(REPO, "common", "native", "bind_to.c")
+SHIM_BUILT = os.path.join(REPO, "common", "native", "libhvdps_bind.so")   # made by `make setup`
 
 
 def split_address(addr):
@@ -66,3 +71,38 @@ def child_env(base=None, **extra):
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def shim_library():
+    """Path of the compiled shim: the one `make setup` built, else one compiled now into
+    the user's cache (needs a C compiler); None if neither is possible."""
+    if os.path.exists(SHIM_BUILT):
+        return SHIM_BUILT
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc or not os.path.exists(SHIM_SOURCE):
+        return None
+    digest = hashlib.sha256(open(SHIM_SOURCE, "rb").read()).hexdigest()[:12]
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hvdps")
+    path = os.path.join(cache, f"libhvdps_bind-{digest}.so")
+    if not os.path.exists(path):
+        os.makedirs(cache, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        if subprocess.call([cc, "-shared", "-fPIC", "-O2", "-o", tmp, SHIM_SOURCE, "-ldl"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) != 0:
+            return None
+        os.replace(tmp, path)
+    return path
+
+
+def loopback_only_env():
+    """Environment that keeps every listening socket of a process tree on loopback.
+
+    For the local runs this project starts itself (mpirun's PMIx tool listener,
+    for one, binds every interface whatever its interface settings say).
+    Empty when the shim cannot be had (then the README's caveat applies).
+    """
+    lib = shim_library()
+    if lib is None:
+        return {}
+    preload = " ".join(p for p in (lib, os.environ.get("LD_PRELOAD", "")) if p)
+    return {"LD_PRELOAD": preload, "HVDPS_BIND_ADDR": "127.0.0.1", "HVDPS_BIND_PORT": "any"}

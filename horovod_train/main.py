@@ -21,7 +21,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 
 from common.config import build_parser, from_args
 from common.data import load_arrays, make_dataset
-from common.errors import UsageError, cli
+from common.errors import RunError, UsageError, cli, describe
 from common.models import build_model, gradient_bytes, loss_fn, make_optimizer
 from common.training import (RunLog, check_resume_compatible, check_train_dir, checkpoint_interval, eval_sums,
                              finish_eval, make_lr_schedule, save_weights_npz)
@@ -93,7 +93,7 @@ def main(argv=None):
                 log.eval(epoch, step, *finish_eval(backend.allreduce(eval_sums(model, test_ds), "eval", op="sum")))
         if backend.is_chief and (step % checkpoint_every == 0 or step == plan.total_updates):
             step_var.assign(step)                # Horovod: only rank 0 writes checkpoints
-            manager.save(checkpoint_number=step)
+            save_checkpoint(manager, step)
 
     if args.loop == "fit":
         run_fit(backend, model, optimizer, criterion, train_ds, start_step, plan.total_updates, end_of_step)
@@ -120,6 +120,16 @@ def restore(cfg, ckpt, manager, step_var):
         raise UsageError(f"--resume: cannot restore {manager.latest_checkpoint}: "
                          f"{str(exc).splitlines()[0]}")
     return int(step_var.numpy())
+
+
+def save_checkpoint(manager, step):
+    """A full disk or a vanished directory ends the run with one line; TensorFlow writes to a
+    temporary name first, so the checkpoints already there stay intact."""
+    import tensorflow as tf
+    try:
+        manager.save(checkpoint_number=step)
+    except (OSError, tf.errors.OpError) as exc:
+        raise RunError(f"cannot write a checkpoint to {manager.directory}: {describe(exc)}")
 
 
 def run_custom(backend, model, optimizer, criterion, train_ds, start_step, end_of_step):

@@ -48,7 +48,7 @@ def plan_runs(args, trainer_args, cores):
             cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=args.num_ps)
             procs = n + servers
             runs.append({"name": name, "backend": backend, "mode": mode, "workers": n, "run_dir": run_dir,
-                         "cmd": cmd, "oversubscribed": procs > cores})
+                         "cmd": cmd, "env": launcher.env(), "oversubscribed": procs > cores})
     return runs
 
 
@@ -75,7 +75,7 @@ def execute(runs, timeout, progress=True):
         log_path = run["run_dir"] + ".log"
         started = time.monotonic()
         with open(log_path, "w") as log:
-            p = subprocess.Popen(run["cmd"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=repo,
+            p = subprocess.Popen(run["cmd"], stdout=log, stderr=subprocess.STDOUT, env={**env, **run["env"]}, cwd=repo,
                                  start_new_session=True)
             code = _wait(p, run, timeout, bar)
         run.update(returncode=code, seconds=time.monotonic() - started, log=log_path)

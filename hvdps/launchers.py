@@ -10,10 +10,11 @@ import shutil
 import sys
 
 from common.errors import UsageError
-from common.procs import REPO
+from common.procs import REPO, loopback_only_env
 
 # Local Horovod runs: ranks talk over shared memory, Open MPI's out-of-band
-# channel over loopback only, so nothing the job starts is reachable from outside.
+# channel over loopback only; mpirun's PMIx tool listener ignores every
+# interface setting, so the bind shim (HorovodLauncher.env) keeps it on loopback.
 LOCAL_MPI_FLAGS = ("--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo")
 
 
@@ -24,6 +25,10 @@ class Launcher:
     def server_tasks(self, num_ps):
         """Processes a job starts besides its workers (parameter servers); 0 for all-reduce."""
         return 0
+
+    def env(self):
+        """Extra environment the command needs (on top of common.procs.child_env)."""
+        return {}
 
     def command(self, workers, trainer_argv, mode=None, num_ps=1, pin_cores=False, python=sys.executable):
         """argv that starts ``workers`` training processes with ``trainer_argv``.
@@ -39,6 +44,9 @@ class HorovodLauncher(Launcher):
 
     def __init__(self, mpi_yield=False):
         self.mpi_yield = mpi_yield
+
+    def env(self):
+        return loopback_only_env()
 
     def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable):
         main = os.path.join(REPO, "horovod_train", "main.py")

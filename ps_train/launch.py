@@ -39,10 +39,14 @@ def _die_with_parent():
         pass
 
 
-def _pump(name, stream, out, lock):
+def _pump(name, stream, out, lock, errors):
+    """Copy one role's output with its name in front; remember its first 'error:' line."""
     for line in iter(stream.readline, b""):
+        text = line.decode(errors="replace")
+        if text.startswith("error:"):
+            errors.setdefault(name, text.strip())
         with lock:
-            out.write(f"[{name}] {line.decode(errors='replace')}")
+            out.write(f"[{name}] {text}")
             out.flush()
     stream.close()
 
@@ -59,6 +63,7 @@ class Cluster:
         self.procs = {}
         self.threads = []
         self.cpu = {}
+        self.errors = {}              # role -> its first 'error:' line
 
     def start(self):
         for name, argv, extra_env in self.tasks:
@@ -72,7 +77,8 @@ class Cluster:
             p = subprocess.Popen(argv + self.trainer_args, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, env=env, preexec_fn=prepare)
             self.procs[name] = p
-            t = threading.Thread(target=_pump, args=(name, p.stdout, self.out, self.lock), daemon=True)
+            t = threading.Thread(target=_pump, args=(name, p.stdout, self.out, self.lock, self.errors),
+                                 daemon=True)
             t.start()
             self.threads.append(t)
 
@@ -139,7 +145,7 @@ def describe_exit(name, rc):
 def supervise(cluster, sync, timeout=None):
     """Wait for the chief (worker:0); decide what other roles' deaths mean.
 
-    Returns (exit code, what ended the job).
+    Returns (exit code, what ended the job, the role that ended it).
     """
     chief = cluster.procs["worker:0"]
     started = time.monotonic()
@@ -160,11 +166,11 @@ def supervise(cluster, sync, timeout=None):
             if name.startswith("ps:") or (rc != 0 and sync):
                 why = "a PS is gone" if name.startswith("ps:") else "sync training needs every worker"
                 cluster.say(f"{describe_exit(name, rc)}; {why}: stopping the cluster")
-                return (rc if rc and rc > 0 else 1), describe_exit(name, rc)
+                return (rc if rc and rc > 0 else 1), describe_exit(name, rc), name
             cluster.say(describe_exit(name, rc) + ("; async training continues without it" if rc else ""))
         if timeout and time.monotonic() - started > timeout:
             cluster.say(f"timed out after {timeout:.0f}s: stopping the cluster")
-            return 124, "timeout"
+            return 124, "timeout", None
         time.sleep(0.1)
     # Chief finished: the PS tasks were told to exit, other workers stop at the same global step.
     # A failed chief gets no grace: nothing useful can happen after it.
@@ -175,7 +181,7 @@ def supervise(cluster, sync, timeout=None):
     for name, p in cluster.procs.items():
         if p.poll() is None:
             cluster.say(f"{name} still running after the chief finished: stopping it")
-    return (code if code >= 0 else 1), describe_exit("worker:0 (chief)", code)
+    return (code if code >= 0 else 1), describe_exit("worker:0 (chief)", code), "worker:0"
 
 
 def make_parser():
@@ -225,7 +231,7 @@ def parse_args(argv):
 
 
 def run_once(args, trainer_argv):
-    """One cluster from start to end: (exit code, what ended it, CPU seconds per role, pids)."""
+    """One cluster from start to end: (exit code, what ended it, the Cluster)."""
     cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host, pin=args.pin_workers),
                       trainer_argv, env=child_env())
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -237,15 +243,16 @@ def run_once(args, trainer_argv):
     try:
         cluster.start()
         cluster.say("started " + ", ".join(f"{n} (pid {pid})" for n, pid in cluster.pids().items()))
-        code, ended_by = supervise(cluster, args.sync, args.timeout or None)
+        code, ended_by, role = supervise(cluster, args.sync, args.timeout or None)
     except KeyboardInterrupt:
         cluster.say("interrupted: stopping the cluster")
-        code, ended_by = 130, "interrupted"
+        code, ended_by, role = 130, "interrupted", None
     finally:
         cluster.stop()
         for s, h in previous.items():
             signal.signal(s, h)
     cluster.say("cpu seconds: " + ", ".join(f"{n} {c:.1f}" for n, c in sorted(cluster.cpu.items())))
+    cluster.ended_by_role = role
     return code, ended_by, cluster
 
 
@@ -309,7 +316,9 @@ def main(argv=None):
             json.dump({"cpu_seconds": cluster.cpu, "exit_code": code, "ended_by": ended_by,
                        "restarts": restarts, "pids": cluster.pids()}, f, indent=2)
         os.replace(path + ".tmp", path)
-    cluster.say(f"exit code {code} ({ended_by})")
+    # The one line a user reads last: what ended the job and, if a role said why, its own words.
+    why = cluster.errors.get(cluster.ended_by_role) if code not in (0, 130) else None
+    cluster.say(f"exit code {code} ({ended_by})" + (f": {why}" if why else ""))
     return code
 
 

@@ -5,7 +5,7 @@ can read or overwrite the model) and its server always binds every interface.
 hvdps binds the task's own address instead: loopback for local runs, the
 configured address on a cluster. TensorFlow offers no option for that, so the
 task re-executes itself once with a tiny preloaded library
-(ps_train/native/bind_to.c) that turns that one wildcard bind() into a bind()
+(common/native/bind_to.c) that turns that one wildcard bind() into a bind()
 to the chosen address.
 
 ``--bind auto`` (default): the address the cluster gives this task, if it is
@@ -13,19 +13,14 @@ an address of this machine; otherwise (a Kubernetes service name, say, which
 resolves to a virtual IP) every interface, said in one line. ``--bind ADDR``
 forces one; ``--bind 0.0.0.0`` (or ``::``) asks for every interface.
 """
-import hashlib
 import ipaddress
 import os
-import shutil
 import socket
-import subprocess
 import sys
 
 from common.errors import UsageError
+from common.procs import shim_library
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join(HERE, "native", "bind_to.c")
-BUILT = os.path.join(HERE, "native", "libhvdps_bind.so")   # made by `make setup`
 WILDCARDS = ("0.0.0.0", "::", "*")
 
 
@@ -63,27 +58,6 @@ def bindable(ip):
         return True
     except OSError:
         return False
-
-
-def shim_library():
-    """Path of the compiled shim: the one `make setup` built, else one compiled now into
-    the user's cache (needs a C compiler); None if neither is possible."""
-    if os.path.exists(BUILT):
-        return BUILT
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc or not os.path.exists(SOURCE):
-        return None
-    digest = hashlib.sha256(open(SOURCE, "rb").read()).hexdigest()[:12]
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hvdps")
-    path = os.path.join(cache, f"libhvdps_bind-{digest}.so")
-    if not os.path.exists(path):
-        os.makedirs(cache, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        if subprocess.call([cc, "-shared", "-fPIC", "-O2", "-o", tmp, SOURCE, "-ldl"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) != 0:
-            return None
-        os.replace(tmp, path)
-    return path
 
 
 def restrict_listening(address, port, who):

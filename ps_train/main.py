@@ -30,7 +30,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 
 from common.config import build_parser, from_args
 from common.data import load_arrays
-from common.errors import RunError, UsageError, cli
+from common.errors import RunError, UsageError, cli, describe
 from common.hosts import parse_address
 from common.models import gradient_bytes
 from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir, checkpoint_interval,
@@ -122,6 +122,10 @@ def train(cfg, backend, plan, graph, log):
                     raise RunError((chief.blocked() if chief else None) or
                                    f"{backend.job}:{backend.index}: no update for {backend.step_timeout:.0f}s "
                                    f"({backend.mode} mode): a worker or PS was lost")
+                except tf.errors.OutOfRangeError:
+                    break                        # this worker's data stream is used up: its part is done
+                except (tf.errors.OpError, OSError) as exc:   # a full disk under the checkpoint hook, ...
+                    raise RunError(f"{backend.job}:{backend.index}: {describe(exc)}")
                 dog.kick()
                 if chief:
                     chief.after_step(update, loss)

@@ -35,6 +35,24 @@ def run(argv, timeout=300, **kw):
     return subprocess.CompletedProcess(argv, p.returncode, out, err)
 
 
+def descendants(root):
+    """PIDs of every process below ``root`` (launchers put workers in groups of their own)."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def py(*args, **kw):
     return run([sys.executable, *args], **kw)
 

@@ -10,7 +10,7 @@ import pytest
 
 from common.metrics import load_run
 from common.training import load_weights_npz
-from tests.conftest import BIN, REPO, env, run
+from tests.conftest import BIN, REPO, descendants, env, run
 
 MAIN = os.path.join(REPO, "horovod_train", "main.py")
 FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5"]
@@ -217,7 +217,7 @@ def test_killed_rank_fails_job_promptly(tmp_path, controller):
 
 def _rank_pid(root, rank):
     """PID of the training process whose launcher-given rank is ``rank`` (searching root's tree)."""
-    for pid in _descendants(root):
+    for pid in descendants(root):
         try:
             environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
@@ -231,19 +231,28 @@ def _rank_pid(root, rank):
     return None
 
 
-def _descendants(root):
-    children = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        for c in children.get(pid, []):
-            out.append(c)
-            todo.append(c)
-    return out
+
+
+def test_full_disk_is_one_line_and_keeps_earlier_checkpoints(tmp_path):
+    """ENOSPC in the middle of a run: one error line, exit 1, the checkpoints already there readable."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs to mount a small tmpfs (root)")
+    try:
+        out = disk / "run"
+        r = run([sys.executable, MAIN, "--epochs", "200", "--batch_size", "32", "--checkpoint_steps", "10",
+                 "--hidden_units", "300", "--train_dir", str(out)], timeout=240)
+        assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
+        errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert errors == [f"error: cannot write a checkpoint to {out / 'checkpoints'}: No space left on device"], \
+            r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
+        import tensorflow as tf
+        latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
+        assert latest and tf.train.load_checkpoint(latest).get_variable_to_shape_map()
+        read_records = __import__("common.metrics", fromlist=["x"]).read_records
+        assert read_records(str(out / "metrics.jsonl"))[0]["type"] == "header"
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -117,3 +117,13 @@ def test_shipped_hostfile_accepted_by_horovodrun(name, tmp_path):
     r = run([os.path.join(BIN, "hvdps-hosts"), path, "--format", "mpi-hostfile"], timeout=60)
     out.write_text(r.stdout)
     assert parse_host_files(str(out)) == parse_host_files(path)
+
+
+def test_discovery_script_prints_what_horovod_parses(tmp_path):
+    from horovod.runner.common.util.hosts import parse_hosts
+    script = os.path.join(HF, "discover_hosts.sh")
+    r = run([script], timeout=30)
+    assert r.returncode == 0 and [h.hostname for h in parse_hosts(",".join(r.stdout.split()))] == ["localhost"]
+    (tmp_path / "h").write_text("node1:4\nnode2:2\n")
+    r = run([script], env=dict(os.environ, HVDPS_HOSTS_FILE=str(tmp_path / "h")), timeout=30)
+    assert [(h.hostname, h.slots) for h in parse_hosts(",".join(r.stdout.split()))] == [("node1", 4), ("node2", 2)]

@@ -174,6 +174,16 @@ def test_prefixes_and_chief_exit_code(tmp_path):
     assert "[launch] exit code 0 (worker:0 (chief) exited with code 0)" in r.stdout
 
 
+def test_closing_line_says_why(tmp_path):
+    """The last line names what ended the job and repeats the failing role's own error."""
+    r = py("-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "2", "--resume",
+           "--train_dir", str(tmp_path / "none"), timeout=180)
+    assert r.returncode == 2
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("[launch] exit code 2 (worker:0 (chief) exited with code 2): error: --resume: "
+                           "no readable checkpoint directory"), last
+
+
 @pytest.mark.parametrize("args, message", [
     (["--num_workers", "0"], "error: --num_ps and --num_workers must be at least 1"),
     (["--job_name", "ps"], "error: --job_name is chosen by the launcher"),

@@ -114,6 +114,15 @@ def _finish(procs, timeout):
     return outs
 
 
+def _wait_for_steps(run_dir, count, timeout=120):
+    """Until the chief has logged ``count`` step records (training is really under way)."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count('"step"') < count):
+        time.sleep(0.5)
+    assert metrics.exists(), "training never started"
+
+
 def _cluster(num_ps=1, num_workers=2):
     ports = free_ports(num_ps + num_workers)
     return {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
@@ -133,12 +142,8 @@ def test_per_role_launch_every_role_exits_zero(tmp_path, tf_config):
 def test_async_survives_a_killed_worker(tmp_path):
     cluster = _cluster()
     procs = _per_role(tmp_path, cluster, "--async", extra=["--epochs", "30", "--batch_size", "8"])
-    metrics = tmp_path / "run" / "metrics.jsonl"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count('"step"') < 3):
-            time.sleep(0.5)
-        assert metrics.exists(), "training never started"
+        _wait_for_steps(tmp_path / "run", 3)
         os.kill(procs["worker:1"].pid, signal.SIGKILL)
     finally:
         outs = _finish(procs, 300)
@@ -154,12 +159,8 @@ def test_sync_lost_worker_fails_clearly(tmp_path):
     cluster = _cluster()
     procs = _per_role(tmp_path, cluster, "--sync",
                       extra=["--epochs", "30", "--batch_size", "8", "--step_timeout", "15"])
-    metrics = tmp_path / "run" / "metrics.jsonl"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count('"step"') < 2):
-            time.sleep(0.5)
-        assert metrics.exists(), "training never started"
+        _wait_for_steps(tmp_path / "run", 2)
         os.kill(procs["worker:1"].pid, signal.SIGKILL)
         t0 = time.monotonic()
         procs["worker:0"].wait(timeout=90)
@@ -259,12 +260,8 @@ def test_moved_run_directory_resumes_from_its_own_checkpoint(tmp_path):
 def test_killed_ps_ends_every_worker_promptly(tmp_path, mode):
     cluster = _cluster()
     procs = _per_role(tmp_path, cluster, mode, extra=["--epochs", "30", "--batch_size", "8"])
-    metrics = tmp_path / "run" / "metrics.jsonl"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count('"step"') < 2):
-            time.sleep(0.5)
-        assert metrics.exists(), "training never started"
+        _wait_for_steps(tmp_path / "run", 2)
         os.kill(procs["ps:0"].pid, signal.SIGKILL)
         t0 = time.monotonic()
         for name in ("worker:0", "worker:1"):

@@ -1,0 +1,118 @@
+"""Your model and your data: ``--model`` / ``--dataset`` given as ``module:function`` or ``file.py:function``.
+
+The contract (docs/plugins.md):
+
+- model: ``build(cfg, input_shape, num_classes) -> tf.keras.Model``, uncompiled,
+  producing logits of shape (batch, num_classes). hvdps adds the optimizer, the
+  loss and the distribution.
+- dataset: ``load(cfg) -> (x_train, y_train, x_test, y_test)`` NumPy arrays:
+  x of shape (N, ...) (N, H, W gets a channel axis), y integer class ids in
+  0..num_classes-1. hvdps shards them exactly like the built-in data sets, so
+  the big-batch equivalence of synchronous training still holds.
+
+Anything wrong with a plug-in is a one-line usage error that names what was
+expected, raised before any process joins a job.
+"""
+import importlib
+import importlib.util
+import os
+import sys
+
+import numpy as np
+
+from common.errors import UsageError
+
+
+def is_plugin(spec):
+    return isinstance(spec, str) and ":" in spec
+
+
+def load_callable(spec, flag):
+    """``pkg.mod:fn`` or ``path/to/file.py:fn`` -> the callable, or a UsageError saying what is missing."""
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise UsageError(f"{flag} {spec}: expected module:function or path/to/file.py:function")
+    if target.endswith(".py") or os.sep in target:
+        if not os.path.isfile(target):
+            raise UsageError(f"{flag} {spec}: no such file {target}")
+        name = "hvdps_plugin_" + os.path.splitext(os.path.basename(target))[0]
+        try:
+            module_spec = importlib.util.spec_from_file_location(name, os.path.abspath(target))
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module
+            module_spec.loader.exec_module(module)
+        except Exception as exc:   # the user's file: any error is theirs to fix, said in one line
+            raise UsageError(f"{flag} {spec}: importing {target} failed: {type(exc).__name__}: {exc}")
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            raise UsageError(f"{flag} {spec}: no module named {exc.name!r} (is it on PYTHONPATH?)")
+        except Exception as exc:
+            raise UsageError(f"{flag} {spec}: importing {target} failed: {type(exc).__name__}: {exc}")
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise UsageError(f"{flag} {spec}: {target} has no attribute {attr!r}")
+    if not callable(fn):
+        raise UsageError(f"{flag} {spec}: {attr} is a {type(fn).__name__}, expected a function")
+    return fn
+
+
+def call(fn, spec, flag, *args):
+    try:
+        return fn(*args)
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"{flag} {spec}: the plug-in raised {type(exc).__name__}: {exc}")
+
+
+def load_dataset(cfg):
+    """The arrays of a dataset plug-in, checked and in the layout the built-ins use."""
+    fn = load_callable(cfg.dataset, "--dataset")
+    out = call(fn, cfg.dataset, "--dataset", cfg)
+    expected = "a tuple (x_train, y_train, x_test, y_test) of NumPy arrays"
+    if not isinstance(out, (tuple, list)) or len(out) != 4:
+        raise UsageError(f"--dataset {cfg.dataset}: returned {type(out).__name__}, expected {expected}")
+    try:
+        x_train, y_train, x_test, y_test = (np.asarray(a) for a in out)
+    except Exception as exc:
+        raise UsageError(f"--dataset {cfg.dataset}: returned something that is not arrays ({exc}); "
+                         f"expected {expected}")
+    arrays = {}
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        if x.ndim < 2 or not np.issubdtype(x.dtype, np.number):
+            raise UsageError(f"--dataset {cfg.dataset}: x_{split} has shape {x.shape} and dtype {x.dtype}; "
+                             f"expected numbers of shape (N, features...) ")
+        if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
+            raise UsageError(f"--dataset {cfg.dataset}: y_{split} has shape {y.shape} and dtype {y.dtype}; "
+                             f"expected {len(x)} integer class ids")
+        if len(x) == 0:
+            raise UsageError(f"--dataset {cfg.dataset}: the {split} split is empty")
+        if y.min() < 0:
+            raise UsageError(f"--dataset {cfg.dataset}: y_{split} has negative class ids")
+        arrays[split] = (x[..., None] if x.ndim == 3 else x).astype(np.float32), y.astype(np.int32)
+    if arrays["train"][0].shape[1:] != arrays["test"][0].shape[1:]:
+        raise UsageError(f"--dataset {cfg.dataset}: train examples are {arrays['train'][0].shape[1:]}, "
+                         f"test examples {arrays['test'][0].shape[1:]}; expected the same shape")
+    return (*arrays["train"], *arrays["test"])
+
+
+def build_model(cfg, input_shape, num_classes):
+    """A model plug-in's model, checked: a Keras model taking ``input_shape`` and giving ``num_classes`` logits."""
+    import tensorflow as tf
+    fn = load_callable(cfg.model, "--model")
+    tf.keras.utils.set_random_seed(cfg.seed)
+    model = call(fn, cfg.model, "--model", cfg, tuple(input_shape), num_classes)
+    if not isinstance(model, tf.keras.Model):
+        raise UsageError(f"--model {cfg.model}: returned {type(model).__name__}, expected an uncompiled "
+                         f"tf.keras.Model")
+    try:
+        out = model(tf.zeros((1, *input_shape)), training=False)
+    except Exception as exc:
+        raise UsageError(f"--model {cfg.model}: the model does not take inputs of shape {tuple(input_shape)}: "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    if tuple(out.shape) != (1, num_classes):
+        raise UsageError(f"--model {cfg.model}: the model outputs shape {tuple(out.shape)} for one example; "
+                         f"expected (1, {num_classes}) logits")
+    return model

@@ -1,0 +1,23 @@
+"""One readable line per failure, whatever raised it."""
+import pytest
+
+from common.errors import describe
+
+
+class FakeOpError(Exception):
+    def __init__(self, message):
+        super().__init__(message)
+        self.message = message
+
+
+@pytest.mark.parametrize("exc, expected", [
+    (FakeOpError("{{function_node __wrapped__SaveV2_dtypes_14_device_/job:localhost/replica:0/task:0/device:CPU:0}}"
+                 " /r/checkpoints/ckpt-30_temp/part-00000.tempstate42; No space left on device [Op:SaveV2]"),
+     "No space left on device"),
+    (FakeOpError("Read less bytes than requested\nmore detail"), "Read less bytes than requested"),
+    (OSError(28, "No space left on device"), "No space left on device"),
+    (ValueError(""), "ValueError"),
+    (RuntimeError("plain; two parts"), "two parts"),
+])
+def test_describe(exc, expected):
+    assert describe(exc) == expected
