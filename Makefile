@@ -10,10 +10,8 @@ STAMP    := $(VENV)/.hvdps-ready
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TF_PIN   := tensorflow-cpu==2.15.1
 HVD_PIN  := horovod==0.28.1
-# Open MPI refuses to start as root unless told; harmless for other users.
-export OMPI_ALLOW_RUN_AS_ROOT=1
-export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export TF_CPP_MIN_LOG_LEVEL ?= 2
+# The environment of the processes the project starts (Open MPI as root, quiet TF, the repo on
+# PYTHONPATH) is set in one place: common/procs.py:child_env, used by every launcher and the tests.
 
 .PHONY: setup demo test bench clean-venv
 

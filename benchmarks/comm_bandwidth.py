@@ -188,6 +188,7 @@ def main():
     common = ["--sizes-json", json.dumps(sizes), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
     from common.procs import child_env
     env = child_env()
+    bindir = os.path.dirname(sys.executable)
     me = [sys.executable, os.path.abspath(__file__)]
     mpirun = ["mpirun", "-np", str(args.np), "-bind-to", "none", "--mca", "btl", "self,vader,tcp",
               "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]

@@ -33,5 +33,5 @@ class Backend:
     def wrap_optimizer(self, optimizer):
         raise NotImplementedError
 
-    def shutdown(self):
-        pass
+    def shutdown(self, code=0):
+        """Leave the job; ``code`` is the trainer's result (the PS chief passes it on to the PS tasks)."""

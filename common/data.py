@@ -26,7 +26,7 @@ MNIST_FILES = {
 }
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 20240229   # fixed: the test set never depends on the training seed
-SYNTHETIC_TEST_SAMPLES = 256
+SYNTHETIC_TEST_SAMPLES = 256   # at most: a quarter of --synthetic_samples, at least 8
 
 
 class DataError(UsageError):
@@ -148,12 +148,16 @@ def load_synthetic(cfg):
     make = lambda n: (rng.standard_normal((n,) + shape).astype(np.float32),
                       rng.randint(0, cfg.num_classes, size=n).astype(np.int32))
     x_train, y_train = make(cfg.synthetic_samples)
-    x_test, y_test = make(SYNTHETIC_TEST_SAMPLES)
+    x_test, y_test = make(min(SYNTHETIC_TEST_SAMPLES, max(8, cfg.synthetic_samples // 4)))
     return x_train, y_train, x_test, y_test
 
 
 def input_spec(cfg):
-    """(input shape, classes) from the config alone, so models can be built before data loads."""
+    """(input shape, classes): from the config for the built-ins, from the arrays for a plug-in."""
+    from common.plugins import is_plugin
+    if is_plugin(cfg.dataset):
+        x_train, y_train, _, y_test = load_arrays(cfg)
+        return tuple(x_train.shape[1:]), int(max(y_train.max(), y_test.max())) + 1
     if cfg.dataset == "digits":
         return (8, 8, 1), 10
     if cfg.dataset == "mnist":
@@ -168,7 +172,10 @@ def load_arrays(cfg):
     key = (cfg.dataset, cfg.data_dir, cfg.seed, tuple(cfg.image_shape), cfg.num_classes,
            cfg.synthetic_samples)
     if key not in _CACHE:
-        if cfg.dataset == "digits":
+        from common.plugins import is_plugin, load_dataset
+        if is_plugin(cfg.dataset):
+            _CACHE[key] = load_dataset(cfg)
+        elif cfg.dataset == "digits":
             _CACHE[key] = load_digits()
         elif cfg.dataset == "mnist":
             _CACHE[key] = load_mnist(cfg.data_dir)

@@ -4,7 +4,6 @@ Cluster admins hand-edit these files; a typo must come back as
 ``file:line: problem``, never as an MPI or gRPC failure minutes later.
 """
 import json
-import os
 import re
 
 from common.errors import UsageError

@@ -58,11 +58,16 @@ def build_model(cfg):
             L.Dense(128, activation="relu", **init(3)),
             L.Dense(classes, **init(4)),
         ], name="cnn")
-    if cfg.model == "resnet50":
+    if cfg.model in APPLICATIONS:
         tf.keras.utils.set_random_seed(cfg.seed)
-        return tf.keras.applications.ResNet50(weights=None, input_shape=shape, classes=classes,
-                                              classifier_activation=None)
-    raise ValueError(cfg.model)  # unreachable: Config validates the name
+        build = getattr(tf.keras.applications, APPLICATIONS[cfg.model])
+        return build(weights=None, input_shape=shape, classes=classes, classifier_activation=None)
+    from common.plugins import build_model as build_plugin
+    return build_plugin(cfg, shape, classes)     # Config has checked it is a plug-in
+
+
+APPLICATIONS = {"resnet50": "ResNet50", "resnet101": "ResNet101", "inception_v3": "InceptionV3",
+                "vgg16": "VGG16", "mobilenet_v2": "MobileNetV2"}
 
 
 def num_parameters(model):

@@ -125,7 +125,7 @@ class HorovodBackend(Backend):
     def wrap_optimizer(self, optimizer):
         return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
 
-    def shutdown(self):
+    def shutdown(self, code=0):
         if self.hvd is not None:
             self.hvd.shutdown()
 

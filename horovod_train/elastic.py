@@ -47,18 +47,19 @@ def train_elastic(cfg, args, backend, model, optimizer, criterion, num_train):
                          "itself survives lost ranks)")
     create_slots(model, optimizer)                # Horovod: every rank has the state it will receive
     state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, epoch_samples=0, updates=0, samples=0)
-    logs = {}
+    chief_log = None
 
     def log():
         """The RunLog of this process while it is rank 0 (created on first need), else a silent one."""
+        nonlocal chief_log
         backend.refresh()
         if not backend.is_chief:
             return RunLog.disabled()
-        if "log" not in logs:
+        if chief_log is None:
             plan = make_plan(cfg, num_train, backend.world_size, backend.world_size)
-            logs["log"] = RunLog(cfg, backend, plan, start_step=state.updates,
-                                 extra_header={"elastic": True, "commit_steps": args.commit_steps})
-        return logs["log"]
+            chief_log = RunLog(cfg, backend, plan, start_step=state.updates,
+                               extra_header={"elastic": True, "commit_steps": args.commit_steps})
+        return chief_log
 
     @tf.function
     def train_step(x, y):

@@ -44,7 +44,6 @@ def main(argv=None):
 
     # Horovod: initialize, pin one GPU per process or split CPU cores between local ranks.
     backend = HorovodBackend(fp16_allreduce=args.fp16_allreduce, env=tuning_env(args)).setup(cfg)
-    import tensorflow as tf
     if args.elastic:                             # Horovod: the world may shrink and grow (elastic.py)
         if backend.is_chief:
             mark_elastic_job(cfg.train_dir)
@@ -60,40 +59,21 @@ def main(argv=None):
         optimizer = backend.wrap_optimizer(optimizer)   # Horovod: all-reduce inside Keras' train step
     create_slots(model, optimizer)               # Horovod: every rank has the slots rank 0 restores
 
-    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
-    manager = tf.train.CheckpointManager(ckpt, os.path.join(cfg.train_dir, "checkpoints"), max_to_keep=3)
-    start_step = restore(cfg, ckpt, manager, step_var) if backend.is_chief else 0  # Horovod: rank 0 reads
+    checkpoints = Checkpoints(cfg, model, optimizer)
+    start_step = checkpoints.restore(cfg) if backend.is_chief else 0   # Horovod: rank 0 reads
     start_step = backend.broadcast_object(start_step)  # Horovod: everyone resumes at rank 0's step
     if start_step >= plan.total_updates:
         raise UsageError(f"--resume: {cfg.train_dir} is already at step {start_step} of {plan.total_updates}; "
                          f"raise --epochs or --train_steps to train further")
-    step_var.assign(start_step)
     backend.broadcast_state(model, optimizer)    # Horovod: rank 0's weights and slots everywhere
 
     train_ds = make_dataset(cfg, backend.rank, backend.world_size, start_step=start_step,
                             num_steps=plan.worker_steps)
-    test_ds = make_dataset(cfg, backend.rank, backend.world_size, split="test")
     log = RunLog(cfg, backend, plan, start_step=start_step,
                  extra_header={"loop": args.loop, "fp16_allreduce": args.fp16_allreduce,
                                "threads_per_worker": backend.threads})
     criterion = loss_fn()
-    checkpoint_every = checkpoint_interval(cfg, plan)
-
-    def end_of_step(step, losses):
-        if step % cfg.log_every == 0 or step == plan.total_updates:
-            loss = float(backend.allreduce(sum(losses) / len(losses), "loss"))  # Horovod: average
-            check_alive(loss)
-            log.step(step, loss, lr=float(optimizer.lr(step)))
-            losses.clear()
-        if step % plan.updates_per_epoch == 0 or step == plan.total_updates:
-            epoch = math.ceil(step / plan.updates_per_epoch)
-            if cfg.eval_every_epoch or step == plan.total_updates:
-                # Horovod: each rank scores its slice of the test set; the sums are all-reduced.
-                log.eval(epoch, step, *finish_eval(backend.allreduce(eval_sums(model, test_ds), "eval", op="sum")))
-        if backend.is_chief and (step % checkpoint_every == 0 or step == plan.total_updates):
-            step_var.assign(step)                # Horovod: only rank 0 writes checkpoints
-            save_checkpoint(manager, step)
+    end_of_step = EndOfStep(cfg, backend, plan, model, optimizer, log, checkpoints)
 
     if args.loop == "fit":
         run_fit(backend, model, optimizer, criterion, train_ds, start_step, plan.total_updates, end_of_step)
@@ -109,27 +89,61 @@ def main(argv=None):
     return 0
 
 
-def restore(cfg, ckpt, manager, step_var):
-    """The step of the latest checkpoint (0 for a new run), with its weights and slots loaded."""
-    if not cfg.resume:
-        return 0
-    import tensorflow as tf
-    try:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-    except (tf.errors.OpError, ValueError, AssertionError, IndexError) as exc:   # TF raises all four
-        raise UsageError(f"--resume: cannot restore {manager.latest_checkpoint}: "
-                         f"{str(exc).splitlines()[0]}")
-    return int(step_var.numpy())
+class Checkpoints:
+    """Weights, optimizer slots and the global step, restored and saved together (rank 0 only)."""
+
+    def __init__(self, cfg, model, optimizer):
+        import tensorflow as tf
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step)
+        self.manager = tf.train.CheckpointManager(self.ckpt, os.path.join(cfg.train_dir, "checkpoints"),
+                                                  max_to_keep=3)
+
+    def restore(self, cfg):
+        """The step of the latest checkpoint (0 for a new run), with its weights and slots loaded."""
+        if not cfg.resume:
+            return 0
+        import tensorflow as tf
+        try:
+            self.ckpt.restore(self.manager.latest_checkpoint).assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, AssertionError, IndexError) as exc:   # TF raises all four
+            raise UsageError(f"--resume: cannot restore {self.manager.latest_checkpoint}: "
+                             f"{str(exc).splitlines()[0]}")
+        return int(self.step.numpy())
+
+    def save(self, step):
+        """A full disk or a vanished directory ends the run with one line; TensorFlow writes to a
+        temporary name first, so the checkpoints already there stay intact."""
+        import tensorflow as tf
+        self.step.assign(step)
+        try:
+            self.manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as exc:
+            raise RunError(f"cannot write a checkpoint to {self.manager.directory}: {describe(exc)}")
 
 
-def save_checkpoint(manager, step):
-    """A full disk or a vanished directory ends the run with one line; TensorFlow writes to a
-    temporary name first, so the checkpoints already there stay intact."""
-    import tensorflow as tf
-    try:
-        manager.save(checkpoint_number=step)
-    except (OSError, tf.errors.OpError) as exc:
-        raise RunError(f"cannot write a checkpoint to {manager.directory}: {describe(exc)}")
+class EndOfStep:
+    """After every update: the averaged loss every --log_every, evaluation per epoch, checkpoints."""
+
+    def __init__(self, cfg, backend, plan, model, optimizer, log, checkpoints):
+        self.cfg, self.backend, self.plan, self.model, self.optimizer = cfg, backend, plan, model, optimizer
+        self.log, self.checkpoints = log, checkpoints
+        self.test_ds = make_dataset(cfg, backend.rank, backend.world_size, split="test")
+        self.checkpoint_every = checkpoint_interval(cfg, plan)
+
+    def __call__(self, step, losses):
+        last = step == self.plan.total_updates
+        if step % self.cfg.log_every == 0 or last:
+            loss = float(self.backend.allreduce(sum(losses) / len(losses), "loss"))  # Horovod: average
+            check_alive(loss)
+            self.log.step(step, loss, lr=float(self.optimizer.lr(step)))
+            losses.clear()
+        if (step % self.plan.updates_per_epoch == 0 and self.cfg.eval_every_epoch) or last:
+            # Horovod: each rank scores its slice of the test set; the sums are all-reduced.
+            sums = self.backend.allreduce(eval_sums(self.model, self.test_ds), "eval", op="sum")
+            self.log.eval(math.ceil(step / self.plan.updates_per_epoch), step, *finish_eval(sums))
+        if self.backend.is_chief and (step % self.checkpoint_every == 0 or last):
+            self.checkpoints.save(step)          # Horovod: only rank 0 writes checkpoints
 
 
 def run_custom(backend, model, optimizer, criterion, train_ds, start_step, end_of_step):

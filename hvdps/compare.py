@@ -134,6 +134,17 @@ COMPARE_FLAGS = ("workers", "backends", "num_ps", "run_timeout", "dry_run", "fro
                  "train_dir", "resume")
 
 
+def absolute_paths(args):
+    """Paths the user gave relative to their folder, made absolute for runs that start elsewhere."""
+    args.train_dir = os.path.abspath(args.train_dir)
+    if args.data_dir:
+        args.data_dir = os.path.abspath(args.data_dir)
+    for flag in ("model", "dataset"):
+        target, sep, attr = getattr(args, flag).rpartition(":")
+        if sep and (target.endswith(".py") or os.sep in target):
+            setattr(args, flag, f"{os.path.abspath(target)}:{attr}")
+
+
 @cli
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -142,6 +153,7 @@ def main(argv=None):
         return projection.main([a for a in argv if a != "--project"])
     parser = make_parser()
     args = parser.parse_args(argv)
+    absolute_paths(args)             # every run starts in the repository, not in the user's folder
     cfg = from_args(args)
     args.out = cfg.train_dir
     if args.num_ps < 1:

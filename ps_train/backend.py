@@ -11,7 +11,6 @@ one worker batch (async) or R worker batches (sync, R = replicas_to_aggregate).
 Members outside the interface (``server``, ``device_setter``,
 ``session_config``, ``wait_for_ps``, ``task_names``) are used by ps_train only.
 """
-import os
 import socket
 
 from common.backend import Backend
@@ -75,6 +74,12 @@ class PSBackend(Backend):
         return tf.compat.v1.train.SyncReplicasOptimizer(   # PS: average R gradients per update
             optimizer, replicas_to_aggregate=self.replicas_to_aggregate,
             total_num_replicas=self.world_size)
+
+    def shutdown(self, code=0):
+        """The chief releases every PS task (ps_train/stop.py); other tasks just leave."""
+        if self.is_chief and self.server is not None:
+            from ps_train import stop
+            stop.signal_done(self, code)
 
     # ---------------------------------------------------------------- PS only
     def session_config(self):

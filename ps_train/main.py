@@ -86,12 +86,11 @@ def main(argv=None):
     try:
         lost = train(cfg, backend, plan, graph, log)
     except BaseException:
-        if backend.is_chief:                     # PS: a failed chief still releases the PS tasks
-            stop.signal_done(backend, 1)
+        backend.shutdown(1)                      # PS: a failed chief still releases the PS tasks
         raise
     if lost:
         print(f"chief: finished without worker(s) {', '.join(lost)} (lost during training)", flush=True)
-    stop.signal_done(backend)                    # PS: let every PS task exit
+    backend.shutdown()                           # PS: let every PS task exit
     hard_exit(0)
 
 

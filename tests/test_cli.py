@@ -29,8 +29,9 @@ BW = ["--bandwidth-gbps", "25", "--latency-us", "10", "--step-compute-ms", "100"
 # holding the files made by `files` below.
 CASES = [
     # ---- Horovod trainer
-    (HVD, ["--model", "alexnet"], {}, "error: unknown model 'alexnet' (valid: mlp, cnn, resnet50)"),
-    (HVD, ["--dataset", "cifar"], {}, "error: unknown dataset 'cifar' (valid: digits, mnist, synthetic)"),
+    (HVD, ["--model", "alexnet"], {}, "error: unknown model 'alexnet' (valid: mlp, cnn, resnet50, resnet101, "
+                                       "inception_v3, vgg16, mobilenet_v2, or module:function"),
+    (HVD, ["--dataset", "cifar"], {}, "error: unknown dataset 'cifar' (valid: digits, mnist, synthetic, or "),
     (HVD, ["--batch_size", "-1"], {}, "error: --batch_size must be positive, got -1"),
     (HVD, ["--batch_size", "x"], {}, "error: argument --batch_size: invalid int value: 'x'"),
     (HVD, ["--dataset", "mnist"], {}, "error: --dataset mnist needs --data_dir"),
@@ -49,7 +50,9 @@ CASES = [
     (HVD, ["--target_accuracy", "nan"], {}, "error: --target_accuracy must be a finite number, got nan"),
     (HVD, ["--epochs", "0"], {}, "error: nothing to train"),
     (HVD, ["--image_shape", "1,2", "--dataset", "synthetic"], {}, "error: --image_shape must be H,W,C"),
-    (HVD, ["--model", "resnet50"], {}, "error: --model resnet50 needs --dataset synthetic"),
+    (HVD, ["--model", "resnet50"], {}, "error: --model resnet50 needs 3-channel images of at least 32x32"),
+    (HVD, ["--model", "inception_v3", "--dataset", "synthetic", "--image_shape", "64,64,3"], {},
+     "error: --model inception_v3 needs --image_shape of at least 75,75,3"),
     (HVD, ["--train_dir", "/proc/hvdps-x"], {}, "error: --train_dir /proc/hvdps-x is not writable"),
     (HVD, ["--resume", "--train_dir", "{tmp}/fresh"], {}, "error: --resume: no readable checkpoint directory"),
     # ---- PS trainer, one role

@@ -8,7 +8,7 @@ import pytest
 
 from common.plan import make_plan
 from hvdps.launchers import parse_variants
-from hvdps.report import add_scaling, collect, write_report
+from hvdps.report import collect, write_report
 from common.config import make_config
 from common.errors import UsageError
 from common.metrics import MetricsWriter, throughput_stats

@@ -31,14 +31,15 @@ def test_seed_flag_names_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(model="vgg"), "unknown model 'vgg' (valid: mlp, cnn, resnet50)"),
+    (dict(model="vgg"), "unknown model 'vgg' (valid: mlp, cnn, resnet50, resnet101, inception_v3, vgg16, "
+                        "mobilenet_v2, or module:function"),
     (dict(dataset="imagenet"), "valid: digits, mnist, synthetic"),
     (dict(batch_size=-1), "--batch_size must be positive"),
     (dict(learning_rate=0), "--learning_rate must be positive"),
     (dict(epochs=0, train_steps=0), "nothing to train"),
     (dict(dataset="mnist"), "needs --data_dir"),
     (dict(data_dir="/no/such/dir"), "no such directory"),
-    (dict(model="resnet50"), "needs --dataset synthetic"),
+    (dict(model="resnet50"), "needs 3-channel images of at least 32x32"),
     (dict(model="resnet50", dataset="synthetic", image_shape=(8, 8, 3)), "at least 32,32,3"),
     (dict(target_accuracy=1.5), "--target_accuracy"),
     (dict(image_shape=(0, 2, 1)), "--image_shape"),

@@ -91,7 +91,7 @@ def test_two_ranks_equal_one_process_with_double_batch(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "vgg"], "error: unknown model 'vgg' (valid: mlp, cnn, resnet50)"),
+    (["--model", "vgg"], "error: unknown model 'vgg' (valid: mlp, cnn, resnet50, resnet101, inception_v3"),
     (["--batch_size", "-4"], "error: --batch_size must be positive"),
     (["--dataset", "mnist", "--data_dir", "/nonexistent"], "error: --data_dir /nonexistent: no such directory"),
 ])

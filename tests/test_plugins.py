@@ -1,0 +1,130 @@
+"""Your model and your data (common/plugins.py): the worked example through every launcher,
+the published benchmark models by name, and every broken plug-in as one line."""
+import json
+import os
+import sys
+
+import pytest
+
+from common.metrics import load_run
+from tests.conftest import BIN, REPO, py, run
+
+HVD = os.path.join(REPO, "horovod_train", "main.py")
+MODEL = os.path.join(REPO, "examples", "my_model.py") + ":build"
+DATA = os.path.join(REPO, "examples", "my_data.py") + ":load"
+PLUGIN = ["--model", MODEL, "--dataset", DATA, "--epochs", "4", "--log_every", "5"]
+
+
+def ok(r):
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def _accurate(run_dir, workers):
+    row, curves = load_run(run_dir)
+    assert row["status"] == "ok" and row["workers"] == workers
+    assert row["final_test_accuracy"] >= 0.90, row
+    assert curves["header"]["config"]["model"] == MODEL
+    return row
+
+
+def test_example_under_horovodrun(tmp_path):
+    ok(run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, HVD,
+            *PLUGIN, "--train_dir", str(tmp_path / "run")], timeout=300))
+    _accurate(str(tmp_path / "run"), 2)
+
+
+@pytest.mark.parametrize("mode", ["--async", "--sync"])
+def test_example_under_ps_launcher(tmp_path, mode):
+    ok(py("-m", "ps_train.launch", "--num_workers", "2", mode, *PLUGIN, "--train_dir", str(tmp_path / "run"),
+          timeout=300))
+    _accurate(str(tmp_path / "run"), 2)
+
+
+def test_example_through_compare_with_relative_paths(tmp_path):
+    """Relative plug-in paths work from the user's folder although every run starts in the repo."""
+    os.symlink(os.path.join(REPO, "examples"), tmp_path / "ex")
+    r = run([os.path.join(BIN, "hvdps-compare"), "--workers", "2", "--backends", "horovod,ps:sync",
+             "--model", "ex/my_model.py:build", "--dataset", "ex/my_data.py:load", "--epochs", "4",
+             "--no-progress", "--out", "cmp"], cwd=str(tmp_path), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.load(open(tmp_path / "cmp" / "results.json"))["rows"]
+    assert len(rows) == 2 and all(x["final_test_accuracy"] >= 0.90 for x in rows), rows
+
+
+@pytest.mark.parametrize("model, side", [("resnet101", 32), ("inception_v3", 75), ("vgg16", 32),
+                                         ("mobilenet_v2", 32)])
+@pytest.mark.parametrize("backend", ["horovod", "ps"])
+def test_published_benchmark_models_run(tmp_path, model, side, backend):
+    flags = ["--model", model, "--dataset", "synthetic", "--image_shape", f"{side},{side},3", "--num_classes", "10",
+             "--synthetic_samples", "8", "--batch_size", "2", "--train_steps", "2", "--warmup_steps", "0",
+             "--log_every", "1", "--train_dir", str(tmp_path / "run")]
+    if backend == "horovod":
+        ok(run([sys.executable, HVD, *flags], timeout=300))
+    else:
+        ok(py("-m", "ps_train.launch", "--num_workers", "1", *flags, timeout=300))
+    row, curves = load_run(str(tmp_path / "run"))
+    assert row["status"] == "ok" and row["model"] == model
+    from common.models import APPLICATIONS
+    import tensorflow as tf
+    built = getattr(tf.keras.applications, APPLICATIONS[model])(weights=None, input_shape=(side, side, 3),
+                                                                 classes=10)
+    trainable = sum(int(w.shape.num_elements()) for w in built.trainable_weights)   # BatchNorm statistics excluded
+    assert row["grad_bytes_per_step"] == 4 * trainable
+    assert curves["header"]["config"]["image_shape"] == [side, side, 3]
+
+
+BROKEN = {
+    "raises.py": "def build(cfg, shape, classes):\n    raise ValueError('no GPU here')\n",
+    "notmodel.py": "def build(cfg, shape, classes):\n    return 42\n",
+    "badout.py": ("import tensorflow as tf\ndef build(cfg, shape, classes):\n"
+                  "    return tf.keras.Sequential([tf.keras.layers.Input(shape), tf.keras.layers.Flatten(),"
+                  " tf.keras.layers.Dense(3)])\n"),
+    "badin.py": ("import tensorflow as tf\ndef build(cfg, shape, classes):\n"
+                 "    return tf.keras.Sequential([tf.keras.layers.Input((5,)), tf.keras.layers.Dense(classes)])\n"),
+    "syntax.py": "def build(:\n",
+    "value.py": "build = 3\n",
+    "three.py": "def load(cfg):\n    return 1, 2, 3\n",
+    "floaty.py": ("import numpy as np\ndef load(cfg):\n    x = np.zeros((10, 4, 4))\n"
+                  "    return x, np.zeros(10), x, np.zeros(10)\n"),
+    "shapes.py": ("import numpy as np\ndef load(cfg):\n    y = np.zeros(10, int)\n"
+                  "    return np.zeros((10, 4, 4)), y, np.zeros((10, 5, 5)), y\n"),
+    "dataraise.py": "def load(cfg):\n    raise FileNotFoundError('/data/train.npz')\n",
+}
+
+
+@pytest.mark.parametrize("flag, spec, message", [
+    ("--model", "no_such_pkg.models:build", "error: --model no_such_pkg.models:build: no module named 'no_such_pkg'"),
+    ("--model", "{d}/missing.py:build", "error: --model {d}/missing.py:build: no such file {d}/missing.py"),
+    ("--model", "json:build", "error: --model json:build: json has no attribute 'build'"),
+    ("--model", "{d}/value.py:build", "error: --model {d}/value.py:build: build is a int, expected a function"),
+    ("--model", "{d}/syntax.py:build", "error: --model {d}/syntax.py:build: importing {d}/syntax.py failed: "
+                                       "SyntaxError"),
+    ("--model", "{d}/raises.py:build", "error: --model {d}/raises.py:build: the plug-in raised ValueError: "
+                                       "no GPU here"),
+    ("--model", "{d}/notmodel.py:build", "error: --model {d}/notmodel.py:build: returned int, expected an "
+                                         "uncompiled tf.keras.Model"),
+    ("--model", "{d}/badout.py:build", "error: --model {d}/badout.py:build: the model outputs shape (1, 3) for "
+                                       "one example; expected (1, 10) logits"),
+    ("--model", "{d}/badin.py:build", "error: --model {d}/badin.py:build: the model does not take inputs of "
+                                      "shape (8, 8, 1)"),
+    ("--dataset", "{d}/three.py:load", "error: --dataset {d}/three.py:load: returned tuple, expected a tuple "
+                                       "(x_train, y_train, x_test, y_test)"),
+    ("--dataset", "{d}/floaty.py:load", "error: --dataset {d}/floaty.py:load: y_train has shape (10,) and dtype "
+                                        "float64; expected 10 integer class ids"),
+    ("--dataset", "{d}/shapes.py:load", "error: --dataset {d}/shapes.py:load: train examples are (4, 4, 1), test "
+                                        "examples (5, 5, 1)"),
+    ("--dataset", "{d}/dataraise.py:load", "error: --dataset {d}/dataraise.py:load: the plug-in raised "
+                                           "FileNotFoundError: /data/train.npz"),
+    ("--dataset", "nocolon", "error: unknown dataset 'nocolon' (valid: digits, mnist, synthetic, or "
+                             "module:function"),
+])
+def test_broken_plugin_is_one_line(tmp_path, flag, spec, message):
+    for name, text in BROKEN.items():
+        (tmp_path / name).write_text(text)
+    d = str(tmp_path)
+    r = run([sys.executable, HVD, flag, spec.format(d=d), "--train_dir", str(tmp_path / "run")], timeout=120)
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(message.format(d=d)), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
