@@ -42,8 +42,7 @@ def command(backend, mode, workers, num_ps, model, out, batch=None, steps=None, 
              "--train_steps", str(steps), "--warmup_steps", str(warm), "--log_every", "2",
              "--synthetic_samples", "512", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
              "--train_dir", out]
-    options = {"mpi_yield": mpi_yield} if backend == "horovod" else {}
-    launcher = get_launcher(backend, **options)
+    launcher = get_launcher(backend, mpi_yield=mpi_yield)
     return launcher.command(workers, flags, mode=mode, num_ps=num_ps, pin_cores=True), launcher.env()
 
 
@@ -65,7 +64,8 @@ def main():
         for model in args.models.split(","):
             for variant in args.backends.split(","):
                 backend, _, mode = variant.partition(":")
-                for num_ps in ([int(x) for x in args.num_ps.split(",")] if backend == "ps" else [0]):
+                servers = get_launcher(backend).server_tasks(1)      # 0: no PS tasks to vary
+                for num_ps in ([int(x) for x in args.num_ps.split(",")] if servers else [0]):
                     for workers in (1, 2):
                         out = os.path.join(tmp, f"{model}-{backend}-{mode}-ps{num_ps}-w{workers}")
                         argv, extra_env = command(backend, mode or "sync", workers, num_ps, model, out, args.batch,

@@ -22,6 +22,11 @@ class Launcher:
     name = "base"
     modes = ("sync",)
 
+    def __init__(self, mpi_yield=False):
+        # mpi_yield_when_idle: a rank waiting in MPI yields its core instead of spinning on it
+        # (MPI launchers only; the benchmarks ask every launcher alike).
+        self.mpi_yield = mpi_yield
+
     def server_tasks(self, num_ps):
         """Processes a job starts besides its workers (parameter servers); 0 for all-reduce."""
         return 0
@@ -42,9 +47,6 @@ class Launcher:
 class HorovodLauncher(Launcher):
     name = "horovod"
 
-    def __init__(self, mpi_yield=False):
-        self.mpi_yield = mpi_yield
-
     def env(self):
         return loopback_only_env()
 
@@ -53,7 +55,6 @@ class HorovodLauncher(Launcher):
         mpirun = shutil.which("mpirun") or "mpirun"
         bind = ["-bind-to", "core", "-map-by", "core"] if pin_cores else ["-bind-to", "none", "-map-by", "slot"]
         threads = ["--threads_per_worker", "1"] if pin_cores else []
-        # mpi_yield_when_idle: a rank waiting in MPI yields its core instead of spinning on it
         extra = ["--mca", "mpi_yield_when_idle", "1"] if self.mpi_yield else []
         return [mpirun, "-np", str(workers), *bind, *LOCAL_MPI_FLAGS, *extra, "-x", "PATH", "-x", "PYTHONPATH",
                 "-x", "TF_CPP_MIN_LOG_LEVEL", python, main, *threads, *trainer_argv]
