@@ -12,6 +12,7 @@ with identical trainer flags, so model, data, seed, per-worker batch, global
 batch, learning-rate rule and samples seen are the same; only the distribution
 differs. A failed run is recorded with its error and the others still run.
 """
+import json
 import os
 import shlex
 import signal
@@ -24,7 +25,7 @@ from common.errors import UsageError, cli
 from common.metrics import read_records
 from common.procs import REPO, child_env
 from hvdps.launchers import get_launcher, parse_variants
-from hvdps.report import collect, environment_of, runs_from_dirs, write_report
+from hvdps.report import RUN_RECORD, collect, environment_of, runs_from_dirs, write_report
 
 
 def parse_workers(text):
@@ -79,6 +80,9 @@ def execute(runs, timeout, progress=True):
                                  start_new_session=True)
             code = _wait(p, run, timeout, bar)
         run.update(returncode=code, seconds=time.monotonic() - started, log=log_path)
+        if os.path.isdir(run["run_dir"]):     # so a report rebuilt with --from still knows the start-up cost
+            with open(os.path.join(run["run_dir"], RUN_RECORD), "w") as f:
+                json.dump({"seconds": run["seconds"], "exit_code": code, "command": run["cmd"]}, f, indent=2)
         if code != 0:
             run["error"] = _last_error(log_path) or f"exit code {code}"
             bar.write(f"{run['name']}: FAILED ({run['error']})")
@@ -175,7 +179,11 @@ def main(argv=None):
                              f"or rebuild it with --from {args.out}")
         execute(runs, args.run_timeout, progress=args.progress)
     rows = collect(runs)
-    table = write_report(rows, args.out, cfg.to_dict(), environment_of(rows))
+    configs = cfg.to_dict()
+    if args.from_dirs:                  # the runs' own configs, one per workload, not this command's defaults
+        configs = {r.get("model") or r["run_dir"]: (r["_curves"].get("header") or {}).get("config")
+                   for r in rows if r.get("_curves")}
+    table = write_report(rows, args.out, configs, environment_of(rows))
     print(table)
     print(f"\nreport: {os.path.join(args.out, 'report.md')}")
     return 0 if all(r.get("status") == "ok" for r in rows) else 1

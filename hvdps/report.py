@@ -11,10 +11,12 @@ import os
 from common.errors import UsageError
 from common.metrics import load_run, read_records
 
-COLUMNS = ("backend", "mode", "workers", "num_ps", "status", "samples_per_sec_median",
+COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_per_sec_median",
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
-           "global_batch", "oversubscribed", "error", "run_dir")
+           "global_batch", "oversubscribed", "startup_s", "warmup_s", "warmup_share", "error", "run_dir")
+RUN_RECORD = "compare_run.json"    # written by hvdps-compare next to each run: its wall time from launch
+NAMES = {("horovod", "sync"): "Horovod", ("ps", "async"): "PS async", ("ps", "sync"): "PS sync"}
 
 
 def collect(runs):
@@ -32,17 +34,43 @@ def collect(runs):
         row["error"] = run.get("error")
         row["oversubscribed"] = run.get("oversubscribed", False)
         row["_curves"] = curves
+        add_startup(row, curves, run.get("seconds") or _recorded_seconds(run["run_dir"]))
         rows.append(row)
     add_scaling(rows)
     return rows
 
 
+def _recorded_seconds(run_dir):
+    try:
+        return json.load(open(os.path.join(run_dir, RUN_RECORD)))["seconds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def add_startup(row, curves, run_seconds):
+    """Warm-up = the trainer's time before its first measured interval (tracing, the excluded
+    steps, the first negotiation or session); its share of the trainer's wall time says whether
+    the throughput columns describe steady state. Start-up = everything from launch to that point
+    (processes, cluster, TensorFlow import, then the warm-up): what one run of this backend
+    costs before it trains at speed."""
+    steps = (curves or {}).get("steps") or []
+    total = ((curves or {}).get("summary") or {}).get("total_time")
+    counted = [i for i, s in enumerate(steps) if s.get("samples_per_sec") is not None]
+    if not counted or not total:
+        return
+    first = counted[0]
+    row["warmup_s"] = steps[first - 1]["wall_time"] if first > 0 else 0.0
+    row["warmup_share"] = row["warmup_s"] / total
+    if run_seconds:
+        row["startup_s"] = max(0.0, run_seconds - total) + row["warmup_s"]
+
+
 def add_scaling(rows):
-    """Efficiency = throughput(n) / (n * throughput(1)) within the same backend and mode."""
-    base = {(r["backend"], r["mode"]): r.get("samples_per_sec_median")
+    """Efficiency = throughput(n) / (n * throughput(1)) within the same workload, backend and mode."""
+    base = {(r.get("model"), r["backend"], r["mode"]): r.get("samples_per_sec_median")
             for r in rows if r["workers"] == 1 and r.get("status") == "ok"}
     for r in rows:
-        b, t = base.get((r["backend"], r["mode"])), r.get("samples_per_sec_median")
+        b, t = base.get((r.get("model"), r["backend"], r["mode"])), r.get("samples_per_sec_median")
         r["scaling_efficiency"] = (t / (r["workers"] * b)) if b and t and r.get("status") == "ok" else None
 
 
@@ -65,9 +93,10 @@ def write_report(rows, out, cfg_dict, environment):
         w.writerows(plain)
     plots = write_plots(rows, out)
     lines = ["# hvdps comparison", "",
-             "| backend | mode | workers | PS | samples/sec (median) | mean ± 95% | scaling eff. | "
-             "time to target (s) | test acc. | test loss | grad bytes/step/worker | wall (s) | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| workload | backend | mode | workers | PS | samples/sec (median) | mean ± 95% | scaling eff. | "
+             "time to target (s) | test acc. | test loss | grad bytes/step/worker | wall (s) | start-up (s) | "
+             "status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tp = (f"{r['samples_per_sec_mean']:.0f} ± {r['samples_per_sec_error']:.0f}"
               if r.get("samples_per_sec_mean") is not None else "-")
@@ -77,10 +106,18 @@ def write_report(rows, out, cfg_dict, environment):
             status += " (oversubscribed)"
         if r.get("error"):
             status += f": {r['error']}"
-        lines.append(f"| {r['backend']} | {r['mode']} | {r['workers']} | {r.get('num_ps') or '-'} | "
+        startup = ((f"{r['startup_s']:.1f}" if r.get("startup_s") is not None else "-") +
+                   (f" (warm-up {100 * r['warmup_share']:.0f}%)" if r.get("warmup_share") is not None else ""))
+        lines.append(f"| {r.get('model') or '-'} | {r['backend']} | {r['mode']} | {r['workers']} | "
+                     f"{r.get('num_ps') or '-'} | "
                      f"{_fmt(r.get('samples_per_sec_median'))} | {tp} | {eff} | {_fmt(r.get('time_to_target'))} | "
                      f"{_fmt(r.get('final_test_accuracy'))} | {_fmt(r.get('final_test_loss'))} | "
-                     f"{_fmt(r.get('grad_bytes_per_step'))} | {_fmt(r.get('wall_time'))} | {status} |")
+                     f"{_fmt(r.get('grad_bytes_per_step'))} | {_fmt(r.get('wall_time'))} | {startup} | {status} |")
+    findings = verdicts(rows)
+    lines += [""] + findings + (["", "Start-up: from launch to the first measured interval (processes, "
+                                 "cluster, TensorFlow import, tracing, the excluded warm-up steps); in brackets "
+                                 "the warm-up's share of the trainer's wall time. Neither is in the throughput "
+                                 "columns."] if findings else [])
     lines += ["", "Throughput excludes the first `--warmup_steps` steps; ± is the 95% half-width over "
               "logging intervals. Scaling efficiency = throughput(n) / (n × throughput(1)) for the same "
               "backend and mode. A run is *oversubscribed* when it starts more processes than this "
@@ -92,7 +129,34 @@ def write_report(rows, out, cfg_dict, environment):
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(lines))
-    return "\n".join(lines[:len(rows) + 4])
+    return "\n".join(lines[:len(rows) + 4] + [""] + findings)
+
+
+def verdicts(rows):
+    """One sentence per workload: which backend is fastest at the most workers, by how much, and
+    what start-up cost each backend."""
+    out = []
+    for model in sorted({r.get("model") for r in rows if r.get("model")}):
+        ok = [r for r in rows if r.get("model") == model and r.get("status") == "ok"
+              and r.get("samples_per_sec_median")]
+        if not ok:
+            continue
+        n = max(r["workers"] for r in ok)
+        ranked = sorted((r for r in ok if r["workers"] == n), key=lambda r: -r["samples_per_sec_median"])
+        best = ranked[0]
+        name = lambda r: NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
+        others = ", ".join(f"{best['samples_per_sec_median'] / r['samples_per_sec_median']:.2f}x {name(r)} "
+                           f"({r['samples_per_sec_median']:,.0f})" for r in ranked[1:])
+        text = (f"- **{model}**, {n} worker(s): {name(best)} is fastest at "
+                f"{best['samples_per_sec_median']:,.0f} samples/s" + (f": {others}." if others else "."))
+        startups = {}
+        for r in ok:
+            if r.get("startup_s") is not None:
+                startups.setdefault(name(r), []).append(r["startup_s"])
+        if startups:
+            text += " Start-up: " + ", ".join(f"{k} {sum(v) / len(v):.1f} s" for k, v in startups.items()) + "."
+        out.append(text)
+    return out
 
 
 def write_plots(rows, out):

@@ -51,7 +51,8 @@ def test_report_values(tmp_path):
             c["samples_per_sec_median"]
         assert c["backend"] == j["backend"] and c["status"] == j["status"]
     report = (out / "report.md").read_text()
-    assert "| horovod | sync | 2 | - | 180 | 180 ± 0 | 90% |" in report
+    assert "| mlp | horovod | sync | 2 | - | 180 | 180 ± 0 | 90% |" in report
+    assert "- **mlp**, 2 worker(s): Horovod is fastest at 180 samples/s: 2.00x PS async (90)." in report
     assert "error: boom" in report
     for png in ("throughput.png", "accuracy_vs_time.png"):
         assert (out / png).stat().st_size > 5000
@@ -100,6 +101,7 @@ def test_end_to_end_both_backends(tmp_path):
         assert x["status"] == "ok"
         assert x["samples_per_sec_median"] > 0 and 0 <= x["final_test_accuracy"] <= 1
         assert x["grad_bytes_per_step"] == rows[0]["grad_bytes_per_step"]   # same model everywhere
+        assert 0 < x["warmup_s"] < x["startup_s"] and 0 < x["warmup_share"] < 1      # measured, per run
         # one update averages every rank's batch (all-reduce) or is one worker's batch (async PS)
         assert x["global_batch"] == 16 * (x["workers"] if x["backend"] == "horovod" else 1)
     # --from rebuilds the same table without training
