@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from common.errors import UsageError
+from common.errors import RunError, UsageError, describe
 
 
 _SCHEDULE = []
@@ -282,3 +282,50 @@ class Watchdog:
 
     def stop(self):
         self._stop.set()
+
+
+class Checkpoints:
+    """Weights, optimizer slots and the global step, restored and saved together (rank 0 only)."""
+
+    def __init__(self, cfg, model, optimizer):
+        import tensorflow as tf
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step)
+        self.manager = tf.train.CheckpointManager(self.ckpt, os.path.join(cfg.train_dir, "checkpoints"),
+                                                  max_to_keep=3)
+
+    def restore(self, cfg):
+        """The step of the latest checkpoint (0 for a new run), with its weights and slots loaded."""
+        if not cfg.resume:
+            return 0
+        import tensorflow as tf
+        try:
+            self.ckpt.restore(self.manager.latest_checkpoint).assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, AssertionError, IndexError) as exc:   # TF raises all four
+            raise UsageError(f"--resume: cannot restore {self.manager.latest_checkpoint}: "
+                             f"{str(exc).splitlines()[0]}")
+        return int(self.step.numpy())
+
+    def save(self, step):
+        """A full disk or a vanished directory ends the run with one line; TensorFlow writes to a
+        temporary name first, so the checkpoints already there stay intact."""
+        import tensorflow as tf
+        self.step.assign(step)
+        try:
+            self.manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as exc:
+            raise RunError(f"cannot write a checkpoint to {self.manager.directory}: {describe(exc)}")
+
+
+def check_alive(value):
+    if not np.all(np.isfinite(value)):
+        raise RunError("loss became NaN/inf: lower --learning_rate")
+
+
+
+def refuse_finished(cfg, step, total):
+    """A resumed run must have steps left: else one line saying how to train further."""
+    if step >= total:
+        raise UsageError(f"--resume: {cfg.train_dir} is already at step {step} of {total}; "
+                         f"raise --epochs or --train_steps to train further")
+    return step

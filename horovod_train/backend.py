@@ -12,7 +12,6 @@ import os
 import numpy as np
 
 from common.backend import Backend
-from common.errors import RunError
 from common.plan import make_plan
 
 # Launchers set one of these before Python starts, so the rank is known before
@@ -199,8 +198,3 @@ def create_slots(model, optimizer):
     before rank 0 restores and broadcasts, or ranks 1..n-1 hang in the broadcast.
     """
     optimizer._create_all_weights(model.trainable_variables)
-
-
-def check_alive(value):
-    if not np.all(np.isfinite(value)):
-        raise RunError("loss became NaN/inf: lower --learning_rate")

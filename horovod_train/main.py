@@ -21,11 +21,12 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 
 from common.config import build_parser, from_args
 from common.data import load_arrays, make_dataset
-from common.errors import RunError, UsageError, cli, describe
+from common.errors import cli
 from common.models import build_model, gradient_bytes, loss_fn, make_optimizer
-from common.training import (RunLog, check_resume_compatible, check_train_dir, checkpoint_interval, eval_sums,
-                             finish_eval, make_lr_schedule, save_weights_npz)
-from horovod_train.backend import (HorovodBackend, add_horovod_args, check_alive, create_slots,
+from common.training import (Checkpoints, RunLog, check_alive, check_resume_compatible, check_train_dir,
+                             checkpoint_interval, eval_sums, finish_eval, make_lr_schedule, refuse_finished,
+                             save_weights_npz)
+from horovod_train.backend import (HorovodBackend, add_horovod_args, create_slots,
                                    joining_elastic_job, launcher_rank, mark_elastic_job, tuning_env)
 from horovod_train.elastic import train_elastic
 
@@ -62,9 +63,7 @@ def main(argv=None):
     checkpoints = Checkpoints(cfg, model, optimizer)
     start_step = checkpoints.restore(cfg) if backend.is_chief else 0   # Horovod: rank 0 reads
     start_step = backend.broadcast_object(start_step)  # Horovod: everyone resumes at rank 0's step
-    if start_step >= plan.total_updates:
-        raise UsageError(f"--resume: {cfg.train_dir} is already at step {start_step} of {plan.total_updates}; "
-                         f"raise --epochs or --train_steps to train further")
+    refuse_finished(cfg, start_step, plan.total_updates)
     backend.broadcast_state(model, optimizer)    # Horovod: rank 0's weights and slots everywhere
 
     train_ds = make_dataset(cfg, backend.rank, backend.world_size, start_step=start_step,
@@ -87,39 +86,6 @@ def main(argv=None):
     log.finish(plan.total_updates, wire, max_weight_divergence=divergence)
     backend.shutdown()
     return 0
-
-
-class Checkpoints:
-    """Weights, optimizer slots and the global step, restored and saved together (rank 0 only)."""
-
-    def __init__(self, cfg, model, optimizer):
-        import tensorflow as tf
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step)
-        self.manager = tf.train.CheckpointManager(self.ckpt, os.path.join(cfg.train_dir, "checkpoints"),
-                                                  max_to_keep=3)
-
-    def restore(self, cfg):
-        """The step of the latest checkpoint (0 for a new run), with its weights and slots loaded."""
-        if not cfg.resume:
-            return 0
-        import tensorflow as tf
-        try:
-            self.ckpt.restore(self.manager.latest_checkpoint).assert_existing_objects_matched()
-        except (tf.errors.OpError, ValueError, AssertionError, IndexError) as exc:   # TF raises all four
-            raise UsageError(f"--resume: cannot restore {self.manager.latest_checkpoint}: "
-                             f"{str(exc).splitlines()[0]}")
-        return int(self.step.numpy())
-
-    def save(self, step):
-        """A full disk or a vanished directory ends the run with one line; TensorFlow writes to a
-        temporary name first, so the checkpoints already there stay intact."""
-        import tensorflow as tf
-        self.step.assign(step)
-        try:
-            self.manager.save(checkpoint_number=step)
-        except (OSError, tf.errors.OpError) as exc:
-            raise RunError(f"cannot write a checkpoint to {self.manager.directory}: {describe(exc)}")
 
 
 class EndOfStep:

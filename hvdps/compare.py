@@ -44,7 +44,7 @@ def plan_runs(args, trainer_args, cores):
         launcher = get_launcher(backend)
         servers = launcher.server_tasks(args.num_ps)
         for n in parse_workers(args.workers):
-            name = f"{backend}-{mode}-w{n}" + (f"-ps{servers}" if servers else "")
+            name = f"{backend}-{mode}-w{n}" + (f"-ps{args.num_ps}" if servers else "")
             run_dir = os.path.join(args.out, "runs", name)
             cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=args.num_ps)
             procs = n + servers
@@ -121,7 +121,7 @@ def make_parser():
     p = build_parser(__doc__.splitlines()[0], prog="hvdps-compare")
     g = p.add_argument_group("comparison")
     g.add_argument("--workers", default="1,2", help="worker counts, e.g. 1,2,4")
-    g.add_argument("--backends", default="horovod,ps", help="horovod, ps (both modes), ps:async, ps:sync")
+    g.add_argument("--backends", default="horovod,ps", help="horovod, ps (both modes), ps:async, ps:sync, ps2 (TF2's ParameterServerStrategy)")
     g.add_argument("--num_ps", type=int, default=1, help="parameter-server tasks for PS runs")
     g.add_argument("--run_timeout", type=float, default=900, help="seconds before a run is stopped")
     g.add_argument("--dry-run", dest="dry_run", action="store_true", help="print the commands, run nothing")

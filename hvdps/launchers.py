@@ -73,7 +73,20 @@ class PSLauncher(Launcher):
                 f"--{mode}", *pin, *trainer_argv]
 
 
-LAUNCHERS = {"horovod": HorovodLauncher, "ps": PSLauncher}
+class PS2Launcher(PSLauncher):
+    """TensorFlow 2's ParameterServerStrategy: the same launcher with ``--ps_api v2``; asynchronous
+    only, and one more process, the chief that coordinates (it does not train)."""
+    name = "ps2"
+    modes = ("async",)
+
+    def server_tasks(self, num_ps):
+        return num_ps + 1
+
+    def command(self, workers, trainer_argv, mode="async", num_ps=1, pin_cores=False, python=sys.executable):
+        return super().command(workers, ["--ps_api", "v2", *trainer_argv], mode, num_ps, pin_cores, python)
+
+
+LAUNCHERS = {"horovod": HorovodLauncher, "ps": PSLauncher, "ps2": PS2Launcher}
 
 
 def get_launcher(name, **options):
@@ -83,7 +96,7 @@ def get_launcher(name, **options):
 
 
 def parse_variants(text):
-    """'horovod,ps' -> [(backend, mode)], PS in both modes; 'ps:sync' picks one mode."""
+    """'horovod,ps,ps2' -> [(backend, mode)], PS in both modes; 'ps:sync' picks one mode."""
     out = []
     for item in [s.strip() for s in text.split(",") if s.strip()]:
         name, _, mode = item.partition(":")

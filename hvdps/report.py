@@ -16,7 +16,8 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
            "global_batch", "oversubscribed", "startup_s", "warmup_s", "warmup_share", "error", "run_dir")
 RUN_RECORD = "compare_run.json"    # written by hvdps-compare next to each run: its wall time from launch
-NAMES = {("horovod", "sync"): "Horovod", ("ps", "async"): "PS async", ("ps", "sync"): "PS sync"}
+NAMES = {("horovod", "sync"): "Horovod", ("ps", "async"): "PS async", ("ps", "sync"): "PS sync",
+         ("ps2", "async"): "PS v2 (TF2 strategy)"}
 
 
 def collect(runs):

@@ -79,7 +79,7 @@ class PSBackend(Backend):
         """The chief releases every PS task (ps_train/stop.py); other tasks just leave."""
         if self.is_chief and self.server is not None:
             from ps_train import stop
-            stop.signal_done(self, code)
+            stop.signal_done([("ps", i, addr) for i, addr in enumerate(self.cluster["ps"])], code)
 
     # ---------------------------------------------------------------- PS only
     def session_config(self):

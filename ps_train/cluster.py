@@ -27,6 +27,10 @@ def add_ps_args(parser):
     mode.add_argument("--async", dest="sync", action="store_false", help="asynchronous updates (default)")
     g.add_argument("--replicas_to_aggregate", type=int, default=0,
                    help="sync: gradients averaged per update (0: all workers)")
+    g.add_argument("--ps_api", choices=("v1", "v2"), default="v1",
+                   help="v1: TensorFlow 1's between-graph replication, async or --sync (default); v2: TensorFlow "
+                        "2's ParameterServerStrategy + ClusterCoordinator, async only, needs a chief task "
+                        "(the coordinator)")
     g.add_argument("--startup_timeout", type=float, default=60.0,
                    help="seconds to wait for PS tasks / the chief's initialisation")
     g.add_argument("--step_timeout", type=float, default=60.0,
@@ -55,6 +59,9 @@ def check_ps_flags(args):
         check_finite(name, getattr(args, name))
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.ps_api == "v2" and (args.sync or args.replicas_to_aggregate):
+        raise UsageError(f"--{'sync' if args.sync else 'replicas_to_aggregate'} needs --ps_api v1: TensorFlow 2's "
+                         f"ParameterServerStrategy is asynchronous only")
     if args.replicas_to_aggregate < 0:
         raise UsageError(f"--replicas_to_aggregate must be >= 0, got {args.replicas_to_aggregate}")
 

@@ -2,6 +2,7 @@
 
     python -m ps_train.launch --num_ps 2 --num_workers 2 [--sync] [trainer flags...]
     python -m ps_train.launch --max_restarts 3 --checkpoint_steps 100 [...]   # recover by itself
+    python -m ps_train.launch --ps_api v2 [...]     # TF2's ParameterServerStrategy, plus a chief task
 
 Every role gets a free port on --host (loopback by default, and each task
 listens there only); each role's output lines are prefixed with its name
@@ -114,17 +115,20 @@ class Cluster:
                 pass
 
 
-def build_tasks(num_ps, num_workers, host, python=sys.executable, pin=False):
-    """(name, argv, extra env) per role, each on a free port of ``host``."""
-    ports = free_ports(num_ps + num_workers, host)
+def build_tasks(num_ps, num_workers, host, python=sys.executable, pin=False, chief=False):
+    """(name, argv, extra env) per role, each on a free port of ``host``; ``chief``: a separate
+    chief task too (TF2's coordinator), started last."""
+    ports = free_ports(num_ps + num_workers + int(chief), host)
     fmt = f"[{host}]" if ":" in host else host
     ps_hosts = ",".join(f"{fmt}:{p}" for p in ports[:num_ps])
-    worker_hosts = ",".join(f"{fmt}:{p}" for p in ports[num_ps:])
+    worker_hosts = ",".join(f"{fmt}:{p}" for p in ports[num_ps:num_ps + num_workers])
+    hosts = [f"--ps_hosts={ps_hosts}", f"--worker_hosts={worker_hosts}"]
+    if chief:
+        hosts.append(f"--chief_host={fmt}:{ports[-1]}")
     tasks = []
-    for job, count in (("ps", num_ps), ("worker", num_workers)):
+    for job, count in (("ps", num_ps), ("worker", num_workers), ("chief", int(chief))):
         for i in range(count):
-            argv = [python, "-u", "-m", "ps_train.main", f"--job_name={job}", f"--task_index={i}",
-                    f"--ps_hosts={ps_hosts}", f"--worker_hosts={worker_hosts}"]
+            argv = [python, "-u", "-m", "ps_train.main", f"--job_name={job}", f"--task_index={i}", *hosts]
             env = {}
             if pin and job == "worker":   # one core per worker; PS tasks float (their CPU is reported)
                 env["HVDPS_PIN_CPU"] = str(i % (os.cpu_count() or 1))
@@ -141,12 +145,13 @@ def describe_exit(name, rc):
     return f"{name} exited with code {rc}"
 
 
-def supervise(cluster, sync, timeout=None):
-    """Wait for the chief (worker:0); decide what other roles' deaths mean.
+def supervise(cluster, sync, timeout=None, chief_name="worker:0"):
+    """Wait for the chief (worker:0, or chief:0 with TF2's strategy); decide what other roles'
+    deaths mean.
 
     Returns (exit code, what ended the job, the role that ended it).
     """
-    chief = cluster.procs["worker:0"]
+    chief = cluster.procs[chief_name]
     started = time.monotonic()
     reported = set()
     while True:
@@ -156,7 +161,7 @@ def supervise(cluster, sync, timeout=None):
             break
         for name, p in cluster.procs.items():
             rc = p.poll()
-            if rc is None or name in reported:
+            if rc is None or name in reported or name == chief_name:
                 continue
             reported.add(name)
             if name.startswith("ps:") and rc == 0:
@@ -180,7 +185,8 @@ def supervise(cluster, sync, timeout=None):
     for name, p in cluster.procs.items():
         if p.poll() is None:
             cluster.say(f"{name} still running after the chief finished: stopping it")
-    return (code if code >= 0 else 1), describe_exit("worker:0 (chief)", code), "worker:0"
+    who = "worker:0 (chief)" if chief_name == "worker:0" else chief_name
+    return (code if code >= 0 else 1), describe_exit(who, code), chief_name
 
 
 def make_parser():
@@ -231,7 +237,8 @@ def parse_args(argv):
 
 def run_once(args, trainer_argv):
     """One cluster from start to end: (exit code, what ended it, the Cluster)."""
-    cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host, pin=args.pin_workers),
+    v2 = args.ps_api == "v2"                 # TF2's strategy: a separate chief coordinates
+    cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host, pin=args.pin_workers, chief=v2),
                       trainer_argv, env=child_env())
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -242,7 +249,8 @@ def run_once(args, trainer_argv):
     try:
         cluster.start()
         cluster.say("started " + ", ".join(f"{n} (pid {pid})" for n, pid in cluster.pids().items()))
-        code, ended_by, role = supervise(cluster, args.sync, args.timeout or None)
+        code, ended_by, role = supervise(cluster, args.sync, args.timeout or None,
+                                         chief_name="chief:0" if v2 else "worker:0")
     except KeyboardInterrupt:
         cluster.say("interrupted: stopping the cluster")
         code, ended_by, role = 130, "interrupted", None

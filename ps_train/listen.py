@@ -19,6 +19,7 @@ import socket
 import sys
 
 from common.errors import UsageError
+from common.hosts import parse_address
 from common.procs import shim_library
 
 WILDCARDS = ("0.0.0.0", "::", "*")
@@ -79,3 +80,13 @@ def restrict_listening(address, port, who):
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, sys.orig_argv, env)
+
+
+def listen_only_on(backend, bind):
+    """Bind this task's gRPC server to its own address (may re-execute the process)."""
+    host, port = parse_address(backend.address, f"{backend.job}:{backend.index}")
+    address, note = choose_address(host, bind)
+    if note:
+        print(f"{backend.job}:{backend.index}: {note}", flush=True)
+    backend.bind_address = address
+    restrict_listening(address, port, f"{backend.job}:{backend.index}")   # may re-execute this process

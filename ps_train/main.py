@@ -15,6 +15,9 @@ or all roles on this machine with free ports:
 
     python -m ps_train.launch --num_ps 2 --num_workers 2 [--sync] [trainer flags]
 
+``--ps_api v2`` runs the same job on TensorFlow 2's ParameterServerStrategy
+instead (a chief that coordinates; see ps_train/v2.py for its launch lines).
+
 Worker 0 (or the chief) initialises the variables, evaluates, and writes
 checkpoints, TensorBoard events and metrics.jsonl; at the end it tells every PS
 to exit (ps_train/stop.py). Lines marked ``# PS:`` are the only differences
@@ -31,16 +34,16 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 from common.config import build_parser, from_args
 from common.data import load_arrays
 from common.errors import RunError, UsageError, cli, describe
-from common.hosts import parse_address
 from common.models import gradient_bytes
 from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir, checkpoint_interval,
-                             save_weights_npz)
-from ps_train import stop
+                             refuse_finished, save_weights_npz)
+from ps_train import stop, v2
+from ps_train.stop import hard_exit
 from ps_train.backend import PSBackend, describe_placement
 from ps_train.chief import WorkerTracker, evaluate
 from ps_train.cluster import add_ps_args, resolve_cluster
 from ps_train.graph import build_graph, data_position
-from ps_train.listen import choose_address, restrict_listening
+from ps_train.listen import listen_only_on
 from ps_train.peers import ChiefWatch, PSWatch
 
 
@@ -53,6 +56,8 @@ def main(argv=None):
     args = make_parser().parse_args(argv)
     cfg = from_args(args)
     cluster, job, index = resolve_cluster(args)  # PS: flags, --cluster_spec or TF_CONFIG
+    if args.ps_api == "v2":                      # PS: TF2's ParameterServerStrategy instead (ps_train/v2.py)
+        return main_v2(args, cfg, cluster, job, index, restrict=argv is None)
     backend = PSBackend(cluster, job, index, sync=args.sync, replicas_to_aggregate=args.replicas_to_aggregate,
                         startup_timeout=args.startup_timeout, step_timeout=args.step_timeout)
     if backend.is_chief:
@@ -68,25 +73,10 @@ def main(argv=None):
         code = stop.serve_until_done(backend)   # released by the chief: a clean exit, whatever its result
         print(f"ps:{index} done" + (f" (the chief failed with code {code})" if code else ""), flush=True)
         hard_exit(0)
-    backend.wait_for_ps()                        # PS: bounded wait instead of a silent hang
-
-    import tensorflow as tf
-    quiet_tensorflow(tf)
-    plan = backend.plan(cfg, num_train)          # PS: one update = R worker batches (sync) or 1 (async)
-    start_update = resume_point(cfg, plan) if backend.is_chief and cfg.resume else 0
-    graph = build_graph(cfg, backend, plan)      # PS: variables on the PS tasks
-    if not backend.is_chief:
-        wait_until_initialised(tf, backend)      # PS: the chief initialises (or restores)
-    log = RunLog(cfg, backend, plan, start_step=start_update, extra_header={
-        "cluster": cluster, "replicas_to_aggregate": backend.replicas_to_aggregate,
-        "placement": describe_placement(tf.compat.v1.global_variables()), "loss_source": "chief's own batches"})
-    if backend.is_chief:                         # PS: say once what a global step is
-        print(f"{backend.mode} mode, {plan.workers} workers, {backend.num_ps} PS: global step = updates applied "
-              f"on the PS; {plan.global_step_meaning}; target {plan.total_updates} updates", flush=True)
     try:
-        lost = train(cfg, backend, plan, graph, log)
-    except BaseException:
-        backend.shutdown(1)                      # PS: a failed chief still releases the PS tasks
+        lost = run_worker(cfg, backend, num_train)
+    except BaseException as exc:                 # PS: a failed chief still releases the PS tasks
+        backend.shutdown(2 if isinstance(exc, UsageError) else 1)
         raise
     if lost:
         print(f"chief: finished without worker(s) {', '.join(lost)} (lost during training)", flush=True)
@@ -94,7 +84,59 @@ def main(argv=None):
     hard_exit(0)
 
 
-def train(cfg, backend, plan, graph, log):
+def main_v2(args, cfg, cluster, job, index, restrict):
+    """The same job with TensorFlow 2's strategy: the chief coordinates, workers and PS tasks serve."""
+    v2.fail_fast_env()                           # PS: a lost worker's steps are retried on the others
+    backend = v2.StrategyBackend(cluster, job, index, startup_timeout=args.startup_timeout,
+                                 step_timeout=args.step_timeout)
+    if backend.is_chief:
+        check_train_dir(cfg)
+        if cfg.resume:
+            check_resume_compatible(cfg, cfg.train_dir)
+    if restrict:                                 # PS: listen on this task's address only
+        listen_only_on(backend, args.bind)
+    num_train = len(load_arrays(cfg)[0]) if backend.is_chief else 0
+    backend.setup(cfg)                           # PS: servers start; the chief connects the strategy
+    if not backend.is_chief:                     # PS: workers and PS tasks serve until released
+        v2.serve(backend)
+        hard_exit(0)
+    try:
+        lost = v2.coordinate(cfg, backend, num_train)
+    except BaseException as exc:                 # PS: a failed chief still releases the servers
+        backend.shutdown(2 if isinstance(exc, UsageError) else 1)
+        raise
+    if lost:
+        print(f"chief: finished without worker(s) {', '.join(lost)} (lost during training; their steps "
+              f"ran on the others)", flush=True)
+    backend.shutdown()                           # PS: every worker and PS task exits
+    hard_exit(0)
+
+
+def run_worker(cfg, backend, num_train):
+    """A worker (or the chief) from its running server to the end of training: returns lost workers."""
+    backend.wait_for_ps()                        # PS: bounded wait instead of a silent hang
+    import tensorflow as tf
+    quiet_tensorflow(tf)
+    plan = backend.plan(cfg, num_train)          # PS: one update = R worker batches (sync) or 1 (async)
+    start_update = resume_point(cfg, plan) if backend.is_chief and cfg.resume else 0
+    graph = build_graph(cfg, backend, plan)      # PS: variables on the PS tasks
+    ps_watch = PSWatch(backend)                  # PS: a lost PS ends this task with one line
+    try:
+        if not backend.is_chief:
+            wait_until_initialised(tf, backend)  # PS: the chief initialises (or restores)
+        log = RunLog(cfg, backend, plan, start_step=start_update, extra_header={
+            "cluster": backend.cluster, "replicas_to_aggregate": backend.replicas_to_aggregate,
+            "placement": describe_placement(tf.compat.v1.global_variables()),
+            "loss_source": "chief's own batches"})
+        if backend.is_chief:                     # PS: say once what a global step is
+            print(f"{backend.mode} mode, {plan.workers} workers, {backend.num_ps} PS: global step = updates "
+                  f"applied on the PS; {plan.global_step_meaning}; target {plan.total_updates} updates", flush=True)
+        return train(cfg, backend, plan, graph, log, ps_watch)
+    finally:                                     # from here on, PS tasks leaving is expected
+        ps_watch.stop()
+
+
+def train(cfg, backend, plan, graph, log, ps_watch):
     """The session loop of every worker; the chief also logs, evaluates and checkpoints.
 
     Returns the workers the chief saw lost (async), after every live one has finished.
@@ -102,7 +144,6 @@ def train(cfg, backend, plan, graph, log):
     import tensorflow as tf
     dog = Watchdog(backend.startup_timeout + backend.step_timeout,
                    f"{backend.job}:{backend.index}: session did not start")
-    ps_watch = PSWatch(backend)
     chief_watch = None if backend.is_chief else ChiefWatch(backend, on_wait=dog.kick)
     step_opts = tf.compat.v1.RunOptions(timeout_in_ms=int(backend.step_timeout * 1000))
     try:
@@ -133,9 +174,8 @@ def train(cfg, backend, plan, graph, log):
                 ps_watch.stop()
                 hard_exit(0)
             return chief.finish(dog.kick)
-    finally:                                     # from here on, PS tasks leaving is expected
+    finally:
         dog.stop()
-        ps_watch.stop()
 
 
 def open_session(cfg, backend, plan, graph):
@@ -222,19 +262,7 @@ def resume_point(cfg, plan):
     if update is None:
         raise UsageError(f"--resume: no checkpoint in {ckpt_dir} (the 'checkpoint' index names none "
                          f"that exists here)")
-    if update >= plan.total_updates:
-        raise UsageError(f"--resume: {cfg.train_dir} is already at step {update} of {plan.total_updates}; "
-                         f"raise --epochs or --train_steps to train further")
-    return update
-
-
-def listen_only_on(backend, bind):
-    host, port = parse_address(backend.address, f"{backend.job}:{backend.index}")
-    address, note = choose_address(host, bind)
-    if note:
-        print(f"{backend.job}:{backend.index}: {note}", flush=True)
-    backend.bind_address = address
-    restrict_listening(address, port, f"{backend.job}:{backend.index}")   # may re-execute this process
+    return refuse_finished(cfg, update, plan.total_updates)
 
 
 def wait_until_initialised(tf, backend):
@@ -268,13 +296,6 @@ def quiet_tensorflow(tf):
         default(args)
 
     threading.excepthook = hook
-
-
-def hard_exit(code):
-    """Leave without tearing down the gRPC server threads (TF cannot stop a Server cleanly)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -14,32 +14,42 @@ queue, shared by name across sessions) instead:
 3. Workers stop at the target global step; one that loses a PS ends itself
    (ps_train.main's liveness check); the local launcher (ps_train.launch)
    kills whatever is left when the chief is gone.
+
+TF2's ParameterServerStrategy (``--ps_api v2``, ps_train/v2.py) uses the same
+protocol for its worker tasks too: they are servers there, like the PS tasks,
+and the coordinator releases both.
 """
+import os
+import sys
+import threading
 import time
 
 from common.errors import RunError
 from common.procs import port_open
 
+QUEUE_SLOTS = 4      # the chief enqueues once; a failing chief may try twice
 
-def _done_queue(tf, num_slots, ps_index):
-    """The queue on PS task ``ps_index`` that carries the chief's 'training is over' code.
+
+def _done_queue(tf, job, index):
+    """The queue on task ``job:index`` that carries the chief's 'training is over' code.
 
     Only this queue may be in the session's graph: the session places every node.
     """
-    with tf.device(f"/job:ps/task:{ps_index}"):
-        return tf.queue.FIFOQueue(num_slots, tf.int32, shared_name=f"hvdps_done_{ps_index}",
-                                  name=f"hvdps_done_{ps_index}")
+    with tf.device(f"/job:{job}/task:{index}"):
+        return tf.queue.FIFOQueue(QUEUE_SLOTS, tf.int32, shared_name=f"hvdps_done_{job}_{index}",
+                                  name=f"hvdps_done_{job}_{index}")
 
 
 def serve_until_done(backend, poll_seconds=1.0):
-    """PS main loop: serve variables until the chief signals the end; returns its code."""
+    """Server main loop (a PS; a TF2 worker): serve until the chief signals the end; returns its code."""
     import tensorflow as tf
     graph = tf.Graph()
     with graph.as_default():
-        dequeue = _done_queue(tf, backend.world_size + 1, backend.index).dequeue()
+        dequeue = _done_queue(tf, backend.job, backend.index).dequeue()
     cfg = tf.compat.v1.ConfigProto(device_filters=[backend.device])
     opts = tf.compat.v1.RunOptions(timeout_in_ms=int(poll_seconds * 1000))
     last_seen = time.monotonic()
+    who = f"{backend.job}:{backend.index}"
     with tf.compat.v1.Session(backend.server.target, graph=graph, config=cfg) as sess:
         while True:
             try:
@@ -49,23 +59,49 @@ def serve_until_done(backend, poll_seconds=1.0):
             if port_open(backend.chief_address):
                 last_seen = time.monotonic()
             elif time.monotonic() - last_seen > backend.startup_timeout:
-                raise RunError(f"ps:{backend.index}: chief {backend.chief_address} unreachable for "
+                raise RunError(f"{who}: chief {backend.chief_address} unreachable for "
                                f"{backend.startup_timeout:.0f}s (--startup_timeout); giving up")
 
 
-def signal_done(backend, code=0, timeout=5.0):
-    """Chief: tell every PS task to exit with ``code`` (bounded, one PS at a time)."""
+def signal_done(tasks, code=0, timeout=5.0):
+    """Chief: tell each ``(job, index, address)`` task to exit with ``code``; bounded, all at once.
+
+    Each task is reached through its own gRPC master, so the chief needs no
+    server of its own for this (TF2's coordinator has none it could lend).
+    A released task exits at once, and with GRPC_FAIL_FAST=use_caller (TF2)
+    closing the session to it can then wait for it forever: each message goes
+    from a daemon thread, waited for at most ``timeout`` seconds in all.
+    """
+    threads = [threading.Thread(target=_tell, args=(job, i, addr, code, timeout), daemon=True,
+                                name=f"hvdps-release-{job}-{i}") for job, i, addr in tasks]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _tell(job, index, addr, code, timeout):
     import tensorflow as tf
-    opts = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout * 1000))
-    for i, addr in enumerate(backend.cluster["ps"]):
-        if not port_open(addr):
-            continue   # already gone: nothing to tell, and a session to it would wait
-        graph = tf.Graph()
-        with graph.as_default():
-            op = _done_queue(tf, backend.world_size + 1, i).enqueue(code)
-        cfg = tf.compat.v1.ConfigProto(device_filters=[f"/job:ps/task:{i}", backend.device])
-        try:
-            with tf.compat.v1.Session(backend.server.target, graph=graph, config=cfg) as sess:
-                sess.run(op, options=opts)
-        except tf.errors.OpError:
-            pass
+    if not port_open(addr):
+        return     # already gone: nothing to tell, and a session to it would wait
+    graph = tf.Graph()
+    with graph.as_default():
+        op = _done_queue(tf, job, index).enqueue(code)
+    cfg = tf.compat.v1.ConfigProto(device_filters=[f"/job:{job}/task:{index}"])
+    try:
+        sess = tf.compat.v1.Session(f"grpc://{addr}", graph=graph, config=cfg)
+        sess.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=int(timeout * 1000)))
+        _KEEP.append(sess)     # never closed: the process ends right after (hard_exit)
+    except tf.errors.OpError:
+        pass
+
+
+_KEEP = []
+
+
+def hard_exit(code):
+    """Leave without tearing down the gRPC server threads (TF cannot stop a Server cleanly)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

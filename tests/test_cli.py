@@ -80,7 +80,7 @@ CASES = [
     (LAUNCH, ["--num_ps", "many"], {}, "error: argument --num_ps: invalid int value: 'many'"),
     (LAUNCH, [], {"TF_CONFIG": LIST_TYPE}, "error: TF_CONFIG is set: the launcher chooses the cluster"),
     # ---- comparison, projection, hosts
-    (COMPARE, ["--backends", "mxnet"], {}, "error: unknown backend 'mxnet' (valid: horovod, ps)"),
+    (COMPARE, ["--backends", "mxnet"], {}, "error: unknown backend 'mxnet' (valid: horovod, ps, ps2)"),
     (COMPARE, ["--backends", "ps:lazy"], {}, "error: backend ps has no mode 'lazy' (valid: async, sync)"),
     (COMPARE, ["--workers", "0"], {}, "error: --workers expects positive numbers"),
     (COMPARE, ["--workers", "a,b"], {}, "error: --workers expects numbers like 1,2,4"),

@@ -68,7 +68,7 @@ def test_variants(text, expected):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("mpi", "unknown backend 'mpi' (valid: horovod, ps)"),
+    ("mpi", "unknown backend 'mpi' (valid: horovod, ps, ps2)"),
     ("ps:lazy", "backend ps has no mode 'lazy' (valid: async, sync)"),
 ])
 def test_bad_variants(text, message):

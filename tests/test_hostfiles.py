@@ -67,9 +67,10 @@ def test_manifests_load_and_use_real_flags(path):
     assert found
 
 
-def test_tfjob_tf_config_is_accepted():
+@pytest.mark.parametrize("manifest", ["tfjob.yaml", "tfjob_v2.yaml"])
+def test_tfjob_tf_config_is_accepted(manifest):
     """What the operator would inject for this TFJob parses as our TF_CONFIG."""
-    doc = yaml.safe_load(open(os.path.join(HF, "k8s", "tfjob.yaml")))
+    doc = yaml.safe_load(open(os.path.join(HF, "k8s", manifest)))
     reps = doc["spec"]["tfReplicaSpecs"]
     cluster = {role.lower(): [f"hvdps-ps-{role.lower()}-{i}:2222" for i in range(spec["replicas"])]
                for role, spec in reps.items()}

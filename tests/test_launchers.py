@@ -15,9 +15,9 @@ LONG = ["--epochs", "300", "--batch_size", "8", "--log_every", "5"]
 
 
 def test_unknown_backend_lists_the_valid_ones():
-    with pytest.raises(UsageError, match=r"unknown backend 'mxnet' \(valid: horovod, ps\)"):
+    with pytest.raises(UsageError, match=r"unknown backend 'mxnet' \(valid: horovod, ps, ps2\)"):
         get_launcher("mxnet")
-    assert sorted(LAUNCHERS) == ["horovod", "ps"]
+    assert sorted(LAUNCHERS) == ["horovod", "ps", "ps2"]
 
 
 @pytest.mark.parametrize("name, mode, pinned, expect", [

@@ -13,9 +13,8 @@ from common.metrics import load_run, read_records
 from common.training import load_weights_npz
 from common.procs import free_ports
 from tests.conftest import REPO, env, py, run
+from tests.ps_helpers import MAIN, FAST, _cluster, _finish, _per_role, _wait_for_steps
 
-MAIN = os.path.join(REPO, "ps_train", "main.py")
-FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5", "--startup_timeout", "60"]
 
 
 def launch(num_ps, num_workers, *args, timeout=300):
@@ -81,52 +80,6 @@ def test_async_is_not_big_batch_sgd(tmp_path):
     ps = load_weights_npz(str(tmp_path / "ps" / "weights.npz"))
     one = load_weights_npz(str(tmp_path / "one" / "weights.npz"))
     assert max(np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in zip(ps, one)) > 1e-3
-
-
-def _per_role(tmp_path, cluster, mode, extra=(), tf_config=False):
-    """Start every role by hand, as a user would; returns {name: Popen}."""
-    procs = {}
-    for role in ("ps", "worker"):
-        for i in range(len(cluster[role])):
-            if tf_config:
-                argv = [sys.executable, MAIN]
-                e = env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": i}}))
-            else:
-                argv = [sys.executable, MAIN, f"--job_name={role}", f"--task_index={i}",
-                        "--ps_hosts=" + ",".join(cluster["ps"]), "--worker_hosts=" + ",".join(cluster["worker"])]
-                e = env()
-            argv += [*FAST, mode, "--train_dir", str(tmp_path / "run"), *extra]
-            procs[f"{role}:{i}"] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                    text=True, env=e, start_new_session=True)
-    return procs
-
-
-def _finish(procs, timeout):
-    outs, deadline = {}, time.monotonic() + timeout
-    try:
-        for name, p in procs.items():
-            outs[name] = p.communicate(timeout=max(1, deadline - time.monotonic()))[0]
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
-    return outs
-
-
-def _wait_for_steps(run_dir, count, timeout=120):
-    """Until the chief has logged ``count`` step records (training is really under way)."""
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count('"step"') < count):
-        time.sleep(0.5)
-    assert metrics.exists(), "training never started"
-
-
-def _cluster(num_ps=1, num_workers=2):
-    ports = free_ports(num_ps + num_workers)
-    return {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
-            "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:]]}
 
 
 @pytest.mark.parametrize("tf_config", [False, True])
@@ -307,3 +260,16 @@ def test_restarted_chief_is_joined_by_the_survivors(tmp_path):
     summary = load_run(str(run_dir))[1]["summary"]
     assert summary["status"] == "ok" and summary["lost_workers"] == []
     assert summary["worker_steps"][1] > before["worker_steps"][1]    # the survivor kept training
+
+
+def test_chief_usage_error_after_start_releases_the_ps(tmp_path):
+    """--resume past the end is found once the chief's server runs: the PS is told at once
+    instead of waiting --startup_timeout for a chief that is gone."""
+    ok(launch(1, 2, *SHORT, "--async", "--epochs", "1", "--train_dir", str(tmp_path / "run")))
+    procs = _per_role(tmp_path, _cluster(), "--async", extra=["--epochs", "1", "--batch_size", "32", "--resume"])
+    t0 = time.monotonic()
+    outs = _finish(procs, 120)
+    assert procs["worker:0"].returncode == 2, outs["worker:0"][-2000:]
+    assert "error: --resume: " in outs["worker:0"] and "is already at step" in outs["worker:0"]
+    assert procs["ps:0"].returncode == 0 and "ps:0 done (the chief failed with code 2)" in outs["ps:0"]
+    assert time.monotonic() - t0 < 45                       # not the 60 s --startup_timeout

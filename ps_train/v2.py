@@ -1,0 +1,379 @@
+"""TensorFlow 2's parameter servers: ParameterServerStrategy + ClusterCoordinator (``--ps_api v2``).
+
+The other PS implementation in this package (the default, ``--ps_api v1``) is
+TensorFlow 1's between-graph replication, where every worker runs its own
+training loop. Here, as TensorFlow 2 and Kubeflow's TFJob examples do it, the
+**chief is a coordinator that does not train**: it builds the model under the
+strategy (variables on the PS tasks, large ones split over them by a
+partitioner) and schedules each training step as a function on whichever
+worker is free; worker and PS tasks only run a gRPC server. Updates are
+asynchronous (TensorFlow 2 has no synchronous PS): one step is one worker
+batch and one update of the weights, exactly as in the classic async mode, so
+the two are compared on the same plan (common/plan.py).
+
+Launch per role; the chief is a task of its own:
+
+    python ps_train/main.py --ps_api v2 --job_name=ps     --task_index=0 $HOSTS
+    python ps_train/main.py --ps_api v2 --job_name=worker --task_index=0 $HOSTS   # and 1, ...
+    python ps_train/main.py --ps_api v2 --job_name=chief  --task_index=0 $HOSTS
+      HOSTS='--ps_hosts=p:2222 --worker_hosts=w1:2222,w2:2222 --chief_host=c:2222'
+
+or with TF_CONFIG holding a "chief" (a TFJob), or every role on this machine:
+
+    python -m ps_train.launch --ps_api v2 --num_ps 2 --num_workers 2
+
+Faults, as TensorFlow 2 defines them (GRPC_FAIL_FAST=use_caller): a lost
+worker's scheduled steps are retried on the others and training finishes
+(the chief names the worker); a lost PS ends the job with one line; a lost
+chief ends it too (the servers give up after --startup_timeout). Either way
+``--resume`` continues from the latest checkpoint. Worker and PS tasks leave
+by themselves when the chief releases them (ps_train/stop.py): no
+``server.join()`` that never returns.
+"""
+import collections
+import os
+
+import numpy as np
+
+from common.backend import Backend
+from common.data import make_dataset
+from common.errors import RunError, UsageError, describe
+from common.hosts import parse_address
+from common.models import build_model, gradient_bytes, make_optimizer
+from common.plan import make_plan
+from common.procs import port_open, wait_for_ports
+from common.training import (Checkpoints, RunLog, Watchdog, check_alive, checkpoint_interval, eval_sums, finish_eval,
+                             make_lr_schedule, refuse_finished, save_weights_npz)
+from ps_train.backend import check_port_free
+
+# Variables of at least this size are split over the PS tasks (at most one shard per PS);
+# smaller ones are placed whole, round-robin, as TensorFlow does by default.
+MIN_SHARD_BYTES = 64 << 10
+
+
+class StrategyBackend(Backend):
+    """The TF2 implementation behind the common interface; rank 0 is the coordinator (chief)."""
+    name = "ps2"
+    mode = "async"
+
+    def __init__(self, cluster, job, index, startup_timeout=60.0, step_timeout=60.0):
+        super().__init__()
+        if "chief" not in cluster:
+            raise UsageError("--ps_api v2 needs a chief task, the coordinator: pass --chief_host "
+                             "(or a 'chief' in TF_CONFIG / --cluster_spec)")
+        if not cluster.get("worker"):
+            raise UsageError("--ps_api v2 needs at least one worker task (--worker_hosts)")
+        self.cluster, self.job, self.index = cluster, job, index
+        self.num_ps = len(cluster["ps"])
+        self.world_size = len(cluster["worker"])     # the training tasks; the chief only coordinates
+        self.is_chief = job == "chief"
+        self.rank = 0 if self.is_chief else -1
+        self.device = f"/job:{job}/task:{index}"
+        self.address = cluster[job][index]
+        self.chief_address = cluster["chief"][0]
+        self.startup_timeout, self.step_timeout = startup_timeout, step_timeout
+        self.threads = 0
+        self.bind_address = None
+        self.server = self.strategy = self.coordinator = None
+
+    def setup(self, cfg):
+        """Workers and PS tasks start their gRPC server; the chief connects the strategy to them."""
+        import tensorflow as tf
+        self.threads = cfg.threads_per_worker
+        _, port = parse_address(self.address, f"{self.job}:{self.index}")
+        check_port_free(self.bind_address or "", port, f"{self.job}:{self.index}")
+        if not self.is_chief:
+            config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=self.threads,
+                                              inter_op_parallelism_threads=2 if self.threads else 0)
+            try:
+                self.server = tf.distribute.Server(tf.train.ClusterSpec(self.cluster), job_name=self.job,
+                                                   task_index=self.index, protocol="grpc", config=config,
+                                                   start=True)
+            except tf.errors.OpError as exc:
+                raise UsageError(f"{self.job}:{self.index} could not start its gRPC server: "
+                                 f"{exc.message.splitlines()[0]}")
+            return self
+        # The strategy would wait without limit for a task that never comes.
+        wait_for_ports(self.cluster["ps"], self.startup_timeout, "parameter server")
+        wait_for_ports(self.cluster["worker"], self.startup_timeout, "worker")
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(self.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=MIN_SHARD_BYTES, max_shards=self.num_ps)
+        try:
+            self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+            self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+        except (tf.errors.OpError, ValueError) as exc:
+            raise RunError(f"chief: cannot connect to the cluster: {describe(exc)}")
+        return self
+
+    def plan(self, cfg, num_examples):
+        """One update = one worker batch, as in classic async mode."""
+        return make_plan(cfg, num_examples, self.world_size, batches_per_update=1)
+
+    def wrap_optimizer(self, optimizer):
+        """Nothing to wrap: created under the strategy, the optimizer's updates run on the PS tasks."""
+        return optimizer
+
+    def shutdown(self, code=0):
+        """The chief releases every PS and worker task (ps_train/stop.py)."""
+        if self.is_chief:
+            from ps_train import stop
+            stop.signal_done([(job, i, addr) for job in ("ps", "worker")
+                              for i, addr in enumerate(self.cluster[job])], code)
+
+    # ---------------------------------------------------------------- v2 only
+    def worker_names(self):
+        return [f"worker:{i}" for i in range(self.world_size)]
+
+    def gone(self, job):
+        """Tasks of ``job`` whose port is closed now."""
+        return [f"{job}:{i} ({addr})" for i, addr in enumerate(self.cluster[job]) if not port_open(addr)]
+
+
+def coordinate(cfg, backend, num_train):
+    """The chief's whole run: returns the workers it saw lost (their steps ran elsewhere)."""
+    import tensorflow as tf
+    tf.get_logger().setLevel("CRITICAL")   # the coordinator's per-retry tracebacks; hvdps names lost tasks itself
+    plan = backend.plan(cfg, num_train)
+    with backend.strategy.scope():               # PS: variables on the PS tasks, split by the partitioner
+        model = build_model(cfg)
+        optimizer = backend.wrap_optimizer(make_optimizer(cfg, make_lr_schedule(cfg, plan)))
+        optimizer._create_all_weights(model.trainable_variables)   # slots exist before a restore
+    checkpoints = MirroredCheckpoints(cfg, plan, model, optimizer)
+    start = refuse_finished(cfg, checkpoints.restore(cfg), plan.total_updates)
+    iterators = shard_iterators(backend, cfg, plan, start)   # PS: worker i reads shard i, on the worker
+    train_step = make_train_step(backend.strategy, model, optimizer)
+    log = RunLog(cfg, backend, plan, start_step=start, extra_header={
+        "ps_api": "v2", "cluster": backend.cluster, "placement": describe_placement(model),
+        "loss_source": "the logged step's own batch"})
+    print(f"async mode (TF2 ParameterServerStrategy), {plan.workers} workers, {backend.num_ps} PS, chief "
+          f"coordinates: {plan.global_step_meaning}; target {plan.total_updates} updates", flush=True)
+    loop = Bookkeeping(cfg, backend, plan, model, optimizer, log, checkpoints)
+    dog = Watchdog(backend.step_timeout + backend.startup_timeout, "chief: the first step did not finish")
+    try:
+        # Steps are scheduled ahead of the bookkeeping so the workers' queue never runs dry;
+        # a logged step is fetched (waited for) only once LAG later steps are queued behind it.
+        lag, pending = 2 * plan.workers, collections.deque()
+        for step in range(start + 1, plan.total_updates + 1):
+            result = backend.coordinator.schedule(train_step, args=(iterators,))   # PS: on a free worker
+            if loop.wants(step):
+                pending.append((step, result))
+            while pending and pending[0][0] <= step - lag:
+                loop.done(*pending.popleft())
+                dog.kick(f"chief: no step finished for {backend.step_timeout:.0f}s (--step_timeout): "
+                         f"every worker lost?")
+        while pending:                           # in order, each when it has run: honest timings
+            loop.done(*pending.popleft())
+        backend.coordinator.join()               # PS: every scheduled step has run somewhere
+    except tf.errors.OpError as exc:
+        ps_gone = backend.gone("ps")
+        if ps_gone:
+            raise RunError(f"chief: parameter server {ps_gone[0]} is gone: stopping")
+        raise RunError(f"chief: {describe(exc)}")
+    finally:
+        dog.stop()
+    return loop.finish()
+
+
+class Bookkeeping:
+    """What the coordinator does when a step it watches has run: log, evaluate, checkpoint."""
+
+    def __init__(self, cfg, backend, plan, model, optimizer, log, checkpoints):
+        self.cfg, self.backend, self.plan, self.model, self.optimizer = cfg, backend, plan, model, optimizer
+        self.log, self.checkpoints = log, checkpoints
+        self.checkpoint_every = checkpoint_interval(cfg, plan)
+        self.test_ds = make_dataset(cfg, 0, 1, split="test")
+        self.evaluated_at = None
+        self.lost = []
+
+    def wants(self, step):
+        return (step % self.cfg.log_every == 0 or step % self.checkpoint_every == 0
+                or step % self.plan.updates_per_epoch == 0 or step == self.plan.total_updates)
+
+    def done(self, step, result):
+        loss = float(result.fetch())             # PS: waits for that step (not for the later ones)
+        check_alive(loss)
+        if step % self.cfg.log_every == 0 or step == self.plan.total_updates:
+            self.note_lost_workers()
+            self.log.step(step, loss, lr=float(self.optimizer.lr(step)), lost_workers=self.lost)
+        if step % self.plan.updates_per_epoch == 0 and self.cfg.eval_every_epoch:
+            self.evaluate(step)
+        if step % self.checkpoint_every == 0:
+            self.checkpoints.save(step)
+
+    def note_lost_workers(self):
+        for name in self.backend.gone("worker"):
+            if name not in self.lost:
+                self.lost.append(name)
+                print(f"chief: {name} is gone; its steps run on the other workers", flush=True)
+
+    def evaluate(self, step):
+        """Inline evaluation, as TensorFlow's guide does it: the chief reads the PS weights."""
+        self.log.eval(max(1, self.plan.epoch_of(step)), step, *finish_eval(eval_sums(self.model, self.test_ds)))
+        self.evaluated_at = step
+
+    def finish(self):
+        final = self.plan.total_updates
+        if self.evaluated_at != final:
+            self.evaluate(final)
+        if self.checkpoints.saved_at != final:
+            self.checkpoints.save(final)
+        self.note_lost_workers()
+        save_weights_npz(self.checkpoints.shadow_model.get_weights(), os.path.join(self.cfg.train_dir, "weights.npz"))
+        self.log.finish(final, gradient_bytes(self.model), lost_workers=self.lost,
+                        updates_applied=int(self.optimizer.iterations.numpy()))
+        return [name.split(" ")[0] for name in self.lost]
+
+
+def make_train_step(strategy, model, optimizer):
+    import tensorflow as tf
+
+    @tf.function
+    def train_step(iterator):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                # Keras Loss objects refuse their default reduction inside a strategy: the same mean, by hand.
+                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        x, y = next(iterator)
+        return strategy.run(replica_step, args=(x, y))
+
+    return train_step
+
+
+def shard_iterators(backend, cfg, plan, start):
+    """Per-worker iterators where worker i reads shard i of n, as under every other backend.
+
+    TensorFlow's ``create_per_worker_dataset`` runs one and the same dataset
+    function on every worker (its docs: workers' datasets are assumed
+    identical), so a worker cannot learn its shard from it. This makes the
+    same per-worker resource call that function makes, once per worker with
+    that worker's shard (TensorFlow 2.15's ClusterCoordinator). Each stream
+    repeats: when a worker is lost, the others run its steps on their own data.
+    """
+    import tensorflow as tf
+    try:
+        from tensorflow.python.distribute import input_lib
+        from tensorflow.python.distribute.coordinator import values as coordinator_values
+        workers = backend.coordinator._cluster.workers
+    except (ImportError, AttributeError) as exc:
+        raise RunError(f"--ps_api v2 needs TensorFlow 2.15's ClusterCoordinator ({exc}); this is "
+                       f"TensorFlow {tf.__version__}")
+    skip = start // plan.workers                 # resume: every worker's stream where the run left it
+
+    def stream(i):
+        return make_dataset(cfg, i, plan.workers, start_step=skip, num_steps=plan.worker_steps).repeat()
+
+    spec = input_lib.get_iterator_spec_from_dataset(backend.strategy, stream(0))
+    remote = []
+    for i, worker in enumerate(workers):
+        value = worker.create_resource(tf.function(lambda i=i: iter(stream(i))))
+        value._type_spec = spec                  # what create_per_worker_dataset sets too
+        remote.append(value)
+    return coordinator_values.PerWorkerDistributedIterator(tuple(remote))
+
+
+def _sharded(model):
+    """{id(shard): the ShardedVariable}: Keras lists a partitioned variable's shards one by one."""
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+    whole = {}
+    for layer in [model, *model.submodules]:
+        for value in vars(layer).values():
+            if isinstance(value, ShardedVariable):
+                for shard in value.variables:
+                    whole[id(shard)] = value
+    return whole
+
+
+class MirroredCheckpoints:
+    """Checkpoints of the PS variables, written from a copy held on the chief.
+
+    Why a copy: TensorFlow 2.15 saves variables spread over several tasks
+    from a freshly traced function that it registers on every worker, and
+    while a lost worker is being waited for (the coordinator's recovery
+    thread holds the eager context), that registration blocks the chief for
+    good. Plain eager reads and assigns do not. So each save reads the PS
+    variables into an unsharded copy of the model and optimizer on the chief
+    and checkpoints that locally; a restore goes the other way. The files
+    have the Horovod trainer's layout (whole variables, slots, step).
+    """
+
+    def __init__(self, cfg, plan, model, optimizer):
+        self.shadow_model = build_model(cfg)     # outside the strategy's scope: on the chief
+        self.shadow_optimizer = make_optimizer(cfg, make_lr_schedule(cfg, plan))
+        self.shadow_optimizer._create_all_weights(self.shadow_model.trainable_variables)
+        self.inner = Checkpoints(cfg, self.shadow_model, self.shadow_optimizer)
+        self.pairs = _pairs(model, optimizer, self.shadow_model, self.shadow_optimizer)
+        self.saved_at = None
+
+    def restore(self, cfg):
+        step = self.inner.restore(cfg)
+        if cfg.resume:
+            for whole, shards in self.pairs:     # PS: the restored values onto the PS tasks
+                value = whole.numpy()
+                cuts = np.cumsum([s.shape[0] for s in shards])[:-1] if len(shards) > 1 else []
+                for shard, part in zip(shards, np.split(value, cuts) if len(shards) > 1 else [value]):
+                    shard.assign(part)
+        return step
+
+    def pull(self):
+        for whole, shards in self.pairs:         # PS: plain eager reads of the PS variables
+            whole.assign(np.concatenate([s.numpy() for s in shards]) if len(shards) > 1 else shards[0].numpy())
+
+    def save(self, step):
+        self.pull()
+        self.inner.save(step)
+        self.saved_at = step
+
+
+def _pairs(model, optimizer, shadow_model, shadow_optimizer):
+    """[(whole variable on the chief, [its shards on the PS tasks])] for weights, slots, step count."""
+    whole, groups = _sharded(model), []
+    for v in model.weights:                      # Keras lists a split variable's shards one by one
+        owner = whole.get(id(v))
+        if groups and owner is not None and groups[-1][0] is owner:
+            groups[-1][1].append(v)
+        else:
+            groups.append((owner, [v]))
+    shards_of = [shards for _, shards in groups]
+    if [tuple(w.shape) for w in shadow_model.weights] != \
+            [(sum(s.shape[0] for s in shards), *shards[0].shape[1:]) for shards in shards_of]:
+        raise RunError("chief: the model's PS variables do not match its copy on the chief")
+    pairs = list(zip(shadow_model.weights, shards_of))
+    trainable = {id(v) for v in model.trainable_variables}
+    for w, shards in zip(shadow_model.weights, shards_of):
+        if id(shards[0]) not in trainable:
+            continue
+        for slot in optimizer.get_slot_names():
+            pairs.append((shadow_optimizer.get_slot(w, slot), [optimizer.get_slot(s, slot) for s in shards]))
+    pairs.append((shadow_optimizer.iterations, [optimizer.iterations]))
+    return pairs
+
+
+def describe_placement(model):
+    """{variable: [device of each shard]}: where the partitioner and the round-robin put them."""
+    whole, out = _sharded(model), {}
+    for v in model.weights:
+        sharded = whole.get(id(v))
+        name = (sharded.name if sharded is not None else v.name).split(":")[0]
+        out.setdefault(name, []).append(v.device)
+    return out
+
+
+def serve(backend):
+    """A worker or PS task: serve until the chief releases it; the chief's code is printed."""
+    from ps_train import stop
+    print(f"{backend.job}:{backend.index} serving on {backend.address}", flush=True)
+    code = stop.serve_until_done(backend)
+    print(f"{backend.job}:{backend.index} done" + (f" (the chief failed with code {code})" if code else ""),
+          flush=True)
+
+
+def fail_fast_env():
+    """TensorFlow's documented setting for PS training: a call to a lost task fails at once
+    (and the coordinator retries the step elsewhere) instead of waiting for it to return."""
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")

@@ -1,0 +1,64 @@
+"""Starting a parameter-server job role by role, as a user would (both PS implementations)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from common.procs import free_ports
+from tests.conftest import REPO, env
+
+MAIN = os.path.join(REPO, "ps_train", "main.py")
+FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5", "--startup_timeout", "60"]
+
+
+def _per_role(tmp_path, cluster, mode, extra=(), tf_config=False):
+    """Start every role by hand, as a user would; returns {name: Popen}."""
+    procs = {}
+    hosts = ["--ps_hosts=" + ",".join(cluster["ps"]), "--worker_hosts=" + ",".join(cluster["worker"])]
+    if "chief" in cluster:
+        hosts.append("--chief_host=" + cluster["chief"][0])
+    for role in ("ps", "worker", "chief"):
+        for i in range(len(cluster.get(role, []))):
+            if tf_config:
+                argv = [sys.executable, MAIN]
+                e = env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": i}}))
+            else:
+                argv = [sys.executable, MAIN, f"--job_name={role}", f"--task_index={i}", *hosts]
+                e = env()
+            argv += [*FAST, mode, "--train_dir", str(tmp_path / "run"), *extra]
+            procs[f"{role}:{i}"] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                    text=True, env=e, start_new_session=True)
+    return procs
+
+
+def _finish(procs, timeout):
+    outs, deadline = {}, time.monotonic() + timeout
+    try:
+        for name, p in procs.items():
+            outs[name] = p.communicate(timeout=max(1, deadline - time.monotonic()))[0]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    return outs
+
+
+def _wait_for_steps(run_dir, count, timeout=120):
+    """Until the chief has logged ``count`` step records (training is really under way)."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count('"step"') < count):
+        time.sleep(0.5)
+    assert metrics.exists(), "training never started"
+
+
+def _cluster(num_ps=1, num_workers=2, chief=False):
+    ports = free_ports(num_ps + num_workers + int(chief))
+    cluster = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
+               "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:num_ps + num_workers]]}
+    if chief:
+        cluster["chief"] = [f"127.0.0.1:{ports[-1]}"]
+    return cluster

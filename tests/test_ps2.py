@@ -1,0 +1,159 @@
+"""TensorFlow 2's ParameterServerStrategy (--ps_api v2): every role a real process on loopback."""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from common.metrics import load_run, read_records
+from common.training import load_weights_npz
+from tests.conftest import REPO, descendants, py, run
+from tests.ps_helpers import FAST, _cluster, _finish, _per_role, _wait_for_steps
+
+V2 = ["--ps_api", "v2"]
+
+
+def launch(num_ps, num_workers, *args, timeout=300):
+    return py("-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(num_workers), *V2,
+              *args, timeout=timeout)
+
+
+def ok(result):
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-5000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.mark.parametrize("num_ps, num_workers", [(1, 1), (1, 2), (2, 1), (2, 2)])
+def test_reaches_accuracy_and_every_role_exits(tmp_path, num_ps, num_workers):
+    out = str(tmp_path / "run")
+    r = ok(launch(num_ps, num_workers, *FAST, "--train_dir", out))
+    row, curves = load_run(out)
+    header, summary = curves["header"], curves["summary"]
+    assert (row["backend"], row["mode"], row["workers"], row["num_ps"]) == ("ps2", "async", num_workers, num_ps)
+    assert row["final_test_accuracy"] >= 0.90, row
+    assert header["ps_api"] == "v2" and header["global_batch_size"] == 32
+    # the same sample budget as every other backend: 4 epochs of the 1438 training digits
+    assert summary["steps"] == summary["updates_applied"] == 4 * ((1438 // num_workers) // 32) * num_workers
+    # variables live on the PS tasks; with two, both hold some (round-robin and the partitioner)
+    devices = {d for shards in header["placement"].values() for d in shards}
+    assert {d.split("/replica")[0] + "/task:" + d.split("/task:")[1].split("/")[0] for d in devices} == \
+        {f"/job:ps/task:{i}" for i in range(num_ps)}
+    for role in [f"ps:{i}" for i in range(num_ps)] + [f"worker:{i}" for i in range(num_workers)]:
+        assert f"[{role}] {role} done" in r.stdout             # released by the chief, exit 0
+    assert "still running after the chief finished" not in r.stdout
+
+
+def test_large_variables_are_split_over_the_ps_tasks(tmp_path):
+    """The MLP's first kernel on 28x28 input (784 x 100 floats, 314 KB) is partitioned."""
+    out = str(tmp_path / "run")
+    ok(launch(2, 1, "--dataset", "synthetic", "--image_shape", "28,28,1", "--synthetic_samples", "256",
+              "--train_steps", "4", "--batch_size", "32", "--train_dir", out))
+    placement = load_run(out)[1]["header"]["placement"]
+    split = [name for name, shards in placement.items() if len(shards) == 2]
+    assert split, placement
+    assert all(len({s.split("/device")[0] for s in placement[name]}) == 2 for name in split)
+    weights = load_weights_npz(os.path.join(out, "weights.npz"))
+    assert weights[0].shape == (784, 100)                      # saved whole again
+
+
+def test_one_worker_is_the_single_process_run(tmp_path):
+    """Worker 0 of 1 reads exactly the batches a single process reads, in order; plain SGD
+    on the PS then gives the same weights (the sharding and the step are the same)."""
+    equiv = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs", "0", "--learning_rate", "0.1",
+             "--train_steps", "12", "--eval_every_epoch", "false", "--log_every", "4", "--batch_size", "32"]
+    ok(launch(1, 1, *equiv, "--train_dir", str(tmp_path / "v2")))
+    ok(run([sys.executable, os.path.join(REPO, "horovod_train", "main.py"), *equiv,
+            "--train_dir", str(tmp_path / "one")]))
+    a = load_weights_npz(str(tmp_path / "v2" / "weights.npz"))
+    b = load_weights_npz(str(tmp_path / "one" / "weights.npz"))
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert np.linalg.norm(x - y) <= 1e-5 * np.linalg.norm(y), np.linalg.norm(x - y)
+
+
+@pytest.mark.parametrize("tf_config", [False, True])
+def test_per_role_launch_every_process_exits_zero(tmp_path, tf_config):
+    procs = _per_role(tmp_path, _cluster(1, 2, chief=True), "--async", extra=V2, tf_config=tf_config)
+    outs = _finish(procs, 240)
+    codes = {n: p.returncode for n, p in procs.items()}
+    assert codes == {"ps:0": 0, "worker:0": 0, "worker:1": 0, "chief:0": 0}, outs
+    assert load_run(str(tmp_path / "run"))[0]["final_test_accuracy"] >= 0.9
+
+
+def test_killed_worker_steps_run_elsewhere(tmp_path):
+    """kill -9 of a worker mid-run: the coordinator retries its steps on the other one."""
+    cluster = _cluster(1, 2, chief=True)
+    procs = _per_role(tmp_path, cluster, "--async", extra=[*V2, "--epochs", "60", "--log_every", "20"])
+    try:
+        _wait_for_steps(tmp_path / "run", 3)
+        os.killpg(procs["worker:1"].pid, signal.SIGKILL)
+        outs = _finish(procs, 240)
+    finally:
+        _finish(procs, 1)
+    assert procs["chief:0"].returncode == 0, outs["chief:0"][-3000:]
+    assert procs["ps:0"].returncode == 0 and procs["worker:0"].returncode == 0
+    assert "chief: worker:1 (" in outs["chief:0"] and "finished without worker(s) worker:1" in outs["chief:0"]
+    summary = load_run(str(tmp_path / "run"))[1]["summary"]
+    assert summary["status"] == "ok" and summary["lost_workers"][0].startswith("worker:1")
+    assert summary["updates_applied"] == summary["steps"]      # every scheduled step ran once
+
+
+def test_killed_ps_ends_the_job_with_one_line(tmp_path):
+    procs = _per_role(tmp_path, _cluster(1, 2, chief=True), "--async",
+                      extra=[*V2, "--epochs", "200", "--log_every", "20"])
+    try:
+        _wait_for_steps(tmp_path / "run", 3)
+        os.killpg(procs["ps:0"].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        outs = _finish(procs, 60)
+        took = time.monotonic() - t0
+    finally:
+        _finish(procs, 1)
+    assert procs["chief:0"].returncode == 1, outs["chief:0"][-3000:]
+    errors = [line for line in outs["chief:0"].splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "parameter server ps:0 (127.0.0.1:" in errors[0] and "is gone" in errors[0], \
+        outs["chief:0"][-3000:]
+    assert "Traceback" not in outs["chief:0"]
+    assert procs["worker:0"].returncode == 0 and "done (the chief failed with code 1)" in outs["worker:0"]
+    assert took < 30
+
+
+def test_launcher_resume_continues_from_the_checkpoint(tmp_path):
+    out = str(tmp_path / "run")
+    ok(launch(1, 2, *FAST, "--epochs", "2", "--train_dir", out))
+    ok(launch(1, 2, *FAST, "--epochs", "4", "--resume", "--train_dir", out))
+    records = read_records(os.path.join(out, "metrics.jsonl"))
+    headers = [rec for rec in records if rec["type"] == "header"]
+    first = 2 * ((1438 // 2) // 32) * 2          # updates in 2 epochs at 2 workers
+    assert [h["start_step"] for h in headers] == [0, first]
+    row, curves = load_run(out)
+    assert curves["summary"]["steps"] == 2 * first and row["final_test_accuracy"] >= 0.9
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--sync"], "--sync needs --ps_api v1: TensorFlow 2's ParameterServerStrategy is asynchronous only"),
+    (["--replicas_to_aggregate", "2"], "--replicas_to_aggregate needs --ps_api v1"),
+    (["--ps_api", "v3"], "invalid choice: 'v3'"),
+])
+def test_v1_only_flags_are_usage_errors(tmp_path, extra, message):
+    r = launch(1, 2, *extra, "--train_dir", str(tmp_path / "run"), timeout=60)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_per_role_without_a_chief_is_a_usage_error(tmp_path):
+    cluster = _cluster(1, 1)
+    r = run([sys.executable, os.path.join(REPO, "ps_train", "main.py"), *V2, "--job_name=worker", "--task_index=0",
+             "--ps_hosts=" + cluster["ps"][0], "--worker_hosts=" + cluster["worker"][0]], timeout=60)
+    assert r.returncode == 2 and "needs a chief task" in r.stderr, r.stderr
+
+
+def test_compare_has_a_ps2_row(tmp_path):
+    out = tmp_path / "cmp"
+    r = py("-m", "hvdps.compare", "--backends", "ps,ps2", "--workers", "2", "--epochs", "3", "--batch_size", "32",
+           "--out", str(out), timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report = (out / "report.md").read_text()
+    assert "PS v2 (TF2 strategy)" in report and "PS async" in report
+    assert descendants(os.getpid()) == []
