@@ -39,7 +39,8 @@ def _start(tmp_path, *args):
         lines.append(line)
         if "[launch] started" in line:
             pids = {n: int(pid) for n, pid in re.findall(r"(\w+:\d) \(pid (\d+)\)", line)}
-        if "[worker:0] [ps] step" in line or "[worker:0] epoch 1" in line:
+        if any(mark in line for mark in ("[worker:0] [ps] step", "[worker:0] epoch 1",     # v1
+                                         "[chief:0] [ps2] step", "[chief:0] epoch 1")):    # v2
             break
     return p, lines, pids
 
@@ -102,11 +103,12 @@ def _listeners(pids):
     return found
 
 
-def test_every_task_listens_on_loopback_only(tmp_path):
+@pytest.mark.parametrize("api, tasks", [("v1", 4), ("v2", 5)])      # v2: and the chief (coordinator)
+def test_every_task_listens_on_loopback_only(tmp_path, api, tasks):
     """TensorFlow's gRPC server binds every interface by itself; hvdps' tasks must not."""
-    p, lines, pids = _start(tmp_path, "--num_ps", "2", "--num_workers", "2", *LONG)
+    p, lines, pids = _start(tmp_path, "--num_ps", "2", "--num_workers", "2", "--ps_api", api, *LONG)
     try:
-        assert len(pids) == 4, "".join(lines)
+        assert len(pids) == tasks, "".join(lines)
         found = _listeners(pids.values())
     finally:
         p.send_signal(signal.SIGINT)
