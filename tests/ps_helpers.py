@@ -6,7 +6,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 from common.procs import free_ports
+from common.training import load_weights_npz
 from tests.conftest import REPO, env
 
 MAIN = os.path.join(REPO, "ps_train", "main.py")
@@ -62,3 +65,12 @@ def _cluster(num_ps=1, num_workers=2, chief=False):
     if chief:
         cluster["chief"] = [f"127.0.0.1:{ports[-1]}"]
     return cluster
+
+
+def assert_same_weights(run_a, run_b, rel=1e-5):
+    """Two runs' weights.npz agree, tensor by tensor, within ``rel`` of the norm."""
+    a = load_weights_npz(os.path.join(str(run_a), "weights.npz"))
+    b = load_weights_npz(os.path.join(str(run_b), "weights.npz"))
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert np.linalg.norm(x - y) <= rel * np.linalg.norm(y), np.linalg.norm(x - y)

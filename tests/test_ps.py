@@ -13,7 +13,7 @@ from common.metrics import load_run, read_records
 from common.training import load_weights_npz
 from common.procs import free_ports
 from tests.conftest import REPO, env, py, run
-from tests.ps_helpers import MAIN, FAST, _cluster, _finish, _per_role, _wait_for_steps
+from tests.ps_helpers import MAIN, FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights
 
 
 
@@ -64,11 +64,7 @@ def test_sync_two_workers_equal_one_process_with_double_batch(tmp_path):
     ok(launch(1, 2, *EQUIV, "--sync", "--batch_size", "16", "--train_dir", str(tmp_path / "ps")))
     ok(run([sys.executable, os.path.join(REPO, "horovod_train", "main.py"), *EQUIV, "--batch_size", "32",
             "--train_dir", str(tmp_path / "one")]))
-    ps = load_weights_npz(str(tmp_path / "ps" / "weights.npz"))
-    one = load_weights_npz(str(tmp_path / "one" / "weights.npz"))
-    assert len(ps) == len(one)
-    for a, b in zip(ps, one):
-        assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), np.linalg.norm(a - b)
+    assert_same_weights(tmp_path / "ps", tmp_path / "one")
 
 
 def test_async_is_not_big_batch_sgd(tmp_path):
