@@ -92,7 +92,10 @@ def test_killed_worker_steps_run_elsewhere(tmp_path):
     assert "chief: worker:1 (" in outs["chief:0"] and "finished without worker(s) worker:1" in outs["chief:0"]
     summary = load_run(str(tmp_path / "run"))[1]["summary"]
     assert summary["status"] == "ok" and summary["lost_workers"][0].startswith("worker:1")
-    assert summary["updates_applied"] == summary["steps"]      # every scheduled step ran once
+    # Every scheduled step ran; the one the killed worker was running may have reached the PS before
+    # it died and then run again elsewhere (TF: "function execution is not atomic"), at most one per
+    # lost worker since a worker runs one closure at a time.
+    assert summary["steps"] <= summary["updates_applied"] <= summary["steps"] + len(summary["lost_workers"])
 
 
 def test_killed_ps_ends_the_job_with_one_line(tmp_path):
