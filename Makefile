@@ -52,7 +52,7 @@ $(STAMP): setup.py Makefile common/native/bind_to.c
 # fresh set-up); measured: warm-up is 2-19% of a run at these sizes and 2-28% even at 1.5-2x them,
 # so raise DEMO_MLP_EPOCHS / DEMO_CNN_EPOCHS for steadier figures when time allows.
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
-DEMO_COMMON := --workers 1,2 --eval_every_epoch false --checkpoint_every_epoch false --no-progress --log_every 4
+DEMO_COMMON := --workers 1,2 --backends horovod,mpi,ps --eval_every_epoch false --checkpoint_every_epoch false --no-progress --log_every 4
 demo: setup
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --model mlp --batch_size 32 --epochs $(DEMO_MLP_EPOCHS) --out $(DEMO_OUT)/mlp
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --model cnn --dataset examples/digits28.py:load --batch_size 64 \

@@ -12,7 +12,7 @@ setup(
     description="Train one TensorFlow model two ways (Horovod all-reduce vs parameter servers) and compare",
     python_requires=">=3.9,<3.12",
     packages=find_packages(include=["common", "common.*", "horovod_train", "horovod_train.*",
-                                    "ps_train", "ps_train.*", "hvdps", "hvdps.*"]),
+                                    "ps_train", "ps_train.*", "mpi_train", "mpi_train.*", "hvdps", "hvdps.*"]),
     install_requires=[
         "tensorflow-cpu==2.15.1",
         "numpy>=1.23,<2",
@@ -30,6 +30,7 @@ setup(
     entry_points={
         "console_scripts": [
             "hvdps-horovod=horovod_train.main:main",
+            "hvdps-mpi=mpi_train.main:main",
             "hvdps-ps=ps_train.main:main",
             "hvdps-ps-launch=ps_train.launch:main",
             "hvdps-compare=hvdps.compare:main",

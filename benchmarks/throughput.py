@@ -78,7 +78,9 @@ def main():
                         if p.returncode == 0:
                             r, curves = load_run(out)
                             row.update(median=r["samples_per_sec_median"], mean=r["samples_per_sec_mean"],
-                                       error=r["samples_per_sec_error"], grad_bytes=r["grad_bytes_per_step"])
+                                       error=r["samples_per_sec_error"], grad_bytes=r["grad_bytes_per_step"],
+                                       step_ms=_ms(r["step_s"]), compute_ms=_ms(r["compute_s"]),
+                                       exchange_ms=_ms(r["exchange_s"]))
                             launch = os.path.join(out, "launch.json")
                             if os.path.exists(launch):
                                 row["cpu_seconds"] = json.load(open(launch))["cpu_seconds"]
@@ -99,17 +101,26 @@ def main():
     print(table(rows))
 
 
+def _ms(seconds):
+    return None if seconds is None else round(1000 * seconds, 3)
+
+
 def table(rows):
-    lines = ["| model | backend | mode | PS | workers | samples/sec median | mean ± 95% | efficiency | PS cpu s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | backend | mode | PS | workers | samples/sec median | mean ± 95% | efficiency | "
+             "step = compute + overhead (ms) | PS cpu s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         head = f"| {r['model']} | {r['backend']} | {r['mode']} | {r['num_ps'] or '-'} | {r['workers']} | "
         if not r.get("median"):
-            lines.append(head + "failed | | | |")
+            lines.append(head + "failed | | | | |")
             continue
         eff = "-" if r.get("efficiency") is None else f"{100 * r['efficiency']:.0f}%"
         ps_cpu = sum(v for k, v in (r.get("cpu_seconds") or {}).items() if k.startswith("ps:"))
-        lines.append(head + f"{r['median']:.1f} | {r['mean']:.1f} ± {r['error']:.1f} | {eff} | "
+        split = (f"{r['step_ms']:.2f} = {r['compute_ms']:.2f} + {r['step_ms'] - r['compute_ms']:.2f}"
+                 if r.get("step_ms") is not None and r.get("compute_ms") is not None else "-")
+        if r.get("exchange_ms") is not None:
+            split += f" (MPI_Allreduce {r['exchange_ms']:.2f})"
+        lines.append(head + f"{r['median']:.1f} | {r['mean']:.1f} ± {r['error']:.1f} | {eff} | {split} | "
                      f"{ps_cpu:.1f} |")
     return "\n".join(lines)
 

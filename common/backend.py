@@ -9,6 +9,23 @@ names to launchers.
 """
 
 
+def place_rank(cfg, local_rank, local_size):
+    """One GPU per process, or on CPU the host's cores split between its local ranks (instead of
+    each starting a thread pool the size of the machine and fighting); returns the threads.
+    The all-reduce trainers (Horovod and bare MPI) place their ranks alike."""
+    import tensorflow as tf
+    from common.procs import host_cores
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        for gpu in gpus:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+    threads = cfg.threads_per_worker or max(1, host_cores() // local_size)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    return threads
+
+
 class Backend:
     """A distribution method as a training loop sees it.
 
@@ -33,5 +50,25 @@ class Backend:
     def wrap_optimizer(self, optimizer):
         raise NotImplementedError
 
+    def wire_bytes(self, grad_bytes, plan):
+        """What one step puts on the network, by this method's algorithm and the model's sizes:
+        ``{"bytes_per_step_per_worker": ..., "bytes_per_update_per_ps": ..., "wire_rule": "..."}``."""
+        return {}
+
     def shutdown(self, code=0):
         """Leave the job; ``code`` is the trainer's result (the PS chief passes it on to the PS tasks)."""
+
+
+def ring_wire(grad_bytes, workers):
+    """Ring all-reduce: each worker sends (and receives) 2(n-1)/n of the gradient per step."""
+    return {"bytes_per_step_per_worker": int(2 * (workers - 1) * grad_bytes / workers),
+            "wire_rule": "ring all-reduce: 2(n-1)/n x gradient bytes per worker"}
+
+
+def ps_wire(grad_bytes, plan, num_ps):
+    """Parameter servers: a worker pushes its gradient and pulls the weights every batch; a PS
+    task carries its share of that for every batch that makes an update (even sharding)."""
+    return {"bytes_per_step_per_worker": int(2 * grad_bytes),
+            "bytes_per_update_per_ps": int(2 * grad_bytes * plan.batches_per_update / max(1, num_ps)),
+            "wire_rule": "PS: push gradient + pull weights per worker batch; a PS task carries 1/num_ps "
+                         "of it per batch in an update"}

@@ -56,6 +56,7 @@ class Config:
     checkpoint_every_epoch: bool = True
     checkpoint_steps: int = 0               # >0: a checkpoint every N updates (bounds what a restart loses)
     threads_per_worker: int = 0             # TF intra-op threads per worker; 0: automatic
+    probe_steps: int = 50                   # compute-only steps timed after training (0: no breakdown)
 
     def __post_init__(self):
         optimizer, learning_rate = MODEL_DEFAULTS.get(self.model, MODEL_DEFAULTS["*"])
@@ -135,7 +136,7 @@ def validate(cfg):
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise UsageError(f"--{name} must be positive, got {getattr(cfg, name)}")
-    for name in ("epochs", "train_steps", "warmup_steps", "threads_per_worker", "checkpoint_steps"):
+    for name in ("epochs", "train_steps", "warmup_steps", "threads_per_worker", "checkpoint_steps", "probe_steps"):
         if getattr(cfg, name) < 0:
             raise UsageError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.epochs == 0 and cfg.train_steps == 0:
@@ -234,6 +235,10 @@ def build_parser(description, prog=None):
     g.add_argument("--threads_per_worker", type=int, default=d.threads_per_worker,
                    help="TensorFlow intra-op threads per worker/rank (0: Horovod splits the host's "
                         "cores between its local ranks; a PS worker takes TensorFlow's default)")
+    g.add_argument("--probe_steps", type=int, default=d.probe_steps,
+                   help="after training, the chief times this many steps of the same model, batch, input "
+                        "pipeline and threads with no exchange at all: the compute part of the per-step "
+                        "breakdown (docs/metrics.md); 0: no breakdown")
     return p
 
 

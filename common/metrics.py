@@ -22,6 +22,8 @@ EVAL_FIELDS = ("epoch", "global_step", "wall_time", "loss", "accuracy")
 SUMMARY_FIELDS = ("status", "total_time", "steps", "samples_seen", "throughput",
                   "time_to_target", "final_test_accuracy", "final_test_loss",
                   "grad_bytes_per_step")
+BREAKDOWN_FIELDS = ("step_s", "compute_s", "overhead_s", "overhead_share", "exchange_s",
+                    "bytes_per_step_per_worker", "bytes_per_update_per_ps")
 
 
 def library_versions():
@@ -184,6 +186,18 @@ def read_records(path):
     return records
 
 
+def _ps_cpu_seconds(run_dir):
+    """CPU seconds of the PS tasks as the local launcher measured them (launch.json; whole
+    processes, start-up included), or None when the run was not started by it."""
+    try:
+        with open(os.path.join(run_dir, "launch.json")) as f:
+            cpu = json.load(f).get("cpu_seconds") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    values = [v for k, v in cpu.items() if str(k).startswith("ps:") and isinstance(v, (int, float))]
+    return float(sum(values)) if values else None
+
+
 def load_run(run_dir, name="metrics.jsonl"):
     """One run as a flat row for tables, plus its curves. Missing parts become None."""
     recs = read_records(os.path.join(run_dir, name))
@@ -211,4 +225,10 @@ def load_run(run_dir, name="metrics.jsonl"):
         "wall_time": summary.get("total_time"),
         "steps": summary.get("steps"),
     }
+    split = summary.get("breakdown") or {}
+    for key in BREAKDOWN_FIELDS:
+        row[key] = split.get(key)
+    row["ps_cpu_s"] = _ps_cpu_seconds(run_dir)
+    if row["ps_cpu_s"] is not None and row["wall_time"]:
+        row["ps_cpu_share"] = row["ps_cpu_s"] / (max(1, row["num_ps"] or 1) * row["wall_time"])
     return row, {"header": header, "evals": evals, "steps": steps, "summary": summary}

@@ -106,3 +106,22 @@ def loopback_only_env():
         return {}
     preload = " ".join(p for p in (lib, os.environ.get("LD_PRELOAD", "")) if p)
     return {"LD_PRELOAD": preload, "HVDPS_BIND_ADDR": "127.0.0.1", "HVDPS_BIND_PORT": "any"}
+
+
+# Launchers set one of these before Python starts, so the rank is known before
+# hvd.init() -- needed to silence the duplicate error lines of ranks 1..n-1.
+_RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def launcher_rank():
+    for name in _RANK_ENV:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def host_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

@@ -236,14 +236,19 @@ class RunLog:
         self.tb.scalars(step, test_loss=loss, test_accuracy=accuracy)
         self.progress.write(f"epoch {epoch}: step {step} test_loss={loss:.4f} test_accuracy={accuracy:.4f}")
 
-    def finish(self, steps, grad_bytes_per_step, status="ok", samples_seen=None, **extra):
+    def finish(self, steps, grad_bytes_per_step, status="ok", samples_seen=None, compute_s=None, wire=None,
+               exchange_s=None, **extra):
+        """The summary; ``compute_s`` (common.probe), ``wire`` (Backend.wire_bytes) and a measured
+        ``exchange_s`` make its per-step ``breakdown``."""
         if not self.enabled:
             return None
+        from common.probe import breakdown
         stats = self.meter.stats()
         loss, acc = self.last_eval
         samples = samples_seen if samples_seen is not None else steps * self.plan.samples_per_update
+        split = breakdown(compute_s, stats.get("median"), self.plan.workers, self.cfg.batch_size, wire, exchange_s)
         self.metrics.summary(status, steps, samples, stats, loss, acc,
-                             grad_bytes_per_step, **extra)
+                             grad_bytes_per_step, breakdown=split, **extra)
         self.progress.close()
         from common.metrics import format_throughput
         print(f"samples/sec: {format_throughput(stats)}  test_accuracy: "
@@ -329,3 +334,13 @@ def refuse_finished(cfg, step, total):
         raise UsageError(f"--resume: {cfg.train_dir} is already at step {step} of {total}; "
                          f"raise --epochs or --train_steps to train further")
     return step
+
+
+def create_slots(model, optimizer):
+    """Create the optimizer's variables (slots, iteration count) now, on every rank.
+
+    Keras creates them on the first apply_gradients; a resumed run must have them
+    before rank 0 restores and broadcasts, or ranks 1..n-1 hang in the broadcast
+    (Horovod and bare MPI alike).
+    """
+    optimizer._create_all_weights(model.trainable_variables)

@@ -11,20 +11,8 @@ import os
 
 import numpy as np
 
-from common.backend import Backend
+from common.backend import Backend, place_rank, ring_wire
 from common.plan import make_plan
-
-# Launchers set one of these before Python starts, so the rank is known before
-# hvd.init() -- needed to silence the duplicate error lines of ranks 1..n-1.
-_RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-
-
-def launcher_rank():
-    for name in _RANK_ENV:
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
-
 
 def add_horovod_args(parser):
     g = parser.add_argument_group("Horovod")
@@ -68,13 +56,6 @@ def tuning_env(args):
     return env
 
 
-def host_cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 class HorovodBackend(Backend):
     name = "horovod"
     mode = "sync"
@@ -88,23 +69,13 @@ class HorovodBackend(Backend):
 
     def setup(self, cfg):
         os.environ.update(self.env)
-        import tensorflow as tf
         import horovod.tensorflow.keras as hvd
         hvd.init()                                       # Horovod: join the ring
         self.hvd = hvd
         self.rank, self.world_size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self.is_chief = self.rank == 0
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:                                         # Horovod: one GPU per process
-            for gpu in gpus:
-                tf.config.experimental.set_memory_growth(gpu, True)
-            tf.config.set_visible_devices(gpus[self.local_rank % len(gpus)], "GPU")
-        # Horovod on CPU: N ranks on one host share its cores instead of each
-        # starting a thread pool the size of the machine and fighting.
-        self.threads = cfg.threads_per_worker or max(1, host_cores() // self.local_size)
-        tf.config.threading.set_intra_op_parallelism_threads(self.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, self.threads)))
+        self.threads = place_rank(cfg, self.local_rank, self.local_size)   # Horovod: a GPU or a core share
         return self
 
     def refresh(self):
@@ -123,6 +94,9 @@ class HorovodBackend(Backend):
 
     def wrap_optimizer(self, optimizer):
         return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
+
+    def wire_bytes(self, grad_bytes, plan):
+        return ring_wire(grad_bytes // (2 if self.fp16 else 1), self.world_size)
 
     def shutdown(self, code=0):
         if self.hvd is not None:
@@ -189,12 +163,3 @@ def mark_elastic_job(train_dir):
         os.makedirs(train_dir, exist_ok=True)
         with open(os.path.join(train_dir, "elastic_job"), "w") as f:
             f.write(job + "\n")
-
-
-def create_slots(model, optimizer):
-    """Create the optimizer's variables (slots, iteration count) now, on every rank.
-
-    Keras creates them on the first apply_gradients; a resumed run must have them
-    before rank 0 restores and broadcasts, or ranks 1..n-1 hang in the broadcast.
-    """
-    optimizer._create_all_weights(model.trainable_variables)

@@ -27,8 +27,7 @@ from common.data import make_dataset
 from common.errors import UsageError
 from common.plan import make_plan
 from common.training import RunLog, eval_sums, finish_eval, save_weights_npz
-from common.training import check_alive
-from horovod_train.backend import create_slots
+from common.training import check_alive, create_slots
 
 
 def lr_at(cfg, update, world_size, updates_per_epoch):

@@ -11,7 +11,6 @@ One process per GPU (or per CPU slot). Any of these launch lines works:
 
 Lines marked ``# Horovod:`` are the only differences from single-process code.
 """
-import math
 import os
 import sys
 
@@ -23,11 +22,13 @@ from common.config import build_parser, from_args
 from common.data import load_arrays, make_dataset
 from common.errors import cli
 from common.models import build_model, gradient_bytes, loss_fn, make_optimizer
-from common.training import (Checkpoints, RunLog, check_alive, check_resume_compatible, check_train_dir,
-                             checkpoint_interval, eval_sums, finish_eval, make_lr_schedule, refuse_finished,
-                             save_weights_npz)
-from horovod_train.backend import (HorovodBackend, add_horovod_args, create_slots,
-                                   joining_elastic_job, launcher_rank, mark_elastic_job, tuning_env)
+from common.training import (Checkpoints, RunLog, check_resume_compatible, check_train_dir, create_slots,
+                             make_lr_schedule, refuse_finished, save_weights_npz)
+from common.probe import compute_step_time
+from common.procs import launcher_rank
+from common.sync_loop import EndOfStep, run_custom
+from horovod_train.backend import (HorovodBackend, add_horovod_args, joining_elastic_job, mark_elastic_job,
+                                   tuning_env)
 from horovod_train.elastic import train_elastic
 
 
@@ -79,56 +80,15 @@ def main(argv=None):
     else:
         run_custom(backend, model, optimizer, criterion, train_ds, start_step, end_of_step)
 
+    compute_s = compute_step_time(cfg) if backend.is_chief else None   # the step without Horovod
     divergence = backend.max_divergence(model)   # Horovod: all ranks must hold the same weights
     if backend.is_chief:
         save_weights_npz(model.get_weights(), os.path.join(cfg.train_dir, "weights.npz"))
     wire = gradient_bytes(model) // (2 if args.fp16_allreduce else 1)
-    log.finish(plan.total_updates, wire, max_weight_divergence=divergence)
+    log.finish(plan.total_updates, wire, max_weight_divergence=divergence, compute_s=compute_s,
+               wire=backend.wire_bytes(gradient_bytes(model), plan))
     backend.shutdown()
     return 0
-
-
-class EndOfStep:
-    """After every update: the averaged loss every --log_every, evaluation per epoch, checkpoints."""
-
-    def __init__(self, cfg, backend, plan, model, optimizer, log, checkpoints):
-        self.cfg, self.backend, self.plan, self.model, self.optimizer = cfg, backend, plan, model, optimizer
-        self.log, self.checkpoints = log, checkpoints
-        self.test_ds = make_dataset(cfg, backend.rank, backend.world_size, split="test")
-        self.checkpoint_every = checkpoint_interval(cfg, plan)
-
-    def __call__(self, step, losses):
-        last = step == self.plan.total_updates
-        if step % self.cfg.log_every == 0 or last:
-            loss = float(self.backend.allreduce(sum(losses) / len(losses), "loss"))  # Horovod: average
-            check_alive(loss)
-            self.log.step(step, loss, lr=float(self.optimizer.lr(step)))
-            losses.clear()
-        if (step % self.plan.updates_per_epoch == 0 and self.cfg.eval_every_epoch) or last:
-            # Horovod: each rank scores its slice of the test set; the sums are all-reduced.
-            sums = self.backend.allreduce(eval_sums(self.model, self.test_ds), "eval", op="sum")
-            self.log.eval(math.ceil(step / self.plan.updates_per_epoch), step, *finish_eval(sums))
-        if self.backend.is_chief and (step % self.checkpoint_every == 0 or last):
-            self.checkpoints.save(step)          # Horovod: only rank 0 writes checkpoints
-
-
-def run_custom(backend, model, optimizer, criterion, train_ds, start_step, end_of_step):
-    import tensorflow as tf
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = criterion(y, model(x, training=True))
-        tape = backend.wrap_tape(tape)           # Horovod: all-reduce the gradients
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    losses, step = [], start_step
-    for x, y in train_ds:
-        losses.append(float(train_step(x, y)))
-        step += 1
-        end_of_step(step, losses)
 
 
 def run_fit(backend, model, optimizer, criterion, train_ds, start_step, total_steps, end_of_step):

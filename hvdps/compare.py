@@ -121,7 +121,8 @@ def make_parser():
     p = build_parser(__doc__.splitlines()[0], prog="hvdps-compare")
     g = p.add_argument_group("comparison")
     g.add_argument("--workers", default="1,2", help="worker counts, e.g. 1,2,4")
-    g.add_argument("--backends", default="horovod,ps", help="horovod, ps (both modes), ps:async, ps:sync, ps2 (TF2's ParameterServerStrategy)")
+    g.add_argument("--backends", default="horovod,ps", help="horovod, mpi (bare mpi4py Allreduce, the reference for Horovod), ps (both modes), ps:async, "
+                        "ps:sync, ps2 (TF2's ParameterServerStrategy)")
     g.add_argument("--num_ps", type=int, default=1, help="parameter-server tasks for PS runs")
     g.add_argument("--run_timeout", type=float, default=900, help="seconds before a run is stopped")
     g.add_argument("--dry-run", dest="dry_run", action="store_true", help="print the commands, run nothing")

@@ -1,7 +1,7 @@
 """How to start a whole job of each backend on this machine: the one place that maps names.
 
 The comparison and the benchmarks start every run through these, with the
-real launchers (``mpirun`` for Horovod, ``python -m ps_train.launch`` for PS),
+real launchers (``mpirun`` for Horovod and bare MPI, ``python -m ps_train.launch`` for PS),
 so what they measure is what a user's launch line does. Only ``get_launcher``
 branches on a backend's name; an unknown name lists the valid ones.
 """
@@ -46,18 +46,25 @@ class Launcher:
 
 class HorovodLauncher(Launcher):
     name = "horovod"
+    main = ("horovod_train", "main.py")
 
     def env(self):
         return loopback_only_env()
 
     def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable):
-        main = os.path.join(REPO, "horovod_train", "main.py")
+        main = os.path.join(REPO, *self.main)
         mpirun = shutil.which("mpirun") or "mpirun"
         bind = ["-bind-to", "core", "-map-by", "core"] if pin_cores else ["-bind-to", "none", "-map-by", "slot"]
         threads = ["--threads_per_worker", "1"] if pin_cores else []
         extra = ["--mca", "mpi_yield_when_idle", "1"] if self.mpi_yield else []
         return [mpirun, "-np", str(workers), *bind, *LOCAL_MPI_FLAGS, *extra, "-x", "PATH", "-x", "PYTHONPATH",
                 "-x", "TF_CPP_MIN_LOG_LEVEL", python, main, *threads, *trainer_argv]
+
+
+class MPILauncher(HorovodLauncher):
+    """The bare-MPI reference (mpi_train): the same mpirun line, another main."""
+    name = "mpi"
+    main = ("mpi_train", "main.py")
 
 
 class PSLauncher(Launcher):
@@ -86,7 +93,7 @@ class PS2Launcher(PSLauncher):
         return super().command(workers, ["--ps_api", "v2", *trainer_argv], mode, num_ps, pin_cores, python)
 
 
-LAUNCHERS = {"horovod": HorovodLauncher, "ps": PSLauncher, "ps2": PS2Launcher}
+LAUNCHERS = {"horovod": HorovodLauncher, "mpi": MPILauncher, "ps": PSLauncher, "ps2": PS2Launcher}
 
 
 def get_launcher(name, **options):

@@ -11,12 +11,24 @@ import os
 from common.errors import UsageError
 from common.metrics import load_run, read_records
 
+# What a step's distribution overhead consists of, per method: the sentence's second half.
+OVERHEAD_IS = {
+    ("horovod", "sync"): "Horovod's negotiation, fusion and ring all-reduce of the gradients, and waiting "
+                         "for the slower rank",
+    ("mpi", "sync"): "the MPI_Allreduce of the gradients and waiting for the slower rank",
+    ("ps", "async"): "pushing gradients to and pulling weights from the parameter servers",
+    ("ps", "sync"): "the PS round trip and waiting for the slower workers' gradients before each update",
+    ("ps2", "async"): "the coordinator's dispatch and the PS round trip",
+}
+
 COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_per_sec_median",
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
-           "global_batch", "oversubscribed", "startup_s", "warmup_s", "warmup_share", "error", "run_dir")
+           "global_batch", "oversubscribed", "startup_s", "warmup_s", "warmup_share", "step_s", "compute_s",
+           "overhead_s", "overhead_share", "exchange_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
+           "ps_cpu_s", "ps_cpu_share", "error", "run_dir")
 RUN_RECORD = "compare_run.json"    # written by hvdps-compare next to each run: its wall time from launch
-NAMES = {("horovod", "sync"): "Horovod", ("ps", "async"): "PS async", ("ps", "sync"): "PS sync",
+NAMES = {("horovod", "sync"): "Horovod", ("mpi", "sync"): "bare MPI", ("ps", "async"): "PS async", ("ps", "sync"): "PS sync",
          ("ps2", "async"): "PS v2 (TF2 strategy)"}
 
 
@@ -95,9 +107,9 @@ def write_report(rows, out, cfg_dict, environment):
     plots = write_plots(rows, out)
     lines = ["# hvdps comparison", "",
              "| workload | backend | mode | workers | PS | samples/sec (median) | mean ± 95% | scaling eff. | "
-             "time to target (s) | test acc. | test loss | grad bytes/step/worker | wall (s) | start-up (s) | "
-             "status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "time to target (s) | test acc. | test loss | grad bytes/step/worker | step = compute + overhead (ms) | "
+             "wall (s) | start-up (s) | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tp = (f"{r['samples_per_sec_mean']:.0f} ± {r['samples_per_sec_error']:.0f}"
               if r.get("samples_per_sec_mean") is not None else "-")
@@ -113,8 +125,12 @@ def write_report(rows, out, cfg_dict, environment):
                      f"{r.get('num_ps') or '-'} | "
                      f"{_fmt(r.get('samples_per_sec_median'))} | {tp} | {eff} | {_fmt(r.get('time_to_target'))} | "
                      f"{_fmt(r.get('final_test_accuracy'))} | {_fmt(r.get('final_test_loss'))} | "
-                     f"{_fmt(r.get('grad_bytes_per_step'))} | {_fmt(r.get('wall_time'))} | {startup} | {status} |")
+                     f"{_fmt(r.get('grad_bytes_per_step'))} | {_split(r)} | {_fmt(r.get('wall_time'))} | {startup} | {status} |")
     findings = verdicts(rows)
+    reasons = explanations(rows)
+    if reasons:
+        lines += ["", "Where each step's time goes (compute = the same step timed alone with no exchange, "
+                  "in the same job; overhead = the measured step minus that; docs/metrics.md):", ""] + reasons
     lines += [""] + findings + (["", "Start-up: from launch to the first measured interval (processes, "
                                  "cluster, TensorFlow import, tracing, the excluded warm-up steps); in brackets "
                                  "the warm-up's share of the trainer's wall time. Neither is in the throughput "
@@ -130,7 +146,7 @@ def write_report(rows, out, cfg_dict, environment):
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(lines))
-    return "\n".join(lines[:len(rows) + 4] + [""] + findings)
+    return "\n".join(lines[:len(rows) + 4] + [""] + findings + ([""] + reasons if reasons else []))
 
 
 def verdicts(rows):
@@ -158,6 +174,69 @@ def verdicts(rows):
             text += " Start-up: " + ", ".join(f"{k} {sum(v) / len(v):.1f} s" for k, v in startups.items()) + "."
         out.append(text)
     return out
+
+
+def _split(r):
+    if r.get("step_s") is None or r.get("compute_s") is None:
+        return "-"
+    return f"{1000 * r['step_s']:.2f} = {1000 * r['compute_s']:.2f} + {1000 * r['overhead_s']:.2f}"
+
+
+def _ms(seconds):
+    return f"{1000 * seconds:.2f} ms"
+
+
+def explanations(rows):
+    """One sentence per run with a breakdown: how much of a worker's step distribution costs, and
+    what that overhead is for this method."""
+    out = []
+    for r in rows:
+        if r.get("status") != "ok" or r.get("step_s") is None or r.get("compute_s") is None:
+            continue
+        name = NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
+        share = r["overhead_share"]
+        head = f"- {r.get('model') or '-'}, {name}, {r['workers']} worker(s): "
+        if share < 0.1:
+            text = (f"compute dominates: {_ms(r['compute_s'])} of a {_ms(r['step_s'])} step; distribution "
+                    f"adds {100 * max(share, 0):.0f}%")
+        else:
+            what = OVERHEAD_IS.get((r["backend"], r["mode"]), "distribution")
+            text = (f"{100 * share:.0f}% of each step ({_ms(r['overhead_s'])} of {_ms(r['step_s'])}) is {what}; "
+                    f"compute is {_ms(r['compute_s'])}")
+        if r.get("exchange_s") is not None:
+            text += f"; measured inside MPI_Allreduce: {_ms(r['exchange_s'])}"
+        if r.get("bytes_per_step_per_worker"):
+            text += f"; {r['bytes_per_step_per_worker']:,} bytes on the wire per worker step"
+        if r.get("ps_cpu_share") is not None:
+            text += (f"; the PS task(s) used {r['ps_cpu_s']:.1f} CPU s, {100 * r['ps_cpu_share']:.0f}% of a core "
+                     f"each over the run (whole processes, start-up included)")
+        if r.get("oversubscribed"):
+            text += " (oversubscribed: contention included)"
+        out.append(head + text + ".")
+    return out
+
+
+def write_breakdown_plot(rows, out):
+    """Stacked bars per backend x workers: compute vs distribution overhead, ms per worker step."""
+    import matplotlib.pyplot as plt
+    runs = [r for r in rows if r.get("status") == "ok" and r.get("step_s") is not None and r.get("compute_s")]
+    if not runs:
+        return None
+    labels = [f"{r.get('model') or ''} {r['backend']} {r['mode']} w{r['workers']}".strip() for r in runs]
+    compute = [1000 * min(r["compute_s"], r["step_s"]) for r in runs]
+    overhead = [1000 * max(r["step_s"] - r["compute_s"], 0.0) for r in runs]
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(runs) + 2), 4))
+    xs = range(len(runs))
+    ax.bar(xs, compute, label="compute (no exchange)")
+    ax.bar(xs, overhead, bottom=compute, label="distribution overhead")
+    ax.set_xticks(list(xs), labels, rotation=45, ha="right", fontsize=7)
+    ax.set(ylabel="ms per worker step", title="Where a step's time goes")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "breakdown.png"), dpi=100)
+    plt.close(fig)
+    return "breakdown.png"
 
 
 def write_plots(rows, out):
@@ -204,7 +283,8 @@ def write_plots(rows, out):
     fig.savefig(os.path.join(out, "accuracy_vs_time.png"), dpi=100)
     plt.close(fig)
     written.append("accuracy_vs_time.png")
-    return written
+    stacked = write_breakdown_plot(rows, out)
+    return written + ([stacked] if stacked else [])
 
 
 def environment_of(rows):

@@ -13,7 +13,7 @@ Members outside the interface (``server``, ``device_setter``,
 """
 import socket
 
-from common.backend import Backend
+from common.backend import Backend, ps_wire
 from common.errors import UsageError
 from common.hosts import parse_address
 from common.plan import make_plan
@@ -74,6 +74,9 @@ class PSBackend(Backend):
         return tf.compat.v1.train.SyncReplicasOptimizer(   # PS: average R gradients per update
             optimizer, replicas_to_aggregate=self.replicas_to_aggregate,
             total_num_replicas=self.world_size)
+
+    def wire_bytes(self, grad_bytes, plan):
+        return ps_wire(grad_bytes, plan, self.num_ps)
 
     def shutdown(self, code=0):
         """The chief releases every PS task (ps_train/stop.py); other tasks just leave."""

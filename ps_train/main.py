@@ -35,6 +35,7 @@ from common.config import build_parser, from_args
 from common.data import load_arrays
 from common.errors import RunError, UsageError, cli, describe
 from common.models import gradient_bytes
+from common.probe import compute_step_time
 from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir, checkpoint_interval,
                              refuse_finished, save_weights_npz)
 from ps_train import stop, v2
@@ -242,8 +243,12 @@ class ChiefBookkeeping:
         if self.evaluated_at != final:
             self.evaluate(final)
         save_weights_npz(self.read(self.graph.model.weights), os.path.join(self.cfg.train_dir, "weights.npz"))
+        kick()
+        compute_s = compute_step_time(self.cfg, self.backend.session_config())   # the step without PS
+        kick()
         self.log.finish(final, gradient_bytes(self.graph.model), lost_workers=self.lost,
-                        worker_steps=self.read(self.graph.worker_steps).tolist())
+                        worker_steps=self.read(self.graph.worker_steps).tolist(), compute_s=compute_s,
+                        wire=self.backend.wire_bytes(gradient_bytes(self.graph.model), self.plan))
         return self.lost
 
 

@@ -35,12 +35,13 @@ import os
 
 import numpy as np
 
-from common.backend import Backend
+from common.backend import Backend, ps_wire
 from common.data import make_dataset
 from common.errors import RunError, UsageError, describe
 from common.hosts import parse_address
 from common.models import build_model, gradient_bytes, make_optimizer
 from common.plan import make_plan
+from common.probe import compute_step_time
 from common.procs import port_open, wait_for_ports
 from common.training import (Checkpoints, RunLog, Watchdog, check_alive, checkpoint_interval, eval_sums, finish_eval,
                              make_lr_schedule, refuse_finished, save_weights_npz)
@@ -114,6 +115,9 @@ class StrategyBackend(Backend):
     def wrap_optimizer(self, optimizer):
         """Nothing to wrap: created under the strategy, the optimizer's updates run on the PS tasks."""
         return optimizer
+
+    def wire_bytes(self, grad_bytes, plan):
+        return ps_wire(grad_bytes, plan, self.num_ps)
 
     def shutdown(self, code=0):
         """The chief releases every PS and worker task (ps_train/stop.py)."""
@@ -221,8 +225,12 @@ class Bookkeeping:
             self.checkpoints.save(final)
         self.note_lost_workers()
         save_weights_npz(self.checkpoints.shadow_model.get_weights(), os.path.join(self.cfg.train_dir, "weights.npz"))
+        # The step without the strategy, timed here (the workers only serve). Not after a lost
+        # worker: TF 2.15 blocks the registration of a new tf.function while it retries.
+        compute_s = None if self.lost else compute_step_time(self.cfg)
         self.log.finish(final, gradient_bytes(self.model), lost_workers=self.lost,
-                        updates_applied=int(self.optimizer.iterations.numpy()))
+                        updates_applied=int(self.optimizer.iterations.numpy()), compute_s=compute_s,
+                        wire=self.backend.wire_bytes(gradient_bytes(self.model), self.plan))
         return [name.split(" ")[0] for name in self.lost]
 
 

@@ -53,6 +53,41 @@ def descendants(root):
     return out
 
 
+def rank_pid(root, rank, script):
+    """PID of the process running ``script`` whose launcher-given rank is ``rank`` (below root)."""
+    for pid in descendants(root):
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if script.encode() not in cmd:
+            continue
+        for var in (b"HOROVOD_RANK=", b"OMPI_COMM_WORLD_RANK="):
+            if any(e == var + str(rank).encode() for e in environ):
+                return pid
+    return None
+
+
+# Plain SGD, no lr scaling or warm-up: the flags under which sync data parallelism is exactly big-batch SGD.
+SYNC_EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs", "0", "--learning_rate", "0.1",
+              "--train_steps", "15", "--eval_every_epoch", "false", "--log_every", "5"]
+
+
+def assert_big_batch_equal(two_dir, one_dir):
+    """weights.npz of np=2 x b equals np=1 x 2b (relative 1e-5), and training moved them."""
+    import numpy as np
+    from common.config import make_config
+    from common.models import build_model
+    from common.training import load_weights_npz
+    two = load_weights_npz(os.path.join(two_dir, "weights.npz"))
+    one = load_weights_npz(os.path.join(one_dir, "weights.npz"))
+    init = build_model(make_config(seed=42)).get_weights()
+    assert max(np.max(np.abs(a - b)) for a, b in zip(one, init)) > 1e-3   # training moved the weights
+    for a, b in zip(two, one):
+        assert np.linalg.norm(a - b) <= 1e-5 * max(np.linalg.norm(b), 1e-12), np.linalg.norm(a - b)
+
+
 def py(*args, **kw):
     return run([sys.executable, *args], **kw)
 

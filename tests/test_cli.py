@@ -14,6 +14,7 @@ from tests.conftest import BIN, REPO, env, run
 
 HVD = [sys.executable, os.path.join(REPO, "horovod_train", "main.py")]
 PS = [sys.executable, os.path.join(REPO, "ps_train", "main.py")]
+MPI = [sys.executable, os.path.join(REPO, "mpi_train", "main.py")]
 PS_FLAGS = ["--job_name=worker", "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2"]
 LAUNCH = [sys.executable, "-m", "ps_train.launch"]
 COMPARE = [os.path.join(BIN, "hvdps-compare")]
@@ -28,6 +29,10 @@ BW = ["--bandwidth-gbps", "25", "--latency-us", "10", "--step-compute-ms", "100"
 # (entry point, arguments, extra environment, start of the one error line). {tmp}: the test's folder,
 # holding the files made by `files` below.
 CASES = [
+    # ---- bare-MPI trainer (shares the Horovod trainer's flags and checks)
+    (MPI, ["--probe_steps", "-1"], {}, "error: --probe_steps must be >= 0, got -1"),
+    (MPI, ["--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
+    (MPI, ["--loop", "fit"], {}, "error: unrecognized arguments: --loop fit"),
     # ---- Horovod trainer
     (HVD, ["--model", "alexnet"], {}, "error: unknown model 'alexnet' (valid: mlp, cnn, resnet50, resnet101, "
                                        "inception_v3, vgg16, mobilenet_v2, or module:function"),
@@ -80,7 +85,7 @@ CASES = [
     (LAUNCH, ["--num_ps", "many"], {}, "error: argument --num_ps: invalid int value: 'many'"),
     (LAUNCH, [], {"TF_CONFIG": LIST_TYPE}, "error: TF_CONFIG is set: the launcher chooses the cluster"),
     # ---- comparison, projection, hosts
-    (COMPARE, ["--backends", "mxnet"], {}, "error: unknown backend 'mxnet' (valid: horovod, ps, ps2)"),
+    (COMPARE, ["--backends", "mxnet"], {}, "error: unknown backend 'mxnet' (valid: horovod, mpi, ps, ps2)"),
     (COMPARE, ["--backends", "ps:lazy"], {}, "error: backend ps has no mode 'lazy' (valid: async, sync)"),
     (COMPARE, ["--workers", "0"], {}, "error: --workers expects positive numbers"),
     (COMPARE, ["--workers", "a,b"], {}, "error: --workers expects numbers like 1,2,4"),

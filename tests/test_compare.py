@@ -62,13 +62,14 @@ def test_report_values(tmp_path):
 @pytest.mark.parametrize("text, expected", [
     ("horovod,ps", [("horovod", "sync"), ("ps", "async"), ("ps", "sync")]),
     ("ps:sync", [("ps", "sync")]),
+    ("horovod,mpi", [("horovod", "sync"), ("mpi", "sync")]),
 ])
 def test_variants(text, expected):
     assert parse_variants(text) == expected
 
 
 @pytest.mark.parametrize("text, message", [
-    ("mpi", "unknown backend 'mpi' (valid: horovod, ps, ps2)"),
+    ("nccl", "unknown backend 'nccl' (valid: horovod, mpi, ps, ps2)"),
     ("ps:lazy", "backend ps has no mode 'lazy' (valid: async, sync)"),
 ])
 def test_bad_variants(text, message):
@@ -90,20 +91,25 @@ def test_dry_run_prints_real_commands(tmp_path):
 
 def test_end_to_end_both_backends(tmp_path):
     out = tmp_path / "cmp"
-    r = run([os.path.join(BIN, "hvdps-compare"), "--workers", "1,2", "--backends", "horovod,ps:async",
+    r = run([os.path.join(BIN, "hvdps-compare"), "--workers", "1,2", "--backends", "horovod,mpi,ps:async",
              "--train_steps", "30", "--batch_size", "16", "--log_every", "5", "--no-progress",
              "--out", str(out)], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.load(open(out / "results.json"))["rows"]
     assert {(x["backend"], x["mode"], x["workers"]) for x in rows} == \
-        {("horovod", "sync", 1), ("horovod", "sync", 2), ("ps", "async", 1), ("ps", "async", 2)}
+        {("horovod", "sync", 1), ("horovod", "sync", 2), ("mpi", "sync", 1), ("mpi", "sync", 2),
+         ("ps", "async", 1), ("ps", "async", 2)}
     for x in rows:
         assert x["status"] == "ok"
         assert x["samples_per_sec_median"] > 0 and 0 <= x["final_test_accuracy"] <= 1
         assert x["grad_bytes_per_step"] == rows[0]["grad_bytes_per_step"]   # same model everywhere
         assert 0 < x["warmup_s"] < x["startup_s"] and 0 < x["warmup_share"] < 1      # measured, per run
         # one update averages every rank's batch (all-reduce) or is one worker's batch (async PS)
-        assert x["global_batch"] == 16 * (x["workers"] if x["backend"] == "horovod" else 1)
+        assert x["global_batch"] == 16 * (x["workers"] if x["backend"] in ("horovod", "mpi") else 1)
+        assert x["compute_s"] > 0 and x["compute_s"] + x["overhead_s"] == pytest.approx(x["step_s"])
+    report = (out / "report.md").read_text()
+    assert "Where each step's time goes" in report and "![breakdown.png](breakdown.png)" in report
+    assert report.count(" worker(s): ") >= 6 + 1            # a sentence per run, beside the verdict
     # --from rebuilds the same table without training
     r2 = run([os.path.join(BIN, "hvdps-compare"), "--from", str(out / "runs"), "--out", str(tmp_path / "again")],
              timeout=120)

@@ -10,7 +10,7 @@ import pytest
 
 from common.metrics import load_run
 from common.training import load_weights_npz
-from tests.conftest import BIN, REPO, descendants, env, run
+from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, env, rank_pid, run
 
 MAIN = os.path.join(REPO, "horovod_train", "main.py")
 FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5"]
@@ -72,22 +72,11 @@ def test_single_process(tmp_path):
     assert "samples/sec:" in r.stdout
 
 
-EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs", "0", "--learning_rate", "0.1",
-         "--train_steps", "15", "--eval_every_epoch", "false", "--log_every", "5"]
-
-
 def test_two_ranks_equal_one_process_with_double_batch(tmp_path):
     """Synchronous all-reduce is exactly big-batch SGD: np=2 x b == np=1 x 2b."""
-    ok(horovodrun(2, *EQUIV, "--batch_size", "16", "--train_dir", str(tmp_path / "two")))
-    ok(run([sys.executable, MAIN, *EQUIV, "--batch_size", "32", "--train_dir", str(tmp_path / "one")]))
-    two = load_weights_npz(str(tmp_path / "two" / "weights.npz"))
-    one = load_weights_npz(str(tmp_path / "one" / "weights.npz"))
-    from common.config import make_config
-    from common.models import build_model
-    init = build_model(make_config(seed=42)).get_weights()
-    assert max(np.max(np.abs(a - b)) for a, b in zip(one, init)) > 1e-3   # training moved the weights
-    for a, b in zip(two, one):
-        assert np.linalg.norm(a - b) <= 1e-5 * max(np.linalg.norm(b), 1e-12), np.linalg.norm(a - b)
+    ok(horovodrun(2, *SYNC_EQUIV, "--batch_size", "16", "--train_dir", str(tmp_path / "two")))
+    ok(run([sys.executable, MAIN, *SYNC_EQUIV, "--batch_size", "32", "--train_dir", str(tmp_path / "one")]))
+    assert_big_batch_equal(tmp_path / "two", tmp_path / "one")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -195,7 +184,7 @@ def test_killed_rank_fails_job_promptly(tmp_path, controller):
         while victim is None and time.monotonic() < deadline:   # wait until training is under way
             time.sleep(1)
             if (out / "checkpoints" / "checkpoint").exists():
-                victim = _rank_pid(p.pid, rank=1)
+                victim = rank_pid(p.pid, 1, "horovod_train/main.py")
         assert victim, "training never started"
         os.kill(victim, signal.SIGKILL)
         t0 = time.monotonic()
@@ -213,24 +202,6 @@ def test_killed_rank_fails_job_promptly(tmp_path, controller):
     assert latest, "no checkpoint survived"
     reader = tf.train.load_checkpoint(latest)                   # readable, not half-written
     assert reader.get_variable_to_shape_map()
-
-
-def _rank_pid(root, rank):
-    """PID of the training process whose launcher-given rank is ``rank`` (searching root's tree)."""
-    for pid in descendants(root):
-        try:
-            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if b"horovod_train/main.py" not in cmd:
-            continue
-        for var in (b"HOROVOD_RANK=", b"OMPI_COMM_WORLD_RANK="):
-            if any(e == var + str(rank).encode() for e in environ):
-                return pid
-    return None
-
-
 
 
 def test_full_disk_is_one_line_and_keeps_earlier_checkpoints(tmp_path):

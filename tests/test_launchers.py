@@ -15,14 +15,15 @@ LONG = ["--epochs", "300", "--batch_size", "8", "--log_every", "5"]
 
 
 def test_unknown_backend_lists_the_valid_ones():
-    with pytest.raises(UsageError, match=r"unknown backend 'mxnet' \(valid: horovod, ps, ps2\)"):
+    with pytest.raises(UsageError, match=r"unknown backend 'mxnet' \(valid: horovod, mpi, ps, ps2\)"):
         get_launcher("mxnet")
-    assert sorted(LAUNCHERS) == ["horovod", "ps", "ps2"]
+    assert sorted(LAUNCHERS) == ["horovod", "mpi", "ps", "ps2"]
 
 
 @pytest.mark.parametrize("name, mode, pinned, expect", [
     ("horovod", "sync", False, ["-bind-to", "none", "--mca", "btl", "self,vader"]),
     ("horovod", "sync", True, ["-bind-to", "core", "--threads_per_worker", "1"]),
+    ("mpi", "sync", False, ["-np", "3", "-bind-to", "none", "-map-by", "slot"]),
     ("ps", "sync", False, ["-m", "ps_train.launch", "--num_workers", "3", "--sync"]),
     ("ps", "async", True, ["--async", "--pin_workers", "--threads_per_worker", "1"]),
 ])
@@ -31,6 +32,8 @@ def test_commands(name, mode, pinned, expect, tmp_path):
     text = " ".join(argv)
     assert " ".join(expect) in text or all(e in argv for e in expect), argv
     assert argv[-2:] == ["--train_dir", str(tmp_path)]
+    main = {"horovod": "horovod_train/main.py", "mpi": "mpi_train/main.py"}.get(name, "ps_train.launch")
+    assert any(a.endswith(main) for a in argv), argv
 
 
 def _listening(pids):
@@ -38,7 +41,7 @@ def _listening(pids):
     return [line.split()[3] for line in text.splitlines() if any(f"pid={pid}," in line for pid in pids)]
 
 
-@pytest.mark.parametrize("name", ["horovod", "ps"])
+@pytest.mark.parametrize("name", ["horovod", "mpi", "ps"])
 def test_local_job_listens_on_loopback_only(tmp_path, name):
     """Everything a local comparison run starts (mpirun and its PMIx listener included) is
     reachable from this machine only."""

@@ -58,3 +58,66 @@ def test_meter_excludes_warmup():
     assert m.update(4, 40, now=2.0) == 20.0
     assert m.update(6, 60, now=2.5) == 40.0
     assert m.stats()["n"] == 2
+
+
+@pytest.mark.parametrize("compute, rate, workers, batch, step, share", [
+    (0.004, 8000.0, 2, 32, 0.008, 0.5),        # 2 workers x 32 samples in 8 ms per worker step
+    (0.010, 3200.0, 1, 32, 0.010, 0.0),        # one worker, nothing but compute
+    (0.012, 3200.0, 1, 32, 0.010, -0.2),       # noise: the probe was slower; shown, not hidden
+])
+def test_breakdown_splits_the_measured_step(compute, rate, workers, batch, step, share):
+    from common.probe import breakdown
+    b = breakdown(compute, rate, workers, batch, {"bytes_per_step_per_worker": 7}, exchange_s=0.001)
+    assert b["step_s"] == pytest.approx(step) and b["overhead_share"] == pytest.approx(share)
+    assert b["compute_s"] + b["overhead_s"] == pytest.approx(b["step_s"])
+    assert b["bytes_per_step_per_worker"] == 7 and b["exchange_s"] == 0.001
+
+
+@pytest.mark.parametrize("compute, rate", [(None, 100.0), (0.01, None), (0.01, 0.0)])
+def test_no_breakdown_without_both_measurements(compute, rate):
+    from common.probe import breakdown
+    assert breakdown(compute, rate, 2, 32) is None
+
+
+@pytest.mark.parametrize("workers, grad, per_worker", [(1, 1000, 0), (2, 1000, 1000), (4, 1000, 1500)])
+def test_ring_wire(workers, grad, per_worker):
+    from common.backend import ring_wire
+    assert ring_wire(grad, workers)["bytes_per_step_per_worker"] == per_worker
+
+
+@pytest.mark.parametrize("batches_per_update, num_ps, per_ps", [(1, 1, 2000), (2, 1, 4000), (2, 2, 2000)])
+def test_ps_wire(batches_per_update, num_ps, per_ps):
+    from types import SimpleNamespace
+    from common.backend import ps_wire
+    wire = ps_wire(1000, SimpleNamespace(batches_per_update=batches_per_update), num_ps)
+    assert wire["bytes_per_step_per_worker"] == 2000 and wire["bytes_per_update_per_ps"] == per_ps
+
+
+def test_probe_times_the_step_alone():
+    """The probe really trains (median of interval means, positive), and 0 turns it off."""
+    from common.config import make_config
+    from common.probe import compute_step_time
+    assert compute_step_time(make_config(probe_steps=0)) is None
+    seconds = compute_step_time(make_config(probe_steps=10, batch_size=16))
+    assert 0 < seconds < 5
+
+
+@pytest.mark.parametrize("launch, cpu", [
+    ({"cpu_seconds": {"ps:0": 2.0, "ps:1": 1.0, "worker:0": 9.0}}, 3.0),   # PS tasks only
+    ({"cpu_seconds": {"worker:0": 9.0}}, None),                              # no PS in the run
+    ("not json", None),                                                      # damaged: no figure
+    (None, None),                                                            # not started by the launcher
+])
+def test_ps_cpu_from_the_launchers_record(tmp_path, launch, cpu):
+    cfg = make_config(batch_size=8)
+    w = MetricsWriter(str(tmp_path))
+    w.header(cfg, "ps", "async", 1, 2, make_plan(cfg, 1000, 1, 1))
+    w.summary("ok", 20, 160, throughput_stats([100, 110]), 0.4, 0.93, 4000,
+              breakdown={"step_s": 0.08, "compute_s": 0.05, "overhead_s": 0.03, "overhead_share": 0.375})
+    w.close()
+    if launch is not None:
+        (tmp_path / "launch.json").write_text(launch if isinstance(launch, str) else json.dumps(launch))
+    row, _ = load_run(str(tmp_path))
+    assert row["ps_cpu_s"] == cpu and row["compute_s"] == 0.05 and row["overhead_share"] == 0.375
+    if cpu is not None:
+        assert row["ps_cpu_share"] == pytest.approx(cpu / (2 * row["wall_time"]))

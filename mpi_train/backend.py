@@ -1,0 +1,134 @@
+"""Bare MPI: the reference the Horovod trainer is measured against.
+
+The same gradients, averaged by one ``MPI_Allreduce`` (mpi4py) on one fused
+buffer per step: the MPI library does the reduction, nothing is hand-written,
+and there is no negotiation, no fusion buffer, no background thread, no cycle
+time. Whatever Horovod's machinery costs or saves in a real training loop is
+the difference between this backend and ``horovod_train`` at the same flags.
+
+The exchange runs inside the traced step as a ``tf.numpy_function`` (where
+Horovod inserts its own op), so the loop, the step and the metrics are the very
+ones the Horovod trainer uses (common/sync_loop.py). The seconds spent inside
+``Allreduce`` are counted, so the report can show the exchange it measured.
+"""
+import os
+import time
+
+import numpy as np
+
+from common.backend import Backend, place_rank, ring_wire
+from common.errors import UsageError
+from common.plan import make_plan
+
+
+class MPIBackend(Backend):
+    name = "mpi"
+    mode = "sync"
+
+    def __init__(self):
+        super().__init__()
+        self.comm = self.MPI = None
+        self.threads = None
+        self.exchange_seconds = 0.0        # wall time inside the gradient Allreduce, this rank
+        self.exchanges = 0
+
+    def setup(self, cfg):
+        from mpi4py import MPI               # MPI: MPI_Init_thread happens here
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
+        local.Free()
+        self.is_chief = self.rank == 0
+        self.threads = place_rank(cfg, self.local_rank, self.local_size)   # the Horovod trainer's rule
+        return self
+
+    def plan(self, cfg, num_examples):
+        """One step = one update averaging one batch from every rank (as Horovod)."""
+        return make_plan(cfg, num_examples, self.world_size, batches_per_update=self.world_size)
+
+    def wrap_optimizer(self, optimizer):
+        raise UsageError("the mpi backend runs the custom loop only (Keras fit needs Horovod's "
+                         "DistributedOptimizer)")
+
+    def wire_bytes(self, grad_bytes, plan):
+        """Open MPI picks its own algorithm per size; the ring's volume is the lower bound shown."""
+        return ring_wire(grad_bytes, self.world_size)
+
+    def shutdown(self, code=0):
+        """MPI_Finalize runs at interpreter exit (mpi4py); nothing to leave before that."""
+
+    # ---------------------------------------------------------------- MPI only
+    def _sum_in_place(self, flat):
+        """One MPI_Allreduce(SUM) on the fused gradient buffer (float32), timed."""
+        out = np.empty_like(flat)
+        t0 = time.perf_counter()
+        self.comm.Allreduce(flat, out, op=self.MPI.SUM)
+        self.exchange_seconds += time.perf_counter() - t0
+        self.exchanges += 1
+        return out
+
+    def average_gradients(self, grads):
+        """Fuse every gradient into one buffer, all-reduce it once, split it back."""
+        import tensorflow as tf
+        if self.world_size == 1:
+            return grads
+        dense = [tf.convert_to_tensor(g) for g in grads]
+        flat = tf.concat([tf.reshape(g, [-1]) for g in dense], 0)
+        summed = tf.numpy_function(self._sum_in_place, [flat], flat.dtype, stateful=True, name="mpi_allreduce")
+        summed = tf.ensure_shape(summed, flat.shape) / tf.cast(self.world_size, flat.dtype)
+        parts = tf.split(summed, [int(np.prod(g.shape)) for g in dense])
+        return [tf.reshape(p, g.shape) for p, g in zip(parts, dense)]
+
+    def wrap_tape(self, tape):
+        return _AveragingTape(tape, self)
+
+    def broadcast_state(self, model, optimizer):
+        """Rank 0's weights and optimizer state everywhere (MPI_Bcast per variable)."""
+        for v in list(model.variables) + list(optimizer.variables()):
+            value = np.array(v.numpy(), order="C", ndmin=1)   # MPI buffers are at least 1-d
+            self.comm.Bcast(value, root=0)
+            v.assign(value.reshape(v.shape))
+
+    def broadcast_object(self, obj):
+        return self.comm.bcast(obj, root=0)
+
+    def allreduce(self, value, name="metric", op="mean"):
+        MPI = self.MPI
+        arr = np.array(value, dtype=np.float64, order="C", ndmin=1)
+        out = np.empty_like(arr)
+        self.comm.Allreduce(arr, out, op={"mean": MPI.SUM, "sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op])
+        out = out.reshape(np.shape(value))
+        return out / self.world_size if op == "mean" else out
+
+    def max_divergence(self, model):
+        """Largest |w_rank - w_rank0| over all weights and ranks: 0 when the ranks agree."""
+        worst = 0.0
+        for w in model.weights:
+            mine = np.array(w.numpy(), order="C", ndmin=1)
+            ref = mine.copy()
+            self.comm.Bcast(ref, root=0)
+            if mine.size:
+                worst = max(worst, float(np.max(np.abs(mine - ref))))
+        return float(self.allreduce(worst, op="max"))
+
+    def exchange_summary(self):
+        """Mean seconds per gradient Allreduce on this rank (None if there was none)."""
+        return self.exchange_seconds / self.exchanges if self.exchanges else None
+
+
+class _AveragingTape:
+    """A GradientTape whose ``gradient`` returns the all-ranks average (what Horovod's
+    DistributedGradientTape does, with one MPI_Allreduce instead of Horovod's ops)."""
+
+    def __init__(self, tape, backend):
+        self._tape, self._backend = tape, backend
+
+    def gradient(self, target, sources):
+        return self._backend.average_gradients(self._tape.gradient(target, sources))
+
+
+def mpi_env_check():
+    """mpi4py under a launcher that is not MPI's starts a world of 1 silently; say so instead."""
+    if os.environ.get("HOROVOD_RANK") is not None and os.environ.get("OMPI_COMM_WORLD_SIZE") is None:
+        raise UsageError("the mpi backend needs mpirun (or srun with PMIx), not horovodrun's Gloo launcher")

@@ -1,0 +1,140 @@
+"""The bare-MPI reference trainer (mpi_train), launched with mpirun as users launch MPI programs."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from common.metrics import load_run
+from common.training import load_weights_npz
+from tests.conftest import REPO, SYNC_EQUIV, assert_big_batch_equal, env, rank_pid, run
+
+MAIN = os.path.join(REPO, "mpi_train", "main.py")
+HOROVOD_MAIN = os.path.join(REPO, "horovod_train", "main.py")
+FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5"]
+MPIRUN = ["mpirun", "--allow-run-as-root", "-bind-to", "none", "-map-by", "slot",
+          "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+          "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
+
+
+def mpirun(np_, *args, main=MAIN, timeout=240):
+    return run([*MPIRUN, "-np", str(np_), sys.executable, main, *args], timeout=timeout)
+
+
+def ok(result):
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def test_two_ranks_reach_accuracy(tmp_path):
+    out = str(tmp_path / "run")
+    ok(mpirun(2, *FAST, "--train_dir", out))
+    row, curves = load_run(out)
+    assert row["status"] == "ok" and row["backend"] == "mpi" and row["mode"] == "sync" and row["workers"] == 2
+    assert row["global_batch"] == 64 and row["final_test_accuracy"] >= 0.90, row
+    assert curves["summary"]["max_weight_divergence"] == 0.0     # every rank holds the same weights
+    assert curves["summary"]["exchange_s_per_step"] > 0          # the Allreduce really ran, and was timed
+    assert len(curves["evals"]) == 4 and os.path.exists(os.path.join(out, "checkpoints", "checkpoint"))
+    split = curves["summary"]["breakdown"]
+    assert split["compute_s"] > 0 and abs(split["compute_s"] + split["overhead_s"] - split["step_s"]) < 1e-12
+    assert abs(split["step_s"] - 2 * 32 / row["samples_per_sec_median"]) < 1e-12   # one worker's step
+    assert 0 < split["exchange_s"] < split["step_s"]             # the Allreduce is a part of the step
+    assert split["bytes_per_step_per_worker"] == row["grad_bytes_per_step"]   # ring, n=2: 2(n-1)/n = 1
+
+
+@pytest.mark.parametrize("one_process", ["mpi", "horovod"])
+def test_two_ranks_equal_one_process_with_double_batch(tmp_path, one_process):
+    """Averaging with MPI_Allreduce is big-batch SGD, as Horovod's is: np=2 x b == np=1 x 2b, and the
+    single-process run of either trainer is the same computation."""
+    ok(mpirun(2, *SYNC_EQUIV, "--batch_size", "16", "--train_dir", str(tmp_path / "two")))
+    main = MAIN if one_process == "mpi" else HOROVOD_MAIN
+    ok(run([sys.executable, main, *SYNC_EQUIV, "--batch_size", "32", "--train_dir", str(tmp_path / "one")]))
+    assert_big_batch_equal(tmp_path / "two", tmp_path / "one")
+
+
+def test_resume_is_exact(tmp_path):
+    """2 epochs, then resumed to 4 == 4 epochs straight, bit for bit (slots, step, data order)."""
+    args = ["--batch_size", "32", "--log_every", "5", "--optimizer", "momentum", "--eval_every_epoch", "false"]
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    ok(mpirun(2, *args, "--epochs", "4", "--train_dir", straight))
+    ok(mpirun(2, *args, "--epochs", "2", "--train_dir", split))
+    ok(mpirun(2, *args, "--epochs", "4", "--train_dir", split, "--resume"))
+    a = load_weights_npz(os.path.join(straight, "weights.npz"))
+    b = load_weights_npz(os.path.join(split, "weights.npz"))
+    assert max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) == 0.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch_size", "-4"], "error: --batch_size must be positive"),
+    (["--model", "vgg"], "error: unknown model 'vgg'"),
+    (["--dataset", "mnist", "--data_dir", "/nonexistent"], "error: --data_dir /nonexistent: no such directory"),
+])
+def test_bad_input_is_one_line_from_rank_0(tmp_path, args, message):
+    t0 = time.monotonic()
+    r = mpirun(2, *args, "--train_dir", str(tmp_path / "bad"), timeout=90)
+    assert r.returncode != 0 and time.monotonic() - t0 < 60
+    combined = r.stdout + r.stderr
+    assert combined.count(message) == 1, combined[-3000:]
+    assert "Traceback" not in combined
+
+
+@pytest.mark.parametrize("main", [MAIN, HOROVOD_MAIN])
+def test_one_worker_overhead_is_near_zero(tmp_path, main):
+    """With nothing to exchange, the measured step is the probe's compute-only step within noise
+    (a CNN step of a few ms, so per-step Python costs are small beside it)."""
+    out = str(tmp_path / "one")
+    ok(run([sys.executable, main, "--model", "cnn", "--batch_size", "64", "--train_steps", "200",
+            "--log_every", "10", "--eval_every_epoch", "false", "--probe_steps", "100", "--train_dir", out]))
+    split = load_run(out)[1]["summary"]["breakdown"]
+    assert split["bytes_per_step_per_worker"] == 0
+    assert abs(split["overhead_share"]) < 0.35, split     # measured 3-19% on an idle 2-core machine
+
+
+def test_single_process_has_no_exchange(tmp_path):
+    out = str(tmp_path / "one")
+    r = ok(run([sys.executable, MAIN, *FAST, "--train_dir", out]))
+    row, curves = load_run(out)
+    assert row["workers"] == 1 and row["final_test_accuracy"] >= 0.9 and "samples/sec:" in r.stdout
+    assert curves["summary"]["exchange_s_per_step"] is None
+
+
+def test_killed_rank_fails_job_promptly(tmp_path):
+    """kill -9 on rank 1 mid-run: mpirun ends the job non-zero within 60 s, checkpoints readable."""
+    out = tmp_path / "run"
+    argv = [*MPIRUN, "-np", "2", sys.executable, MAIN, "--epochs", "400", "--batch_size", "8",
+            "--train_dir", str(out)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True, env=env())
+    try:
+        victim, deadline = None, time.monotonic() + 120
+        while victim is None and time.monotonic() < deadline:   # wait until training is under way
+            time.sleep(1)
+            if (out / "checkpoints" / "checkpoint").exists():
+                victim = rank_pid(p.pid, 1, "mpi_train/main.py")
+        assert victim, "training never started"
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        p.wait(timeout=90)
+        assert time.monotonic() - t0 < 60 and p.returncode != 0
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
+    time.sleep(1)
+    left = [d for d in os.listdir("/proc") if d.isdigit() and str(out).encode() in _cmdline(d)]
+    assert not left, "a rank outlived the job"
+    import tensorflow as tf
+    latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
+    assert latest and tf.train.load_checkpoint(latest).get_variable_to_shape_map()
+
+
+def _cmdline(pid):
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return b""
