@@ -63,14 +63,15 @@ def serve_until_done(backend, poll_seconds=1.0):
                                f"{backend.startup_timeout:.0f}s (--startup_timeout); giving up")
 
 
-def signal_done(tasks, code=0, timeout=5.0):
+def signal_done(tasks, code=0, timeout=15.0):
     """Chief: tell each ``(job, index, address)`` task to exit with ``code``; bounded, all at once.
 
     Each task is reached through its own gRPC master, so the chief needs no
     server of its own for this (TF2's coordinator has none it could lend).
     A released task exits at once, and with GRPC_FAIL_FAST=use_caller (TF2)
     closing the session to it can then wait for it forever: each message goes
-    from a daemon thread, waited for at most ``timeout`` seconds in all.
+    from a daemon thread, waited for at most ``timeout`` seconds in all (15 s: a loaded machine took more
+    than 5 s to reach a second PS once; the local launcher waits 30 s for the PS to leave).
     """
     threads = [threading.Thread(target=_tell, args=(job, i, addr, code, timeout), daemon=True,
                                 name=f"hvdps-release-{job}-{i}") for job, i, addr in tasks]
