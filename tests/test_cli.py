@@ -33,6 +33,7 @@ CASES = [
     (MPI, ["--probe_steps", "-1"], {}, "error: --probe_steps must be >= 0, got -1"),
     (MPI, ["--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
     (MPI, ["--loop", "fit"], {}, "error: unrecognized arguments: --loop fit"),
+    (MPI, [], {"HOROVOD_RANK": "0"}, "error: the mpi backend needs mpirun"),   # under horovodrun's Gloo
     # ---- Horovod trainer
     (HVD, ["--model", "alexnet"], {}, "error: unknown model 'alexnet' (valid: mlp, cnn, resnet50, resnet101, "
                                        "inception_v3, vgg16, mobilenet_v2, or module:function"),
