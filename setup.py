@@ -13,6 +13,7 @@ setup(
     python_requires=">=3.9,<3.12",
     packages=find_packages(include=["common", "common.*", "horovod_train", "horovod_train.*",
                                     "ps_train", "ps_train.*", "mpi_train", "mpi_train.*", "hvdps", "hvdps.*"]),
+    package_data={"hvdps": ["model_profiles.json"]},   # layer profiles of the benchmark models
     install_requires=[
         "tensorflow-cpu==2.15.1",
         "numpy>=1.23,<2",

@@ -1,21 +1,21 @@
-"""Projecting step time and scaling efficiency past this machine, with the alpha-beta model.
+"""Projecting step time and scaling efficiency past this machine, from what was measured.
 
-Communication cost of one exchange of an M-byte gradient among n workers on
-links of bandwidth B (bytes/s) and per-message latency alpha (s):
+Two layers:
 
-  ring all-reduce (Horovod):   T = 2(n-1)/n * M/B + 2(n-1) * alpha
-  PS with k shards:            T = 2 * max(n*M/(k*B_ps), g*M/B) + 2 * alpha
-      (push then pull; each PS receives n*M/k bytes per direction, each server's
-       NIC carries the g workers it hosts; g = workers per server)
+- the alpha-beta cost of one exchange of an M-byte gradient among n workers on
+  links of bandwidth B and per-message latency alpha (ring all-reduce
+  2(n-1)/n M/B + 2(n-1) alpha; PS with k shards 2 max(nM/(kB), gM/B) + 2 alpha);
+- when that exchange happens: hvdps/schedule.py plays out wait-free
+  back-propagation layer by layer (gradients leave as they appear, Horovod's
+  fusion buffer and cycle time, PS variable placement), so the share of the
+  exchange that hides behind the backward pass comes from the model's own
+  layers, not from a hand-set knob. Synchronous training also waits for the
+  slowest of n workers every step (``--straggler-cv``).
 
-A step is compute plus the part of communication not hidden behind
-backpropagation: T_step = T_compute + (1 - overlap) * T_comm. Efficiency is
-T_compute / T_step: throughput(n) / (n * throughput(1)). ``overlap`` (0..1) is
-the fraction of communication assumed to run concurrently with backprop
-(Horovod and TF both start sending the last layers' gradients while earlier
-layers still compute); 0 is the pessimistic bound. Ring all-reduce's latency
-term uses every hop; with several GPUs per server the ring's inter-server links
-are the bottleneck, which is why B is the inter-server bandwidth.
+With ``--from RUNS`` the compute time, the gradient size, the model's layers
+and the overlap each run achieved come from hvdps runs:
+overlap = (compute + exchange - step) / exchange, with the exchange measured
+(bare MPI's exchange_s) or costed with the fitted alpha-beta model.
 """
 import json
 import math
@@ -26,11 +26,7 @@ from common.errors import UsageError, cli
 from common.metrics import load_run
 from common.procs import REPO
 
-# Parameter counts (millions) of well-known models, and nominal single-GPU step
-# times used only for the documented Horovod-benchmark comparison (docs/projection.md).
-KNOWN_MODELS = {
-    "resnet50": 25.6, "resnet101": 44.5, "inception_v3": 23.8, "vgg16": 138.4,
-}
+from hvdps import schedule
 
 
 def ring_allreduce_time(n, nbytes, bandwidth, alpha):
@@ -93,20 +89,6 @@ def fit_from_comm(comm_results, np_=2):
     return fits
 
 
-def project(grad_bytes, compute_s, workers, ring, ps, shards=(1, 2, 4), per_server=1, overlap=0.0):
-    """Rows of projected step time and efficiency for each worker count and architecture."""
-    rows = []
-    for n in workers:
-        t = ring_allreduce_time(n, grad_bytes, ring["bandwidth"], ring["alpha"])
-        rows.append({"workers": n, "arch": "ring all-reduce", "comm_s": t,
-                     "step_s": compute_s + (1 - overlap) * t, "efficiency": efficiency(compute_s, t, overlap)})
-        for k in shards:
-            t = ps_time(n, grad_bytes, ps["bandwidth"], ps["alpha"], k, per_server)
-            rows.append({"workers": n, "arch": f"PS k={k}", "comm_s": t,
-                         "step_s": compute_s + (1 - overlap) * t, "efficiency": efficiency(compute_s, t, overlap)})
-    return rows
-
-
 def powers_of_two(lo, hi):
     out, n = [], lo
     while n <= hi:
@@ -115,11 +97,59 @@ def powers_of_two(lo, hi):
     return out
 
 
+def known_models():
+    from common.layer_profile import load_profiles
+    return load_profiles()
+
+
+def single_layer(grad_bytes):
+    """A model known only by its size: every gradient appears at the end of backprop (nothing hides)."""
+    return [{"name": "all", "grad_bytes": int(grad_bytes), "tensors": [int(grad_bytes)], "flops": 1}]
+
+
+def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, cycle_s=1e-3,
+            fusion_bytes=128 << 20, straggler_cv=0.0, placement="round_robin", measured=None):
+    """Rows of projected step time and efficiency for each worker count and architecture.
+
+    PS rows: a fixed number of shards each (``shards``), and one PS per server
+    (k = n / per_server), the layout that grows with the cluster.
+    ``measured``: {arch label: overlap} from runs; each adds rows where that
+    overlap is applied to the alpha-beta exchange time instead of the schedule.
+    """
+    grad = sum(l["grad_bytes"] for l in layers)
+    rows = []
+
+    def add(n, arch, res, comm=None):
+        wait = compute_s * (schedule.straggler_factor(n, straggler_cv) - 1.0)
+        step = res["step_s"] + wait
+        rows.append({"workers": n, "arch": arch, "comm_s": res["comm_s"] if comm is None else comm,
+                     "overlap": res["overlap"], "straggler_s": wait, "step_s": step,
+                     "efficiency": compute_s / step})
+
+    for n in workers:
+        add(n, "ring all-reduce", schedule.ring_step(layers, compute_s, n, ring["bandwidth"], ring["alpha"],
+                                                     fusion_bytes, cycle_s))
+        for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]:
+            add(n, label, schedule.ps_step(layers, compute_s, n, ps["bandwidth"], ps["alpha"], k,
+                                           per_server, placement))
+        for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
+            # BytePS with k CPU servers moves 2n(n-1)M/((n^2+kn-2k)B): a ring on a link
+            # (n^2+kn-2k)/n^2 times faster, so the same schedule at that bandwidth
+            scale = (n * n + k * n - 2 * k) / float(n * n)
+            res = schedule.ring_step(layers, compute_s, n, ring["bandwidth"] * scale, ring["alpha"],
+                                     fusion_bytes, cycle_s)
+            add(n, label, res)
+        for label, overlap in (measured or {}).items():
+            if label.startswith("ring"):
+                t = ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"])
+            else:
+                t = ps_time(n, grad, ps["bandwidth"], ps["alpha"], shards[0], per_server)
+            add(n, label, {"step_s": compute_s + (1 - overlap) * t, "comm_s": t, "overlap": overlap})
+    return rows
+
+
 def table(rows):
-    archs = []
-    for r in rows:
-        if r["arch"] not in archs:
-            archs.append(r["arch"])
+    archs = list(dict.fromkeys(r["arch"] for r in rows))
     by = {(r["workers"], r["arch"]): r for r in rows}
     lines = ["| workers | " + " | ".join(f"{a} eff. (step ms)" for a in archs) + " |",
              "|---|" + "---|" * len(archs)]
@@ -133,118 +163,233 @@ def plot(rows, path, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     for arch in dict.fromkeys(r["arch"] for r in rows):
         rs = [r for r in rows if r["arch"] == arch]
-        ax.plot([r["workers"] for r in rs], [r["efficiency"] for r in rs], "o-", label=arch)
+        ax.plot([r["workers"] for r in rs], [r["efficiency"] for r in rs], "o-", label=arch, markersize=3)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="workers", ylabel="projected scaling efficiency", ylim=(0, 1.05), title=title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def params_bytes(model_params=None, model_name=None):
-    if model_params:
-        return int(model_params * 4)
-    if model_name in KNOWN_MODELS:
-        return int(KNOWN_MODELS[model_name] * 1e6 * 4)
-    return None
 
 
 def dumps(obj):
     return json.dumps(obj, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
 
 
+# ------------------------------------------------------------ runs as inputs
+def find_runs(path):
+    """Run directories under ``path`` (itself, or its sub-directories) that have metrics."""
+    if os.path.exists(os.path.join(path, "metrics.jsonl")):
+        return [path]
+    found = []
+    for root, _dirs, files in os.walk(path):
+        if "metrics.jsonl" in files:
+            found.append(root)
+    return sorted(found)
+
+
+def run_exchange_s(row, ring, ps):
+    """The run's exchange time per step: measured where the backend times it, else the alpha-beta cost."""
+    grad, n = row.get("grad_bytes_per_step"), row.get("workers") or 1
+    if row.get("exchange_s"):
+        return row["exchange_s"], "measured"
+    if not grad or n < 2 and row.get("backend") in ("horovod", "mpi"):
+        return None, None
+    if row.get("backend") in ("horovod", "mpi"):
+        return (ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"]), "alpha-beta") if ring else (None, None)
+    if not ps:
+        return None, None
+    return ps_time(n, grad, ps["bandwidth"], ps["alpha"], row.get("num_ps") or 1), "alpha-beta"
+
+
+def measured_overlap(row, exchange_s):
+    """(compute + exchange - step) / exchange, clipped to [0, 1]: how much of the exchange the run hid."""
+    if not exchange_s or not row.get("compute_s") or not row.get("step_s"):
+        return None
+    return max(0.0, min(1.0, (row["compute_s"] + exchange_s - row["step_s"]) / exchange_s))
+
+
+def model_layers_of(run_dir):
+    """The run's model, rebuilt from its config.json, as per-layer gradient sizes and FLOPs."""
+    from common.config import Config
+    from common.layer_profile import layer_profile
+    from common.models import build_model
+    with open(os.path.join(run_dir, "config.json")) as f:
+        cfg = Config.from_json(f.read())
+    return layer_profile(build_model(cfg))
+
+
+def from_runs(path, ring, ps):
+    """compute_s, layers, grad bytes and per-backend measured overlaps from the runs under ``path``."""
+    dirs = find_runs(path)
+    if not dirs:
+        raise UsageError(f"--from {path}: no hvdps runs there (no metrics.jsonl)")
+    rows = [load_run(d)[0] for d in dirs]
+    timed = [r for r in rows if r.get("compute_s")]
+    if not timed:
+        raise UsageError(f"--from {path}: no run has a per-step breakdown (rerun with --probe_steps > 0)")
+    # a 1-worker run's probe ran with the machine to itself; with more ranks on few cores the others'
+    # polling competes with it, so prefer the single-worker figures when there are any
+    alone = [r for r in timed if (r.get("workers") or 1) == 1] or timed
+    computes = sorted(r["compute_s"] for r in alone)
+    compute = computes[len(computes) // 2]
+    try:
+        layers = model_layers_of(timed[0]["run_dir"])
+    except Exception as exc:         # a plug-in that no longer imports: fall back to the size alone
+        print(f"note: could not rebuild the run's model ({exc}); treating its gradient as one tensor",
+              file=sys.stderr)
+        layers = single_layer(timed[0]["grad_bytes_per_step"])
+    measured, notes = {}, []
+    for r in timed:
+        if (r.get("workers") or 1) < 2 and r.get("backend") in ("horovod", "mpi"):
+            continue
+        t, how = run_exchange_s(r, ring, ps)
+        ov = measured_overlap(r, t)
+        if ov is None:
+            continue
+        label = ("ring" if r["backend"] in ("horovod", "mpi") else "PS k=1") + f" (overlap of {r['backend']}"
+        label += f" {r.get('mode') or ''} x{r['workers']}: {ov:.0%})".replace("  ", " ")
+        measured[label] = ov
+        notes.append(f"{os.path.basename(r['run_dir'])}: compute {1e3 * r['compute_s']:.2f} ms, step "
+                     f"{1e3 * r['step_s']:.2f} ms, exchange {1e3 * t:.2f} ms ({how}) -> overlap {ov:.0%}")
+    return compute, layers, measured, notes
+
+
 # ---------------------------------------------------------------- command line
 def make_parser():
+    import argparse
     from common.config import Parser
     p = Parser(prog="hvdps-project", description="Project scaling efficiency to many workers "
-               "(alpha-beta model, no training); also reachable as hvdps-compare --project")
+               "(alpha-beta network, wait-free backprop schedule; no training); also reachable as "
+               "hvdps-compare --project")
+    p.add_argument("--from", "--compute-from", dest="from_dir", default=None,
+                   help="hvdps runs (a compare directory or one run): compute time, gradient, the model's "
+                        "layers and the overlap each run achieved are taken from them")
     p.add_argument("--comm-json", dest="comm_json", default=None,
                    help="measured latency/bandwidth (benchmarks/results/comm.json) to fit the model from")
     p.add_argument("--bandwidth-gbps", dest="bandwidth_gbps", type=float, default=None,
-                   help="link bandwidth in Gbit/s (overrides the measured fit)")
+                   help="achievable link bandwidth in Gbit/s (overrides the measured fit)")
     p.add_argument("--latency-us", dest="latency_us", type=float, default=None, help="per-message latency")
     p.add_argument("--step-compute-ms", dest="step_compute_ms", type=float, default=None,
                    help="compute time of one step on one worker")
     p.add_argument("--model-params", dest="model_params", type=float, default=None,
-                   help="parameters (millions) of the model whose gradients are exchanged")
+                   help="parameters (millions) of a model known only by size (no layers: nothing overlaps)")
     p.add_argument("--model-name", dest="model_name", default=None,
-                   help="known model for --model-params: resnet50, resnet101, inception_v3, vgg16")
+                   help="a model whose layers ship with hvdps: resnet50, resnet101, inception_v3, vgg16, "
+                        "mobilenet_v2 (ImageNet shapes)")
     p.add_argument("--gpus-per-server", dest="gpus_per_server", type=int, default=1)
-    p.add_argument("--overlap", type=float, default=0.0,
-                   help="fraction of communication hidden behind backprop (0 = none)")
+    p.add_argument("--cycle-time-ms", dest="cycle_time_ms", type=float, default=1.0,
+                   help="Horovod's HOROVOD_CYCLE_TIME (default 1, Horovod >= 0.21; 5 before)")
+    p.add_argument("--fusion-threshold-mb", dest="fusion_threshold_mb", type=float, default=128.0,
+                   help="Horovod's fusion buffer in MiB (default 128, Horovod >= 0.21; 64 before)")
+    p.add_argument("--straggler-cv", dest="straggler_cv", type=float, default=0.03,
+                   help="per-step coefficient of variation of a worker's compute; synchronous training "
+                        "waits for the slowest of n every step (default 0.03)")
+    p.add_argument("--ps-placement", dest="ps_placement", default="round_robin",
+                   choices=("round_robin", "greedy"),
+                   help="how variables go to PS shards: replica_device_setter's round robin (hvdps' PS "
+                        "trainer) or greedy by bytes (tf_cnn_benchmarks)")
+    p.add_argument("--overlap", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--max-workers", dest="max_workers", type=int, default=512)
-    p.add_argument("--compute-from", dest="compute_from", default=None,
-                   help="a 1-worker run dir: compute time per step = batch / its samples/sec")
     p.add_argument("--out", default="runs/projection", help="where projection.md/json/png go")
     return p
 
 
+def network(args, fits):
+    """(ring, ps) alpha/bandwidth: given flags win over the measured fit."""
+    ring, ps = fits.get("allreduce"), fits.get("ps")
+    if args.bandwidth_gbps is not None or args.latency_us is not None:
+        if (args.bandwidth_gbps is None or args.latency_us is None) and not ring:
+            raise UsageError("--project needs both --bandwidth-gbps and --latency-us, or a --comm-json")
+        bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else ring["bandwidth"]
+        lat = args.latency_us * 1e-6 if args.latency_us is not None else ring["alpha"]
+        ring = ps = {"bandwidth": bw, "alpha": lat}
+    return ring, ps
+
+
 def run_projection(args):
-    """The alpha-beta projection from measurements and/or given hardware."""
+    """The projection from measurements and/or given hardware."""
     from common.config import check_finite
-    fits = {}
-    for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "overlap"):
+    if args.overlap is not None:
+        raise UsageError("--overlap is gone: the overlap now comes from the model's layers (--model-name, "
+                         "--from) or from what the runs measured (--from); see docs/projection.md")
+    for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "cycle_time_ms",
+                 "fusion_threshold_mb", "straggler_cv"):
         if getattr(args, name) is not None:
             check_finite(name.replace("_", "-"), getattr(args, name))
-    comm_json = args.comm_json or os.path.join(REPO, "benchmarks", "results", "comm.json")
     for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.cycle_time_ms < 0 or args.fusion_threshold_mb < 0 or not 0 <= args.straggler_cv < 1:
+        raise UsageError("--cycle-time-ms and --fusion-threshold-mb must be >= 0, --straggler-cv in [0, 1)")
+    if args.gpus_per_server < 1 or args.max_workers < 1:
+        raise UsageError("--gpus-per-server and --max-workers must be >= 1")
+    comm_json = args.comm_json or os.path.join(REPO, "benchmarks", "results", "comm.json")
     if args.comm_json and not os.path.exists(args.comm_json):
         raise UsageError(f"--comm-json {args.comm_json}: no such file")
+    fits = {}
     if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None):
         try:
             data = json.load(open(comm_json))
             fits = fit_from_comm(data["results"], data.get("np", 2))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--comm-json {comm_json}: not a comm_bandwidth.py result file ({exc})")
-    ring, ps = fits.get("allreduce"), fits.get("ps")
-    if args.bandwidth_gbps is not None or args.latency_us is not None:
-        if args.bandwidth_gbps is None or args.latency_us is None:
-            if not ring:
-                raise UsageError("--project needs both --bandwidth-gbps and --latency-us, or a --comm-json")
-        bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else ring["bandwidth"]
-        lat = args.latency_us * 1e-6 if args.latency_us is not None else ring["alpha"]
-        ring = ps = {"bandwidth": bw, "alpha": lat}
+    ring, ps = network(args, fits)
     if not ring or not ps:
         raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
                          f"and no --bandwidth-gbps/--latency-us given")
-    if args.model_name and args.model_name not in KNOWN_MODELS:
-        raise UsageError(f"unknown --model-name '{args.model_name}' (valid: {', '.join(KNOWN_MODELS)})")
-    grad = params_bytes(args.model_params, args.model_name)
+    profiles = known_models()
+    if args.model_name and args.model_name not in profiles:
+        raise UsageError(f"unknown --model-name '{args.model_name}' (valid: {', '.join(profiles)})")
+    layers = profiles[args.model_name]["layers"] if args.model_name else None
+    if args.model_params and not layers:
+        layers = single_layer(args.model_params * 4e6)
     compute = args.step_compute_ms / 1e3 if args.step_compute_ms else None
-    if args.compute_from:
-        row, curves = load_run(args.compute_from)
-        if not row.get("samples_per_sec_median"):
-            raise UsageError(f"--compute-from {args.compute_from}: no throughput in that run")
-        compute = compute or row["global_batch"] / row["samples_per_sec_median"]
-        grad = grad or row["grad_bytes_per_step"]
-    if not grad or not compute:
-        raise UsageError("--project needs the gradient size (--model-params, --model-name or --compute-from) "
-                         "and the compute time (--step-compute-ms or --compute-from)")
-    if not 0 <= args.overlap < 1 or args.gpus_per_server < 1 or args.max_workers < 1:
-        raise UsageError("--overlap must be in [0, 1), --gpus-per-server and --max-workers >= 1")
+    measured, notes = {}, []
+    if args.from_dir:
+        if not os.path.isdir(args.from_dir):
+            raise UsageError(f"--from {args.from_dir}: no such directory")
+        run_compute, run_layers, measured, notes = from_runs(args.from_dir, ring, ps)
+        compute = compute or run_compute
+        layers = layers or run_layers
+    if not layers or not compute:
+        raise UsageError("--project needs the model (--model-name, --model-params or --from) "
+                         "and the compute time (--step-compute-ms or --from)")
+    grad = sum(l["grad_bytes"] for l in layers)
     workers = powers_of_two(1, args.max_workers)
-    rows = project(grad, compute, workers, ring, ps, shards=powers_of_two(1, 8),
-                      per_server=args.gpus_per_server, overlap=args.overlap)
+    rows = project(layers, compute, workers, ring, ps,
+                   per_server=args.gpus_per_server, cycle_s=args.cycle_time_ms / 1e3,
+                   fusion_bytes=int(args.fusion_threshold_mb * (1 << 20)), straggler_cv=args.straggler_cv,
+                   placement=args.ps_placement, measured=measured)
     os.makedirs(args.out, exist_ok=True)
-    text = (f"# Scaling projection\n\ngradient {grad / 1e6:.1f} MB, compute {compute * 1e3:.1f} ms/step, "
-            f"ring: {ring['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha {ring['alpha'] * 1e6:.1f} us; "
-            f"PS: {ps['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha {ps['alpha'] * 1e6:.1f} us; "
-            f"{args.gpus_per_server} worker(s) per server; overlap {args.overlap:.0%}\n\n" + table(rows) + "\n")
+    text = (f"# Scaling projection\n\ngradient {grad / 1e6:.1f} MB in {len(layers)} layer(s), compute "
+            f"{compute * 1e3:.1f} ms/step, ring: {ring['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
+            f"{ring['alpha'] * 1e6:.1f} us; PS: {ps['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
+            f"{ps['alpha'] * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server; Horovod cycle "
+            f"{args.cycle_time_ms:g} ms, fusion {args.fusion_threshold_mb:g} MiB; PS placement "
+            f"{args.ps_placement}; straggler cv {args.straggler_cv:g}\n\n")
+    if notes:
+        text += "Measured in the runs:\n\n" + "\n".join(f"- {x}" for x in notes) + "\n\n"
+    text += table(rows) + "\n"
+    ring_rows = [r for r in rows if r["arch"] == "ring all-reduce" and r["workers"] > 1]
+    if ring_rows:
+        top = ring_rows[-1]
+        text += (f"\nRing all-reduce at {top['workers']} workers: {top['overlap']:.0%} of its exchange hides "
+                 f"behind back-propagation (wait-free schedule of this model's layers).\n")
     with open(os.path.join(args.out, "projection.md"), "w") as f:
         f.write(text + "\n![projection](projection.png)\n")
     with open(os.path.join(args.out, "projection.json"), "w") as f:
-        f.write(dumps({"grad_bytes": grad, "compute_s": compute, "ring": ring, "ps": ps,
-                          "overlap": args.overlap, "gpus_per_server": args.gpus_per_server, "rows": rows}))
+        f.write(dumps({"grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": ps,
+                       "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
+                       "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
+                       "ps_placement": args.ps_placement, "measured_overlap": measured, "rows": rows}))
     plot(rows, os.path.join(args.out, "projection.png"), f"{grad / 1e6:.0f} MB gradients, "
-            f"{compute * 1e3:.0f} ms compute")
+         f"{compute * 1e3:.0f} ms compute")
     print(text)
     return 0
 

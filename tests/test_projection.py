@@ -55,19 +55,118 @@ def test_project_command(tmp_path):
     out = tmp_path / "p"
     r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth-gbps", "25", "--latency-us", "10",
              "--model-name", "resnet101", "--step-compute-ms", "580", "--gpus-per-server", "4",
-             "--out", str(out)], timeout=120)
+             "--straggler-cv", "0", "--out", str(out)], timeout=120)
     assert r.returncode == 0, r.stderr
     data = json.load(open(out / "projection.json"))
     ring512 = next(x for x in data["rows"] if x["workers"] == 512 and x["arch"] == "ring all-reduce")
-    t = pj.ring_allreduce_time(512, 44.5e6 * 4, 25e9 / 8, 10e-6)
-    assert ring512["efficiency"] == pytest.approx(0.58 / (0.58 + t))
+    t = pj.ring_allreduce_time(512, data["grad_bytes"], 25e9 / 8, 10e-6)
+    # the schedule hides part of the exchange: better than nothing hidden, never better than free
+    assert 0.58 / (0.58 + t) < ring512["efficiency"] < 1.0
+    assert ring512["step_s"] == pytest.approx(0.58 + (1 - ring512["overlap"]) * ring512["comm_s"], rel=0.05)
+    archs = {x["arch"] for x in data["rows"]}
+    assert {"ring all-reduce", "PS k=1", "PS, 1 per server", "BytePS k=n"} <= archs
     assert (out / "projection.png").stat().st_size > 5000
+
+
+# Published scaling figures and the inputs that reproduce them, written down once for all models
+# (docs/projection.md says where each comes from). Single-GPU step at batch 64 on a Pascal P100:
+# TensorFlow's 2017 benchmarks page, Inception V3 142 and VGG-16 154 images/s; ResNet-101 is not on
+# it and is interpolated by FLOPs between ResNet-50 (219) and ResNet-152 (91.8): 129 images/s.
+COMPUTE_S = {"inception_v3": 64 / 142, "resnet101": 64 / 129, "vgg16": 64 / 154}
+HOROVOD_2018 = ["--cycle-time-ms", "5", "--fusion-threshold-mb", "64", "--straggler-cv", "0.03",
+                "--gpus-per-server", "4", "--ps-placement", "greedy"]
+ROCE = {"bandwidth": 0.9 * 25e9 / 8, "alpha": 5e-6}        # 25 Gbit/s RoCE, 90% goodput, 5 us
+TCP = {"bandwidth": 0.9 * 25e9 / 8, "alpha": 25e-6}        # 25 GbE TCP, 25 us
+PUBLISHED = [
+    # source, model, GPUs, network, architecture row, published efficiency
+    ("Horovod docs, 512 GPUs", "inception_v3", 512, ROCE, "ring all-reduce", 0.90),
+    ("Horovod docs, 512 GPUs", "resnet101", 512, ROCE, "ring all-reduce", 0.90),
+    ("Horovod docs, 512 GPUs", "vgg16", 512, ROCE, "ring all-reduce", 0.68),
+    ("Horovod paper, 128 GPUs", "inception_v3", 128, TCP, "ring all-reduce", 0.88),
+    ("Horovod paper, 128 GPUs", "resnet101", 128, TCP, "ring all-reduce", 0.88),
+    ("Horovod paper, 128 GPUs", "inception_v3", 128, TCP, "PS, 1 per server", 0.50),
+]
+
+
+def project_published(model, gpus, net, arch):
+    layers = pj.known_models()[model]["layers"]
+    rows = pj.project(layers, COMPUTE_S[model], [gpus], net, net, per_server=4, cycle_s=5e-3,
+                      fusion_bytes=64 << 20, straggler_cv=0.03, placement="greedy")
+    return next(r for r in rows if r["arch"] == arch)["efficiency"]
+
+
+@pytest.mark.parametrize("source, model, gpus, net, arch, published", PUBLISHED,
+                         ids=[f"{p[0]}-{p[1]}-{p[4]}" for p in PUBLISHED])
+def test_published_figures_within_5_points(source, model, gpus, net, arch, published):
+    got = project_published(model, gpus, net, arch)
+    assert abs(got - published) <= 0.05, f"{source} {model}: projected {got:.1%}, published {published:.0%}"
+
+
+def test_published_ps_resnet101_is_the_documented_miss():
+    """Standard distributed TF on ResNet-101 (paper: about 50%) projects to about 42%: the greedy
+    placement leaves a 12.4 MB shard that every one of the 128 GPUs pushes to and pulls from.
+    docs/projection.md reports this miss; the test pins it so a model change that moves it is seen."""
+    got = project_published("resnet101", 128, TCP, "PS, 1 per server")
+    assert 0.38 <= got <= 0.46
+
+
+def test_published_command_line_matches(tmp_path):
+    # the documented command gives the same figure as the function the checks use
+    r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth-gbps", "22.5", "--latency-us", "5",
+             "--model-name", "vgg16", "--step-compute-ms", str(1e3 * 64 / 154), *HOROVOD_2018,
+             "--max-workers", "512", "--out", str(tmp_path)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = json.load(open(tmp_path / "projection.json"))["rows"]
+    got = next(x for x in rows if x["workers"] == 512 and x["arch"] == "ring all-reduce")["efficiency"]
+    assert got == pytest.approx(project_published("vgg16", 512, ROCE, "ring all-reduce"))
+
+
+def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None):
+    """A finished run of the CNN (8x8 digits: 151,306 parameters) with a breakdown, as a trainer writes it."""
+    from common.config import make_config
+    from common.metrics import MetricsWriter, throughput_stats
+    from common.plan import make_plan
+    cfg = make_config(model="cnn", batch_size=32, train_dir=str(d))
+    cfg.save(str(d))
+    w = MetricsWriter(str(d))
+    w.header(cfg, backend, "sync", workers, 0, make_plan(cfg, 1000, workers, workers))
+    rate = workers * 32 / step_s
+    split = {"step_s": step_s, "compute_s": compute_s, "overhead_s": step_s - compute_s,
+             "overhead_share": (step_s - compute_s) / step_s}
+    if exchange_s is not None:
+        split["exchange_s"] = exchange_s
+    w.summary("ok", 100, 3200, throughput_stats([rate] * 3), 0.1, 0.95, 605224, breakdown=split)
+    w.close()
+
+
+def test_project_from_runs(tmp_path):
+    # bare MPI at 2 workers: compute 10 ms, exchange 4 ms measured, step 12 ms -> half the exchange hid
+    fake_sync_run(tmp_path / "runs" / "mpi-2", "mpi", 2, 0.010, 0.012, exchange_s=0.004)
+    fake_sync_run(tmp_path / "runs" / "mpi-1", "mpi", 1, 0.010, 0.010)
+    out = tmp_path / "p"
+    r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--from", str(tmp_path / "runs"),
+             "--bandwidth-gbps", "10", "--latency-us", "20", "--max-workers", "64", "--out", str(out)],
+            timeout=180)
+    assert r.returncode == 0, r.stderr
+    data = json.load(open(out / "projection.json"))
+    assert data["compute_s"] == pytest.approx(0.010)
+    assert data["grad_bytes"] == 605224 and data["layers"] == 4          # the CNN, rebuilt from config
+    (label, overlap), = data["measured_overlap"].items()
+    assert overlap == pytest.approx(0.5) and label.startswith("ring (overlap of mpi")
+    row = next(x for x in data["rows"] if x["workers"] == 64 and x["arch"] == label)
+    t = pj.ring_allreduce_time(64, 605224, 10e9 / 8, 20e-6)
+    assert row["step_s"] == pytest.approx(0.010 + 0.5 * t + row["straggler_s"])
+    assert "exchange 4.00 ms (measured) -> overlap 50%" in (out / "projection.md").read_text()
 
 
 @pytest.mark.parametrize("args, message", [
     (["--bandwidth-gbps", "-3", "--latency-us", "10"], "--bandwidth-gbps must be positive, got -3.0"),
     (["--comm-json", "{bad}"], "not a comm_bandwidth.py result file"),
     (["--comm-json", "/no/such.json"], "--comm-json /no/such.json: no such file"),
+    (["--bandwidth-gbps", "25", "--latency-us", "10", "--overlap", "0.5"], "--overlap is gone"),
+    (["--bandwidth-gbps", "25", "--latency-us", "10", "--from", "/no/runs"], "--from /no/runs: no such directory"),
+    (["--bandwidth-gbps", "25", "--latency-us", "10", "--straggler-cv", "1.5"], "--straggler-cv in [0, 1)"),
+    (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-placement", "random"], "invalid choice: 'random'"),
 ])
 def test_project_bad_input(tmp_path, args, message):
     bad = tmp_path / "bad.json"
@@ -81,4 +180,4 @@ def test_project_bad_input(tmp_path, args, message):
 def test_project_needs_inputs(tmp_path):
     r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth-gbps", "25", "--latency-us", "10",
              "--out", str(tmp_path / "p")], timeout=60)
-    assert r.returncode == 2 and "needs the gradient size" in r.stderr
+    assert r.returncode == 2 and "needs the model" in r.stderr

@@ -1,0 +1,195 @@
+"""Wait-free back-propagation: how much of the gradient exchange hides behind the backward pass.
+
+Back-propagation produces gradients from the last layer to the first. A
+layer's gradient can travel as soon as it exists, while earlier layers are
+still being differentiated (Poseidon's "wait-free backprop"; Horovod and TF's
+PS runtime both do it). What cannot hide is the exchange of what becomes
+ready last, plus any queue that built up behind the network. This module
+plays that schedule out, layer by layer, from a model's per-layer gradient
+sizes and FLOPs (common/layer_profile.py) and an alpha-beta network:
+
+- backward time of a layer is its share of the model's forward FLOPs times the
+  backward time (a third of a step is forward, two thirds backward: the usual
+  1:2 ratio of forward to backward work);
+- ring all-reduce as Horovod runs it: a background thread wakes every
+  ``cycle_s``, takes every gradient that is ready, packs them into fusion
+  buffers of at most ``fusion_bytes`` and all-reduces the buffers one after
+  another (the next cycle starts when the last reduction ends); each buffer of
+  m bytes costs the ring time 2(n-1)/n m/B + 2(n-1) alpha;
+- parameter servers (TF's between-graph PS): each gradient is pushed as soon as
+  it is ready (no fusion), the k PS shards share the bytes evenly, and the
+  variables are pulled back before the next forward pass uses them, in layer
+  order, each layer's forward waiting for its own variables.
+
+Step time = forward + backward + the exposed exchange; efficiency = compute /
+step, as tf_cnn_benchmarks' scaling figures are (per-GPU throughput at n over
+the single-GPU throughput).
+"""
+FORWARD_SHARE = 1.0 / 3.0
+
+
+def _ring(n, nbytes, bandwidth, alpha):
+    if n <= 1:
+        return 0.0
+    return 2.0 * (n - 1) / n * nbytes / bandwidth + 2.0 * (n - 1) * alpha
+
+
+def backward_ready_times(layers, backward_s):
+    """(time from the start of the backward pass, bytes) of each gradient, in the order they appear."""
+    total = float(sum(l["flops"] for l in layers)) or 1.0
+    t, out = 0.0, []
+    for layer in reversed(layers):
+        t += backward_s * layer["flops"] / total
+        out.append((t, layer["grad_bytes"]))
+    return out
+
+
+def ring_step(layers, compute_s, n, bandwidth, alpha, fusion_bytes=64 << 20, cycle_s=5e-3,
+              forward_share=FORWARD_SHARE):
+    """Step time of synchronous ring all-reduce with Horovod's tensor fusion and cycle time.
+
+    Returns a dict: step_s, comm_s (all exchange time, hidden or not),
+    exposed_s (step - compute), buffers (collectives per step) and
+    overlap (the share of the exchange hidden behind the backward pass).
+    """
+    fwd = compute_s * forward_share
+    bwd = compute_s - fwd
+    ready = backward_ready_times(layers, bwd)
+    if n <= 1:
+        return {"step_s": compute_s, "comm_s": 0.0, "exposed_s": 0.0, "buffers": 0, "overlap": 0.0}
+    i, now, comm, buffers = 0, 0.0, 0.0, 0
+    while i < len(ready):
+        # the next cycle: one cycle after the previous started, not before the previous ops ended,
+        # and (a thread with nothing to do sleeps) not before the next gradient exists
+        now = max(now + cycle_s, ready[i][0]) if buffers else max(cycle_s, ready[i][0])
+        batch = []
+        while i < len(ready) and ready[i][0] <= now:
+            batch.append(ready[i][1])
+            i += 1
+        for size in _fuse(batch, fusion_bytes):
+            t = _ring(n, size, bandwidth, alpha)
+            now += t
+            comm += t
+            buffers += 1
+    end = max(bwd, now)
+    step = fwd + end
+    return {"step_s": step, "comm_s": comm, "exposed_s": step - compute_s, "buffers": buffers,
+            "overlap": _overlap(comm, step - compute_s)}
+
+
+def _fuse(sizes, threshold):
+    """Greedy packing in ready order, as Horovod's fusion does; a tensor over the threshold goes alone."""
+    out, cur = [], 0
+    for s in sizes:
+        if cur and (threshold <= 0 or cur + s > threshold):
+            out.append(cur)
+            cur = 0
+        cur += s
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _overlap(comm, exposed):
+    return max(0.0, min(1.0, 1.0 - exposed / comm)) if comm > 0 else 0.0
+
+
+def place_variables(layers, shards, placement="greedy"):
+    """Bytes per PS shard, and each layer's [(shard, bytes)], as TF places variables in creation order.
+
+    ``round_robin`` is tf.compat.v1.train.replica_device_setter's default: one
+    shard after another, so a model with one huge variable (VGG-16's first
+    dense kernel, 411 MB) loads one PS far more than the rest. ``greedy`` is
+    GreedyLoadBalancingStrategy by byte size (each variable to the least
+    loaded shard), what tf_cnn_benchmarks' distributed PS mode uses.
+    """
+    if placement not in ("greedy", "round_robin"):
+        raise ValueError(f"unknown placement {placement!r} (valid: greedy, round_robin)")
+    loads, shard_of, j = [0] * max(shards, 1), [], 0
+    for layer in layers:
+        mine = []
+        for size in layer.get("tensors", [layer["grad_bytes"]]):
+            k = j % len(loads) if placement == "round_robin" else min(range(len(loads)), key=loads.__getitem__)
+            loads[k] += size
+            mine.append((k, size))
+            j += 1
+        shard_of.append(mine)
+    return loads, shard_of
+
+
+def ps_step(layers, compute_s, n, bandwidth, alpha, shards=1, per_server=1, placement="greedy", towers=1,
+            forward_share=FORWARD_SHARE):
+    """Step time of a synchronous PS cluster: push as gradients appear, pull before the forward pass.
+
+    Variables sit on the k shards as ``placement`` puts them (place_variables).
+    A shard's link receives every GPU's copy of its variables' gradients (n m
+    / B for a tensor of m bytes) and each server's link carries its g =
+    ``per_server`` GPUs' copies (g m / B); each shard and each server link is
+    a FIFO queue, and a tensor is through when both are. ``towers`` GPUs
+    driven by one worker task (tf_cnn_benchmarks' --num_gpus) read each
+    variable once, so the pull moves n/towers copies. The pull starts after
+    the last push (synchronous training: variables change when every push is
+    in) and a layer's forward pass waits for its own variables. Aggregation
+    on the PS CPUs is not modelled: this is the network-bound step.
+
+    comm_s is the busiest link's transfer time (push + pull), so overlap says
+    how much of that link's work the backward and forward passes hide.
+    """
+    if n <= 0 or towers <= 0:
+        raise ValueError("workers and towers must be >= 1")
+    fwd = compute_s * forward_share
+    bwd = compute_s - fwd
+    g = min(per_server, n)
+    k = max(shards, 1)
+    _, shard_of = place_variables(layers, k, placement)
+    ready = backward_ready_times(layers, bwd)
+    busy = [0.0] * (k + 1)                      # per shard link, then the server link
+
+    def transfer(t0, placed, free, copies, local):
+        done = t0
+        for j, size in placed:
+            free[j] = max(free[j], t0) + copies * size / bandwidth + alpha
+            free[k] = max(free[k], t0) + local * size / bandwidth + alpha
+            busy[j] += copies * size / bandwidth + alpha
+            busy[k] += local * size / bandwidth + alpha
+            done = max(done, free[j], free[k])
+        return done
+
+    free = [0.0] * (k + 1)
+    push_end = bwd
+    for (t_ready, _), placed in zip(ready, reversed(shard_of)):
+        push_end = max(push_end, transfer(t_ready, placed, free, n, g))
+    total = float(sum(l["flops"] for l in layers)) or 1.0
+    free = [push_end] * (k + 1)
+    computed = push_end
+    for layer, placed in zip(layers, shard_of):
+        arrived = transfer(push_end, placed, free, n / towers, g / towers)
+        computed = max(computed, arrived) + fwd * layer["flops"] / total
+    step = computed
+    comm = max(busy)
+    return {"step_s": step, "comm_s": comm, "exposed_s": step - compute_s,
+            "buffers": 2 * sum(len(p) for p in shard_of), "overlap": _overlap(comm, step - compute_s)}
+
+
+def straggler_factor(n, cv):
+    """Expected slowest of n workers' compute, as a multiple of the mean (normal step times, Blom's formula).
+
+    Synchronous training waits for the slowest worker every step, so a
+    per-step coefficient of variation ``cv`` costs cv x E[max of n standard
+    normals]: about 2.6 cv at 128 workers and 3.0 cv at 512.
+    """
+    if n <= 1 or cv <= 0:
+        return 1.0
+    from statistics import NormalDist
+    return 1.0 + cv * NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def byteps_time(n, nbytes, bandwidth, k):
+    """Best exchange time with n workers and k extra CPU-only servers (BytePS, OSDI'20, section 3.1).
+
+    2n(n-1)M / ((n^2 + kn - 2k) B): all-reduce's 2(n-1)M/(nB) at k = 0, and M/B
+    (every byte crosses each worker's link once each way) at k = n.
+    """
+    if n <= 1:
+        return 0.0
+    return 2.0 * n * (n - 1) * nbytes / ((n * n + k * n - 2 * k) * bandwidth)
