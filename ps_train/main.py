@@ -153,7 +153,9 @@ def train(cfg, backend, plan, graph, log, ps_watch):
             read = reader(sess)
             start = data_position(plan, read(graph.global_step), read(graph.worker_steps)[backend.rank])
             read(graph.data_init, {graph.data_skip: start})   # PS: resume the data stream where it was
-            chief = ChiefBookkeeping(cfg, backend, plan, graph, log, read) if backend.is_chief else None
+            chief = (ChiefBookkeeping(cfg, backend, plan, graph, log, read,
+                                      Checkpoints(cfg, plan, graph, sess, int(read(graph.global_step))))
+                     if backend.is_chief else None)
             while not sess.should_stop():
                 if chief_watch:
                     chief_watch.check()
@@ -185,12 +187,13 @@ def open_session(cfg, backend, plan, graph):
     if backend.sync:                             # PS: chief runs the token queue; no spare tokens
         hooks.append(graph.optimizer.make_session_run_hook(
             backend.is_chief, num_tokens=max(0, backend.replicas_to_aggregate - plan.workers)))
-    every = checkpoint_interval(cfg, plan)
+    # checkpoint_dir only to restore from: saving is the chief loop's (Checkpoints), because TF's
+    # CheckpointSaverHook re-reads the global step from the PS after every step it thinks may be due
     return tf.compat.v1.train.MonitoredTrainingSession(
         master=backend.server.target, is_chief=backend.is_chief, hooks=hooks,
         scaffold=tf.compat.v1.train.Scaffold(saver=graph.saver),
         checkpoint_dir=os.path.join(cfg.train_dir, "checkpoints") if backend.is_chief else None,
-        save_checkpoint_steps=every if backend.is_chief else None,
+        save_checkpoint_steps=None,
         save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
         log_step_count_steps=0, config=backend.session_config(),
         max_wait_secs=backend.startup_timeout, stop_grace_period_secs=5)
@@ -203,11 +206,57 @@ def reader(sess):
     return read
 
 
-class ChiefBookkeeping:
-    """What only the chief does around the shared loop: progress, lost workers, evaluation."""
+class Checkpoints:
+    """The chief's checkpoints every --checkpoint_steps / epoch / run, saved from the loop.
 
-    def __init__(self, cfg, backend, plan, graph, log, read):
+    TF's CheckpointSaverHook would do it, but it also runs a second session
+    call per step to re-read the global step from the PS whenever its stale
+    value says a save may be due; on a small model that was a quarter of the
+    chief's step time. The loop already fetches the global step with each step.
+    A first checkpoint is written when there is none, as the hook did, so a
+    restarted chief always has something to resume from.
+    """
+
+    def __init__(self, cfg, plan, graph, sess, start):
+        import tensorflow as tf
+        self.dir = os.path.join(cfg.train_dir, "checkpoints")
+        self.every = max(1, checkpoint_interval(cfg, plan))
+        self.graph, self.sess = graph, sess
+        self.last = None
+        os.makedirs(self.dir, exist_ok=True)
+        self.next = (start // self.every + 1) * self.every
+        if not tf.train.latest_checkpoint(self.dir):
+            self.save()
+
+    def save(self):
+        import tensorflow as tf
+
+        def write(step_context):
+            step = int(step_context.session.run(self.graph.global_step))
+            self.graph.saver.save(step_context.session, os.path.join(self.dir, "model.ckpt"), global_step=step,
+                                  write_meta_graph=False)
+            return step
+        try:
+            self.last = self.sess.run_step_fn(write)
+        except (tf.errors.OpError, OSError) as exc:       # a full disk, say: one line, the old files kept
+            raise RunError(f"chief: checkpoint: {describe(exc)}")
+        return self.last
+
+    def after_step(self, update):
+        if update >= self.next:
+            self.next = (self.save() // self.every + 1) * self.every
+
+    def final(self, update):
+        if self.last != update:
+            self.save()
+
+
+class ChiefBookkeeping:
+    """What only the chief does around the shared loop: progress, lost workers, evaluation, checkpoints."""
+
+    def __init__(self, cfg, backend, plan, graph, log, read, checkpoints):
         self.cfg, self.backend, self.plan, self.graph, self.log, self.read = cfg, backend, plan, graph, log, read
+        self.checkpoints = checkpoints
         self.tracker = WorkerTracker(backend.task_names(), backend.sync, backend.step_timeout)
         self.local_steps = 0
         self.epoch = plan.epoch_of(int(read(graph.global_step)))
@@ -216,6 +265,7 @@ class ChiefBookkeeping:
 
     def after_step(self, update, loss):
         self.local_steps += 1
+        self.checkpoints.after_step(update)
         if self.local_steps % self.cfg.log_every == 0:   # PS: every worker's progress, from the PS
             counts = self.read(self.graph.worker_steps)
             self.lost = self.tracker.update(counts)
@@ -242,6 +292,7 @@ class ChiefBookkeeping:
         self.lost = self.tracker.wait_for_finish(self.read, self.graph, kick)
         if self.evaluated_at != final:
             self.evaluate(final)
+        self.checkpoints.final(final)
         save_weights_npz(self.read(self.graph.model.weights), os.path.join(self.cfg.train_dir, "weights.npz"))
         kick()
         compute_s = compute_step_time(self.cfg, self.backend.session_config())   # the step without PS

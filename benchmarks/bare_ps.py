@@ -1,0 +1,245 @@
+"""The PS trainer against a bare between-graph loop: what does hvdps' own bookkeeping cost?
+
+    python benchmarks/bare_ps.py [--modes async,sync] [--updates 3000] [--repeats 3]
+
+The baseline is the classic distributed-TF example, written once here and not
+used by hvdps: replica_device_setter, an MLP from plain variables, Adam, a
+MonitoredTrainingSession (plus SyncReplicasOptimizer's hook in sync mode) and a
+loop that feeds NumPy batches and fetches the train op and the global step.
+Both sides run the same job on this machine: 1 PS, 2 workers on loopback,
+MLP 784-100-10 on the 28x28 digits (examples/digits28.py), batch 100 per
+worker, Adam 0.001, the same number of updates.
+
+Throughput is measured the same way for both: the chief's global step over
+time, samples/sec per interval of ``--log_every`` of its own steps after
+``--warmup`` steps, the median over intervals. Start-up (launch to the first
+measured interval) and teardown (the last step to every process gone) are
+reported separately. Repeats alternate bare and hvdps runs so drift on this
+noisy machine hits both; the ratio is of the medians of the runs.
+Results: benchmarks/results/bare_ps.json and a markdown table.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+
+BATCH, HIDDEN, LR = 100, 100, 0.001
+
+
+def bare_role(args):
+    """One task of the bare job (run as a child process)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import tensorflow as tf
+    from examples.digits28 import load
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()
+    tf.get_logger().setLevel("ERROR")
+    cluster = tf.train.ClusterSpec(json.loads(args.cluster))
+    server = tf.distribute.Server(cluster, job_name=args.role, task_index=args.index, protocol="grpc")
+    if args.role == "ps":
+        server.join()
+        return
+    workers = len(json.loads(args.cluster)["worker"])
+    x_train, y_train, _, _ = load(None)
+    x_train = x_train.reshape(len(x_train), -1).astype(np.float32)
+    y_train = y_train.astype(np.int64)
+    device = f"/job:worker/task:{args.index}"
+    with v1.device(v1.train.replica_device_setter(worker_device=device, cluster=cluster)):
+        step = v1.train.get_or_create_global_step()
+        x = v1.placeholder(tf.float32, [None, 784])
+        y = v1.placeholder(tf.int64, [None])
+        w1 = v1.get_variable("w1", [784, HIDDEN], initializer=v1.glorot_uniform_initializer(seed=1))
+        b1 = v1.get_variable("b1", [HIDDEN], initializer=v1.zeros_initializer())
+        w2 = v1.get_variable("w2", [HIDDEN, 10], initializer=v1.glorot_uniform_initializer(seed=2))
+        b2 = v1.get_variable("b2", [10], initializer=v1.zeros_initializer())
+        logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
+        feats = set(filter(None, (args.features or "").split(",")))
+        if "data" in feats:
+            ds = tf.data.Dataset.from_tensor_slices((x_train, y_train)).shard(workers, args.index).repeat()
+            x, y = v1.data.make_one_shot_iterator(ds.batch(BATCH).prefetch(2)).get_next()
+            logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        lr = LR
+        if "lr" in feats:
+            lr = LR * tf.minimum(tf.cast(step, tf.float32) / 100.0, 1.0)
+        opt = v1.train.AdamOptimizer(lr)
+        if args.sync:
+            opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=workers, total_num_replicas=workers)
+        train_op = opt.minimize(loss, global_step=step)
+        if "counter" in feats:
+            counts = v1.get_variable("counts", [workers], tf.int64, v1.zeros_initializer(), trainable=False)
+            with tf.control_dependencies([train_op]):
+                train_op = v1.scatter_add(counts, [args.index], [1]).op
+    hooks = [v1.train.StopAtStepHook(last_step=args.updates)]
+    if args.sync:
+        hooks.append(opt.make_session_run_hook(args.index == 0, num_tokens=0))
+    config = v1.ConfigProto(device_filters=["/job:ps", device])
+    chief = args.index == 0
+    if not chief:       # TF's own wait for the chief's initialisation polls every 30 s
+        with v1.Session(server.target, config=config) as s:
+            while len(s.run(v1.report_uninitialized_variables(v1.global_variables()))):
+                time.sleep(0.2)
+    marks, n, pos, first = [], 0, args.index * BATCH, None
+    opts = v1.RunOptions(timeout_in_ms=60000) if "timeout" in feats else None
+    with v1.train.MonitoredTrainingSession(master=server.target, is_chief=chief, hooks=hooks, config=config,
+                                           save_checkpoint_secs=None, save_summaries_steps=None,
+                                           save_summaries_secs=None, log_step_count_steps=0,
+                                           stop_grace_period_secs=5) as sess:
+        while not sess.should_stop():
+            if pos + BATCH > len(x_train):
+                pos = 0
+            fetches = [train_op, step] + ([loss] if "loss" in feats else [])
+            feed = None if "data" in feats else {x: x_train[pos:pos + BATCH], y: y_train[pos:pos + BATCH]}
+            g = sess.run(fetches, feed_dict=feed, options=opts)[1]
+            pos += BATCH * workers
+            n += 1
+            first = first or time.time()
+            if chief and n % args.log_every == 0:
+                marks.append((time.perf_counter(), int(g)))
+        last = time.time()
+    if chief:
+        print("BARE " + json.dumps({"marks": marks, "end": last, "first_step": first}), flush=True)
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    """user + system CPU seconds of a live process (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def kill_all(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def run_bare(mode, updates, warmup, log_every, timeout, features=""):
+    cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
+    base = [sys.executable, os.path.abspath(__file__), "--cluster", json.dumps(cluster), "--updates", str(updates),
+            "--log_every", str(log_every), "--features", features] + (["--sync"] if mode == "sync" else [])
+    env = dict(os.environ, PYTHONPATH=REPO)
+    t0 = time.time()
+    procs = [subprocess.Popen(base + ["--role", "ps", "--index", "0"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)]
+    try:
+        for i in range(2):
+            procs.append(subprocess.Popen(base + ["--role", "worker", "--index", str(i)], env=env,
+                                          stdout=subprocess.PIPE if i == 0 else subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, text=True))
+        out, _ = procs[1].communicate(timeout=timeout)
+        try:            # async: the other worker stops at the last step too; sync: it waits for tokens
+            procs[2].wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        ps_cpu = cpu_seconds(procs[0].pid)
+    finally:
+        kill_all(procs)
+    t_end = time.time()
+    line = next((x for x in out.splitlines() if x.startswith("BARE ")), None)
+    if line is None:
+        raise RuntimeError(f"bare {mode}: the chief printed no result")
+    data = json.loads(line[5:])
+    marks = data["marks"]
+    samples_per_update = BATCH * (2 if mode == "sync" else 1)
+    rates = [(g1 - g0) * samples_per_update / (t1 - t0_)
+             for (t0_, g0), (t1, g1) in zip(marks, marks[1:]) if g0 >= warmup and t1 > t0_]
+    return {"impl": "bare", "mode": mode, "samples_per_sec": statistics.median(rates), "intervals": len(rates),
+            "wall_s": t_end - t0, "startup_s": data["first_step"] - t0, "teardown_s": t_end - data["end"],
+            "train_s": data["end"] - data["first_step"], "ps_cpu_s": ps_cpu}
+
+
+def run_hvdps(mode, updates, warmup, log_every, timeout, out):
+    from common.metrics import load_run
+    cmd = [sys.executable, "-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "2", "--model", "mlp",
+           "--hidden_units", str(HIDDEN), "--optimizer", "adam", "--learning_rate", str(LR), "--scale_lr", "false",
+           "--batch_size", str(BATCH), "--dataset", "examples/digits28.py:load", "--train_steps", str(updates),
+           "--warmup_steps", str(warmup), "--log_every", str(log_every), "--eval_every_epoch", "false",
+           "--checkpoint_every_epoch", "false", "--probe_steps", "0", "--train_dir", out]
+    if mode == "sync":
+        cmd.append("--sync")
+    t0 = time.time()
+    r = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
+                       timeout=timeout)
+    t_end = time.time()
+    if r.returncode != 0:
+        raise RuntimeError(f"hvdps {mode}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
+    row, curves = load_run(out)
+    return {"impl": "hvdps", "mode": mode, "samples_per_sec": row["samples_per_sec_median"],
+            "intervals": len([s for s in curves["steps"] if s.get("samples_per_sec")]),
+            "wall_s": t_end - t0, "teardown_s": None}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--sync", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--features", default="", help="hvdps' per-step features to add to the bare loop, to find "
+                    "what costs: data (tf.data instead of feeds), lr (schedule from the global step), counter "
+                    "(per-worker step counter on the PS), loss (fetch the loss), timeout (RunOptions timeout)")
+    ap.add_argument("--modes", default="async,sync")
+    ap.add_argument("--updates", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=100, help="updates excluded from throughput")
+    ap.add_argument("--log_every", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "bare_ps.json"))
+    args = ap.parse_args()
+    if args.role:
+        return bare_role(args)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for mode in args.modes.split(","):
+                for impl in ("bare", "hvdps"):
+                    if impl == "bare":
+                        res = run_bare(mode, args.updates, args.warmup, args.log_every, args.timeout, args.features)
+                    else:
+                        res = run_hvdps(mode, args.updates, args.warmup, args.log_every, args.timeout,
+                                        os.path.join(tmp, f"{mode}-{rep}"))
+                    res["repeat"] = rep
+                    results.append(res)
+                    print(json.dumps(res), flush=True)
+    lines = ["| mode | bare samples/s (median of runs) | hvdps ps_train | ratio | bare wall s | hvdps wall s |",
+             "|---|---|---|---|---|---|"]
+    for mode in args.modes.split(","):
+        def med(impl, key):
+            return statistics.median(r[key] for r in results if r["impl"] == impl and r["mode"] == mode)
+        bare, ours = med("bare", "samples_per_sec"), med("hvdps", "samples_per_sec")
+        lines.append(f"| {mode} | {bare:,.0f} | {ours:,.0f} | {ours / bare:.2f}x | {med('bare', 'wall_s'):.1f} | "
+                     f"{med('hvdps', 'wall_s'):.1f} |")
+    print("\n".join(lines))
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join(sys.argv), "results": results, "table": lines}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
