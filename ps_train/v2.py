@@ -32,6 +32,7 @@ by themselves when the chief releases them (ps_train/stop.py): no
 """
 import collections
 import os
+import sys
 
 import numpy as np
 
@@ -139,6 +140,7 @@ def coordinate(cfg, backend, num_train):
     """The chief's whole run: returns the workers it saw lost (their steps ran elsewhere)."""
     import tensorflow as tf
     tf.get_logger().setLevel("CRITICAL")   # the coordinator's per-retry tracebacks; hvdps names lost tasks itself
+    sys.unraisablehook = _quiet_lost_peer(sys.unraisablehook)
     plan = backend.plan(cfg, num_train)
     with backend.strategy.scope():               # PS: variables on the PS tasks, split by the partitioner
         model = build_model(cfg)
@@ -178,6 +180,22 @@ def coordinate(cfg, backend, num_train):
     finally:
         dog.stop()
     return loop.finish()
+
+
+def _quiet_lost_peer(default):
+    """An unraisable-exception hook that drops TensorFlow errors raised in ``__del__``.
+
+    When a PS dies, the coordinator's eager executors are garbage-collected with
+    the RPC still failing, and their ``__del__`` prints "Exception ignored in"
+    tracebacks (at a random moment: GC timing) next to the one line hvdps prints
+    about the lost task. Anything else still goes to Python's default hook.
+    """
+    import tensorflow as tf
+
+    def hook(unraisable):
+        if not isinstance(unraisable.exc_value, tf.errors.OpError):
+            default(unraisable)
+    return hook
 
 
 class Bookkeeping:

@@ -155,3 +155,29 @@ def test_compare_has_a_ps2_row(tmp_path):
     report = (out / "report.md").read_text()
     assert "PS v2 (TF2 strategy)" in report and "PS async" in report
     assert descendants(os.getpid()) == []
+
+
+def test_lost_peer_hook_drops_tensorflow_errors_in_del_only(capsys):
+    """The coordinator's executors fail in ``__del__`` after a PS dies; only those are silenced."""
+    import gc
+    import tensorflow as tf
+    from ps_train.v2 import _quiet_lost_peer
+
+    class Dies:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def __del__(self):
+            raise self.exc
+
+    seen = []
+    old = sys.unraisablehook
+    sys.unraisablehook = _quiet_lost_peer(lambda u: seen.append(type(u.exc_value)))
+    try:
+        for exc in (tf.errors.UnavailableError(None, None, "Connection reset by peer"), ValueError("a bug")):
+            obj = Dies(exc)
+            del obj
+            gc.collect()
+    finally:
+        sys.unraisablehook = old
+    assert seen == [ValueError]
