@@ -245,6 +245,9 @@ def run_once(args, trainer_argv):
     def on_signal(signum, frame):
         raise KeyboardInterrupt
 
+    # Both explicitly: a launcher started in the background by a non-interactive shell inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler of its own.
+    signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
         cluster.start()
