@@ -8,6 +8,18 @@ main constructs its own, and the application tier (``hvdps/``) maps backend
 names to launchers.
 """
 
+import os
+
+
+def yield_when_idle():
+    """Open MPI's default for a job with no more ranks than cores is to spin while a rank waits
+    in MPI. A training rank is not one thread: TensorFlow's threads compute while Horovod's
+    background thread (or a blocking Allreduce) waits, so the spin takes the core the rank's own
+    compute needs. Measured here (BENCHMARKS.md section 4, CNN batch 64, 2 ranks on 2 cores):
+    Horovod 0.62x the bare-MPI reference spinning, 1.00x yielding. Called before MPI_Init; an
+    explicit ``--mca mpi_yield_when_idle 0`` (or OMPI_MCA_mpi_yield_when_idle=0) still wins."""
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+
 
 def place_rank(cfg, local_rank, local_size):
     """One GPU per process, or on CPU the host's cores split between its local ranks (instead of

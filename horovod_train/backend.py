@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from common.backend import Backend, place_rank, ring_wire
+from common.backend import Backend, place_rank, ring_wire, yield_when_idle
 from common.plan import make_plan
 
 def add_horovod_args(parser):
@@ -20,6 +20,10 @@ def add_horovod_args(parser):
                    help="custom tf.function loop with DistributedGradientTape, or Keras fit with "
                         "DistributedOptimizer")
     g.add_argument("--fp16_allreduce", action="store_true", help="compress gradients to fp16 on the wire")
+    g.add_argument("--num_groups", type=int, default=0,
+                   help="submit the gradients as this many grouped all-reduces (Horovod's num_groups; "
+                        "1: one negotiation for all of them); 0: one all-reduce per tensor, fused by the "
+                        "background thread")
     g.add_argument("--fusion_threshold_mb", type=float, default=None, help="HOROVOD_FUSION_THRESHOLD")
     g.add_argument("--cycle_time_ms", type=float, default=None, help="HOROVOD_CYCLE_TIME")
     g.add_argument("--timeline", default=None, help="HOROVOD_TIMELINE file (written by rank 0's coordinator)")
@@ -38,6 +42,8 @@ def tuning_env(args):
     from common.config import check_finite
     if args.commit_steps < 1:
         raise UsageError(f"--commit_steps must be >= 1, got {args.commit_steps}")
+    if args.num_groups < 0:
+        raise UsageError(f"--num_groups must be >= 0, got {args.num_groups}")
     for name in ("fusion_threshold_mb", "cycle_time_ms"):
         value = getattr(args, name)
         if value is not None:
@@ -60,15 +66,17 @@ class HorovodBackend(Backend):
     name = "horovod"
     mode = "sync"
 
-    def __init__(self, fp16_allreduce=False, env=None):
+    def __init__(self, fp16_allreduce=False, env=None, num_groups=0):
         super().__init__()
         self.fp16 = fp16_allreduce
+        self.num_groups = num_groups
         self.env = env or {}
         self.hvd = None
         self.threads = None
 
     def setup(self, cfg):
         os.environ.update(self.env)
+        yield_when_idle()                                # MPI: a waiting rank gives its core back
         import horovod.tensorflow.keras as hvd
         hvd.init()                                       # Horovod: join the ring
         self.hvd = hvd
@@ -93,7 +101,7 @@ class HorovodBackend(Backend):
         return self.hvd.Compression.fp16 if self.fp16 else self.hvd.Compression.none
 
     def wrap_optimizer(self, optimizer):
-        return self.hvd.DistributedOptimizer(optimizer, compression=self.compression)
+        return self.hvd.DistributedOptimizer(optimizer, compression=self.compression, num_groups=self.num_groups)
 
     def wire_bytes(self, grad_bytes, plan):
         return ring_wire(grad_bytes // (2 if self.fp16 else 1), self.world_size)
@@ -105,7 +113,7 @@ class HorovodBackend(Backend):
     # ---------------------------------------------------------------- Horovod only
     def wrap_tape(self, tape):
         import horovod.tensorflow as hvd_tf
-        return hvd_tf.DistributedGradientTape(tape, compression=self.compression)
+        return hvd_tf.DistributedGradientTape(tape, compression=self.compression, num_groups=self.num_groups)
 
     def broadcast_state(self, model, optimizer):
         """Rank 0's weights and optimizer state (slots, iteration count) on every rank.

@@ -45,7 +45,8 @@ def main(argv=None):
     num_train = len(load_arrays(cfg)[0])
 
     # Horovod: initialize, pin one GPU per process or split CPU cores between local ranks.
-    backend = HorovodBackend(fp16_allreduce=args.fp16_allreduce, env=tuning_env(args)).setup(cfg)
+    backend = HorovodBackend(fp16_allreduce=args.fp16_allreduce, env=tuning_env(args),
+                             num_groups=args.num_groups).setup(cfg)
     if args.elastic:                             # Horovod: the world may shrink and grow (elastic.py)
         if backend.is_chief:
             mark_elastic_job(cfg.train_dir)

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from common.backend import Backend, place_rank, ring_wire
+from common.backend import Backend, place_rank, ring_wire, yield_when_idle
 from common.errors import UsageError
 from common.plan import make_plan
 
@@ -33,6 +33,7 @@ class MPIBackend(Backend):
         self.exchanges = 0
 
     def setup(self, cfg):
+        yield_when_idle()                    # MPI: as the Horovod trainer, before MPI_Init
         from mpi4py import MPI               # MPI: MPI_Init_thread happens here
         self.MPI, self.comm = MPI, MPI.COMM_WORLD
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()

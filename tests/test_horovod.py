@@ -72,9 +72,11 @@ def test_single_process(tmp_path):
     assert "samples/sec:" in r.stdout
 
 
-def test_two_ranks_equal_one_process_with_double_batch(tmp_path):
-    """Synchronous all-reduce is exactly big-batch SGD: np=2 x b == np=1 x 2b."""
-    ok(horovodrun(2, *SYNC_EQUIV, "--batch_size", "16", "--train_dir", str(tmp_path / "two")))
+@pytest.mark.parametrize("grouping", [[], ["--num_groups", "1"]])
+def test_two_ranks_equal_one_process_with_double_batch(tmp_path, grouping):
+    """Synchronous all-reduce is exactly big-batch SGD: np=2 x b == np=1 x 2b, whether the
+    gradients go out one tensor at a time or as one explicit group."""
+    ok(horovodrun(2, *SYNC_EQUIV, *grouping, "--batch_size", "16", "--train_dir", str(tmp_path / "two")))
     ok(run([sys.executable, MAIN, *SYNC_EQUIV, "--batch_size", "32", "--train_dir", str(tmp_path / "one")]))
     assert_big_batch_equal(tmp_path / "two", tmp_path / "one")
 
@@ -82,6 +84,7 @@ def test_two_ranks_equal_one_process_with_double_batch(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--model", "vgg"], "error: unknown model 'vgg' (valid: mlp, cnn, resnet50, resnet101, inception_v3"),
     (["--batch_size", "-4"], "error: --batch_size must be positive"),
+    (["--num_groups", "-1"], "error: --num_groups must be >= 0, got -1"),
     (["--dataset", "mnist", "--data_dir", "/nonexistent"], "error: --data_dir /nonexistent: no such directory"),
 ])
 def test_bad_input_under_horovodrun(tmp_path, args, message):

@@ -1,0 +1,132 @@
+"""The Horovod trainer against the bare-MPI reference, inside the same training loop.
+
+    python benchmarks/allreduce_loop.py [--variants default,yield,...] [--repeats 3]
+
+Both trainers run ``common/sync_loop.py`` with the same model, batch, data and
+threads; only the gradient exchange differs (Horovod's DistributedGradientTape
+vs one mpi4py ``Allreduce`` on one fused buffer). Each repeat runs, for every
+variant, the bare-MPI job and then the Horovod job right after it, so each
+ratio compares two runs of the same minute on this noisy machine; the figure
+quoted is the median of those pairwise ratios. A variant is a set of Open MPI
+parameters, Horovod environment variables and trainer flags applied to both
+jobs (Horovod variables only matter to the Horovod job).
+
+Result: results/allreduce_loop.json with the exact commands.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from common.metrics import load_run  # noqa: E402
+from common.procs import child_env  # noqa: E402
+from hvdps.launchers import get_launcher  # noqa: E402
+
+YIELD = ("--mca", "mpi_yield_when_idle", "1")
+SPIN = ("--mca", "mpi_yield_when_idle", "0")       # Open MPI's own default, before the trainers yield
+GROUP1 = ("--num_groups", "1")
+# name -> (mpirun parameters, environment, one core per rank, Horovod trainer flags)
+VARIANTS = {
+    "default": ((), {}, False, ()),
+    "spin": (SPIN, {}, False, ()),
+    "yield": (YIELD, {}, False, ()),
+    "cycle0": ((), {"HOROVOD_CYCLE_TIME": "0"}, False, ()),
+    "cycle5": ((), {"HOROVOD_CYCLE_TIME": "5"}, False, ()),
+    "yield+cycle5": (YIELD, {"HOROVOD_CYCLE_TIME": "5"}, False, ()),
+    "mpi_threads_disable": ((), {"HOROVOD_MPI_THREADS_DISABLE": "1"}, False, ()),
+    "groups1": ((), {}, False, GROUP1),
+    "groups1+cycle0": ((), {"HOROVOD_CYCLE_TIME": "0"}, False, GROUP1),
+    "groups1+yield": (YIELD, {}, False, GROUP1),
+    "pinned": ((), {}, True, ()),
+    "pinned+yield": (YIELD, {}, True, ()),
+    "pinned+spin": (SPIN, {}, True, ()),
+    "pinned+groups1": ((), {}, True, GROUP1),
+}
+
+
+def run_job(backend, variant, args, out_dir):
+    mca, env_extra, pin, hvd_flags = VARIANTS[variant]
+    trainer = [*(hvd_flags if backend == "horovod" else ()),
+               "--model", args.model, "--batch_size", str(args.batch_size), "--train_steps", str(args.steps),
+               "--log_every", "10", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
+               "--train_dir", out_dir, *args.trainer_args.split()]
+    launcher = get_launcher(backend)
+    argv = launcher.command(args.workers, trainer, pin_cores=pin)
+    at = argv.index("-x")
+    argv = argv[:at] + list(mca) + argv[at:]
+    env = child_env()
+    env.update(launcher.env())
+    env.update(env_extra)
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=args.timeout)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {backend} {variant} failed ({proc.returncode}):\n{proc.stdout[-2000:]}")
+    row, curves = load_run(out_dir)
+    bd = (curves.get("summary") or {}).get("breakdown") or {}
+    return {"samples_per_sec": row["samples_per_sec_median"], "step_ms": 1e3 * (bd.get("step_s") or 0),
+            "compute_ms": 1e3 * (bd.get("compute_s") or 0), "overhead_ms": 1e3 * (bd.get("overhead_s") or 0),
+            "exchange_ms": 1e3 * bd["exchange_s"] if bd.get("exchange_s") else None,
+            "wall_s": wall, "command": " ".join(argv), "env": env_extra}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", default="default,yield,cycle5,yield+cycle5",
+                    help=f"comma-separated, from: {', '.join(VARIANTS)}")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--model", default="cnn")
+    ap.add_argument("--batch_size", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--trainer_args", default="", help="more trainer flags, e.g. '--probe_steps 0'")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "allreduce_loop.json"))
+    args = ap.parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"error: unknown variant(s) {', '.join(unknown)} (valid: {', '.join(VARIANTS)})")
+    runs = {v: {"mpi": [], "horovod": []} for v in variants}
+    scratch = tempfile.mkdtemp(prefix="allreduce_loop.")
+    try:
+        for rep in range(args.repeats):
+            for v in variants:
+                for backend in ("mpi", "horovod"):
+                    out_dir = os.path.join(scratch, f"{v}-{backend}-{rep}")
+                    r = run_job(backend, v, args, out_dir)
+                    runs[v][backend].append(r)
+                    print(f"rep {rep} {v:>20} {backend:>8}: {r['samples_per_sec']:9.0f} samples/s  step "
+                          f"{r['step_ms']:.2f} = {r['compute_ms']:.2f} + {r['overhead_ms']:.2f} ms", flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    table = {}
+    for v in variants:
+        m, h = runs[v]["mpi"], runs[v]["horovod"]
+        ratios = [b["samples_per_sec"] / a["samples_per_sec"] for a, b in zip(m, h)]
+        med = lambda rs, k: statistics.median(r[k] for r in rs)
+        table[v] = {"mpi_samples_per_sec": med(m, "samples_per_sec"), "horovod_samples_per_sec":
+                    med(h, "samples_per_sec"), "ratio_median": statistics.median(ratios), "ratios": ratios,
+                    "mpi_step_ms": med(m, "step_ms"), "mpi_compute_ms": med(m, "compute_ms"),
+                    "horovod_step_ms": med(h, "step_ms"), "horovod_compute_ms": med(h, "compute_ms")}
+        t = table[v]
+        print(f"{v:>20}: bare MPI {t['mpi_samples_per_sec']:8.0f}  Horovod {t['horovod_samples_per_sec']:8.0f}  "
+              f"Horovod/MPI {t['ratio_median']:.2f}x (pairs {', '.join(f'{r:.2f}' for r in ratios)})")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join([os.path.relpath(sys.argv[0], os.path.dirname(HERE)), *sys.argv[1:]]),
+                   "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+                   "settings": vars(args), "table": table, "runs": runs}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
