@@ -36,6 +36,9 @@ def bare_worker(args):
     import numpy as np
     import tensorflow as tf
     import horovod.tensorflow as hvd
+    # The same MPI setting the trainer uses (BENCHMARKS.md 4a); without it this loop measures
+    # Open MPI spinning on the cores the ranks compute on, not Horovod.
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     hvd.init()
     threads = max(1, (os.cpu_count() or 1) // hvd.local_size())   # the trainer's CPU split (place_rank)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
