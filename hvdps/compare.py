@@ -74,15 +74,16 @@ def execute(runs, timeout, progress=True):
         if os.path.exists(os.path.join(run["run_dir"], "metrics.jsonl")):
             raise UsageError(f"{run['run_dir']} already holds a run; choose another --out")
         log_path = run["run_dir"] + ".log"
-        started = time.monotonic()
+        started, launched_at = time.monotonic(), time.time()
         with open(log_path, "w") as log:
             p = subprocess.Popen(run["cmd"], stdout=log, stderr=subprocess.STDOUT, env={**env, **run["env"]}, cwd=repo,
                                  start_new_session=True)
             code = _wait(p, run, timeout, bar)
-        run.update(returncode=code, seconds=time.monotonic() - started, log=log_path)
+        run.update(returncode=code, seconds=time.monotonic() - started, launched_at=launched_at, log=log_path)
         if os.path.isdir(run["run_dir"]):     # so a report rebuilt with --from still knows the start-up cost
             with open(os.path.join(run["run_dir"], RUN_RECORD), "w") as f:
-                json.dump({"seconds": run["seconds"], "exit_code": code, "command": run["cmd"]}, f, indent=2)
+                json.dump({"seconds": run["seconds"], "launched_at": launched_at, "exit_code": code,
+                           "command": run["cmd"]}, f, indent=2)
         if code != 0:
             run["error"] = _last_error(log_path) or f"exit code {code}"
             bar.write(f"{run['name']}: FAILED ({run['error']})")

@@ -24,7 +24,7 @@ OVERHEAD_IS = {
 COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_per_sec_median",
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
-           "global_batch", "oversubscribed", "startup_s", "warmup_s", "warmup_share", "step_s", "compute_s",
+           "global_batch", "oversubscribed", "startup_s", "teardown_s", "warmup_s", "warmup_share", "step_s", "compute_s",
            "overhead_s", "overhead_share", "exchange_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
            "ps_cpu_s", "ps_cpu_share", "error", "run_dir")
 RUN_RECORD = "compare_run.json"    # written by hvdps-compare next to each run: its wall time from launch
@@ -47,25 +47,30 @@ def collect(runs):
         row["error"] = run.get("error")
         row["oversubscribed"] = run.get("oversubscribed", False)
         row["_curves"] = curves
-        add_startup(row, curves, run.get("seconds") or _recorded_seconds(run["run_dir"]))
+        record = _run_record(run["run_dir"])
+        add_startup(row, curves, run.get("seconds") or record.get("seconds"),
+                    run.get("launched_at") or record.get("launched_at"))
         rows.append(row)
     add_scaling(rows)
     return rows
 
 
-def _recorded_seconds(run_dir):
+def _run_record(run_dir):
     try:
-        return json.load(open(os.path.join(run_dir, RUN_RECORD)))["seconds"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        record = json.load(open(os.path.join(run_dir, RUN_RECORD)))
+        return record if isinstance(record, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
-def add_startup(row, curves, run_seconds):
+def add_startup(row, curves, run_seconds, launched_at=None):
     """Warm-up = the trainer's time before its first measured interval (tracing, the excluded
     steps, the first negotiation or session); its share of the trainer's wall time says whether
     the throughput columns describe steady state. Start-up = everything from launch to that point
     (processes, cluster, TensorFlow import, then the warm-up): what one run of this backend
-    costs before it trains at speed."""
+    costs before it trains at speed. Teardown = the trainer's end to the job's exit (releasing PS
+    tasks, MPI finalisation); known when the launch time was recorded, else it is counted in
+    start-up (runs recorded before launch times were)."""
     steps = (curves or {}).get("steps") or []
     total = ((curves or {}).get("summary") or {}).get("total_time")
     counted = [i for i, s in enumerate(steps) if s.get("samples_per_sec") is not None]
@@ -74,7 +79,11 @@ def add_startup(row, curves, run_seconds):
     first = counted[0]
     row["warmup_s"] = steps[first - 1]["wall_time"] if first > 0 else 0.0
     row["warmup_share"] = row["warmup_s"] / total
-    if run_seconds:
+    start = ((curves or {}).get("header") or {}).get("start_time")
+    if run_seconds and launched_at and start:
+        row["startup_s"] = max(0.0, start - launched_at) + row["warmup_s"]
+        row["teardown_s"] = max(0.0, launched_at + run_seconds - (start + total))
+    elif run_seconds:
         row["startup_s"] = max(0.0, run_seconds - total) + row["warmup_s"]
 
 
@@ -120,7 +129,8 @@ def write_report(rows, out, cfg_dict, environment):
         if r.get("error"):
             status += f": {r['error']}"
         startup = ((f"{r['startup_s']:.1f}" if r.get("startup_s") is not None else "-") +
-                   (f" (warm-up {100 * r['warmup_share']:.0f}%)" if r.get("warmup_share") is not None else ""))
+                   (f" (warm-up {100 * r['warmup_share']:.0f}%)" if r.get("warmup_share") is not None else "") +
+                   (f" + {r['teardown_s']:.1f} teardown" if r.get("teardown_s") is not None else ""))
         lines.append(f"| {r.get('model') or '-'} | {r['backend']} | {r['mode']} | {r['workers']} | "
                      f"{r.get('num_ps') or '-'} | "
                      f"{_fmt(r.get('samples_per_sec_median'))} | {tp} | {eff} | {_fmt(r.get('time_to_target'))} | "
@@ -133,8 +143,9 @@ def write_report(rows, out, cfg_dict, environment):
                   "in the same job; overhead = the measured step minus that; docs/metrics.md):", ""] + reasons
     lines += [""] + findings + (["", "Start-up: from launch to the first measured interval (processes, "
                                  "cluster, TensorFlow import, tracing, the excluded warm-up steps); in brackets "
-                                 "the warm-up's share of the trainer's wall time. Neither is in the throughput "
-                                 "columns."] if findings else [])
+                                 "the warm-up's share of the trainer's wall time; teardown: from the trainer's end to "
+                                 "the job's exit (releasing PS tasks, MPI finalisation). None of these is in the "
+                                 "throughput columns."] if findings else [])
     lines += ["", "Throughput excludes the first `--warmup_steps` steps; ± is the 95% half-width over "
               "logging intervals. Scaling efficiency = throughput(n) / (n × throughput(1)) for the same "
               "backend and mode. A run is *oversubscribed* when it starts more processes than this "

@@ -125,19 +125,23 @@ def run_worker(cfg, backend, num_train):
     try:
         if not backend.is_chief:
             wait_until_initialised(tf, backend)  # PS: the chief initialises (or restores)
-        log = RunLog(cfg, backend, plan, start_step=start_update, extra_header={
-            "cluster": backend.cluster, "replicas_to_aggregate": backend.replicas_to_aggregate,
-            "placement": describe_placement(tf.compat.v1.global_variables()),
-            "loss_source": "chief's own batches"})
+        def start_log():
+            # PS: the trainer's clock starts once the session exists (variables initialised or
+            # restored on the PS), as the Horovod trainer's starts after its initial broadcast;
+            # what came before is in the report's start-up column, not in the run's warm-up.
+            return RunLog(cfg, backend, plan, start_step=start_update, extra_header={
+                "cluster": backend.cluster, "replicas_to_aggregate": backend.replicas_to_aggregate,
+                "placement": describe_placement(tf.compat.v1.global_variables()),
+                "loss_source": "chief's own batches"})
         if backend.is_chief:                     # PS: say once what a global step is
             print(f"{backend.mode} mode, {plan.workers} workers, {backend.num_ps} PS: global step = updates "
                   f"applied on the PS; {plan.global_step_meaning}; target {plan.total_updates} updates", flush=True)
-        return train(cfg, backend, plan, graph, log, ps_watch)
+        return train(cfg, backend, plan, graph, start_log, ps_watch)
     finally:                                     # from here on, PS tasks leaving is expected
         ps_watch.stop()
 
 
-def train(cfg, backend, plan, graph, log, ps_watch):
+def train(cfg, backend, plan, graph, start_log, ps_watch):
     """The session loop of every worker; the chief also logs, evaluates and checkpoints.
 
     Returns the workers the chief saw lost (async), after every live one has finished.
@@ -150,6 +154,7 @@ def train(cfg, backend, plan, graph, log, ps_watch):
     try:
         with open_session(cfg, backend, plan, graph) as sess:
             dog.kick(f"{backend.job}:{backend.index}: a training step blocked (lost PS or sync peer?)")
+            log = start_log()
             read = reader(sess)
             start = data_position(plan, read(graph.global_step), read(graph.worker_steps)[backend.rank])
             read(graph.data_init, {graph.data_skip: start})   # PS: resume the data stream where it was

@@ -104,6 +104,10 @@ def test_end_to_end_both_backends(tmp_path):
         assert x["samples_per_sec_median"] > 0 and 0 <= x["final_test_accuracy"] <= 1
         assert x["grad_bytes_per_step"] == rows[0]["grad_bytes_per_step"]   # same model everywhere
         assert 0 < x["warmup_s"] < x["startup_s"] and 0 < x["warmup_share"] < 1      # measured, per run
+        # launch -> trainer start -> trainer end -> exit: start-up, trainer, teardown add up to the run
+        seconds = json.load(open(os.path.join(x["run_dir"], "compare_run.json")))["seconds"]
+        assert x["teardown_s"] >= 0
+        assert x["startup_s"] - x["warmup_s"] + x["wall_time"] + x["teardown_s"] == pytest.approx(seconds, abs=0.5)
         # one update averages every rank's batch (all-reduce) or is one worker's batch (async PS)
         assert x["global_batch"] == 16 * (x["workers"] if x["backend"] in ("horovod", "mpi") else 1)
         assert x["compute_s"] > 0 and x["compute_s"] + x["overhead_s"] == pytest.approx(x["step_s"])
