@@ -14,7 +14,6 @@ jobs (Horovod variables only matter to the Horovod job).
 Result: results/allreduce_loop.json with the exact commands.
 """
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -29,6 +28,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from common.metrics import load_run  # noqa: E402
 from common.procs import child_env  # noqa: E402
 from hvdps.launchers import get_launcher  # noqa: E402
+from results_file import save  # noqa: E402
 
 YIELD = ("--mca", "mpi_yield_when_idle", "1")
 SPIN = ("--mca", "mpi_yield_when_idle", "0")       # Open MPI's own default, before the trainers yield
@@ -121,11 +121,7 @@ def main():
         t = table[v]
         print(f"{v:>20}: bare MPI {t['mpi_samples_per_sec']:8.0f}  Horovod {t['horovod_samples_per_sec']:8.0f}  "
               f"Horovod/MPI {t['ratio_median']:.2f}x (pairs {', '.join(f'{r:.2f}' for r in ratios)})")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"command": " ".join([os.path.relpath(sys.argv[0], os.path.dirname(HERE)), *sys.argv[1:]]),
-                   "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
-                   "settings": vars(args), "table": table, "runs": runs}, f, indent=2)
+    save(args.out, args, table=table, runs=runs)
 
 
 if __name__ == "__main__":

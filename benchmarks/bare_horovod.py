@@ -29,11 +29,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from results_file import save  # noqa: E402
 
 
 def bare_worker(args):
     """One rank of the bare loop; rank 0 writes its interval timings to ``args.result``."""
-    import numpy as np
     import tensorflow as tf
     import horovod.tensorflow as hvd
     # The same MPI setting the trainer uses (BENCHMARKS.md 4a); without it this loop measures
@@ -184,11 +184,7 @@ def main():
              "bare_teardown_s": med("bare", "teardown_s"), "trainer_teardown_s": med("trainer", "teardown_s")}
     print(f"bare Horovod {table['bare_samples_per_sec']:.2f}, trainer {table['trainer_samples_per_sec']:.2f} "
           f"samples/s: trainer/bare {table['ratio_median']:.2f}x (pairs {', '.join(f'{r:.2f}' for r in ratios)})")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"command": " ".join([os.path.relpath(sys.argv[0], os.path.dirname(HERE)), *sys.argv[1:]]),
-                   "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
-                   "settings": vars(args), "table": table, "runs": runs}, f, indent=2)
+    save(args.out, args, table=table, runs=runs)
 
 
 if __name__ == "__main__":
