@@ -144,7 +144,7 @@ def _cmdline(pid):
                                            (["--mca", "mpi_yield_when_idle", "1"], "1")])
 def test_ranks_yield_when_idle_unless_told_otherwise(mca, expected):
     """Both MPI trainers ask Open MPI to yield a waiting rank's core (BENCHMARKS.md section 4:
-    Horovod 0.62x -> 1.00x of bare MPI here); a user's explicit --mca still decides."""
+    Horovod 0.52x -> 0.86x of bare MPI here); a user's explicit --mca still decides."""
     probe = ("import os; from common.backend import yield_when_idle; yield_when_idle(); "
              "from mpi4py import MPI; print('yield=' + os.environ['OMPI_MCA_mpi_yield_when_idle'])")
     r = ok(run([*MPIRUN, *mca, "-np", "1", sys.executable, "-c", probe], timeout=60))
