@@ -152,36 +152,39 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
     chief_watch = None if backend.is_chief else ChiefWatch(backend, on_wait=dog.kick)
     step_opts = tf.compat.v1.RunOptions(timeout_in_ms=int(backend.step_timeout * 1000))
     try:
-        with open_session(cfg, backend, plan, graph) as sess:
-            dog.kick(f"{backend.job}:{backend.index}: a training step blocked (lost PS or sync peer?)")
-            log = start_log()
-            read = reader(sess)
-            start = data_position(plan, read(graph.global_step), read(graph.worker_steps)[backend.rank])
-            read(graph.data_init, {graph.data_skip: start})   # PS: resume the data stream where it was
-            chief = (ChiefBookkeeping(cfg, backend, plan, graph, log, read,
-                                      Checkpoints(cfg, plan, graph, sess, int(read(graph.global_step))))
-                     if backend.is_chief else None)
-            while not sess.should_stop():
-                if chief_watch:
-                    chief_watch.check()
-                try:
-                    _, loss, update = sess.run([graph.train_op, graph.loss, graph.global_step], options=step_opts)
-                except tf.errors.DeadlineExceededError:
-                    raise RunError((chief.blocked() if chief else None) or
-                                   f"{backend.job}:{backend.index}: no update for {backend.step_timeout:.0f}s "
-                                   f"({backend.mode} mode): a worker or PS was lost")
-                except tf.errors.OutOfRangeError:
-                    break                        # this worker's data stream is used up: its part is done
-                except (tf.errors.OpError, OSError) as exc:   # a full disk under the checkpoint hook, ...
-                    raise RunError(f"{backend.job}:{backend.index}: {describe(exc)}")
-                dog.kick()
-                if chief:
-                    chief.after_step(update, loss)
-            read(graph.mark_done)
-            if not chief:                        # PS: nothing else to do; the chief ends the job
-                ps_watch.stop()
-                hard_exit(0)
-            return chief.finish(dog.kick)
+        # PS: never closed. Closing a distributed MonitoredSession took 0-9 s after everything
+        # was written (4 s typical, 5 s more in sync mode waiting for the SyncReplicasOptimizer's
+        # queue runner); every task leaves by hard_exit, and the PS tasks are released explicitly.
+        sess = stop.never_close(open_session(cfg, backend, plan, graph))
+        dog.kick(f"{backend.job}:{backend.index}: a training step blocked (lost PS or sync peer?)")
+        read = reader(sess)
+        start = data_position(plan, read(graph.global_step), read(graph.worker_steps)[backend.rank])
+        read(graph.data_init, {graph.data_skip: start})   # PS: resume the data stream where it was
+        checkpoints = (Checkpoints(cfg, plan, graph, sess, int(read(graph.global_step)))
+                       if backend.is_chief else None)
+        log = start_log()                    # the first checkpoint above is start-up, not warm-up
+        chief = ChiefBookkeeping(cfg, backend, plan, graph, log, read, checkpoints) if checkpoints else None
+        while not sess.should_stop():
+            if chief_watch:
+                chief_watch.check()
+            try:
+                _, loss, update = sess.run([graph.train_op, graph.loss, graph.global_step], options=step_opts)
+            except tf.errors.DeadlineExceededError:
+                raise RunError((chief.blocked() if chief else None) or
+                               f"{backend.job}:{backend.index}: no update for {backend.step_timeout:.0f}s "
+                               f"({backend.mode} mode): a worker or PS was lost")
+            except tf.errors.OutOfRangeError:
+                break                        # this worker's data stream is used up: its part is done
+            except (tf.errors.OpError, OSError) as exc:   # a full disk under the checkpoint hook, ...
+                raise RunError(f"{backend.job}:{backend.index}: {describe(exc)}")
+            dog.kick()
+            if chief:
+                chief.after_step(update, loss)
+        read(graph.mark_done)
+        if not chief:                        # PS: nothing else to do; the chief ends the job
+            ps_watch.stop()
+            hard_exit(0)
+        return chief.finish(dog.kick)
     finally:
         dog.stop()
 
@@ -204,10 +207,42 @@ def open_session(cfg, backend, plan, graph):
         max_wait_secs=backend.startup_timeout, stop_grace_period_secs=5)
 
 
+class _Transient(Exception):
+    """A gRPC error (Unavailable, Aborted) carried past MonitoredSession's recovery."""
+
+
+def outside_hooks(sess, fn, what, attempts=3, pause=1.0):
+    """fn(raw session) without the training hooks, retried on a transient gRPC error.
+
+    MonitoredSession would "recover" from Unavailable/Aborted here by closing
+    the session and calling fn again with the closed one (TF 2.15's
+    _RecoverableSession.run_step_fn passes the stale raw session): a one-off
+    gRPC hiccup became "Attempted to use a closed Session" (seen once in CI,
+    on the chief's read of the step counters). These calls only read or set
+    idempotent state, so the same session simply tries again.
+    """
+    import tensorflow as tf
+
+    def step_fn(step_context):
+        try:
+            return fn(step_context.session)
+        except (tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
+            raise _Transient(exc) from None
+    for attempt in range(1, attempts + 1):
+        try:
+            return sess.run_step_fn(step_fn)
+        except _Transient as wrapped:
+            exc = wrapped.args[0]
+            if attempt == attempts:
+                raise RunError(f"{what}: {describe(exc)} ({attempts} attempts)")
+            print(f"{what}: {type(exc).__name__}: {describe(exc)}; trying again", file=sys.stderr, flush=True)
+            time.sleep(pause * attempt)
+
+
 def reader(sess):
     """Run fetches on the PS without the training hooks (no step counted, no checkpoint)."""
     def read(fetches, feed_dict=None):
-        return sess.run_step_fn(lambda step_context: step_context.session.run(fetches, feed_dict=feed_dict))
+        return outside_hooks(sess, lambda raw: raw.run(fetches, feed_dict=feed_dict), "reading the PS")
     return read
 
 
@@ -236,13 +271,13 @@ class Checkpoints:
     def save(self):
         import tensorflow as tf
 
-        def write(step_context):
-            step = int(step_context.session.run(self.graph.global_step))
-            self.graph.saver.save(step_context.session, os.path.join(self.dir, "model.ckpt"), global_step=step,
+        def write(raw):
+            step = int(raw.run(self.graph.global_step))
+            self.graph.saver.save(raw, os.path.join(self.dir, "model.ckpt"), global_step=step,
                                   write_meta_graph=False)
             return step
         try:
-            self.last = self.sess.run_step_fn(write)
+            self.last = outside_hooks(self.sess, write, "chief: checkpoint")
         except (tf.errors.OpError, OSError) as exc:       # a full disk, say: one line, the old files kept
             raise RunError(f"chief: checkpoint: {describe(exc)}")
         return self.last

@@ -101,6 +101,17 @@ def _tell(job, index, addr, code, timeout):
 _KEEP = []
 
 
+def never_close(session):
+    """Keep ``session`` referenced until hard_exit, so its __del__ never closes it.
+
+    Closing a distributed session is a round of RPCs to every task it touched
+    (and MonitoredSession first waits for its threads); nothing depends on it
+    once the results are written and the PS tasks are told to leave.
+    """
+    _KEEP.append(session)
+    return session
+
+
 def hard_exit(code):
     """Leave without tearing down the gRPC server threads (TF cannot stop a Server cleanly)."""
     sys.stdout.flush()

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from common.errors import RunError
 from common.metrics import load_run, read_records
 from common.training import load_weights_npz
 from common.procs import free_ports
@@ -269,3 +270,46 @@ def test_chief_usage_error_after_start_releases_the_ps(tmp_path):
     assert "error: --resume: " in outs["worker:0"] and "is already at step" in outs["worker:0"]
     assert procs["ps:0"].returncode == 0 and "ps:0 done (the chief failed with code 2)" in outs["ps:0"]
     assert time.monotonic() - t0 < 45                       # not the 60 s --startup_timeout
+
+
+def _flaky(failures, error):
+    """fn(raw session) that raises ``error`` ``failures`` times, then reads a constant."""
+    import tensorflow as tf
+    calls = []
+
+    def fn(raw):
+        calls.append(raw)
+        if len(calls) <= failures:
+            raise error(None, None, "Socket closed")
+        return raw.run(tf.compat.v1.get_default_graph().get_tensor_by_name("seven:0"))
+    return fn, calls
+
+
+def _monitored_session():
+    import tensorflow as tf
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.constant(7, name="seven")
+        tf.compat.v1.train.get_or_create_global_step()
+    return graph, tf.compat.v1.train.MonitoredSession
+
+
+@pytest.mark.parametrize("error_name", ["UnavailableError", "AbortedError"])
+def test_reads_outside_hooks_survive_a_transient_grpc_error(error_name, capsys):
+    import tensorflow as tf
+    from ps_train.main import outside_hooks
+    error = getattr(tf.errors, error_name)
+    graph, monitored = _monitored_session()
+    with graph.as_default(), monitored() as sess:
+        # The control: TF's own recovery hands the closed session to the retry (the CI failure).
+        fn, _ = _flaky(1, error)
+        with pytest.raises(RuntimeError, match="closed Session"):
+            sess.run_step_fn(lambda step_context: fn(step_context.session))
+    with graph.as_default(), monitored() as sess:
+        fn, calls = _flaky(2, error)
+        assert outside_hooks(sess, fn, "reading the PS", pause=0.01) == 7
+        assert len(calls) == 3 and calls[0] is calls[2]       # the same session, not a recreated one
+        assert capsys.readouterr().err.count(f"reading the PS: {error_name}: Socket closed; trying again") == 2
+        fn, _ = _flaky(5, error)
+        with pytest.raises(RunError, match=r"^reading the PS: Socket closed \(3 attempts\)$"):
+            outside_hooks(sess, fn, "reading the PS", pause=0.01)
