@@ -163,7 +163,7 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
         checkpoints = (Checkpoints(cfg, plan, graph, sess, int(read(graph.global_step)))
                        if backend.is_chief else None)
         log = start_log()                    # the first checkpoint above is start-up, not warm-up
-        chief = ChiefBookkeeping(cfg, backend, plan, graph, log, read, checkpoints) if checkpoints else None
+        chief = ChiefBookkeeping(cfg, backend, plan, graph, log, read, checkpoints) if backend.is_chief else None
         while not sess.should_stop():
             if chief_watch:
                 chief_watch.check()
