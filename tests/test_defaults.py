@@ -1,10 +1,16 @@
 """Defaults that train: every built-in small model, with its default optimizer and learning rate
 (common.config.MODEL_DEFAULTS), reaches >= 0.90 test accuracy on MNIST-format 28x28 files within
-EPOCHS epochs at 1, 2 and 4 workers, under Horovod, PS async and PS sync.
+EPOCHS epochs at 1, 2 and 4 workers, under Horovod, PS async and PS sync (ASYNC_EPOCHS for PS async).
 
 The files are written here from scikit-learn's bundled digits (upscaled 3x and padded to 28x28),
 read through the real IDX loader. Only the batch (16) and the epoch budget are set; 4 workers are
 oversubscribed on this 2-core machine, which slows them but does not change what they compute.
+
+Except under PS async: there, a descheduled worker pushes stale gradients, and how stale depends
+on the OS scheduler. Measured on the 28x28 MLP at 4 workers (10 runs each): 5 epochs gave
+0.891-0.972 (CI once saw 0.8997), 8 epochs gave 0.947-0.967. Horovod and PS sync at 4 workers gave
+the same accuracy every run (0.950, 0.955). So async gets the budget at which its worst case still
+clears the bar, rather than a lower bar.
 """
 import os
 import sys
@@ -18,8 +24,12 @@ from common.metrics import load_run
 from tests.conftest import BIN, REPO, py, run
 
 EPOCHS = 5
-FLAGS = ["--batch_size", "16", "--epochs", str(EPOCHS), "--log_every", "20", "--eval_every_epoch", "false",
-         "--checkpoint_every_epoch", "false"]
+ASYNC_EPOCHS = 8
+FLAGS = ["--batch_size", "16", "--log_every", "20", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false"]
+
+
+def budget(backend):
+    return ["--epochs", str(ASYNC_EPOCHS if backend == "ps:async" else EPOCHS)]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +67,8 @@ DIGITS = [(m, b, w) for m in ("mlp", "cnn") for b in BACKENDS for w in (1, 2, 4)
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_defaults_train_on_28x28(tmp_path, mnist28, model, backend, workers):
     out = str(tmp_path / "run")
-    r = _launch(backend, workers, ["--model", model, "--dataset", "mnist", "--data_dir", mnist28, *FLAGS, "--train_dir", out])
+    flags = ["--model", model, "--dataset", "mnist", "--data_dir", mnist28, *FLAGS, *budget(backend)]
+    r = _launch(backend, workers, [*flags, "--train_dir", out])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     row, curves = load_run(out)
     assert curves["header"]["plan"]["workers"] == workers
@@ -69,7 +80,7 @@ def test_defaults_train_on_28x28(tmp_path, mnist28, model, backend, workers):
 @pytest.mark.parametrize("model, backend, workers", DIGITS)
 def test_defaults_train_on_8x8_digits(tmp_path, model, backend, workers):
     out = str(tmp_path / "run")
-    r = _launch(backend, workers, ["--model", model, "--dataset", "digits", *FLAGS, "--train_dir", out])
+    r = _launch(backend, workers, ["--model", model, "--dataset", "digits", *FLAGS, *budget(backend), "--train_dir", out])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     row, _ = load_run(out)
     assert row["dataset"] == "digits"
