@@ -175,9 +175,12 @@ def run_bare(mode, updates, warmup, log_every, timeout, features=""):
 
 def run_hvdps(mode, updates, warmup, log_every, timeout, out):
     from common.metrics import load_run
+    # --train_steps counts each worker's own steps; async applies one update per worker step, so the
+    # same job as the bare loop's `updates` global steps is updates / 2 steps per worker.
+    steps = updates // 2 if mode == "async" else updates
     cmd = [sys.executable, "-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "2", "--model", "mlp",
            "--hidden_units", str(HIDDEN), "--optimizer", "adam", "--learning_rate", str(LR), "--scale_lr", "false",
-           "--batch_size", str(BATCH), "--dataset", "examples/digits28.py:load", "--train_steps", str(updates),
+           "--batch_size", str(BATCH), "--dataset", "examples/digits28.py:load", "--train_steps", str(steps),
            "--warmup_steps", str(warmup), "--log_every", str(log_every), "--eval_every_epoch", "false",
            "--checkpoint_every_epoch", "false", "--probe_steps", "0", "--train_dir", out]
     if mode == "sync":

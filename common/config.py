@@ -215,7 +215,7 @@ def build_parser(description, prog=None):
     g.add_argument("--scale_lr", type=_bool, default=d.scale_lr, help="multiply lr by the number of workers")
     g.add_argument("--lr_warmup_epochs", type=float, default=d.lr_warmup_epochs)
     g.add_argument("--epochs", type=int, default=d.epochs)
-    g.add_argument("--train_steps", type=int, default=d.train_steps, help="if >0, overrides --epochs")
+    g.add_argument("--train_steps", type=int, default=d.train_steps, help="if >0, steps per worker (its own batches), overrides --epochs")
     g.add_argument("--hidden_units", type=int, default=d.hidden_units, help="MLP hidden layer width")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--train_dir", "--out", dest="train_dir", default=d.train_dir,
