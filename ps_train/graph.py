@@ -57,7 +57,7 @@ def build_graph(cfg, backend, plan):
         # wait for it costs a second PS round trip inside every step (PS -> worker -> PS). Both run
         # in the same session call; a failed call fails the step either way.
         # Measured (benchmarks/bare_ps.py, async, 3,000 updates, 8 alternating runs): chained
-        # 0.85x of the bare loop, grouped 0.91x (BENCHMARKS.md section 5).
+        # 0.85x of the bare loop, grouped 0.91x (BENCHMARKS.md, "Both trainers ...", session 9).
         train_op = tf.group(minimize, v1.scatter_add(worker_steps, [backend.rank], [1]))
         mark_done = v1.scatter_update(worker_done, [backend.rank], [1]).op
         graph = TrainGraph(global_step, model, loss, learning_rate, optimizer, train_op, worker_steps,
