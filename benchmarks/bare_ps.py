@@ -1,6 +1,7 @@
 """The PS trainer against a bare between-graph loop: what does hvdps' own bookkeeping cost?
 
-    python benchmarks/bare_ps.py [--modes async,sync] [--updates 3000] [--repeats 3]
+    python benchmarks/bare_ps.py [--modes async,sync] [--updates 3000] [--repeats 10]
+                                 [--impls hvdps,launch] [--workers 2] [--pin]
 
 The baseline is the classic distributed-TF example, written once here and not
 used by hvdps: replica_device_setter, an MLP from plain variables, Adam, a
@@ -8,14 +9,20 @@ MonitoredTrainingSession (plus SyncReplicasOptimizer's hook in sync mode) and a
 loop that feeds NumPy batches and fetches the train op and the global step.
 Both sides run the same job on this machine: 1 PS, 2 workers on loopback,
 MLP 784-100-10 on the 28x28 digits (examples/digits28.py), batch 100 per
-worker, Adam 0.001, the same number of updates.
+worker, Adam 0.001, the same number of updates. Both are started the same way,
+one process per role (``hvdps``: ``python -m ps_train.main --job_name=...``);
+``launch`` adds ps_train through its local launcher as a third run, so the
+launcher's own cost, if any, shows separately.
 
 Throughput is measured the same way for both: the chief's global step over
 time, samples/sec per interval of ``--log_every`` of its own steps after
 ``--warmup`` steps, the median over intervals. Start-up (launch to the first
 measured interval) and teardown (the last step to every process gone) are
 reported separately. Repeats alternate bare and hvdps runs so drift on this
-noisy machine hits both; the ratio is of the medians of the runs.
+noisy machine hits both. Two ratios: of the medians of the runs, and the
+median of the pair ratios (each run against the bare run just before it)
+with a 90% percentile-bootstrap interval, which says how far 2 shared cores'
+run-to-run noise (10-20% per pair) lets that median move.
 Results: benchmarks/results/bare_ps.json and a markdown table.
 """
 import argparse
@@ -138,63 +145,128 @@ def kill_all(procs):
             pass
 
 
-def run_bare(mode, updates, warmup, log_every, timeout, features=""):
-    cluster = {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}" for _ in range(2)]}
-    base = [sys.executable, os.path.abspath(__file__), "--cluster", json.dumps(cluster), "--updates", str(updates),
-            "--log_every", str(log_every), "--features", features] + (["--sync"] if mode == "sync" else [])
-    env = dict(os.environ, PYTHONPATH=REPO)
-    t0 = time.time()
-    procs = [subprocess.Popen(base + ["--role", "ps", "--index", "0"], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)]
+def start_roles(argvs, env, pin, capture=0):
+    """Start ``[(role, argv)]`` (the PS first); with ``pin``, worker i on core i and the PS floating,
+    as ``ps_train.launch --pin_workers`` does. The process at index ``capture`` gets pipes."""
+    procs = []
+    cores = os.cpu_count() or 1
     try:
-        for i in range(2):
-            procs.append(subprocess.Popen(base + ["--role", "worker", "--index", str(i)], env=env,
-                                          stdout=subprocess.PIPE if i == 0 else subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, text=True))
-        out, _ = procs[1].communicate(timeout=timeout)
-        try:            # async: the other worker stops at the last step too; sync: it waits for tokens
-            procs[2].wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        ps_cpu = cpu_seconds(procs[0].pid)
+        for n, (role, argv) in enumerate(argvs):
+            worker = role.startswith("worker:")
+            prefix = ["taskset", "-c", str(int(role.split(":")[1]) % cores)] if pin and worker else []
+            pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) if n == capture else \
+                dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(subprocess.Popen(prefix + argv, env=env, cwd=REPO, **pipes))
+    except BaseException:
+        kill_all(procs)
+        raise
+    return procs
+
+
+def finish_roles(procs, chief, timeout, before_kill=None):
+    """Wait for the chief, then (bounded) for the others; kill whatever is left. (stdout, stderr, code)."""
+    try:
+        out, err = procs[chief].communicate(timeout=timeout)
+        for p in procs:       # async: the others stop at the last step too; sync: they wait for tokens
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if before_kill:
+            before_kill()
+        return out, err, procs[chief].returncode
     finally:
         kill_all(procs)
+
+
+def local_cluster(workers):
+    return {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}" for _ in range(workers)]}
+
+
+def roles(cluster):
+    return [("ps:0", 0)] + [(f"worker:{i}", i) for i in range(len(cluster["worker"]))]
+
+
+def run_bare(mode, updates, warmup, log_every, timeout, features="", workers=2, pin=False):
+    cluster = local_cluster(workers)
+    base = [sys.executable, os.path.abspath(__file__), "--cluster", json.dumps(cluster), "--updates", str(updates),
+            "--log_every", str(log_every), "--features", features] + (["--sync"] if mode == "sync" else [])
+    argvs = [(role, base + ["--role", role.split(":")[0], "--index", str(i)]) for role, i in roles(cluster)]
+    t0 = time.time()
+    procs = start_roles(argvs, dict(os.environ, PYTHONPATH=REPO), pin, capture=1)
+    ps_cpu = {}           # the bare PS never exits: its CPU is read while it still runs
+    out, _, _ = finish_roles(procs, 1, timeout, lambda: ps_cpu.update(s=cpu_seconds(procs[0].pid)))
     t_end = time.time()
     line = next((x for x in out.splitlines() if x.startswith("BARE ")), None)
     if line is None:
         raise RuntimeError(f"bare {mode}: the chief printed no result")
     data = json.loads(line[5:])
     marks = data["marks"]
-    samples_per_update = BATCH * (2 if mode == "sync" else 1)
+    samples_per_update = BATCH * (workers if mode == "sync" else 1)
     rates = [(g1 - g0) * samples_per_update / (t1 - t0_)
              for (t0_, g0), (t1, g1) in zip(marks, marks[1:]) if g0 >= warmup and t1 > t0_]
     return {"impl": "bare", "mode": mode, "samples_per_sec": statistics.median(rates), "intervals": len(rates),
             "wall_s": t_end - t0, "startup_s": data["first_step"] - t0, "teardown_s": t_end - data["end"],
-            "train_s": data["end"] - data["first_step"], "ps_cpu_s": ps_cpu}
+            "train_s": data["end"] - data["first_step"], "ps_cpu_s": ps_cpu.get("s")}
 
 
-def run_hvdps(mode, updates, warmup, log_every, timeout, out):
-    from common.metrics import load_run
+def trainer_flags(mode, updates, warmup, log_every, out, workers):
     # --train_steps counts each worker's own steps; async applies one update per worker step, so the
-    # same job as the bare loop's `updates` global steps is updates / 2 steps per worker.
-    steps = updates // 2 if mode == "async" else updates
-    cmd = [sys.executable, "-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "2", "--model", "mlp",
-           "--hidden_units", str(HIDDEN), "--optimizer", "adam", "--learning_rate", str(LR), "--scale_lr", "false",
-           "--batch_size", str(BATCH), "--dataset", "examples/digits28.py:load", "--train_steps", str(steps),
-           "--warmup_steps", str(warmup), "--log_every", str(log_every), "--eval_every_epoch", "false",
-           "--checkpoint_every_epoch", "false", "--probe_steps", "0", "--train_dir", out]
-    if mode == "sync":
-        cmd.append("--sync")
+    # same job as the bare loop's `updates` global steps is updates / workers steps per worker.
+    steps = updates // workers if mode == "async" else updates
+    flags = ["--model", "mlp", "--hidden_units", str(HIDDEN), "--optimizer", "adam", "--learning_rate", str(LR),
+             "--scale_lr", "false", "--batch_size", str(BATCH), "--dataset", "examples/digits28.py:load",
+             "--train_steps", str(steps), "--warmup_steps", str(warmup), "--log_every", str(log_every),
+             "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false", "--probe_steps", "0",
+             "--train_dir", out]
+    return flags + (["--sync"] if mode == "sync" else [])
+
+
+def run_hvdps(mode, updates, warmup, log_every, timeout, out, workers=2, pin=False, launcher=False):
+    """ps_train on the same job: one process per role like the bare loop, or through ps_train.launch."""
+    from common.metrics import load_run
+    from common.procs import child_env
+    flags = trainer_flags(mode, updates, warmup, log_every, out, workers)
     t0 = time.time()
-    r = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
-                       timeout=timeout)
+    if launcher:
+        cmd = [sys.executable, "-m", "ps_train.launch", "--num_ps", "1", "--num_workers", str(workers)]
+        r = subprocess.run(cmd + (["--pin_workers"] if pin else []) + flags, cwd=REPO, env=child_env(),
+                           capture_output=True, text=True, timeout=timeout)
+        code, err = r.returncode, r.stdout + r.stderr
+    else:
+        cluster = local_cluster(workers)
+        hosts = [f"--ps_hosts={','.join(cluster['ps'])}", f"--worker_hosts={','.join(cluster['worker'])}"]
+        argvs = [(role, [sys.executable, "-m", "ps_train.main", f"--job_name={role.split(':')[0]}",
+                         f"--task_index={i}", *hosts, *flags]) for role, i in roles(cluster)]
+        _, err, code = finish_roles(start_roles(argvs, child_env(), pin, capture=1), 1, timeout)
     t_end = time.time()
-    if r.returncode != 0:
-        raise RuntimeError(f"hvdps {mode}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
+    impl = "launch" if launcher else "hvdps"
+    if code != 0:
+        raise RuntimeError(f"{impl} {mode}: exit {code}: {err.strip().splitlines()[-1:]}")
     row, curves = load_run(out)
-    return {"impl": "hvdps", "mode": mode, "samples_per_sec": row["samples_per_sec_median"],
+    return {"impl": impl, "mode": mode, "samples_per_sec": row["samples_per_sec_median"],
             "intervals": len([s for s in curves["steps"] if s.get("samples_per_sec")]),
             "wall_s": t_end - t0, "teardown_s": None}
+
+
+def pair_ratios(results, impl, mode):
+    """Each run of ``impl`` against the bare run of the same repeat (they ran back to back)."""
+    bare = {r["repeat"]: r["samples_per_sec"] for r in results if r["impl"] == "bare" and r["mode"] == mode}
+    return [r["samples_per_sec"] / bare[r["repeat"]] for r in results
+            if r["impl"] == impl and r["mode"] == mode and r["repeat"] in bare]
+
+
+def bootstrap_median(values, level=0.90, draws=4000, seed=0):
+    """(low, high): a percentile-bootstrap interval of the median; how far the pairs' noise lets
+    the median ratio move. None with fewer than 3 values."""
+    if len(values) < 3:
+        return None
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    v = np.asarray(values)
+    meds = np.median(v[rng.integers(0, len(v), (draws, len(v)))], axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(meds, tail)), float(np.percentile(meds, 100 - tail))
 
 
 def main():
@@ -207,36 +279,52 @@ def main():
                     "what costs: data (tf.data instead of feeds), lr (schedule from the global step), counter "
                     "(per-worker step counter on the PS), loss (fetch the loss), timeout (RunOptions timeout)")
     ap.add_argument("--modes", default="async,sync")
+    ap.add_argument("--workers", type=int, default=2, help="worker tasks (1 PS either way)")
     ap.add_argument("--updates", type=int, default=3000)
     ap.add_argument("--warmup", type=int, default=100, help="updates excluded from throughput")
     ap.add_argument("--log_every", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--impls", default="hvdps", help="what runs against the bare loop, alternating with it: "
+                    "hvdps (ps_train, one process per role like the bare loop), launch (ps_train through "
+                    "python -m ps_train.launch)")
+    ap.add_argument("--pin", action="store_true", help="worker i on core i, the PS floating (both sides)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "bare_ps.json"))
     args = ap.parse_args()
     if args.role:
         return bare_role(args)
+    impls = [i for i in args.impls.split(",") if i]
+    if not impls or set(impls) - {"hvdps", "launch"}:
+        ap.error(f"--impls: choose from hvdps, launch (got {args.impls!r})")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for mode in args.modes.split(","):
-                for impl in ("bare", "hvdps"):
+                for impl in ["bare"] + impls:
                     if impl == "bare":
-                        res = run_bare(mode, args.updates, args.warmup, args.log_every, args.timeout, args.features)
+                        res = run_bare(mode, args.updates, args.warmup, args.log_every, args.timeout, args.features,
+                                       args.workers, args.pin)
                     else:
                         res = run_hvdps(mode, args.updates, args.warmup, args.log_every, args.timeout,
-                                        os.path.join(tmp, f"{mode}-{rep}"))
+                                        os.path.join(tmp, f"{impl}-{mode}-{rep}"), args.workers, args.pin,
+                                        launcher=impl == "launch")
                     res["repeat"] = rep
                     results.append(res)
                     print(json.dumps(res), flush=True)
-    lines = ["| mode | bare samples/s (median of runs) | hvdps ps_train | ratio | bare wall s | hvdps wall s |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| mode | run | samples/s (median of runs) | / bare (ratio of medians) | median of pair ratios "
+             "[90% bootstrap] | pairs | wall s (median) |", "|---|---|---|---|---|---|---|"]
     for mode in args.modes.split(","):
         def med(impl, key):
             return statistics.median(r[key] for r in results if r["impl"] == impl and r["mode"] == mode)
-        bare, ours = med("bare", "samples_per_sec"), med("hvdps", "samples_per_sec")
-        lines.append(f"| {mode} | {bare:,.0f} | {ours:,.0f} | {ours / bare:.2f}x | {med('bare', 'wall_s'):.1f} | "
-                     f"{med('hvdps', 'wall_s'):.1f} |")
+        bare = med("bare", "samples_per_sec")
+        lines.append(f"| {mode} | bare loop | {bare:,.0f} | | | | {med('bare', 'wall_s'):.1f} |")
+        for impl in impls:
+            pairs = pair_ratios(results, impl, mode)
+            ci = bootstrap_median(pairs)
+            ours = med(impl, "samples_per_sec")
+            lines.append(f"| {mode} | {impl} | {ours:,.0f} | {ours / bare:.2f}x | {statistics.median(pairs):.2f}x"
+                         + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + " | "
+                         + ", ".join(f"{x:.2f}" for x in pairs) + f" | {med(impl, 'wall_s'):.1f} |")
     print("\n".join(lines))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -47,18 +47,23 @@ def build_graph(cfg, backend, plan):
         data_iterator = v1.data.make_initializable_iterator(train_ds)
         x, y = data_iterator.get_next()
         loss = loss_fn()(y, model(x, training=True))
-        learning_rate = make_lr_schedule(cfg, plan)(global_step)
+        with v1.device(global_step.device):      # PS: computed where the update reads it
+            learning_rate = make_lr_schedule(cfg, plan)(global_step)
         optimizer = backend.wrap_optimizer(make_optimizer(cfg, learning_rate, api="v1"))  # PS: sync wraps
         zeros = v1.zeros_initializer()
         worker_steps = v1.get_variable("hvdps/worker_steps", [plan.workers], tf.int64, zeros, trainable=False)
         worker_done = v1.get_variable("hvdps/worker_done", [plan.workers], tf.int64, zeros, trainable=False)
-        minimize = optimizer.minimize(loss, global_step=global_step, var_list=model.trainable_variables)
-        # Grouped, not chained: minimize ends in a NoOp on this worker, so a counter update made to
-        # wait for it costs a second PS round trip inside every step (PS -> worker -> PS). Both run
-        # in the same session call; a failed call fails the step either way.
-        # Measured (benchmarks/bare_ps.py, async, 3,000 updates, 8 alternating runs): chained
-        # 0.85x of the bare loop, grouped 0.91x (BENCHMARKS.md, "Both trainers ...", session 9).
-        train_op = tf.group(minimize, v1.scatter_add(worker_steps, [backend.rank], [1]))
+        grads = optimizer.compute_gradients(loss, var_list=model.trainable_variables)
+        with on_ps(v1, global_step, backend.sync):
+            minimize = optimizer.apply_gradients(grads, global_step=global_step)
+        # Grouped with the update, not chained after it (a second PS round trip inside every
+        # step), and its constants on the PS (else two more tensors sent per step). With the
+        # update's own constants on the PS (on_ps), a 1-PS MLP step moves 9 tensors between
+        # worker and PS (5 reads, 4 gradients); the bare loop of benchmarks/bare_ps.py moves 13.
+        # Measured: BENCHMARKS.md section 5 (counter chained 0.85x, grouped 0.91x; session 10).
+        with v1.device(worker_steps.device):
+            count = v1.scatter_add(worker_steps, [backend.rank], [1])
+        train_op = tf.group(minimize, count)
         mark_done = v1.scatter_update(worker_done, [backend.rank], [1]).op
         graph = TrainGraph(global_step, model, loss, learning_rate, optimizer, train_op, worker_steps,
                            worker_done, mark_done, saver=None, data_init=data_iterator.initializer,
@@ -69,6 +74,20 @@ def build_graph(cfg, backend, plan):
     # resumes from its own files, never from the directory it was copied from.
     graph.saver = v1.train.Saver(sharded=True, max_to_keep=3, save_relative_paths=True)
     return graph
+
+
+def on_ps(v1, global_step, sync):
+    """Where an async update is assembled: on the PS holding the global step.
+
+    Under replica_device_setter every op that is not a variable goes to the
+    worker, so the optimizer's constants (beta1, beta2, epsilon, ...) would be
+    created there and sent to the PS in a tensor RPC each, every step.
+    SyncReplicasOptimizer already builds its inner update on the global step's
+    device; it must not be moved as a whole (its per-worker local step is
+    placed beside its first op).
+    """
+    import contextlib
+    return contextlib.nullcontext() if sync else v1.device(global_step.device)
 
 
 def data_position(plan, update, own_batches):

@@ -1,0 +1,86 @@
+"""What one PS training step sends over the wire (ps_train/graph.py), from its partition graphs.
+
+Every tensor that crosses between a worker and a PS task is a RecvTensor RPC
+of its own; on a small model those RPCs, not the bytes, are the step. The
+update's constants (learning rate, Adam's beta1/beta2/epsilon, the step
+counter's index and increment) must live on the PS, so an async step sends
+the PS exactly one tensor per gradient and nothing else.
+"""
+import json
+
+import pytest
+
+from tests.conftest import py
+
+# Runs in its own process: graph mode and gRPC servers would outlive the test in pytest's.
+TRACE = r'''
+import json, sys
+from common.config import make_config
+from common.data import load_arrays
+from common.procs import free_ports
+from ps_train.backend import PSBackend
+from ps_train.graph import build_graph
+import tensorflow as tf
+v1 = tf.compat.v1
+num_ps, optimizer = int(sys.argv[1]), sys.argv[2]
+ports = free_ports(num_ps + 1)
+cluster = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]], "worker": [f"127.0.0.1:{ports[-1]}"]}
+cfg = make_config(model="mlp", hidden_units=16, optimizer=optimizer, batch_size=8, train_steps=50,
+                  dataset="digits", train_dir=sys.argv[3])
+backend = PSBackend(cluster, "worker", 0).setup(cfg)
+servers = [tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="ps", task_index=i) for i in range(num_ps)]
+graph = build_graph(cfg, backend, backend.plan(cfg, len(load_arrays(cfg)[0])))
+with v1.Session(backend.server.target, config=backend.session_config()) as sess:
+    sess.run([v1.global_variables_initializer(), graph.data_init])
+    for _ in range(3):
+        sess.run([graph.train_op, graph.loss, graph.global_step])
+    meta = v1.RunMetadata()
+    sess.run([graph.train_op, graph.loss, graph.global_step], run_metadata=meta,
+             options=v1.RunOptions(output_partition_graphs=True))
+    counts = sess.run(graph.worker_steps).tolist()
+# Every tensor a partition receives from another task is a _Recv node of it. Control edges
+# travel as _Recv too: an empty signal (e.g. the train op's group waiting for each PS's
+# update) that reaches its op through an Identity used only as a control input. Those are
+# left out: only a _Recv whose value some op reads carries data.
+edges = []
+for g in meta.partition_graphs:
+    readers = {}
+    for n in g.node:
+        for i in n.input:
+            readers.setdefault(i.lstrip("^").split(":")[0], []).append((n, i.startswith("^")))
+    def carries_data(name):
+        return any(not control and (n.op != "Identity" or carries_data(n.name))
+                   for n, control in readers.get(name, []))
+    for n in g.node:
+        src, dst = n.attr["send_device"].s.decode(), n.attr["recv_device"].s.decode()
+        if n.op == "_Recv" and src.split("/")[1] != dst.split("/")[1] and carries_data(n.name):
+            edges.append((n.attr["tensor_name"].s.decode(), src, dst))
+print("TRACE " + json.dumps({"edges": edges, "worker_steps": counts,
+                             "variables": [v.op.name for v in graph.model.trainable_variables]}))
+'''
+
+
+def crossings(edge):
+    """(tensor name, from job, to job) of one _Recv of the step's partition graphs."""
+    name, src, dst = edge
+    return name, src.split("/")[1][4:], dst.split("/")[1][4:]
+
+
+@pytest.mark.parametrize("num_ps, optimizer", [(1, "adam"), (2, "adam"), (1, "momentum")])
+def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer):
+    r = py("-c", TRACE, str(num_ps), optimizer, str(tmp_path / "run"), timeout=180)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("TRACE ")), None)
+    assert line, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    data = json.loads(line[6:])
+    moves = [crossings(e) for e in data["edges"]]
+    to_ps = [name for name, src, dst in moves if src == "worker" and dst == "ps"]
+    to_worker = [name for name, src, dst in moves if src == "ps" and dst == "worker"]
+    n_vars = len(data["variables"])
+    assert n_vars == 4
+    # One gradient per variable reaches the PS, and nothing else: no learning rate, no optimizer
+    # constant, no counter index (each would be a RecvTensor RPC of its own every step).
+    assert len(to_ps) == n_vars and all("grad" in name for name in to_ps), to_ps
+    # The worker reads each variable once, and the global step it fetches.
+    assert len(to_worker) == n_vars + 1 and sum("global_step" in n for n in to_worker) == 1, to_worker
+    # The counter still counts: 4 steps of this worker.
+    assert data["worker_steps"] == [4]
