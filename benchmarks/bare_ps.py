@@ -163,11 +163,11 @@ def start_roles(argvs, env, pin, capture=0):
     return procs
 
 
-def finish_roles(procs, chief, timeout, before_kill=None):
-    """Wait for the chief, then (bounded) for the others; kill whatever is left. (stdout, stderr, code)."""
+def finish_roles(procs, chief, timeout, before_kill=None, first=0):
+    """Wait for the chief, then (bounded) for procs[first:]; kill whatever is left. (stdout, stderr, code)."""
     try:
         out, err = procs[chief].communicate(timeout=timeout)
-        for p in procs:       # async: the others stop at the last step too; sync: they wait for tokens
+        for p in procs[first:]:   # async: the others stop at the last step too; sync: they wait for tokens
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -194,8 +194,8 @@ def run_bare(mode, updates, warmup, log_every, timeout, features="", workers=2, 
     argvs = [(role, base + ["--role", role.split(":")[0], "--index", str(i)]) for role, i in roles(cluster)]
     t0 = time.time()
     procs = start_roles(argvs, dict(os.environ, PYTHONPATH=REPO), pin, capture=1)
-    ps_cpu = {}           # the bare PS never exits: its CPU is read while it still runs
-    out, _, _ = finish_roles(procs, 1, timeout, lambda: ps_cpu.update(s=cpu_seconds(procs[0].pid)))
+    ps_cpu = {}           # the bare PS never exits (server.join): its CPU is read before it is killed
+    out, _, _ = finish_roles(procs, 1, timeout, lambda: ps_cpu.update(s=cpu_seconds(procs[0].pid)), first=1)
     t_end = time.time()
     line = next((x for x in out.splitlines() if x.startswith("BARE ")), None)
     if line is None:
