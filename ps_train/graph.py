@@ -60,7 +60,7 @@ def build_graph(cfg, backend, plan):
         # step), and its constants on the PS (else two more tensors sent per step). With the
         # update's own constants on the PS (on_ps), a 1-PS MLP step moves 9 tensors between
         # worker and PS (5 reads, 4 gradients); the bare loop of benchmarks/bare_ps.py moves 13.
-        # Measured: BENCHMARKS.md section 5 (counter chained 0.85x, grouped 0.91x; session 10).
+        # Measured: BENCHMARKS.md, "Both trainers against their bare-loop baselines" (sessions 9, 10).
         with v1.device(worker_steps.device):
             count = v1.scatter_add(worker_steps, [backend.rank], [1])
         train_op = tf.group(minimize, count)
