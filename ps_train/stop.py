@@ -83,19 +83,32 @@ def signal_done(tasks, code=0, timeout=15.0):
 
 
 def _tell(job, index, addr, code, timeout):
+    """Enqueue ``code`` on one task's queue, trying again until ``timeout``.
+
+    A TF2 chief runs with GRPC_FAIL_FAST=use_caller, so a call on a channel that
+    is not connected yet fails at once (Unavailable) instead of waiting: one
+    try could leave a worker unreleased (seen once in CI). An extra enqueue
+    after a call that did arrive is harmless: the queue has spare slots and
+    the task reads one code.
+    """
     import tensorflow as tf
-    if not port_open(addr):
-        return     # already gone: nothing to tell, and a session to it would wait
+    deadline = time.monotonic() + timeout
     graph = tf.Graph()
     with graph.as_default():
         op = _done_queue(tf, job, index).enqueue(code)
     cfg = tf.compat.v1.ConfigProto(device_filters=[f"/job:{job}/task:{index}"])
-    try:
-        sess = tf.compat.v1.Session(f"grpc://{addr}", graph=graph, config=cfg)
-        sess.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=int(timeout * 1000)))
-        _KEEP.append(sess)     # never closed: the process ends right after (hard_exit)
-    except tf.errors.OpError:
-        pass
+    sess = None
+    while time.monotonic() < deadline:
+        if not port_open(addr):
+            return     # already gone: nothing to tell, and a session to it would wait
+        try:
+            sess = sess or tf.compat.v1.Session(f"grpc://{addr}", graph=graph, config=cfg)
+            left = max(0.1, deadline - time.monotonic())
+            sess.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=int(left * 1000)))
+            _KEEP.append(sess)     # never closed: the process ends right after (hard_exit)
+            return
+        except tf.errors.OpError:
+            time.sleep(0.2)
 
 
 _KEEP = []
