@@ -7,28 +7,31 @@ counter's index and increment) must live on the PS, so an async step sends
 the PS exactly one tensor per gradient and nothing else.
 """
 import json
+import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import py
+from common.procs import free_ports
+from tests.conftest import REPO, env, py
 
-# Runs in its own process: graph mode and gRPC servers would outlive the test in pytest's.
+# The worker runs in its own process (graph mode and a gRPC server would outlive the test in
+# pytest's), the PS tasks as ps_train's own; every server listens on loopback only (listen.py).
 TRACE = r'''
 import json, sys
 from common.config import make_config
 from common.data import load_arrays
-from common.procs import free_ports
 from ps_train.backend import PSBackend
 from ps_train.graph import build_graph
+from ps_train.listen import listen_only_on
 import tensorflow as tf
 v1 = tf.compat.v1
-num_ps, optimizer = int(sys.argv[1]), sys.argv[2]
-ports = free_ports(num_ps + 1)
-cluster = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]], "worker": [f"127.0.0.1:{ports[-1]}"]}
+cluster, optimizer = json.loads(sys.argv[1]), sys.argv[2]
 cfg = make_config(model="mlp", hidden_units=16, optimizer=optimizer, batch_size=8, train_steps=50,
                   dataset="digits", train_dir=sys.argv[3])
-backend = PSBackend(cluster, "worker", 0).setup(cfg)
-servers = [tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="ps", task_index=i) for i in range(num_ps)]
+backend = PSBackend(cluster, "worker", 0)
+listen_only_on(backend, None)          # may re-execute this script with the bind shim
+backend.setup(cfg)
 graph = build_graph(cfg, backend, backend.plan(cfg, len(load_arrays(cfg)[0])))
 with v1.Session(backend.server.target, config=backend.session_config()) as sess:
     sess.run([v1.global_variables_initializer(), graph.data_init])
@@ -68,7 +71,18 @@ def crossings(edge):
 
 @pytest.mark.parametrize("num_ps, optimizer", [(1, "adam"), (2, "adam"), (1, "momentum")])
 def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer):
-    r = py("-c", TRACE, str(num_ps), optimizer, str(tmp_path / "run"), timeout=180)
+    ports = free_ports(num_ps + 1)
+    cluster = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]], "worker": [f"127.0.0.1:{ports[-1]}"]}
+    hosts = [f"--ps_hosts={','.join(cluster['ps'])}", f"--worker_hosts={cluster['worker'][0]}"]
+    servers = [subprocess.Popen([sys.executable, "-m", "ps_train.main", "--job_name=ps", f"--task_index={i}",
+                                 *hosts], cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL) for i in range(num_ps)]
+    try:
+        r = py("-c", TRACE, json.dumps(cluster), optimizer, str(tmp_path / "run"), timeout=180)
+    finally:
+        for p in servers:
+            p.kill()
+            p.wait(timeout=10)
     line = next((x for x in r.stdout.splitlines() if x.startswith("TRACE ")), None)
     assert line, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     data = json.loads(line[6:])
