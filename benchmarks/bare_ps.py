@@ -117,13 +117,6 @@ def bare_role(args):
         print("BARE " + json.dumps({"marks": marks, "end": last, "first_step": first}), flush=True)
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_seconds(pid):
     """user + system CPU seconds of a live process (Linux /proc)."""
     try:
@@ -180,7 +173,9 @@ def finish_roles(procs, chief, timeout, before_kill=None, first=0):
 
 
 def local_cluster(workers):
-    return {"ps": [f"127.0.0.1:{free_port()}"], "worker": [f"127.0.0.1:{free_port()}" for _ in range(workers)]}
+    from common.procs import free_ports
+    ports = free_ports(workers + 1)       # distinct: picked together
+    return {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
 
 
 def roles(cluster):
@@ -293,6 +288,11 @@ def main():
     args = ap.parse_args()
     if args.role:
         return bare_role(args)
+    for name in ("workers", "updates", "repeats", "log_every"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if set(args.modes.split(",")) - {"async", "sync"}:
+        ap.error(f"--modes: choose from async, sync (got {args.modes!r})")
     impls = [i for i in args.impls.split(",") if i]
     if not impls or set(impls) - {"hvdps", "launch"}:
         ap.error(f"--impls: choose from hvdps, launch (got {args.impls!r})")
