@@ -108,11 +108,12 @@ def single_layer(grad_bytes):
 
 
 def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, cycle_s=1e-3,
-            fusion_bytes=128 << 20, straggler_cv=0.0, placement="round_robin", measured=None):
+            fusion_bytes=128 << 20, straggler_cv=0.0, placement="round_robin", measured=None, ps_towers=1):
     """Rows of projected step time and efficiency for each worker count and architecture.
 
     PS rows: a fixed number of shards each (``shards``), and one PS per server
-    (k = n / per_server), the layout that grows with the cluster.
+    (k = n / per_server), the layout that grows with the cluster; ``ps_towers``
+    GPUs share one worker task (schedule.ps_step). ``workers`` counts GPUs.
     ``measured``: {arch label: overlap} from runs; each adds rows where that
     overlap is applied to the alpha-beta exchange time instead of the schedule.
     """
@@ -131,7 +132,7 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
                                                      fusion_bytes, cycle_s))
         for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]:
             add(n, label, schedule.ps_step(layers, compute_s, n, ps["bandwidth"], ps["alpha"], k,
-                                           per_server, placement))
+                                           per_server, placement, towers=ps_towers))
         for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
             # BytePS with k CPU servers moves 2n(n-1)M/((n^2+kn-2k)B): a ring on a link
             # (n^2+kn-2k)/n^2 times faster, so the same schedule at that bandwidth
@@ -293,6 +294,13 @@ def make_parser():
                    choices=("round_robin", "greedy"),
                    help="how variables go to PS shards: replica_device_setter's round robin (hvdps' PS "
                         "trainer) or greedy by bytes (tf_cnn_benchmarks)")
+    p.add_argument("--ps-gpus-per-worker", dest="ps_gpus_per_worker", type=int, default=1,
+                   help="GPUs driven by one PS worker task, which sums their gradients before the push and "
+                        "reads each variable once for them (tf_cnn_benchmarks' --num_gpus); default 1, one "
+                        "task per GPU as hvdps' PS trainer runs")
+    p.add_argument("--ps-bandwidth-gbps", dest="ps_bandwidth_gbps", type=float, default=None,
+                   help="what the PS transport (TensorFlow's gRPC) really moves per process, in Gbit/s, "
+                        "when that is below the link's --bandwidth-gbps")
     p.add_argument("--overlap", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--max-workers", dest="max_workers", type=int, default=512)
     p.add_argument("--out", default="runs/projection", help="where projection.md/json/png go")
@@ -308,6 +316,8 @@ def network(args, fits):
         bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else ring["bandwidth"]
         lat = args.latency_us * 1e-6 if args.latency_us is not None else ring["alpha"]
         ring = ps = {"bandwidth": bw, "alpha": lat}
+    if args.ps_bandwidth_gbps is not None and ps:
+        ps = {"bandwidth": args.ps_bandwidth_gbps * 1e9 / 8, "alpha": ps["alpha"]}
     return ring, ps
 
 
@@ -318,10 +328,10 @@ def run_projection(args):
         raise UsageError("--overlap is gone: the overlap now comes from the model's layers (--model-name, "
                          "--from) or from what the runs measured (--from); see docs/projection.md")
     for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "cycle_time_ms",
-                 "fusion_threshold_mb", "straggler_cv"):
+                 "fusion_threshold_mb", "straggler_cv", "ps_bandwidth_gbps"):
         if getattr(args, name) is not None:
             check_finite(name.replace("_", "-"), getattr(args, name))
-    for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params"):
+    for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "ps_bandwidth_gbps"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -329,6 +339,9 @@ def run_projection(args):
         raise UsageError("--cycle-time-ms and --fusion-threshold-mb must be >= 0, --straggler-cv in [0, 1)")
     if args.gpus_per_server < 1 or args.max_workers < 1:
         raise UsageError("--gpus-per-server and --max-workers must be >= 1")
+    if args.ps_gpus_per_worker < 1 or args.gpus_per_server % args.ps_gpus_per_worker:
+        raise UsageError(f"--ps-gpus-per-worker must divide --gpus-per-server ({args.gpus_per_server}), "
+                         f"got {args.ps_gpus_per_worker}")
     comm_json = args.comm_json or os.path.join(REPO, "benchmarks", "results", "comm.json")
     if args.comm_json and not os.path.exists(args.comm_json):
         raise UsageError(f"--comm-json {args.comm_json}: no such file")
@@ -365,12 +378,13 @@ def run_projection(args):
     rows = project(layers, compute, workers, ring, ps,
                    per_server=args.gpus_per_server, cycle_s=args.cycle_time_ms / 1e3,
                    fusion_bytes=int(args.fusion_threshold_mb * (1 << 20)), straggler_cv=args.straggler_cv,
-                   placement=args.ps_placement, measured=measured)
+                   placement=args.ps_placement, measured=measured, ps_towers=args.ps_gpus_per_worker)
     os.makedirs(args.out, exist_ok=True)
     text = (f"# Scaling projection\n\ngradient {grad / 1e6:.1f} MB in {len(layers)} layer(s), compute "
             f"{compute * 1e3:.1f} ms/step, ring: {ring['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
             f"{ring['alpha'] * 1e6:.1f} us; PS: {ps['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
-            f"{ps['alpha'] * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server; Horovod cycle "
+            f"{ps['alpha'] * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server, "
+            f"{args.ps_gpus_per_worker} GPU(s) per PS worker task; Horovod cycle "
             f"{args.cycle_time_ms:g} ms, fusion {args.fusion_threshold_mb:g} MiB; PS placement "
             f"{args.ps_placement}; straggler cv {args.straggler_cv:g}\n\n")
     if notes:
@@ -387,7 +401,8 @@ def run_projection(args):
         f.write(dumps({"grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": ps,
                        "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
-                       "ps_placement": args.ps_placement, "measured_overlap": measured, "rows": rows}))
+                       "ps_placement": args.ps_placement, "ps_gpus_per_worker": args.ps_gpus_per_worker,
+                       "measured_overlap": measured, "rows": rows}))
     plot(rows, os.path.join(args.out, "projection.png"), f"{grad / 1e6:.0f} MB gradients, "
          f"{compute * 1e3:.0f} ms compute")
     print(text)

@@ -122,15 +122,20 @@ def ps_step(layers, compute_s, n, bandwidth, alpha, shards=1, per_server=1, plac
     """Step time of a synchronous PS cluster: push as gradients appear, pull before the forward pass.
 
     Variables sit on the k shards as ``placement`` puts them (place_variables).
-    A shard's link receives every GPU's copy of its variables' gradients (n m
-    / B for a tensor of m bytes) and each server's link carries its g =
-    ``per_server`` GPUs' copies (g m / B); each shard and each server link is
-    a FIFO queue, and a tensor is through when both are. ``towers`` GPUs
-    driven by one worker task (tf_cnn_benchmarks' --num_gpus) read each
-    variable once, so the pull moves n/towers copies. The pull starts after
-    the last push (synchronous training: variables change when every push is
-    in) and a layer's forward pass waits for its own variables. Aggregation
-    on the PS CPUs is not modelled: this is the network-bound step.
+    A shard's link receives every worker task's copy of its variables'
+    gradients (n m / B for a tensor of m bytes with one task per GPU) and each
+    server's link carries its own tasks' copies; each shard and each server
+    link is a FIFO queue, and a tensor is through when both are. ``towers``
+    GPUs driven by one worker task (tf_cnn_benchmarks' --num_gpus) move one
+    copy for all of them: its parameter_server mode sums the towers' gradients
+    on the worker's CPU before the push (add_n under replica_device_setter's
+    worker device) and caches each variable once per task, so push and pull
+    both move n/towers copies. The pull starts after the last push
+    (synchronous training: variables change when every push is in) and a
+    layer's forward pass waits for its own variables. Aggregation on the PS
+    CPUs is not modelled: this is the network-bound step; give ``bandwidth``
+    the rate the PS transport really reaches (gRPC's, not the link's) where
+    they differ.
 
     comm_s is the busiest link's transfer time (push + pull), so overlap says
     how much of that link's work the backward and forward passes hide.
@@ -140,6 +145,8 @@ def ps_step(layers, compute_s, n, bandwidth, alpha, shards=1, per_server=1, plac
     fwd = compute_s * forward_share
     bwd = compute_s - fwd
     g = min(per_server, n)
+    towers = min(towers, n)
+    copies, local = n / towers, max(1.0, g / towers)    # worker tasks in all, and on one server
     k = max(shards, 1)
     _, shard_of = place_variables(layers, k, placement)
     ready = backward_ready_times(layers, bwd)
@@ -158,12 +165,12 @@ def ps_step(layers, compute_s, n, bandwidth, alpha, shards=1, per_server=1, plac
     free = [0.0] * (k + 1)
     push_end = bwd
     for (t_ready, _), placed in zip(ready, reversed(shard_of)):
-        push_end = max(push_end, transfer(t_ready, placed, free, n, g))
+        push_end = max(push_end, transfer(t_ready, placed, free, copies, local))
     total = float(sum(l["flops"] for l in layers)) or 1.0
     free = [push_end] * (k + 1)
     computed = push_end
     for layer, placed in zip(layers, shard_of):
-        arrived = transfer(push_end, placed, free, n / towers, g / towers)
+        arrived = transfer(push_end, placed, free, copies, local)
         computed = max(computed, arrived) + fwd * layer["flops"] / total
     step = computed
     comm = max(busy)

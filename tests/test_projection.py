@@ -110,6 +110,25 @@ def test_published_ps_resnet101_is_the_documented_miss():
     assert 0.38 <= got <= 0.46
 
 
+# The paper does not say how its standard distributed TensorFlow ran. tf_cnn_benchmarks' own
+# parameter_server mode (variable_mgr.py, 2017) runs one worker task per server that sums its 4 GPUs'
+# gradients before the push; TensorFlow's gRPC moved 100-800 MB/s per process pair in 2017 (tensorflow
+# issue 6116), below the 25 GbE link. Whatever the layout and the rate, once the PS step is bound by
+# bytes ResNet-101's efficiency is about 0.82 of Inception V3's (its hottest shard per ms of compute is
+# 1.2x larger), and "both about 50%" within 5 points needs at least 0.818: no one input reaches both.
+@pytest.mark.parametrize("towers, ps_gbps", [(1, 22.5), (4, 5.6), (4, 6.4), (4, 8.0)])
+def test_ps_resnet101_trails_inception_v3_by_its_bytes(towers, ps_gbps):
+    ps = {"bandwidth": ps_gbps * 1e9 / 8, "alpha": TCP["alpha"]}
+    eff = {}
+    for model in ("inception_v3", "resnet101"):
+        rows = pj.project(pj.known_models()[model]["layers"], COMPUTE_S[model], [128], TCP, ps, per_server=4,
+                          straggler_cv=0.03, placement="greedy", ps_towers=towers)
+        eff[model] = next(r for r in rows if r["arch"] == "PS, 1 per server")["efficiency"]
+    assert eff["inception_v3"] < 0.75
+    assert 0.80 <= eff["resnet101"] / eff["inception_v3"] <= 0.84, eff
+    assert not all(abs(e - 0.50) <= 0.05 for e in eff.values()), eff
+
+
 def test_published_command_line_matches(tmp_path):
     # the documented command gives the same figure as the function the checks use
     r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth-gbps", "22.5", "--latency-us", "5",
@@ -119,6 +138,27 @@ def test_published_command_line_matches(tmp_path):
     rows = json.load(open(tmp_path / "projection.json"))["rows"]
     got = next(x for x in rows if x["workers"] == 512 and x["arch"] == "ring all-reduce")["efficiency"]
     assert got == pytest.approx(project_published("vgg16", 512, ROCE, "ring all-reduce"))
+
+
+def test_ps_layout_flags_reach_the_schedule(tmp_path):
+    # --ps-gpus-per-worker and --ps-bandwidth-gbps give what project() gives with the same inputs
+    r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth-gbps", "22.5", "--latency-us", "25",
+             "--model-name", "resnet101", "--step-compute-ms", str(1e3 * 64 / 129), *HOROVOD_2018,
+             "--ps-gpus-per-worker", "4", "--ps-bandwidth-gbps", "6.4", "--max-workers", "128",
+             "--out", str(tmp_path)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = json.load(open(tmp_path / "projection.json"))
+    got = next(x for x in data["rows"] if x["workers"] == 128 and x["arch"] == "PS, 1 per server")
+    ps = {"bandwidth": 6.4e9 / 8, "alpha": 25e-6}
+    rows = pj.project(pj.known_models()["resnet101"]["layers"], 64 / 129, [128], TCP, ps, per_server=4,
+                      straggler_cv=0.03, placement="greedy", ps_towers=4)
+    want = next(x for x in rows if x["arch"] == "PS, 1 per server")
+    assert got["efficiency"] == pytest.approx(want["efficiency"])
+    assert data["ps_gpus_per_worker"] == 4 and data["ps"]["bandwidth"] == pytest.approx(0.8e9)
+    # one task per GPU (the default) moves 4x the copies: the same cluster scales worse
+    per_gpu = pj.project(pj.known_models()["resnet101"]["layers"], 64 / 129, [128], TCP, ps, per_server=4,
+                         straggler_cv=0.03, placement="greedy")
+    assert next(x for x in per_gpu if x["arch"] == "PS, 1 per server")["efficiency"] < 0.5 * want["efficiency"]
 
 
 def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None):
@@ -167,6 +207,10 @@ def test_project_from_runs(tmp_path):
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--from", "/no/runs"], "--from /no/runs: no such directory"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--straggler-cv", "1.5"], "--straggler-cv in [0, 1)"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-placement", "random"], "invalid choice: 'random'"),
+    (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-gpus-per-worker", "3", "--gpus-per-server", "4"],
+     "--ps-gpus-per-worker must divide --gpus-per-server (4), got 3"),
+    (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-bandwidth-gbps", "0"],
+     "--ps-bandwidth-gbps must be positive, got 0.0"),
 ])
 def test_project_bad_input(tmp_path, args, message):
     bad = tmp_path / "bad.json"
