@@ -264,6 +264,39 @@ def bootstrap_median(values, level=0.90, draws=4000, seed=0):
     return float(np.percentile(meds, tail)), float(np.percentile(meds, 100 - tail))
 
 
+def table(results, modes, impls):
+    """Markdown rows: each mode's bare loop, then each implementation against it."""
+    lines = ["| mode | run | samples/s (median of runs) | / bare (ratio of medians) | median of pair ratios "
+             "[90% bootstrap] | pairs | wall s (median) |", "|---|---|---|---|---|---|---|"]
+    for mode in modes:
+        def med(impl, key):
+            return statistics.median(r[key] for r in results if r["impl"] == impl and r["mode"] == mode)
+        bare = med("bare", "samples_per_sec")
+        lines.append(f"| {mode} | bare loop | {bare:,.0f} | | | | {med('bare', 'wall_s'):.1f} |")
+        for impl in impls:
+            pairs = pair_ratios(results, impl, mode)
+            ci = bootstrap_median(pairs)
+            ours = med(impl, "samples_per_sec")
+            lines.append(f"| {mode} | {impl} | {ours:,.0f} | {ours / bare:.2f}x | {statistics.median(pairs):.2f}x"
+                         + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + " | "
+                         + ", ".join(f"{x:.2f}" for x in pairs) + f" | {med(impl, 'wall_s'):.1f} |")
+    return lines
+
+
+def pooled(paths):
+    """The runs of earlier invocations together; a pair stays within its own invocation."""
+    results = []
+    for k, path in enumerate(paths):
+        try:
+            runs = json.load(open(path))["results"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"--pool {path}: not a bare_ps.py result file ({exc})")
+        results += [dict(r, repeat=(k, r["repeat"])) for r in runs]
+    modes = list(dict.fromkeys(r["mode"] for r in results))
+    impls = list(dict.fromkeys(r["impl"] for r in results if r["impl"] != "bare"))
+    return results, modes, impls
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
@@ -285,9 +318,17 @@ def main():
     ap.add_argument("--pin", action="store_true", help="worker i on core i, the PS floating (both sides)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "bare_ps.json"))
+    ap.add_argument("--pool", nargs="+", default=None, metavar="RESULT_JSON",
+                    help="run nothing: the table of earlier result files together")
     args = ap.parse_args()
     if args.role:
         return bare_role(args)
+    if args.pool:
+        try:
+            print("\n".join(table(*pooled(args.pool))))
+        except ValueError as exc:
+            ap.error(str(exc))
+        return 0
     for name in ("workers", "updates", "repeats", "log_every"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
@@ -311,20 +352,7 @@ def main():
                     res["repeat"] = rep
                     results.append(res)
                     print(json.dumps(res), flush=True)
-    lines = ["| mode | run | samples/s (median of runs) | / bare (ratio of medians) | median of pair ratios "
-             "[90% bootstrap] | pairs | wall s (median) |", "|---|---|---|---|---|---|---|"]
-    for mode in args.modes.split(","):
-        def med(impl, key):
-            return statistics.median(r[key] for r in results if r["impl"] == impl and r["mode"] == mode)
-        bare = med("bare", "samples_per_sec")
-        lines.append(f"| {mode} | bare loop | {bare:,.0f} | | | | {med('bare', 'wall_s'):.1f} |")
-        for impl in impls:
-            pairs = pair_ratios(results, impl, mode)
-            ci = bootstrap_median(pairs)
-            ours = med(impl, "samples_per_sec")
-            lines.append(f"| {mode} | {impl} | {ours:,.0f} | {ours / bare:.2f}x | {statistics.median(pairs):.2f}x"
-                         + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + " | "
-                         + ", ".join(f"{x:.2f}" for x in pairs) + f" | {med(impl, 'wall_s'):.1f} |")
+    lines = table(results, args.modes.split(","), impls)
     print("\n".join(lines))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
