@@ -22,7 +22,7 @@ EVAL_FIELDS = ("epoch", "global_step", "wall_time", "loss", "accuracy")
 SUMMARY_FIELDS = ("status", "total_time", "steps", "samples_seen", "throughput",
                   "time_to_target", "final_test_accuracy", "final_test_loss",
                   "grad_bytes_per_step")
-BREAKDOWN_FIELDS = ("step_s", "compute_s", "overhead_s", "overhead_share", "exchange_s",
+BREAKDOWN_FIELDS = ("step_s", "compute_s", "overhead_s", "overhead_share", "exchange_s", "wait_s",
                     "bytes_per_step_per_worker", "bytes_per_update_per_ps")
 
 

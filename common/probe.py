@@ -82,13 +82,15 @@ def _graph(cfg, session_config):
         return _timed(lambda: sess.run([train_op, loss]), WARMUP + cfg.probe_steps)
 
 
-def breakdown(compute_s, samples_per_sec, workers, batch_size, wire=None, exchange_s=None):
+def breakdown(compute_s, samples_per_sec, workers, batch_size, wire=None, exchange_s=None, wait_s=None):
     """The summary's ``breakdown`` record: one worker's step split into compute and overhead.
 
     ``step_s`` comes from the measured throughput (median over logging intervals):
     ``workers`` batches of ``batch_size`` are computed in parallel, one per worker,
     so a worker's step takes workers * batch / (samples/sec) for every backend alike
-    (sync: one step per update; async: each worker at its own pace).
+    (sync: one step per update; async: each worker at its own pace). ``wait_s``,
+    where a backend measures it, is the part of the overhead spent waiting for the
+    other workers (sync PS: for the step's token), so the rest is the transfers.
     """
     if not compute_s or not samples_per_sec:
         return None
@@ -100,4 +102,6 @@ def breakdown(compute_s, samples_per_sec, workers, batch_size, wire=None, exchan
     out.update(wire or {})
     if exchange_s is not None:
         out["exchange_s"] = exchange_s
+    if wait_s is not None:
+        out["wait_s"], out["wait_share"] = wait_s, wait_s / step_s
     return out

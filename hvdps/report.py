@@ -20,12 +20,18 @@ OVERHEAD_IS = {
     ("ps", "sync"): "the PS round trip and waiting for the slower workers' gradients before each update",
     ("ps2", "async"): "the coordinator's dispatch and the PS round trip",
 }
+# Where a backend measures its wait for the other workers (breakdown ``wait_s``): the overhead in
+# two parts, (the wait, the rest).
+WAIT_IS = {
+    ("ps", "sync"): ("waiting for the other workers' gradients and the update (measured at the token queue)",
+                     "the PS round trip and the rest"),
+}
 
 COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_per_sec_median",
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
            "global_batch", "oversubscribed", "startup_s", "teardown_s", "warmup_s", "warmup_share", "step_s", "compute_s",
-           "overhead_s", "overhead_share", "exchange_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
+           "overhead_s", "overhead_share", "exchange_s", "wait_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
            "ps_cpu_s", "ps_cpu_share", "error", "run_dir")
 RUN_RECORD = "compare_run.json"    # written by hvdps-compare next to each run: its wall time from launch
 NAMES = {("horovod", "sync"): "Horovod", ("mpi", "sync"): "bare MPI", ("ps", "async"): "PS async", ("ps", "sync"): "PS sync",
@@ -198,37 +204,59 @@ def _ms(seconds):
 
 
 def explanations(rows):
-    """One sentence per run with a breakdown: how much of a worker's step distribution costs, and
-    what that overhead is for this method."""
+    """One sentence per run with a breakdown: what dominates a worker's step, and what the
+    distribution overhead is for this method (split where the backend measured its waiting)."""
     out = []
     for r in rows:
         if r.get("status") != "ok" or r.get("step_s") is None or r.get("compute_s") is None:
             continue
         name = NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
-        share = r["overhead_share"]
         head = f"- {r.get('model') or '-'}, {name}, {r['workers']} worker(s): "
-        if share < 0.1:
-            text = (f"compute dominates: {_ms(r['compute_s'])} of a {_ms(r['step_s'])} step; distribution "
-                    f"adds {100 * max(share, 0):.0f}%")
-        else:
-            what = OVERHEAD_IS.get((r["backend"], r["mode"]), "distribution")
-            text = (f"{100 * share:.0f}% of each step ({_ms(r['overhead_s'])} of {_ms(r['step_s'])}) is {what}; "
-                    f"compute is {_ms(r['compute_s'])}")
-        if r.get("exchange_s") is not None:
-            text += f"; measured inside MPI_Allreduce: {_ms(r['exchange_s'])}"
-        if r.get("bytes_per_step_per_worker"):
-            text += f"; {r['bytes_per_step_per_worker']:,} bytes on the wire per worker step"
-        if r.get("ps_cpu_share") is not None:
-            text += (f"; the PS task(s) used {r['ps_cpu_s']:.1f} CPU s, {100 * r['ps_cpu_share']:.0f}% of a core "
-                     f"each over the run (whole processes, start-up included)")
-        if r.get("oversubscribed"):
-            text += " (oversubscribed: contention included)"
-        out.append(head + text + ".")
+        out.append(head + _step_sentence(r) + _details(r) + ".")
     return out
 
 
+def step_parts(r):
+    """[(what, seconds)] that add up to the measured step: compute, then the overhead, split into
+    the measured wait for the other workers and the rest where the run measured the wait."""
+    what = OVERHEAD_IS.get((r["backend"], r["mode"]), "distribution")
+    parts = [("compute", r["compute_s"])]
+    wait = r.get("wait_s")
+    if wait is not None and (r["backend"], r["mode"]) in WAIT_IS:
+        waiting, rest = WAIT_IS[(r["backend"], r["mode"])]
+        return parts + [(waiting, wait), (rest, r["overhead_s"] - wait)]
+    return parts + [(what, r["overhead_s"])]
+
+
+def _step_sentence(r):
+    step, parts = r["step_s"], step_parts(r)
+    if len(parts) == 2 and r["overhead_share"] < 0.1:
+        return (f"compute dominates: {_ms(r['compute_s'])} of a {_ms(step)} step; distribution "
+                f"adds {100 * max(r['overhead_share'], 0):.0f}%")
+    top = max(parts, key=lambda p: p[1])
+    others = [p for p in parts if p is not top]
+    said = "; ".join(f"{p[0]} {100 * p[1] / step:.0f}% ({_ms(p[1])})" for p in others)
+    return (f"{100 * top[1] / step:.0f}% of each step ({_ms(top[1])} of {_ms(step)}) is {top[0]}, the largest "
+            f"part; {said}")
+
+
+def _details(r):
+    text = ""
+    if r.get("exchange_s") is not None:
+        text += f"; measured inside MPI_Allreduce: {_ms(r['exchange_s'])}"
+    if r.get("bytes_per_step_per_worker"):
+        text += f"; {r['bytes_per_step_per_worker']:,} bytes on the wire per worker step"
+    if r.get("ps_cpu_share") is not None:
+        text += (f"; the PS task(s) used {r['ps_cpu_s']:.1f} CPU s, {100 * r['ps_cpu_share']:.0f}% of a core "
+                 f"each over the run (whole processes, start-up included)")
+    if r.get("oversubscribed"):
+        text += " (oversubscribed: contention included)"
+    return text
+
+
 def write_breakdown_plot(rows, out):
-    """Stacked bars per backend x workers: compute vs distribution overhead, ms per worker step."""
+    """Stacked bars per backend x workers: compute vs distribution overhead, ms per worker step;
+    the overhead split into the measured wait for the other workers and the rest where a run has it."""
     import matplotlib.pyplot as plt
     runs = [r for r in rows if r.get("status") == "ok" and r.get("step_s") is not None and r.get("compute_s")]
     if not runs:
@@ -236,10 +264,15 @@ def write_breakdown_plot(rows, out):
     labels = [f"{r.get('model') or ''} {r['backend']} {r['mode']} w{r['workers']}".strip() for r in runs]
     compute = [1000 * min(r["compute_s"], r["step_s"]) for r in runs]
     overhead = [1000 * max(r["step_s"] - r["compute_s"], 0.0) for r in runs]
+    wait = [min(1000 * max(r.get("wait_s") or 0.0, 0.0), o) for r, o in zip(runs, overhead)]
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(runs) + 2), 4))
     xs = range(len(runs))
     ax.bar(xs, compute, label="compute (no exchange)")
-    ax.bar(xs, overhead, bottom=compute, label="distribution overhead")
+    ax.bar(xs, [o - w for o, w in zip(overhead, wait)], bottom=compute,
+           label="distribution overhead" + (" (the rest)" if any(wait) else ""))
+    if any(wait):
+        ax.bar(xs, wait, bottom=[c + o - w for c, o, w in zip(compute, overhead, wait)],
+               label="of which waiting for the other workers (measured)")
     ax.set_xticks(list(xs), labels, rotation=45, ha="right", fontsize=7)
     ax.set(ylabel="ms per worker step", title="Where a step's time goes")
     ax.grid(axis="y", alpha=0.3)

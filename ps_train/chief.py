@@ -7,6 +7,7 @@ Async training goes on without it and reports it; sync training cannot
 worker's slots, depending on timing), so there a lost worker is an error
 after --step_timeout, whichever of the two happens.
 """
+import statistics
 import time
 
 from common.errors import RunError
@@ -61,6 +62,36 @@ class WorkerTracker:
             if not pending or time.monotonic() > deadline:
                 return lost
             time.sleep(0.2)
+
+
+class WaitMeter:
+    """Seconds a sync worker step waited for its token, per logging interval (ps_train.graph).
+
+    Fed the PS's cumulative per-worker wait and step counters at every log; as
+    the throughput meter, it skips the warm-up and keeps one mean per interval,
+    so the breakdown's wait is a median over the same intervals as its step.
+    """
+
+    def __init__(self, warmup_steps):
+        self.warmup_steps = warmup_steps
+        self.means = []
+        self._mark = None            # (total wait, total steps) at the start of the interval
+
+    def update(self, update, waits, counts):
+        """The mean wait per worker step over the interval just closed, or None."""
+        if update < self.warmup_steps:
+            return None
+        mark, self._mark = self._mark, (float(sum(waits)), int(sum(counts)))
+        if mark is None:
+            return None
+        waited, steps = self._mark[0] - mark[0], self._mark[1] - mark[1]
+        if steps <= 0 or waited < 0:  # nothing ran, or a restarted chief zeroed the sums
+            return None
+        self.means.append(waited / steps)
+        return self.means[-1]
+
+    def median(self):
+        return statistics.median(self.means) if self.means else None
 
 
 def evaluate(read, graph):

@@ -2,9 +2,11 @@
 
 Every worker builds the same graph under ``replica_device_setter``, so the
 variables land on the PS tasks (round-robin) and the computation on the worker
-itself. Two bookkeeping vectors live on the PS beside the model: how many
-batches each worker has applied, and which workers have finished; the chief
-reads them to report lost workers and to know when the PS tasks may go.
+itself. Bookkeeping vectors live on the PS beside the global step: how many
+batches each worker has applied, which workers have finished, and (sync) how
+long each worker's steps waited at the token queue; the chief reads them to
+report lost workers, to know when the PS tasks may go, and for the per-step
+breakdown.
 """
 import dataclasses
 from typing import Any
@@ -26,6 +28,7 @@ class TrainGraph:
     worker_done: Any       # [workers] int64 on the PS: 1 once a worker has left its loop
     mark_done: Any
     saver: Any
+    sync_wait: Any = None  # sync: [workers] float64 on the PS: seconds each worker waited for its token
     data_init: Any = None  # (re)starts this worker's data stream at data_skip batches
     data_skip: Any = None
     eval_init: Any = None  # chief only: re-reads the test set
@@ -51,8 +54,13 @@ def build_graph(cfg, backend, plan):
             learning_rate = make_lr_schedule(cfg, plan)(global_step)
         optimizer = backend.wrap_optimizer(make_optimizer(cfg, learning_rate, api="v1"))  # PS: sync wraps
         zeros = v1.zeros_initializer()
-        worker_steps = v1.get_variable("hvdps/worker_steps", [plan.workers], tf.int64, zeros, trainable=False)
-        worker_done = v1.get_variable("hvdps/worker_done", [plan.workers], tf.int64, zeros, trainable=False)
+        with v1.device(global_step.device):      # PS: bookkeeping beside the global step (see below)
+            worker_steps = v1.get_variable("hvdps/worker_steps", [plan.workers], tf.int64, zeros,
+                                           trainable=False)
+            worker_done = v1.get_variable("hvdps/worker_done", [plan.workers], tf.int64, zeros,
+                                          trainable=False)
+            sync_wait = v1.get_variable("hvdps/sync_wait", [plan.workers], tf.float64, zeros,
+                                        trainable=False) if backend.sync else None
         grads = optimizer.compute_gradients(loss, var_list=model.trainable_variables)
         with on_ps(v1, global_step, backend.sync):
             minimize = optimizer.apply_gradients(grads, global_step=global_step)
@@ -61,19 +69,45 @@ def build_graph(cfg, backend, plan):
         # update's own constants on the PS (on_ps), a 1-PS MLP step moves 9 tensors between
         # worker and PS (5 reads, 4 gradients); the bare loop of benchmarks/bare_ps.py moves 13.
         # Measured: BENCHMARKS.md, "Both trainers against their bare-loop baselines" (sessions 9, 10).
-        with v1.device(worker_steps.device):
-            count = v1.scatter_add(worker_steps, [backend.rank], [1])
-        train_op = tf.group(minimize, count)
+        # The sync wait is timed on the same PS and grouped there with the counter, so the
+        # worker still receives one control signal from it and no extra tensor.
+        with v1.device(global_step.device):
+            bookkeeping = [v1.scatter_add(worker_steps, [backend.rank], [1])]
+            if sync_wait is not None:
+                bookkeeping.append(time_token_wait(tf, minimize, sync_wait, backend.rank))
+            bookkeeping = tf.group(*bookkeeping)
+        train_op = tf.group(minimize, bookkeeping)
         mark_done = v1.scatter_update(worker_done, [backend.rank], [1]).op
         graph = TrainGraph(global_step, model, loss, learning_rate, optimizer, train_op, worker_steps,
-                           worker_done, mark_done, saver=None, data_init=data_iterator.initializer,
-                           data_skip=data_skip)
+                           worker_done, mark_done, saver=None, sync_wait=sync_wait,
+                           data_init=data_iterator.initializer, data_skip=data_skip)
         if backend.is_chief:
             graph.eval_init, graph.eval_sums = _eval_ops(tf, cfg, model)
     # Relative paths in the 'checkpoint' index: a copied or moved run directory
     # resumes from its own files, never from the directory it was copied from.
-    graph.saver = v1.train.Saver(sharded=True, max_to_keep=3, save_relative_paths=True)
+    # The sync wait is a measurement, not training state: left out of checkpoints (so runs saved
+    # before it existed still resume), and zeroed by the chief's session (open_session).
+    saved = [v for v in v1.global_variables() if v is not sync_wait]
+    graph.saver = v1.train.Saver(saved + v1.get_collection(v1.GraphKeys.SAVEABLE_OBJECTS), sharded=True,
+                                 max_to_keep=3, save_relative_paths=True)
     return graph
+
+
+def scaffold(graph, is_chief):
+    """MonitoredTrainingSession's scaffold: the graph's saver, and the sync wait zeroed by the chief.
+
+    A restored chief finds every saved variable ready and the wait uninitialised:
+    its local-init step (run once the saved ones are) zeroes it. The other
+    workers' readiness check includes it, so none steps before that."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    if graph.sync_wait is None:
+        return v1.train.Scaffold(saver=graph.saver)
+    saved = [v for v in v1.global_variables() if v is not graph.sync_wait]
+    extra = {"local_init_op": tf.group(v1.train.Scaffold.default_local_init_op(), graph.sync_wait.initializer)
+             } if is_chief else {}
+    return v1.train.Scaffold(saver=graph.saver, **extra,
+                             ready_for_local_init_op=v1.report_uninitialized_variables(saved))
 
 
 def on_ps(v1, global_step, sync):
@@ -88,6 +122,30 @@ def on_ps(v1, global_step, sync):
     """
     import contextlib
     return contextlib.nullcontext() if sync else v1.device(global_step.device)
+
+
+def time_token_wait(tf, minimize, sync_wait, rank):
+    """Add to sync_wait[rank] how long this step's token took, timed on the PS that holds it.
+
+    SyncReplicasOptimizer's worker step pushes every gradient into its
+    accumulator, then dequeues a token from the queue beside the global step;
+    the token comes once the chief has taken R gradients from every accumulator
+    and applied the update. The time between "all my gradients are in" and "my
+    token is here" is therefore this worker's wait for the other workers'
+    gradients plus the update itself: the part of a sync step that is neither
+    its own compute nor its own transfers. Both stamps are taken on the PS's
+    clock (no clock skew between machines), next to the dequeue, and the sum
+    stays there; the chief reads it with the step counters.
+    """
+    token = minimize.op.inputs[1] if len(minimize.op.inputs) > 1 else None
+    if token is None or token.op.type not in ("QueueDequeueV2", "QueueDequeue"):
+        raise RuntimeError(f"SyncReplicasOptimizer's step is not '<local step> = <token dequeue>' in this "
+                           f"TensorFlow ({tf.__version__}): cannot time the sync wait")
+    with tf.control_dependencies(token.op.control_inputs):      # the same inputs the dequeue waits for
+        pushed = tf.timestamp()
+    with tf.control_dependencies([token]):
+        arrived = tf.timestamp()
+    return tf.compat.v1.scatter_add(sync_wait, [rank], [arrived - pushed])
 
 
 def data_position(plan, update, own_batches):

@@ -41,9 +41,9 @@ from common.training import (RunLog, Watchdog, check_resume_compatible, check_tr
 from ps_train import stop, v2
 from ps_train.stop import hard_exit
 from ps_train.backend import PSBackend, describe_placement
-from ps_train.chief import WorkerTracker, evaluate
+from ps_train.chief import WaitMeter, WorkerTracker, evaluate
 from ps_train.cluster import add_ps_args, resolve_cluster
-from ps_train.graph import build_graph, data_position
+from ps_train.graph import build_graph, data_position, scaffold
 from ps_train.listen import listen_only_on
 from ps_train.peers import ChiefWatch, PSWatch
 
@@ -199,7 +199,7 @@ def open_session(cfg, backend, plan, graph):
     # CheckpointSaverHook re-reads the global step from the PS after every step it thinks may be due
     return tf.compat.v1.train.MonitoredTrainingSession(
         master=backend.server.target, is_chief=backend.is_chief, hooks=hooks,
-        scaffold=tf.compat.v1.train.Scaffold(saver=graph.saver),
+        scaffold=scaffold(graph, backend.is_chief),
         checkpoint_dir=os.path.join(cfg.train_dir, "checkpoints") if backend.is_chief else None,
         save_checkpoint_steps=None,
         save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
@@ -302,15 +302,24 @@ class ChiefBookkeeping:
         self.epoch = plan.epoch_of(int(read(graph.global_step)))
         self.evaluated_at = None
         self.lost = []
+        self.waits = WaitMeter(log.meter.warmup_steps) if log.enabled else None
+
+    def read_counters(self):
+        """Every worker's applied batches and (sync) seconds waited for tokens, in one PS read."""
+        if self.graph.sync_wait is None:
+            return self.read(self.graph.worker_steps), None
+        return tuple(self.read([self.graph.worker_steps, self.graph.sync_wait]))
 
     def after_step(self, update, loss):
         self.local_steps += 1
         self.checkpoints.after_step(update)
         if self.local_steps % self.cfg.log_every == 0:   # PS: every worker's progress, from the PS
-            counts = self.read(self.graph.worker_steps)
+            counts, waits = self.read_counters()
             self.lost = self.tracker.update(counts)
+            extra = {} if waits is None else {"sync_wait_s": self.waits.update(update, waits, counts),
+                                              "sync_wait_total_s": waits.tolist()}
             self.log.step(update, float(loss), lr=float(self.read(self.graph.learning_rate)),
-                          worker_steps=counts.tolist(), lost_workers=self.lost)
+                          worker_steps=counts.tolist(), lost_workers=self.lost, **extra)
         if self.plan.epoch_of(update) > self.epoch or update >= self.plan.total_updates:
             self.epoch = self.plan.epoch_of(update)
             if self.cfg.eval_every_epoch or update >= self.plan.total_updates:
@@ -337,9 +346,12 @@ class ChiefBookkeeping:
         kick()
         compute_s = compute_step_time(self.cfg, self.backend.session_config())   # the step without PS
         kick()
+        counts, waits = self.read_counters()
+        extra = {} if waits is None else {"sync_wait_total_s": waits.tolist()}
         self.log.finish(final, gradient_bytes(self.graph.model), lost_workers=self.lost,
-                        worker_steps=self.read(self.graph.worker_steps).tolist(), compute_s=compute_s,
-                        wire=self.backend.wire_bytes(gradient_bytes(self.graph.model), self.plan))
+                        worker_steps=counts.tolist(), compute_s=compute_s,
+                        wire=self.backend.wire_bytes(gradient_bytes(self.graph.model), self.plan),
+                        wait_s=self.waits.median() if waits is not None else None, **extra)
         return self.lost
 
 

@@ -26,26 +26,30 @@ from ps_train.graph import build_graph
 from ps_train.listen import listen_only_on
 import tensorflow as tf
 v1 = tf.compat.v1
-cluster, optimizer = json.loads(sys.argv[1]), sys.argv[2]
+cluster, optimizer, sync = json.loads(sys.argv[1]), sys.argv[2], sys.argv[4] == "sync"
 cfg = make_config(model="mlp", hidden_units=16, optimizer=optimizer, batch_size=8, train_steps=50,
                   dataset="digits", train_dir=sys.argv[3])
-backend = PSBackend(cluster, "worker", 0)
+backend = PSBackend(cluster, "worker", 0, sync=sync)
 listen_only_on(backend, None)          # may re-execute this script with the bind shim
 backend.setup(cfg)
 graph = build_graph(cfg, backend, backend.plan(cfg, len(load_arrays(cfg)[0])))
 with v1.Session(backend.server.target, config=backend.session_config()) as sess:
     sess.run([v1.global_variables_initializer(), graph.data_init])
+    if sync:                           # what the chief's session hook does: its queue runner makes the tokens
+        sess.run(graph.optimizer.chief_init_op)
+        graph.optimizer.get_chief_queue_runner().create_threads(sess, start=True, daemon=True)
     for _ in range(3):
         sess.run([graph.train_op, graph.loss, graph.global_step])
     meta = v1.RunMetadata()
     sess.run([graph.train_op, graph.loss, graph.global_step], run_metadata=meta,
              options=v1.RunOptions(output_partition_graphs=True))
     counts = sess.run(graph.worker_steps).tolist()
+    waited = sess.run(graph.sync_wait).tolist() if sync else None
 # Every tensor a partition receives from another task is a _Recv node of it. Control edges
 # travel as _Recv too: an empty signal (e.g. the train op's group waiting for each PS's
 # update) that reaches its op through an Identity used only as a control input. Those are
 # left out: only a _Recv whose value some op reads carries data.
-edges = []
+edges, signals = [], 0
 for g in meta.partition_graphs:
     readers = {}
     for n in g.node:
@@ -56,9 +60,12 @@ for g in meta.partition_graphs:
                    for n, control in readers.get(name, []))
     for n in g.node:
         src, dst = n.attr["send_device"].s.decode(), n.attr["recv_device"].s.decode()
-        if n.op == "_Recv" and src.split("/")[1] != dst.split("/")[1] and carries_data(n.name):
-            edges.append((n.attr["tensor_name"].s.decode(), src, dst))
-print("TRACE " + json.dumps({"edges": edges, "worker_steps": counts,
+        if n.op == "_Recv" and src.split("/")[1] != dst.split("/")[1]:
+            if carries_data(n.name):
+                edges.append((n.attr["tensor_name"].s.decode(), src, dst))
+            else:
+                signals += 1
+print("TRACE " + json.dumps({"edges": edges, "signals": signals, "worker_steps": counts, "sync_wait": waited,
                              "variables": [v.op.name for v in graph.model.trainable_variables]}))
 '''
 
@@ -69,8 +76,8 @@ def crossings(edge):
     return name, src.split("/")[1][4:], dst.split("/")[1][4:]
 
 
-@pytest.mark.parametrize("num_ps, optimizer", [(1, "adam"), (2, "adam"), (1, "momentum")])
-def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer):
+def trace_step(tmp_path, num_ps, optimizer, mode):
+    """The TRACE script's findings for one worker against ``num_ps`` ps_train PS tasks."""
     ports = free_ports(num_ps + 1)
     cluster = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]], "worker": [f"127.0.0.1:{ports[-1]}"]}
     hosts = [f"--ps_hosts={','.join(cluster['ps'])}", f"--worker_hosts={cluster['worker'][0]}"]
@@ -78,14 +85,19 @@ def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer):
                                  *hosts], cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL) for i in range(num_ps)]
     try:
-        r = py("-c", TRACE, json.dumps(cluster), optimizer, str(tmp_path / "run"), timeout=180)
+        r = py("-c", TRACE, json.dumps(cluster), optimizer, str(tmp_path / "run"), mode, timeout=180)
     finally:
         for p in servers:
             p.kill()
             p.wait(timeout=10)
     line = next((x for x in r.stdout.splitlines() if x.startswith("TRACE ")), None)
     assert line, f"exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
-    data = json.loads(line[6:])
+    return json.loads(line[6:])
+
+
+@pytest.mark.parametrize("num_ps, optimizer", [(1, "adam"), (2, "adam"), (1, "momentum")])
+def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer):
+    data = trace_step(tmp_path, num_ps, optimizer, "async")
     moves = [crossings(e) for e in data["edges"]]
     to_ps = [name for name, src, dst in moves if src == "worker" and dst == "ps"]
     to_worker = [name for name, src, dst in moves if src == "ps" and dst == "worker"]
@@ -98,3 +110,20 @@ def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer):
     assert len(to_worker) == n_vars + 1 and sum("global_step" in n for n in to_worker) == 1, to_worker
     # The counter still counts: 4 steps of this worker.
     assert data["worker_steps"] == [4]
+
+
+def test_sync_wait_is_timed_on_the_ps_without_sending_more(tmp_path):
+    """Sync: SyncReplicasOptimizer's own traffic and nothing else. Timing the wait for the token
+    (ps_train.graph.time_token_wait) happens beside the dequeue on the PS and is grouped there
+    with the step counter: no tensor and no extra control signal crosses for it."""
+    data = trace_step(tmp_path, 1, "adam", "sync")
+    moves = [crossings(e) for e in data["edges"]]
+    to_ps = [name for name, src, dst in moves if src == "worker" and dst == "ps"]
+    to_worker = [name for name, src, dst in moves if src == "ps" and dst == "worker"]
+    # each accumulator gets its gradient and the worker's local step (SyncReplicasOptimizer's staleness check)
+    assert len(to_ps) == 2 * 4 and sum("grad" in name for name in to_ps) == 4, to_ps
+    # the worker reads each variable, the global step it fetches, and its token
+    assert len(to_worker) == 4 + 2 and sum("sync_token_q" in n for n in to_worker) == 1, to_worker
+    # one signal: the train op's group waiting for the PS-side bookkeeping (counter + wait) as one
+    assert data["signals"] == 1, data["signals"]
+    assert data["worker_steps"] == [4] and data["sync_wait"][0] > 0

@@ -55,6 +55,38 @@ def test_cluster_reaches_accuracy(tmp_path, num_ps, mode):
     assert curves["summary"]["samples_seen"] == steps * 32 * R
     assert sum(curves["summary"]["worker_steps"]) == steps * R   # every applied batch counted once
     assert len(curves["evals"]) >= 4
+    # Sync only: each worker's wait for its tokens, timed on the PS, and its share of the step.
+    split = curves["summary"]["breakdown"]
+    if R == 2:
+        assert len(curves["summary"]["sync_wait_total_s"]) == 2
+        assert all(w > 0 for w in curves["summary"]["sync_wait_total_s"])
+        assert 0 < split["wait_s"] <= 1.1 * split["step_s"] and split["wait_share"] == split["wait_s"] / split["step_s"]
+    else:
+        assert "sync_wait_total_s" not in curves["summary"] and "wait_s" not in split
+
+
+def test_sync_wait_names_the_worker_that_waited(tmp_path):
+    """Stop worker:1 for a few seconds mid-run: worker:0 waits that long for its tokens, worker:1 does
+    not, and the PS-timed sums say so (the wait is measured where it happens, not inferred)."""
+    pause = 4.0
+    procs = _per_role(tmp_path, _cluster(1, 2), "--sync", extra=["--epochs", "25", "--log_every", "20"])
+    try:
+        _wait_for_steps(tmp_path / "run", 3)
+        os.kill(procs["worker:1"].pid, signal.SIGSTOP)
+        time.sleep(pause)
+        os.kill(procs["worker:1"].pid, signal.SIGCONT)
+        stepped = (tmp_path / "run" / "metrics.jsonl").read_text().count('"step"')
+    finally:
+        outs = _finish(procs, timeout=240)
+    assert all(p.returncode == 0 for p in procs.values()), outs
+    curves = load_run(str(tmp_path / "run"))[1]
+    assert curves["summary"]["steps"] > stepped * 20, "training ended before the pause was over: make it longer"
+    totals = [s["sync_wait_total_s"] for s in curves["steps"]]
+    waits = [[b - a for a, b in zip(before, after)] for before, after in zip(totals, totals[1:])]
+    paused = max(waits, key=lambda w: w[0])          # the interval worker:0 waited longest in
+    assert paused[0] >= 0.8 * pause and paused[1] < 0.25 * pause, paused
+    # elsewhere neither worker waits anywhere near that long for a logging interval of 20 steps
+    assert sorted(w[0] for w in waits)[-2] < 0.25 * pause, waits
 
 
 EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs", "0", "--learning_rate", "0.1",

@@ -1,0 +1,79 @@
+"""The report's per-run sentences and breakdown bars (hvdps/report.py): what dominates a step."""
+import pytest
+
+from hvdps.report import explanations, step_parts, write_breakdown_plot
+
+
+def row(backend, mode, step_ms, compute_ms, wait_ms=None, **extra):
+    step, compute = step_ms / 1000, compute_ms / 1000
+    r = {"status": "ok", "model": "mlp", "backend": backend, "mode": mode, "workers": 2,
+         "step_s": step, "compute_s": compute, "overhead_s": step - compute,
+         "overhead_share": (step - compute) / step, **extra}
+    if wait_ms is not None:
+        r["wait_s"] = wait_ms / 1000
+    return r
+
+
+@pytest.mark.parametrize("r, starts, names", [
+    # sync PS with its measured wait: three parts, the largest named first with its share
+    (row("ps", "sync", 10.0, 3.0, wait_ms=5.0), "50% of each step (5.00 ms of 10.00 ms) is waiting for the other "
+     "workers' gradients and the update", ["compute 30% (3.00 ms)", "the PS round trip and the rest 20% (2.00 ms)"]),
+    # the same step with compute the largest part
+    (row("ps", "sync", 10.0, 6.0, wait_ms=1.0), "60% of each step (6.00 ms of 10.00 ms) is compute, the largest",
+     ["waiting for the other workers' gradients and the update (measured at the token queue) 10% (1.00 ms)",
+      "the PS round trip and the rest 30% (3.00 ms)"]),
+    # the round trip, not the wait, dominates
+    (row("ps", "sync", 10.0, 2.0, wait_ms=1.0), "70% of each step (7.00 ms of 10.00 ms) is the PS round trip and "
+     "the rest, the largest", ["compute 20% (2.00 ms)"]),
+    # no wait measured: compute and the method's overhead as a whole
+    (row("horovod", "sync", 10.0, 4.0), "60% of each step (6.00 ms of 10.00 ms) is Horovod's negotiation",
+     ["compute 40% (4.00 ms)"]),
+    (row("ps", "async", 10.0, 7.0), "70% of each step (7.00 ms of 10.00 ms) is compute, the largest part",
+     ["pushing gradients to and pulling weights from the parameter servers 30% (3.00 ms)"]),
+    # under 10% overhead: compute dominates, said the short way
+    (row("mpi", "sync", 10.0, 9.5, exchange_s=0.0004), "compute dominates: 9.50 ms of a 10.00 ms step; distribution "
+     "adds 5%", ["measured inside MPI_Allreduce: 0.40 ms"]),
+])
+def test_sentence_names_what_dominates(r, starts, names):
+    (sentence,) = explanations([r])
+    body = sentence.split(" worker(s): ", 1)[1]
+    assert body.startswith(starts), sentence
+    for name in names:
+        assert name in sentence, sentence
+
+
+def test_parts_add_up_to_the_step():
+    for r in (row("ps", "sync", 12.0, 3.0, wait_ms=7.5), row("ps", "async", 12.0, 3.0), row("ps", "sync", 12.0, 3.0)):
+        assert sum(seconds for _, seconds in step_parts(r)) == pytest.approx(r["step_s"])
+    # a wait is split out only where the method defines one
+    assert len(step_parts(row("horovod", "sync", 12.0, 3.0, wait_ms=1.0))) == 2
+
+
+def test_failed_and_unmeasured_runs_get_no_sentence():
+    assert explanations([{**row("ps", "sync", 10.0, 3.0), "status": "failed"},
+                         {**row("ps", "sync", 10.0, 3.0), "compute_s": None}]) == []
+
+
+def test_breakdown_plot_stacks_the_wait(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    saved = {}
+    real = plt.Figure.savefig
+
+    def keep(fig, *args, **kw):          # read the bars back from the figure that is written
+        saved["bars"] = [(p.get_x(), p.get_y(), p.get_height()) for p in fig.axes[0].patches]
+        saved["labels"] = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        return real(fig, *args, **kw)
+    plt.Figure.savefig = keep
+    try:
+        assert write_breakdown_plot([row("ps", "sync", 10.0, 3.0, wait_ms=5.0), row("ps", "async", 8.0, 6.0)],
+                                    str(tmp_path)) == "breakdown.png"
+    finally:
+        plt.Figure.savefig = real
+    assert (tmp_path / "breakdown.png").stat().st_size > 0
+    heights = [round(h * 1000) / 1000 for _, _, h in saved["bars"]]
+    # compute (3, 6), the rest of the overhead (2, 2), the wait (5, 0) on top of them
+    assert heights == [3.0, 6.0, 2.0, 2.0, 5.0, 0.0]
+    assert saved["bars"][4][1] == pytest.approx(5.0)      # the wait starts where compute + rest end
+    assert any("waiting for the other workers" in label for label in saved["labels"])
