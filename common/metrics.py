@@ -198,6 +198,22 @@ def _ps_cpu_seconds(run_dir):
     return float(sum(values)) if values else None
 
 
+def wait_per_worker(steps):
+    """Sync PS: each worker's mean wait for its token per step of its own, over the measured
+    intervals (warm-up excluded, as the throughput); None without the records or across a reset."""
+    marks = [s for i, s in enumerate(steps) if s.get("sync_wait_total_s") is not None and s.get("worker_steps")
+             and (s.get("samples_per_sec") is not None or
+                  (i + 1 < len(steps) and steps[i + 1].get("samples_per_sec") is not None))]
+    if len(marks) < 2:
+        return None
+    first, last = marks[0], marks[-1]
+    pairs = list(zip(first["sync_wait_total_s"], last["sync_wait_total_s"], first["worker_steps"],
+                     last["worker_steps"]))
+    if any(w1 < w0 or n1 <= n0 for w0, w1, n0, n1 in pairs):
+        return None
+    return [(w1 - w0) / (n1 - n0) for w0, w1, n0, n1 in pairs]
+
+
 def load_run(run_dir, name="metrics.jsonl"):
     """One run as a flat row for tables, plus its curves. Missing parts become None."""
     recs = read_records(os.path.join(run_dir, name))
@@ -228,6 +244,7 @@ def load_run(run_dir, name="metrics.jsonl"):
     split = summary.get("breakdown") or {}
     for key in BREAKDOWN_FIELDS:
         row[key] = split.get(key)
+    row["wait_per_worker_s"] = wait_per_worker(steps)
     row["ps_cpu_s"] = _ps_cpu_seconds(run_dir)
     if row["ps_cpu_s"] is not None and row["wall_time"]:
         row["ps_cpu_share"] = row["ps_cpu_s"] / (max(1, row["num_ps"] or 1) * row["wall_time"])

@@ -31,7 +31,7 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
            "global_batch", "oversubscribed", "startup_s", "teardown_s", "warmup_s", "warmup_share", "step_s", "compute_s",
-           "overhead_s", "overhead_share", "exchange_s", "wait_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
+           "overhead_s", "overhead_share", "exchange_s", "wait_s", "wait_per_worker_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
            "ps_cpu_s", "ps_cpu_share", "error", "run_dir")
 RUN_RECORD = "compare_run.json"    # written by hvdps-compare next to each run: its wall time from launch
 NAMES = {("horovod", "sync"): "Horovod", ("mpi", "sync"): "bare MPI", ("ps", "async"): "PS async", ("ps", "sync"): "PS sync",
@@ -242,6 +242,12 @@ def _step_sentence(r):
 
 def _details(r):
     text = ""
+    waits = r.get("wait_per_worker_s")
+    if waits and len(waits) > 1:
+        name = lambda i: f"rank {i}" + (" (the chief)" if i == 0 else "")
+        each = ", ".join(f"{_ms(w)} ({name(i)})" for i, w in enumerate(waits))
+        least = min(range(len(waits)), key=waits.__getitem__)
+        text += f"; wait per step by rank: {each}: the others wait most for {name(least)}, the slowest"
     if r.get("exchange_s") is not None:
         text += f"; measured inside MPI_Allreduce: {_ms(r['exchange_s'])}"
     if r.get("bytes_per_step_per_worker"):

@@ -121,3 +121,33 @@ def test_ps_cpu_from_the_launchers_record(tmp_path, launch, cpu):
     assert row["ps_cpu_s"] == cpu and row["compute_s"] == 0.05 and row["overhead_share"] == 0.375
     if cpu is not None:
         assert row["ps_cpu_share"] == pytest.approx(cpu / (2 * row["wall_time"]))
+
+
+def _rec(total, counts, rate):
+    return {"type": "step", "sync_wait_total_s": total, "worker_steps": counts, "samples_per_sec": rate}
+
+
+@pytest.mark.parametrize("steps, expected", [
+    # the warm-up record (rate None) before the first measured one is where measuring starts
+    ([_rec([0.5, 0.5], [5, 5], None), _rec([0.6, 0.9], [15, 15], 100.0), _rec([0.7, 1.3], [25, 25], 100.0)],
+     [0.01, 0.04]),
+    # warm-up records further back are left out
+    ([_rec([5.0, 5.0], [1, 1], None), _rec([5.1, 5.1], [2, 2], None), _rec([5.2, 5.3], [12, 12], 9.0)],
+     [0.01, 0.02]),
+    # async runs have no wait records; one interval is not enough
+    ([{"type": "step", "worker_steps": [3, 3], "samples_per_sec": 1.0}] * 3, None),
+    ([_rec([0.1, 0.1], [5, 5], 100.0)], None),
+    # a restarted chief zeroed the sums: no figure rather than a wrong one
+    ([_rec([2.0, 2.0], [10, 10], None), _rec([0.1, 0.1], [20, 20], 100.0)], None),
+])
+def test_wait_per_worker_over_the_measured_intervals(steps, expected):
+    from common.metrics import wait_per_worker
+    got = wait_per_worker(steps)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_breakdown_keeps_a_measured_wait():
+    from common.probe import breakdown
+    b = breakdown(0.004, 1000.0, 2, 10, wait_s=0.005)          # step = 2 x 10 / 1000 = 20 ms
+    assert b["wait_s"] == 0.005 and b["wait_share"] == pytest.approx(0.25)
+    assert "wait_s" not in breakdown(0.004, 1000.0, 2, 10)

@@ -77,3 +77,11 @@ def test_breakdown_plot_stacks_the_wait(tmp_path):
     assert heights == [3.0, 6.0, 2.0, 2.0, 5.0, 0.0]
     assert saved["bars"][4][1] == pytest.approx(5.0)      # the wait starts where compute + rest end
     assert any("waiting for the other workers" in label for label in saved["labels"])
+
+
+def test_sentence_names_the_slowest_rank():
+    (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, wait_ms=2.2, wait_per_worker_s=[0.0005, 0.0039])])
+    assert "wait per step by rank: 0.50 ms (rank 0 (the chief)), 3.90 ms (rank 1)" in sentence
+    assert sentence.endswith("the others wait most for rank 0 (the chief), the slowest.")
+    (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, wait_ms=2.2, wait_per_worker_s=[0.004, 0.003, 0.0001])])
+    assert "the others wait most for rank 2, the slowest" in sentence
