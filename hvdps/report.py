@@ -245,9 +245,9 @@ def _details(r):
     waits = r.get("wait_per_worker_s")
     if waits and len(waits) > 1:
         name = lambda i: f"rank {i}" + (" (the chief)" if i == 0 else "")
-        each = ", ".join(f"{_ms(w)} ({name(i)})" for i, w in enumerate(waits))
+        each = ", ".join(f"{name(i)} {_ms(w)}" for i, w in enumerate(waits))
         least = min(range(len(waits)), key=waits.__getitem__)
-        text += f"; wait per step by rank: {each}: the others wait most for {name(least)}, the slowest"
+        text += f"; wait per step: {each}; the one that waits least, {name(least)}, is the slowest"
     if r.get("exchange_s") is not None:
         text += f"; measured inside MPI_Allreduce: {_ms(r['exchange_s'])}"
     if r.get("bytes_per_step_per_worker"):

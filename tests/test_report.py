@@ -81,7 +81,7 @@ def test_breakdown_plot_stacks_the_wait(tmp_path):
 
 def test_sentence_names_the_slowest_rank():
     (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, wait_ms=2.2, wait_per_worker_s=[0.0005, 0.0039])])
-    assert "wait per step by rank: 0.50 ms (rank 0 (the chief)), 3.90 ms (rank 1)" in sentence
-    assert sentence.endswith("the others wait most for rank 0 (the chief), the slowest.")
+    assert "; wait per step: rank 0 (the chief) 0.50 ms, rank 1 3.90 ms;" in sentence
+    assert sentence.endswith("the one that waits least, rank 0 (the chief), is the slowest.")
     (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, wait_ms=2.2, wait_per_worker_s=[0.004, 0.003, 0.0001])])
-    assert "the others wait most for rank 2, the slowest" in sentence
+    assert "the one that waits least, rank 2, is the slowest" in sentence
