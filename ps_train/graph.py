@@ -86,7 +86,7 @@ def build_graph(cfg, backend, plan):
     # Relative paths in the 'checkpoint' index: a copied or moved run directory
     # resumes from its own files, never from the directory it was copied from.
     # The sync wait is a measurement, not training state: left out of checkpoints (so runs saved
-    # before it existed still resume), and zeroed by the chief's session (open_session).
+    # before it existed still resume), and zeroed by the chief's session (scaffold below).
     saved = [v for v in v1.global_variables() if v is not sync_wait]
     graph.saver = v1.train.Saver(saved + v1.get_collection(v1.GraphKeys.SAVEABLE_OBJECTS), sharded=True,
                                  max_to_keep=3, save_relative_paths=True)
