@@ -90,7 +90,7 @@ def breakdown(compute_s, samples_per_sec, workers, batch_size, wire=None, exchan
     so a worker's step takes workers * batch / (samples/sec) for every backend alike
     (sync: one step per update; async: each worker at its own pace). ``wait_s``,
     where a backend measures it, is the part of the overhead spent waiting for the
-    other workers (sync PS: for the step's token), so the rest is the transfers.
+    other workers (sync PS: for the step's token); the rest is the transfers and contention.
     """
     if not compute_s or not samples_per_sec:
         return None
