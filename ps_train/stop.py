@@ -6,7 +6,7 @@ queue, shared by name across sessions) instead:
 
 1. The chief finishes (or fails), waits for live workers to mark themselves
    done (ps_train.chief), then enqueues its exit code on every PS's queue
-   (``signal_done``), best effort and bounded.
+   (``signal_done``), best effort and bounded; a task it cannot reach is named.
 2. A PS leaves ``serve_until_done`` when it dequeues that code, and exits 0
    (it was released cleanly; the code is printed). It also gives up, with an error, if the chief's port stays closed
    for longer than --startup_timeout: a PS launched by hand never outlives a
@@ -46,69 +46,115 @@ def serve_until_done(backend, poll_seconds=1.0):
     graph = tf.Graph()
     with graph.as_default():
         dequeue = _done_queue(tf, backend.job, backend.index).dequeue()
-    cfg = tf.compat.v1.ConfigProto(device_filters=[backend.device])
+    # operation_timeout_in_ms bounds the session's creation (unbounded, it retries a failed connection for good)
+    cfg = tf.compat.v1.ConfigProto(device_filters=[backend.device], operation_timeout_in_ms=10_000)
     opts = tf.compat.v1.RunOptions(timeout_in_ms=int(poll_seconds * 1000))
     last_seen = time.monotonic()
     who = f"{backend.job}:{backend.index}"
-    with tf.compat.v1.Session(backend.server.target, graph=graph, config=cfg) as sess:
-        while True:
-            try:
-                return int(sess.run(dequeue, options=opts))
-            except tf.errors.DeadlineExceededError:
-                pass
-            if port_open(backend.chief_address):
-                last_seen = time.monotonic()
-            elif time.monotonic() - last_seen > backend.startup_timeout:
-                raise RunError(f"{who}: chief {backend.chief_address} unreachable for "
-                               f"{backend.startup_timeout:.0f}s (--startup_timeout); giving up")
+    sess = None
+    while True:
+        try:
+            sess = sess or never_close(tf.compat.v1.Session(backend.server.target, graph=graph, config=cfg))
+            return int(sess.run(dequeue, options=opts))
+        except tf.errors.DeadlineExceededError:
+            pass
+        except (tf.errors.UnavailableError, tf.errors.AbortedError):
+            sess = None            # a session of its own that lost its channel: a new one, the queue stays
+            time.sleep(poll_seconds)
+        if port_open(backend.chief_address):
+            last_seen = time.monotonic()
+        elif time.monotonic() - last_seen > backend.startup_timeout:
+            raise RunError(f"{who}: chief {backend.chief_address} unreachable for "
+                           f"{backend.startup_timeout:.0f}s (--startup_timeout); giving up")
 
 
-def signal_done(tasks, code=0, timeout=15.0):
+FIRST_TRY_SECONDS = 3.0   # one try at releasing a task; each next try may take twice as long
+
+
+def signal_done(tasks, code=0, timeout=15.0, out=sys.stdout):
     """Chief: tell each ``(job, index, address)`` task to exit with ``code``; bounded, all at once.
 
     Each task is reached through its own gRPC master, so the chief needs no
     server of its own for this (TF2's coordinator has none it could lend).
-    A released task exits at once, and with GRPC_FAIL_FAST=use_caller (TF2)
-    closing the session to it can then wait for it forever: each message goes
-    from a daemon thread, waited for at most ``timeout`` seconds in all (15 s: a loaded machine took more
-    than 5 s to reach a second PS once; the local launcher waits 30 s for the PS to leave).
+    Each message goes from a daemon thread, waited for at most ``timeout``
+    seconds in all (15 s: a loaded machine took more than 5 s to reach a second
+    PS once; the local launcher waits 30 s for the tasks to leave). A task the
+    chief could not reach is named on ``out``: it is left to its launcher (or to
+    its own --startup_timeout once the chief's port is closed).
+
+    Returns {"job:index": status}: "released" (the task answered), "left" (its
+    port closed after a try was out: the message arrived and it exited before
+    answering), "gone" (closed before any try) or "unreached: <last error>".
     """
-    threads = [threading.Thread(target=_tell, args=(job, i, addr, code, timeout), daemon=True,
+    status = {f"{job}:{i}": "unreached: no answer" for job, i, _ in tasks}
+    threads = [threading.Thread(target=_tell, args=(job, i, addr, code, timeout, status), daemon=True,
                                 name=f"hvdps-release-{job}-{i}") for job, i, addr in tasks]
     for t in threads:
         t.start()
     deadline = time.monotonic() + timeout
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
+    result = dict(status)
+    for (job, i, addr) in tasks:
+        if result[f"{job}:{i}"].startswith("unreached"):
+            print(f"chief: could not release {job}:{i} ({addr}) within {timeout:.0f}s "
+                  f"({result[f'{job}:{i}'][len('unreached: '):]}); it is left to its launcher",
+                  file=out, flush=True)
+    return result
 
 
-def _tell(job, index, addr, code, timeout):
-    """Enqueue ``code`` on one task's queue, trying again until ``timeout``.
+def _tell(job, index, addr, code, timeout, status):
+    """Enqueue ``code`` on one task's queue; tries again until ``timeout``; sets ``status[job:index]``.
 
-    A TF2 chief runs with GRPC_FAIL_FAST=use_caller, so a call on a channel that
-    is not connected yet fails at once (Unavailable) instead of waiting: one
-    try could leave a worker unreleased (seen once in CI). An extra enqueue
-    after a call that did arrive is harmless: the queue has spare slots and
-    the task reads one code.
+    Every try is bounded on its own (``operation_timeout_in_ms`` bounds the
+    session's creation, which otherwise retries a failed connection for good;
+    ``timeout_in_ms`` the step) and uses a new session, so a try that went
+    wrong cannot use up the budget or leave the next one a broken session.
+    Each try may take twice as long as the one before (3 s, 6 s, ...): a slow
+    but healthy task still answers one.
+    A released task exits at once, often before its answer reaches the chief
+    (gRPC then retries on the closed socket until the try's deadline): the
+    port closing while a try is out says the message arrived. An extra
+    enqueue after a try that did arrive is harmless: the queue has spare
+    slots and the task reads one code.
     """
     import tensorflow as tf
+    name, tried, last, try_s = f"{job}:{index}", False, "no answer", FIRST_TRY_SECONDS / 2
     deadline = time.monotonic() + timeout
     graph = tf.Graph()
     with graph.as_default():
         op = _done_queue(tf, job, index).enqueue(code)
-    cfg = tf.compat.v1.ConfigProto(device_filters=[f"/job:{job}/task:{index}"])
-    sess = None
     while time.monotonic() < deadline:
-        if not port_open(addr):
-            return     # already gone: nothing to tell, and a session to it would wait
-        try:
-            sess = sess or tf.compat.v1.Session(f"grpc://{addr}", graph=graph, config=cfg)
-            left = max(0.1, deadline - time.monotonic())
-            sess.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=int(left * 1000)))
-            _KEEP.append(sess)     # never closed: the process ends right after (hard_exit)
+        if not port_open(addr):    # it left after a try, or before any (nothing to tell)
+            status[name] = "left" if tried else "gone"
             return
-        except tf.errors.OpError:
-            time.sleep(0.2)
+        try_s = max(0.1, min(2 * try_s, deadline - time.monotonic()))
+        cfg = tf.compat.v1.ConfigProto(device_filters=[f"/job:{job}/task:{index}"],
+                                       operation_timeout_in_ms=int(try_s * 1000))
+        sess = tf.compat.v1.Session(f"grpc://{addr}", graph=graph, config=cfg)
+        _KEEP.append(sess)     # never closed: closing waits on the task, and the process ends soon (hard_exit)
+        tried, outcome = True, []
+
+        def attempt(sess=sess, outcome=outcome):
+            try:
+                sess.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=int(try_s * 1000)))
+                outcome.append(None)
+            except tf.errors.OpError as exc:
+                outcome.append((exc.message or type(exc).__name__).strip().splitlines()[-1][:200])
+        t = threading.Thread(target=attempt, daemon=True, name=f"hvdps-release-try-{job}-{index}")
+        t.start()
+        t.join(0.05)
+        while t.is_alive() and port_open(addr):
+            t.join(0.1)
+        if t.is_alive():           # the port closed while the try was out: it arrived
+            status[name] = "left"
+            return
+        if outcome[0] is None:
+            status[name] = "released"
+            return
+        last = outcome[0]
+        time.sleep(0.2)
+    status[name] = f"unreached: {last}"
 
 
 _KEEP = []
