@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from common.procs import free_ports
+from common.procs import free_ports, wait_for_ports
 from tests.conftest import REPO, env, run
 
 RELEASE = """
@@ -47,7 +47,6 @@ def start_ps(num_ps, chief):
                                f"--ps_hosts={','.join(addrs)}", f"--worker_hosts={chief}", "--startup_timeout=60"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env(),
                               start_new_session=True) for i in range(num_ps)]
-    from common.procs import wait_for_ports
     try:
         wait_for_ports(addrs, 120, "ps")
     except Exception:
