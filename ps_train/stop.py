@@ -76,24 +76,27 @@ def signal_done(tasks, code=0, timeout=15.0, out=sys.stdout):
 
     Each task is reached through its own gRPC master, so the chief needs no
     server of its own for this (TF2's coordinator has none it could lend).
-    Each message goes from a daemon thread, waited for at most ``timeout``
-    seconds in all (15 s: a loaded machine took more than 5 s to reach a second
-    PS once; the local launcher waits 30 s for the tasks to leave). A task the
-    chief could not reach is named on ``out``: it is left to its launcher (or to
-    its own --startup_timeout once the chief's port is closed).
+    Two phases: first a session to every task is made and used once, then the
+    codes go out. Creating a session makes the task's master look up the
+    devices of its peers (a PS server's default config names every PS), so a
+    session created after a peer was released can wait for that peer forever
+    (seen with two PS tasks on a loaded machine). Each message goes from a
+    daemon thread, waited for at most ``timeout`` seconds in all (15 s: the
+    local launcher waits 30 s for the tasks to leave). A task the chief could
+    not reach is named on ``out``: it is left to its launcher (or to its own
+    --startup_timeout once the chief's port is closed).
 
     Returns {"job:index": status}: "released" (the task answered), "left" (its
     port closed after a try was out: the message arrived and it exited before
     answering), "gone" (closed before any try) or "unreached: <last error>".
     """
-    status = {f"{job}:{i}": "unreached: no answer" for job, i, _ in tasks}
-    threads = [threading.Thread(target=_tell, args=(job, i, addr, code, timeout, status), daemon=True,
-                                name=f"hvdps-release-{job}-{i}") for job, i, addr in tasks]
-    for t in threads:
-        t.start()
     deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
+    status = {f"{job}:{i}": "unreached: no answer" for job, i, _ in tasks}
+    sessions = {}
+    _in_threads([(_connect, (job, i, addr, code, deadline - timeout / 2, sessions)) for job, i, addr in tasks],
+                deadline - timeout / 2)
+    _in_threads([(_tell, (job, i, addr, code, deadline, status, sessions.get(f"{job}:{i}")))
+                 for job, i, addr in tasks], deadline)
     result = dict(status)
     for (job, i, addr) in tasks:
         if result[f"{job}:{i}"].startswith("unreached"):
@@ -103,56 +106,105 @@ def signal_done(tasks, code=0, timeout=15.0, out=sys.stdout):
     return result
 
 
-def _tell(job, index, addr, code, timeout, status):
-    """Enqueue ``code`` on one task's queue; tries again until ``timeout``; sets ``status[job:index]``.
+def _in_threads(calls, deadline):
+    threads = [threading.Thread(target=f, args=a, daemon=True, name=f"hvdps-release-{a[0]}-{a[1]}")
+               for f, a in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
-    Every try is bounded on its own (``operation_timeout_in_ms`` bounds the
-    session's creation, which otherwise retries a failed connection for good;
-    ``timeout_in_ms`` the step) and uses a new session, so a try that went
-    wrong cannot use up the budget or leave the next one a broken session.
-    Each try may take twice as long as the one before (3 s, 6 s, ...): a slow
-    but healthy task still answers one.
-    A released task exits at once, often before its answer reaches the chief
-    (gRPC then retries on the closed socket until the try's deadline): the
-    port closing while a try is out says the message arrived. An extra
-    enqueue after a try that did arrive is harmless: the queue has spare
-    slots and the task reads one code.
-    """
+
+def _graph(job, index, code):
     import tensorflow as tf
-    name, tried, last, try_s = f"{job}:{index}", False, "no answer", FIRST_TRY_SECONDS / 2
-    deadline = time.monotonic() + timeout
     graph = tf.Graph()
     with graph.as_default():
-        op = _done_queue(tf, job, index).enqueue(code)
+        queue = _done_queue(tf, job, index)
+        return graph, queue.enqueue(code), queue.size()
+
+
+def _session(job, index, addr, graph, seconds):
+    """A session to one task, never closed (closing waits on the task; the process ends soon, hard_exit).
+
+    ``operation_timeout_in_ms`` bounds its creation, which otherwise retries a failed connection for good.
+    """
+    import tensorflow as tf
+    cfg = tf.compat.v1.ConfigProto(device_filters=[f"/job:{job}/task:{index}"],
+                                   operation_timeout_in_ms=int(seconds * 1000))
+    return never_close(tf.compat.v1.Session(f"grpc://{addr}", graph=graph, config=cfg))
+
+
+def _bounded_run(sess, fetch, seconds, addr):
+    """Run ``fetch`` in a thread of its own: (finished, error or None, port closed meanwhile)."""
+    import tensorflow as tf
+    outcome = []
+
+    def attempt():
+        try:
+            sess.run(fetch, options=tf.compat.v1.RunOptions(timeout_in_ms=int(seconds * 1000)))
+            outcome.append(None)
+        except tf.errors.OpError as exc:
+            outcome.append((exc.message or type(exc).__name__).strip().splitlines()[-1][:200])
+    t = threading.Thread(target=attempt, daemon=True, name="hvdps-release-try")
+    t.start()
+    end = time.monotonic() + seconds + 1.0
+    t.join(0.05)
+    while t.is_alive() and time.monotonic() < end:
+        if not port_open(addr):
+            return False, None, True
+        t.join(0.1)
+    if t.is_alive():
+        return False, "no answer within the try", False
+    return True, outcome[0], False
+
+
+def _connect(job, index, addr, code, deadline, sessions):
+    """Phase 1: a session to the task, created and used once (a read of its queue's size)."""
+    graph, op, size = _graph(job, index, code)
+    try_s = FIRST_TRY_SECONDS / 2
+    while time.monotonic() < deadline and port_open(addr):
+        try_s = max(0.1, min(2 * try_s, deadline - time.monotonic()))
+        sess = _session(job, index, addr, graph, try_s)
+        finished, error, _ = _bounded_run(sess, size, try_s, addr)
+        if finished and error is None:
+            sessions[f"{job}:{index}"] = (sess, op)
+            return
+        time.sleep(0.2)
+
+
+def _tell(job, index, addr, code, deadline, status, connected):
+    """Phase 2: enqueue ``code`` on one task's queue; tries again until ``deadline``; sets ``status``.
+
+    Every try is bounded on its own and, past the first, uses a new session,
+    so a try that went wrong cannot use up the budget or leave the next one a
+    broken session. Each try may take twice as long as the one before (3 s,
+    6 s, ...): a slow but healthy task still answers one. A released task
+    exits at once, often before its answer reaches the chief (gRPC then
+    retries on the closed socket until the try's deadline): the port closing
+    while a try is out says the message arrived. An extra enqueue after a try
+    that did arrive is harmless: the queue has spare slots and the task reads
+    one code.
+    """
+    name, tried, last, try_s = f"{job}:{index}", False, "no answer", FIRST_TRY_SECONDS / 2
+    graph, op, _ = _graph(job, index, code)
     while time.monotonic() < deadline:
         if not port_open(addr):    # it left after a try, or before any (nothing to tell)
             status[name] = "left" if tried else "gone"
             return
         try_s = max(0.1, min(2 * try_s, deadline - time.monotonic()))
-        cfg = tf.compat.v1.ConfigProto(device_filters=[f"/job:{job}/task:{index}"],
-                                       operation_timeout_in_ms=int(try_s * 1000))
-        sess = tf.compat.v1.Session(f"grpc://{addr}", graph=graph, config=cfg)
-        _KEEP.append(sess)     # never closed: closing waits on the task, and the process ends soon (hard_exit)
-        tried, outcome = True, []
-
-        def attempt(sess=sess, outcome=outcome):
-            try:
-                sess.run(op, options=tf.compat.v1.RunOptions(timeout_in_ms=int(try_s * 1000)))
-                outcome.append(None)
-            except tf.errors.OpError as exc:
-                outcome.append((exc.message or type(exc).__name__).strip().splitlines()[-1][:200])
-        t = threading.Thread(target=attempt, daemon=True, name=f"hvdps-release-try-{job}-{index}")
-        t.start()
-        t.join(0.05)
-        while t.is_alive() and port_open(addr):
-            t.join(0.1)
-        if t.is_alive():           # the port closed while the try was out: it arrived
+        if connected is not None:          # the session phase 1 made: no new device lookup
+            finished, error, closed = _bounded_run(*connected, try_s, addr)
+            connected = None
+        else:
+            finished, error, closed = _bounded_run(_session(job, index, addr, graph, try_s), op, try_s, addr)
+        tried = True
+        if closed:
             status[name] = "left"
             return
-        if outcome[0] is None:
+        if finished and error is None:
             status[name] = "released"
             return
-        last = outcome[0]
+        last = error or last
         time.sleep(0.2)
     status[name] = f"unreached: {last}"
 
