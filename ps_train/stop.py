@@ -78,7 +78,8 @@ def signal_done(tasks, code=0, timeout=15.0, out=sys.stdout):
     server of its own for this (TF2's coordinator has none it could lend).
     Two phases: first a session to every task is made and used once, then the
     codes go out. Creating a session makes the task's master look up the
-    devices of its peers (a PS server's default config names every PS), so a
+    devices of its peers (ps:0's master asked ps:1 in the logs; likely the PS
+    servers' default config, which filters on every PS), so a
     session created after a peer was released can wait for that peer forever
     (seen with two PS tasks on a loaded machine). Each message goes from a
     daemon thread, waited for at most ``timeout`` seconds in all (15 s: the
