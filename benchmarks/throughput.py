@@ -120,7 +120,8 @@ def table(rows):
                  if r.get("step_ms") is not None and r.get("compute_ms") is not None else "-")
         if r.get("exchange_ms") is not None:
             split += f" (MPI_Allreduce {r['exchange_ms']:.2f})"
-        lines.append(head + f"{r['median']:.1f} | {r['mean']:.1f} ± {r['error']:.1f} | {eff} | {split} | "
+        spread = "(one interval)" if r.get("error") is None else f"± {r['error']:.1f}"
+        lines.append(head + f"{r['median']:.1f} | {r['mean']:.1f} {spread} | {eff} | {split} | "
                      f"{ps_cpu:.1f} |")
     return "\n".join(lines)
 

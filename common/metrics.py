@@ -43,19 +43,23 @@ def library_versions():
 
 
 def throughput_stats(rates):
-    """Median, mean and 95% half-width (1.96 standard errors) of per-interval samples/sec."""
+    """Median, mean and 95% half-width (1.96 standard errors) of per-interval samples/sec.
+
+    One interval has no spread to measure: its ``error`` is None (unknown), never 0."""
     rates = [float(r) for r in rates if r is not None and math.isfinite(r) and r > 0]
     if not rates:
         return {"median": None, "mean": None, "error": None, "n": 0}
     mean = statistics.fmean(rates)
-    err = 1.96 * statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) > 1 else 0.0
+    err = 1.96 * statistics.stdev(rates) / math.sqrt(len(rates)) if len(rates) > 1 else None
     return {"median": statistics.median(rates), "mean": mean, "error": err, "n": len(rates)}
 
 
 def format_throughput(stats):
     if not stats or stats.get("mean") is None:
         return "n/a"
-    return f"{stats['mean']:.1f} +/- {stats['error']:.1f} (median {stats['median']:.1f})"
+    spread = (f"+/- {stats['error']:.1f}" if stats.get("error") is not None
+              else "(one interval: no spread)")
+    return f"{stats['mean']:.1f} {spread} (median {stats['median']:.1f})"
 
 
 class ThroughputMeter:
@@ -231,7 +235,8 @@ def load_run(run_dir, name="metrics.jsonl"):
         "global_batch": header.get("global_batch_size"),
         "status": summary.get("status", "incomplete"),
         "samples_per_sec_median": tp.get("median"), "samples_per_sec_mean": tp.get("mean"),
-        "samples_per_sec_error": tp.get("error"),
+        "samples_per_sec_error": tp.get("error"), "intervals": tp.get("n"),
+        "target_accuracy": (header.get("config") or {}).get("target_accuracy"),
         "time_to_target": summary.get("time_to_target"),
         "final_test_accuracy": summary.get("final_test_accuracy",
                                            evals[-1]["accuracy"] if evals else None),

@@ -80,8 +80,37 @@ def gradient_bytes(model):
 
 
 def loss_fn():
+    """The criterion Keras' ``fit`` is compiled with (it adds ``model.losses`` itself)."""
     import tensorflow as tf
     return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def total_loss(model, labels, logits):
+    """What every custom loop minimises: the batch's mean cross-entropy plus the model's own losses.
+
+    ``model.losses`` holds what layers add themselves (kernel regularizers, ``add_loss``);
+    Keras' ``fit`` adds them to the compiled loss, so a custom loop that left them out would
+    train a different objective than ``fit`` and than a single process does. The mean by hand,
+    not a Keras Loss object: those refuse their default reduction inside a tf.distribute
+    strategy, and the same formula must hold under every backend.
+    """
+    import tensorflow as tf
+    loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+    return loss + tf.add_n(model.losses) if model.losses else loss
+
+
+def state_updates(model, inputs):
+    """The ops that update the model's non-trainable state on ``model(inputs, training=True)``
+    in a TF1 graph (BatchNormalization's moving mean and variance, any ``add_update``).
+
+    Eager code and ``tf.function`` apply them as the model runs; a graph built for a
+    session does not: they must be run with the train op, or the state never moves
+    (and evaluation with ``training=False`` reads the initial 0 and 1). ``model.updates``
+    also lists the conditional ops of the model's symbolic construction, which are tied
+    to its Keras Input and cannot run; only the updates of this call (and any
+    unconditional ones) are returned.
+    """
+    return list(model.get_updates_for(inputs)) + list(model.get_updates_for(None))
 
 
 def make_optimizer(cfg, learning_rate, api="keras"):

@@ -15,7 +15,8 @@ import statistics
 import time
 
 from common.data import make_dataset
-from common.models import build_model, loss_fn, make_optimizer
+from common.models import build_model, make_optimizer, state_updates, total_loss
+from common.training import train_step_fn
 
 WARMUP = 5          # untimed probe steps: tracing, first allocations
 CHUNK = 5           # steps per timed interval: as the throughput meter, the median of interval means
@@ -38,15 +39,8 @@ def compute_step_time(cfg, session_config=None):
 
 def _eager(cfg, ds):
     import tensorflow as tf
-    model, criterion = build_model(cfg), loss_fn()
-    optimizer = make_optimizer(cfg, cfg.learning_rate)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = criterion(y, model(x, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
+    model = build_model(cfg)
+    step = tf.function(train_step_fn(model, make_optimizer(cfg, cfg.learning_rate)))
 
     batches = iter(ds)                           # as the training loop: next batch, step, read the loss
     return _timed(lambda: float(step(*next(batches))), WARMUP + cfg.probe_steps)
@@ -73,9 +67,10 @@ def _graph(cfg, session_config):
         ds = make_dataset(cfg, 0, 1, num_steps=WARMUP + cfg.probe_steps)
         x, y = v1.data.make_one_shot_iterator(ds).get_next()
         model = build_model(cfg)
-        loss = loss_fn()(y, model(x, training=True))
-        train_op = make_optimizer(cfg, cfg.learning_rate, api="v1").minimize(
-            loss, var_list=model.trainable_variables)
+        logits = model(x, training=True)
+        loss = total_loss(model, y, logits)
+        train_op = tf.group(make_optimizer(cfg, cfg.learning_rate, api="v1").minimize(
+            loss, var_list=model.trainable_variables), *state_updates(model, x))
         init = v1.global_variables_initializer()
     with v1.Session(graph=graph, config=session_config) as sess:
         sess.run(init)

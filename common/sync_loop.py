@@ -8,7 +8,7 @@ it the same way; the difference between them is the exchange and nothing else.
 import math
 
 from common.data import make_dataset
-from common.training import check_alive, checkpoint_interval, eval_sums, finish_eval
+from common.training import check_alive, checkpoint_interval, eval_sums, finish_eval, train_step_fn
 
 
 class EndOfStep:
@@ -35,18 +35,9 @@ class EndOfStep:
             self.checkpoints.save(step)          # rank 0 only writes checkpoints
 
 
-def run_custom(backend, model, optimizer, criterion, train_ds, start_step, end_of_step):
+def run_custom(backend, model, optimizer, train_ds, start_step, end_of_step):
     import tensorflow as tf
-
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = criterion(y, model(x, training=True))
-        tape = backend.wrap_tape(tape)           # all-reduce the gradients
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    train_step = tf.function(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape))  # all-reduce
     losses, step = [], start_step
     for x, y in train_ds:
         losses.append(float(train_step(x, y)))

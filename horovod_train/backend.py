@@ -148,10 +148,14 @@ class HorovodBackend(Backend):
         return hvd_tf.broadcast_object(obj, root_rank=0)
 
     def max_divergence(self, model):
-        """Largest |w_rank - w_rank0| over all weights and ranks: 0 when the ranks agree."""
+        """Largest |w_rank - w_rank0| over the trainable weights and ranks: 0 when the ranks agree.
+
+        Only what the all-reduce keeps equal: non-trainable state (BatchNormalization's
+        moving statistics) is each rank's own, from its own batches, as under Horovod's
+        DistributedOptimizer; rank 0's is what checkpoints and weights.npz hold."""
         import horovod.tensorflow as hvd_tf
         worst = 0.0
-        for i, w in enumerate(model.weights):
+        for i, w in enumerate(model.trainable_weights):
             ref = hvd_tf.broadcast(w, root_rank=0, name=f"hvdps.div.{i}")
             worst = max(worst, float(np.max(np.abs(w.numpy() - ref.numpy()))) if w.shape.num_elements() else 0.0)
         return float(self.allreduce(worst, "divergence", op="max"))

@@ -27,7 +27,7 @@ from common.data import make_dataset
 from common.errors import UsageError
 from common.plan import make_plan
 from common.training import RunLog, eval_sums, finish_eval, save_weights_npz
-from common.training import check_alive, create_slots
+from common.training import check_alive, create_slots, train_step_fn
 
 
 def lr_at(cfg, update, world_size, updates_per_epoch):
@@ -39,7 +39,7 @@ def lr_at(cfg, update, world_size, updates_per_epoch):
     return cfg.learning_rate + (peak - cfg.learning_rate) * min(update / warmup, 1.0)
 
 
-def train_elastic(cfg, args, backend, model, optimizer, criterion, num_train):
+def train_elastic(cfg, args, backend, model, optimizer, num_train):
     import horovod.tensorflow as hvd
     import tensorflow as tf
     if cfg.resume:
@@ -61,13 +61,7 @@ def train_elastic(cfg, args, backend, model, optimizer, criterion, num_train):
                                extra_header={"elastic": True, "commit_steps": args.commit_steps})
         return chief_log
 
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = criterion(y, model(x, training=True))
-        tape = backend.wrap_tape(tape)            # Horovod: all-reduce the gradients
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
+    train_step = tf.function(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape))  # Horovod: all-reduce
 
     def on_reset():
         backend.refresh()

@@ -50,8 +50,7 @@ def main(argv=None):
     if args.elastic:                             # Horovod: the world may shrink and grow (elastic.py)
         if backend.is_chief:
             mark_elastic_job(cfg.train_dir)
-        model, criterion = build_model(cfg), loss_fn()
-        return train_elastic(cfg, args, backend, model, make_optimizer(cfg, cfg.learning_rate), criterion, num_train)
+        return train_elastic(cfg, args, backend, build_model(cfg), make_optimizer(cfg, cfg.learning_rate), num_train)
 
     # Horovod: each rank runs 1/size of the steps an epoch takes, on its own shard.
     plan = backend.plan(cfg, num_train)
@@ -73,13 +72,12 @@ def main(argv=None):
     log = RunLog(cfg, backend, plan, start_step=start_step,
                  extra_header={"loop": args.loop, "fp16_allreduce": args.fp16_allreduce,
                                "threads_per_worker": backend.threads})
-    criterion = loss_fn()
     end_of_step = EndOfStep(cfg, backend, plan, model, optimizer, log, checkpoints)
 
     if args.loop == "fit":
-        run_fit(backend, model, optimizer, criterion, train_ds, start_step, plan.total_updates, end_of_step)
+        run_fit(backend, model, optimizer, train_ds, start_step, plan.total_updates, end_of_step)
     else:
-        run_custom(backend, model, optimizer, criterion, train_ds, start_step, end_of_step)
+        run_custom(backend, model, optimizer, train_ds, start_step, end_of_step)
 
     compute_s = compute_step_time(cfg) if backend.is_chief else None   # the step without Horovod
     divergence = backend.max_divergence(model)   # Horovod: all ranks must hold the same weights
@@ -92,7 +90,7 @@ def main(argv=None):
     return 0
 
 
-def run_fit(backend, model, optimizer, criterion, train_ds, start_step, total_steps, end_of_step):
+def run_fit(backend, model, optimizer, train_ds, start_step, total_steps, end_of_step):
     import tensorflow as tf
 
     class Hook(tf.keras.callbacks.Callback):
@@ -105,7 +103,7 @@ def run_fit(backend, model, optimizer, criterion, train_ds, start_step, total_st
             self.losses.append(float(logs["loss"]))
             end_of_step(self.step, self.losses)
 
-    model.compile(optimizer=optimizer, loss=criterion, metrics=["accuracy"], run_eagerly=False)
+    model.compile(optimizer=optimizer, loss=loss_fn(), metrics=["accuracy"], run_eagerly=False)
     model.fit(train_ds, steps_per_epoch=total_steps - start_step, epochs=1, verbose=0,
               callbacks=backend.keras_callbacks() + [Hook()])   # Horovod: broadcast + metric averaging
 

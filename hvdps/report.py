@@ -27,6 +27,16 @@ WAIT_IS = {
                      "the PS round trip and the rest"),
 }
 
+# At one worker nothing is exchanged and nobody is waited for: the all-reduce trainers' overhead is
+# their machinery around a step that has no peer, and the sync PS wait is the update itself.
+ALONE_IS = {
+    ("horovod", "sync"): "Horovod's machinery with no peer to exchange with (one worker: no all-reduce "
+                         "traffic, no slower rank)",
+    ("mpi", "sync"): "the MPI calls with no peer to exchange with (one worker: no traffic, no slower rank)",
+}
+WAIT_ALONE_IS = ("the update on the PS before the token comes back (one worker: no one else to wait for)",
+                 "the PS round trip and the rest")
+
 COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_per_sec_median",
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
@@ -126,8 +136,9 @@ def write_report(rows, out, cfg_dict, environment):
              "wall (s) | start-up (s) | status |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        tp = (f"{r['samples_per_sec_mean']:.0f} ± {r['samples_per_sec_error']:.0f}"
-              if r.get("samples_per_sec_mean") is not None else "-")
+        tp = ("-" if r.get("samples_per_sec_mean") is None else
+              f"{r['samples_per_sec_mean']:.0f} (one interval)" if r.get("samples_per_sec_error") is None else
+              f"{r['samples_per_sec_mean']:.0f} ± {r['samples_per_sec_error']:.0f}")
         eff = f"{100 * r['scaling_efficiency']:.0f}%" if r.get("scaling_efficiency") is not None else "-"
         status = r.get("status") or "-"
         if r.get("oversubscribed"):
@@ -147,7 +158,7 @@ def write_report(rows, out, cfg_dict, environment):
     if reasons:
         lines += ["", "Where each step's time goes (compute = the same step timed alone with no exchange, "
                   "in the same job; overhead = the measured step minus that; docs/metrics.md):", ""] + reasons
-    lines += [""] + findings + (["", "Start-up: from launch to the first measured interval (processes, "
+    lines += [""] + findings + (["", method_note(rows), "", "Start-up: from launch to the first measured interval (processes, "
                                  "cluster, TensorFlow import, tracing, the excluded warm-up steps); in brackets "
                                  "the warm-up's share of the trainer's wall time; teardown: from the trainer's end to "
                                  "the job's exit (releasing PS tasks, MPI finalisation). None of these is in the "
@@ -166,31 +177,91 @@ def write_report(rows, out, cfg_dict, environment):
     return "\n".join(lines[:len(rows) + 4] + [""] + findings + ([""] + reasons if reasons else []))
 
 
+def name_of(r):
+    return NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
+
+
+def within_noise(a, b):
+    """True when the 95% intervals of two runs' mean throughput overlap; None when either run
+    has no interval (a single logging interval: nothing to tell noise from a difference with)."""
+    if a.get("samples_per_sec_error") is None or b.get("samples_per_sec_error") is None \
+            or a.get("samples_per_sec_mean") is None or b.get("samples_per_sec_mean") is None:
+        return None
+    gap = abs(a["samples_per_sec_mean"] - b["samples_per_sec_mean"])
+    return gap <= a["samples_per_sec_error"] + b["samples_per_sec_error"]
+
+
 def verdicts(rows):
-    """One sentence per workload: which backend is fastest at the most workers, by how much, and
-    what start-up cost each backend."""
+    """One paragraph per workload, at its largest worker count, ranked by what a user pays for.
+
+    First the time to the target accuracy (the run's own ``--target_accuracy``, from launch of
+    training to the first evaluation at or above it): who got there first, how much longer the
+    others took, and who never got there with the accuracy it ended at. A backend that is faster
+    per sample but never reaches the target does not win. Then throughput by median, with each
+    difference called noise where the two runs' 95% intervals of the mean overlap. Then each
+    run's own start-up (never an average over worker counts)."""
     out = []
     for model in sorted({r.get("model") for r in rows if r.get("model")}):
-        ok = [r for r in rows if r.get("model") == model and r.get("status") == "ok"
-              and r.get("samples_per_sec_median")]
+        ok = [r for r in rows if r.get("model") == model and r.get("status") == "ok"]
         if not ok:
             continue
         n = max(r["workers"] for r in ok)
-        ranked = sorted((r for r in ok if r["workers"] == n), key=lambda r: -r["samples_per_sec_median"])
-        best = ranked[0]
-        name = lambda r: NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
-        others = ", ".join(f"{best['samples_per_sec_median'] / r['samples_per_sec_median']:.2f}x {name(r)} "
-                           f"({r['samples_per_sec_median']:,.0f})" for r in ranked[1:])
-        text = (f"- **{model}**, {n} worker(s): {name(best)} is fastest at "
-                f"{best['samples_per_sec_median']:,.0f} samples/s" + (f": {others}." if others else "."))
-        startups = {}
-        for r in ok:
-            if r.get("startup_s") is not None:
-                startups.setdefault(name(r), []).append(r["startup_s"])
+        at_n = sorted((r for r in ok if r["workers"] == n), key=name_of)
+        target = next((r["target_accuracy"] for r in at_n if r.get("target_accuracy")), None)
+        goal = f"the target accuracy {target:g}" if target else "the target accuracy"
+        reached = sorted((r for r in at_n if r.get("time_to_target") is not None), key=lambda r: r["time_to_target"])
+        never = [r for r in at_n if r.get("time_to_target") is None]
+        head = f"- **{model}**, {n} worker(s): "
+        if reached:
+            best = reached[0]
+            text = head + f"{name_of(best)} reaches {goal} first, in {best['time_to_target']:.1f} s"
+            if reached[1:]:
+                text += "; then " + ", ".join(
+                    f"{name_of(r)} in {r['time_to_target']:.1f} s ({r['time_to_target'] / best['time_to_target']:.2f}x)"
+                    for r in reached[1:])
+        else:
+            text = head + f"no backend reaches {goal}"
+        if never:
+            text += ("; never reached it: " if reached else ": ") + ", ".join(
+                f"{name_of(r)} (ended at {_fmt(r.get('final_test_accuracy'))})" for r in never)
+        text += "."
+        text += _throughput_sentence(at_n)
+        startups = [f"{name_of(r)} {r['startup_s']:.1f} s" for r in at_n if r.get("startup_s") is not None]
         if startups:
-            text += " Start-up: " + ", ".join(f"{k} {sum(v) / len(v):.1f} s" for k, v in startups.items()) + "."
+            text += " Start-up of these runs: " + ", ".join(startups) + "."
         out.append(text)
     return out
+
+
+def method_note(rows):
+    """How the verdicts were reached, with the repeat count and interval method they rest on."""
+    counts = sorted({r["intervals"] for r in rows if r.get("status") == "ok" and r.get("intervals")})
+    span = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}") if counts else "no"
+    evals = {((r.get("_curves") or {}).get("header") or {}).get("config", {}).get("eval_every_epoch")
+             for r in rows if r.get("status") == "ok"}
+    when = ("at every epoch's evaluation" if evals == {True} else
+            "at the evaluations the runs made (some evaluated only at the end, so their time is the whole run)"
+            if True in evals else "at the final evaluation only (--eval_every_epoch false): the whole run's time")
+    return ("Verdicts rank the runs at each workload's largest worker count by time to the target accuracy "
+            f"(one run per backend; from the trainer's start to the first evaluation at or above it, measured {when}), "
+            "then by median throughput. A throughput difference is called noise when the two runs' 95% "
+            f"intervals of the mean (mean ± 1.96 standard errors over {span} logging intervals per run) overlap.")
+
+
+def _throughput_sentence(runs):
+    ranked = sorted((r for r in runs if r.get("samples_per_sec_median")), key=lambda r: -r["samples_per_sec_median"])
+    if not ranked:
+        return ""
+    top = ranked[0]
+    text = f" Throughput: {name_of(top)} {top['samples_per_sec_median']:,.0f} samples/s"
+    others = []
+    for r in ranked[1:]:
+        noise = within_noise(top, r)
+        tag = {True: ", within noise: the 95% intervals overlap", False: "",
+               None: ", no interval to tell noise by (one logging interval)"}[noise]
+        others.append(f"{top['samples_per_sec_median'] / r['samples_per_sec_median']:.2f}x {name_of(r)} "
+                      f"({r['samples_per_sec_median']:,.0f}{tag})")
+    return text + (": " + "; ".join(others) if others else "") + "."
 
 
 def _split(r):
@@ -218,12 +289,15 @@ def explanations(rows):
 
 def step_parts(r):
     """[(what, seconds)] that add up to the measured step: compute, then the overhead, split into
-    the measured wait for the other workers and the rest where the run measured the wait."""
-    what = OVERHEAD_IS.get((r["backend"], r["mode"]), "distribution")
+    the measured wait for the other workers and the rest where the run measured the wait.
+    At one worker there is no peer: what the overhead is named says so (ALONE_IS)."""
+    key = (r["backend"], r["mode"])
+    alone = r.get("workers") == 1
+    what = (ALONE_IS.get(key) if alone else None) or OVERHEAD_IS.get(key, "distribution")
     parts = [("compute", r["compute_s"])]
     wait = r.get("wait_s")
-    if wait is not None and (r["backend"], r["mode"]) in WAIT_IS:
-        waiting, rest = WAIT_IS[(r["backend"], r["mode"])]
+    if wait is not None and key in WAIT_IS:
+        waiting, rest = WAIT_ALONE_IS if alone else WAIT_IS[key]
         return parts + [(waiting, wait), (rest, r["overhead_s"] - wait)]
     return parts + [(what, r["overhead_s"])]
 

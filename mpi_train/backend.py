@@ -103,9 +103,13 @@ class MPIBackend(Backend):
         return out / self.world_size if op == "mean" else out
 
     def max_divergence(self, model):
-        """Largest |w_rank - w_rank0| over all weights and ranks: 0 when the ranks agree."""
+        """Largest |w_rank - w_rank0| over the trainable weights and ranks: 0 when the ranks agree.
+
+        Only what the all-reduce keeps equal: non-trainable state (BatchNormalization's
+        moving statistics) is each rank's own, from its own batches, as under Horovod's
+        DistributedOptimizer; rank 0's is what checkpoints and weights.npz hold."""
         worst = 0.0
-        for w in model.weights:
+        for w in model.trainable_weights:
             mine = np.array(w.numpy(), order="C", ndmin=1)
             ref = mine.copy()
             self.comm.Bcast(ref, root=0)

@@ -21,7 +21,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 from common.config import build_parser, from_args
 from common.data import load_arrays, make_dataset
 from common.errors import cli
-from common.models import build_model, gradient_bytes, loss_fn, make_optimizer
+from common.models import build_model, gradient_bytes, make_optimizer
 from common.probe import compute_step_time
 from common.procs import launcher_rank
 from common.sync_loop import EndOfStep, run_custom
@@ -59,7 +59,7 @@ def main(argv=None):
     log = RunLog(cfg, backend, plan, start_step=start_step,
                  extra_header={"loop": "custom", "threads_per_worker": backend.threads})
     end_of_step = EndOfStep(cfg, backend, plan, model, optimizer, log, checkpoints)
-    run_custom(backend, model, optimizer, loss_fn(), train_ds, start_step, end_of_step)
+    run_custom(backend, model, optimizer, train_ds, start_step, end_of_step)
 
     compute_s = compute_step_time(cfg) if backend.is_chief else None   # the step without MPI
     divergence = backend.max_divergence(model)   # MPI: all ranks must hold the same weights

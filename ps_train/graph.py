@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from common.data import make_dataset
-from common.models import build_model, eval_batch_sums, loss_fn, make_optimizer
+from common.models import build_model, eval_batch_sums, make_optimizer, state_updates, total_loss
 from common.training import make_lr_schedule
 
 
@@ -49,7 +49,12 @@ def build_graph(cfg, backend, plan):
                                 num_steps=plan.worker_steps * plan.workers)
         data_iterator = v1.data.make_initializable_iterator(train_ds)
         x, y = data_iterator.get_next()
-        loss = loss_fn()(y, model(x, training=True))
+        logits = model(x, training=True)
+        loss = total_loss(model, y, logits)
+        # PS: the model's non-trainable state (BatchNormalization's moving statistics) lives on
+        # the PS with the weights; each worker's step applies its batch's update to it there,
+        # as a single process's step would (a session graph does not run them by itself).
+        updates = state_updates(model, x)
         with v1.device(global_step.device):      # PS: computed where the update reads it
             learning_rate = make_lr_schedule(cfg, plan)(global_step)
         optimizer = backend.wrap_optimizer(make_optimizer(cfg, learning_rate, api="v1"))  # PS: sync wraps
@@ -76,7 +81,7 @@ def build_graph(cfg, backend, plan):
             if sync_wait is not None:
                 bookkeeping.append(time_token_wait(tf, minimize, sync_wait, backend.rank))
             bookkeeping = tf.group(*bookkeeping)
-        train_op = tf.group(minimize, bookkeeping)
+        train_op = tf.group(minimize, bookkeeping, *updates)
         mark_done = v1.scatter_update(worker_done, [backend.rank], [1]).op
         graph = TrainGraph(global_step, model, loss, learning_rate, optimizer, train_op, worker_steps,
                            worker_done, mark_done, saver=None, sync_wait=sync_wait,

@@ -45,7 +45,7 @@ from common.plan import make_plan
 from common.probe import compute_step_time
 from common.procs import port_open, wait_for_ports
 from common.training import (Checkpoints, RunLog, Watchdog, check_alive, checkpoint_interval, eval_sums, finish_eval,
-                             make_lr_schedule, refuse_finished, save_weights_npz)
+                             make_lr_schedule, refuse_finished, save_weights_npz, train_step_fn)
 from ps_train.backend import check_port_free
 
 # Variables of at least this size are split over the PS tasks (at most one shard per PS);
@@ -255,16 +255,10 @@ class Bookkeeping:
 def make_train_step(strategy, model, optimizer):
     import tensorflow as tf
 
+    replica_step = train_step_fn(model, optimizer)   # PS: the variables it updates live on the PS
+
     @tf.function
     def train_step(iterator):
-        def replica_step(x, y):
-            with tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                # Keras Loss objects refuse their default reduction inside a strategy: the same mean, by hand.
-                loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
         x, y = next(iterator)
         return strategy.run(replica_step, args=(x, y))
 

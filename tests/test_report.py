@@ -88,3 +88,65 @@ def test_sentence_names_the_slowest_rank():
     assert sentence.endswith("the one that waits least, rank 0 (the chief), is the slowest.")
     (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, wait_ms=2.2, wait_per_worker_s=[0.004, 0.003, 0.0001])])
     assert "the one that waits least, rank 2, is the slowest" in sentence
+
+
+def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=None, intervals=20):
+    return {"status": "ok", "model": "mlp", "backend": backend, "mode": mode, "workers": workers,
+            "samples_per_sec_median": median, "samples_per_sec_mean": median, "samples_per_sec_error": err,
+            "intervals": intervals, "time_to_target": ttt, "final_test_accuracy": acc, "target_accuracy": 0.9,
+            "startup_s": startup}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rows, says, never_says", [
+    # the fastest per sample never reached the target: the one that did is named first, the other with its end
+    ([vrow("horovod", "sync", 2, 6330, ttt=None, acc=0.82), vrow("ps", "sync", 2, 4554, ttt=12.5, acc=0.90)],
+     ["PS sync reaches the target accuracy 0.9 first, in 12.5 s", "never reached it: Horovod (ended at 0.82)",
+      "Throughput: Horovod 6,330 samples/s: 1.39x PS sync (4,554)."],
+     ["Horovod is fastest", "Horovod reaches"]),
+    # both reached it: ranked by time, the ratio given
+    ([vrow("horovod", "sync", 2, 6000, ttt=20.0), vrow("ps", "async", 2, 5000, ttt=10.0)],
+     ["PS async reaches the target accuracy 0.9 first, in 10.0 s; then Horovod in 20.0 s (2.00x)"], ["never"]),
+    # a 1.03x gap inside +/- 6,082: noise
+    ([vrow("horovod", "sync", 2, 6180, err=6082, ttt=5.0), vrow("ps", "sync", 2, 6000, err=300, ttt=6.0)],
+     ["1.03x PS sync (6,000, within noise: the 95% intervals overlap)"], []),
+    # the same gap with tight intervals: a difference, said without the noise tag
+    ([vrow("horovod", "sync", 2, 6180, err=20, ttt=5.0), vrow("ps", "sync", 2, 6000, err=20, ttt=6.0)],
+     ["1.03x PS sync (6,000)."], ["within noise"]),
+    # one logging interval: no interval, so no call either way (never "+/- 0")
+    ([vrow("horovod", "sync", 2, 6180, err=None, ttt=5.0, intervals=1), vrow("ps", "sync", 2, 6000, ttt=6.0)],
+     ["no interval to tell noise by (one logging interval)"], ["within noise"]),
+    # nobody reached it
+    ([vrow("horovod", "sync", 2, 6180, ttt=None, acc=0.5), vrow("ps", "sync", 2, 6000, ttt=None, acc=0.6)],
+     ["no backend reaches the target accuracy 0.9: Horovod (ended at 0.5), PS sync (ended at 0.6)."], []),
+    # start-up is each run's own, of the runs at the verdict's worker count (not the mean over 1 and 2)
+    ([vrow("horovod", "sync", 1, 3000, ttt=9.0, startup=6.0), vrow("horovod", "sync", 2, 5000, ttt=8.0, startup=14.0)],
+     ["Start-up of these runs: Horovod 14.0 s."], ["10.0 s"]),
+])
+def test_verdict_ranks_by_time_to_target_and_calls_noise(rows, says, never_says):
+    from hvdps.report import verdicts
+    (text,) = verdicts(rows)
+    for part in says:
+        assert part in text, text
+    for part in never_says:
+        assert part not in text, text
+
+
+@pytest.mark.unit
+def test_one_interval_has_no_spread():
+    from common.metrics import format_throughput, throughput_stats
+    stats = throughput_stats([5000.0])
+    assert stats["error"] is None and stats["n"] == 1
+    assert "+/-" not in format_throughput(stats)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("r, never, says", [
+    (row("horovod", "sync", 10.0, 4.0, workers=1), "waiting for the slower rank", "no peer to exchange with"),
+    (row("mpi", "sync", 10.0, 4.0, workers=1), "waiting for the slower rank", "no peer to exchange with"),
+    (row("ps", "sync", 10.0, 3.0, wait_ms=5.0, workers=1), "the other workers' gradients",
+     "no one else to wait for"),
+])
+def test_one_worker_has_no_peer_to_blame(r, never, says):
+    (sentence,) = explanations([r])
+    assert never not in sentence and says in sentence, sentence
