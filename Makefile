@@ -61,7 +61,8 @@ demo: setup
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --model cnn --dataset examples/digits28.py:load --batch_size 64 \
 	    --epochs $(DEMO_CNN_EPOCHS) --out $(DEMO_OUT)/cnn
 	$(BIN)/hvdps-compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs --out $(DEMO_OUT)
-	-$(BIN)/hvdps-compare --project --from $(DEMO_OUT)/cnn/runs --max-workers 64 --out $(DEMO_OUT)/projection
+	-$(BIN)/hvdps-compare --project --from $(DEMO_OUT)/cnn/runs --bandwidth-gbps 25 --latency-us 10 \
+	    --max-workers 64 --out $(DEMO_OUT)/projection
 
 test: setup
 	$(BIN)/python -m pytest -q --timeout 900 tests

@@ -190,16 +190,53 @@ def read_records(path):
     return records
 
 
-def _ps_cpu_seconds(run_dir):
-    """CPU seconds of the PS tasks as the local launcher measured them (launch.json; whole
-    processes, start-up included), or None when the run was not started by it."""
+def measured_interval(header, steps):
+    """(start, end) in Unix time of the intervals the throughput is taken over (warm-up
+    excluded), or None: from the step record before the first counted one to the last counted."""
+    start = header.get("start_time")
+    counted = [i for i, s in enumerate(steps) if s.get("samples_per_sec") is not None]
+    if not counted or not isinstance(start, (int, float)):
+        return None
+    first = steps[counted[0] - 1]["wall_time"] if counted[0] > 0 else 0.0
+    last = steps[counted[-1]]["wall_time"]
+    return (start + first, start + last) if last > first else None
+
+
+def _cpu_at(series, t):
+    """CPU seconds of one process at Unix time ``t``, linear between the launcher's samples."""
+    before = [p for p in series if p[0] <= t]
+    after = [p for p in series if p[0] >= t]
+    if not before or not after:
+        return None
+    (t0, c0), (t1, c1) = before[-1], after[0]
+    return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
+
+
+def _ps_cpu_seconds(run_dir, interval):
+    """CPU seconds the PS tasks spent in the measured interval, from the local launcher's samples
+    (launch.json's cpu_series); None when the run was not started by it or the samples do not
+    cover the interval. Whole-process totals would count start-up and imports against a
+    training-only time."""
     try:
         with open(os.path.join(run_dir, "launch.json")) as f:
-            cpu = json.load(f).get("cpu_seconds") or {}
+            series = json.load(f).get("cpu_series") or {}
     except (OSError, ValueError, AttributeError):
         return None
-    values = [v for k, v in cpu.items() if str(k).startswith("ps:") and isinstance(v, (int, float))]
-    return float(sum(values)) if values else None
+    if not interval or not isinstance(series, dict):
+        return None
+    total = 0.0
+    for name, points in series.items():
+        if not str(name).startswith("ps:") or not isinstance(points, list):
+            continue
+        try:
+            points = [(float(t), float(c)) for t, c in points]
+        except (TypeError, ValueError):
+            return None
+        a, b = _cpu_at(points, interval[0]), _cpu_at(points, interval[1])
+        if a is None or b is None:
+            return None
+        total += b - a
+    return total if series else None
 
 
 def wait_per_worker(steps):
@@ -250,7 +287,8 @@ def load_run(run_dir, name="metrics.jsonl"):
     for key in BREAKDOWN_FIELDS:
         row[key] = split.get(key)
     row["wait_per_worker_s"] = wait_per_worker(steps)
-    row["ps_cpu_s"] = _ps_cpu_seconds(run_dir)
-    if row["ps_cpu_s"] is not None and row["wall_time"]:
-        row["ps_cpu_share"] = row["ps_cpu_s"] / (max(1, row["num_ps"] or 1) * row["wall_time"])
+    interval = measured_interval(header, steps)
+    row["ps_cpu_s"] = _ps_cpu_seconds(run_dir, interval)
+    if row["ps_cpu_s"] is not None:
+        row["ps_cpu_share"] = row["ps_cpu_s"] / (max(1, row["num_ps"] or 1) * (interval[1] - interval[0]))
     return row, {"header": header, "evals": evals, "steps": steps, "summary": summary}

@@ -45,18 +45,31 @@ def efficiency(compute, comm, overlap=0.0):
     return compute / (compute + (1.0 - overlap) * comm)
 
 
+class Unmeasurable(ValueError):
+    """The measurements do not determine latency and bandwidth (see fit_alpha_beta)."""
+
+
 def fit_alpha_beta(points):
-    """Least-squares fit of t = alpha + bytes/B to (bytes, seconds) points -> (alpha, B)."""
+    """Least-squares fit of t = alpha + bytes/B to (bytes, seconds) points -> (alpha, B).
+
+    Refused (Unmeasurable) where the points cannot carry the fit, instead of clamping to a
+    latency of 0 or an infinite bandwidth that every projection would then repeat: a fitted
+    intercept <= 0 means the smallest exchanges were too fast to separate a latency from the
+    noise of the large ones; a slope <= 0, that time did not grow with size."""
     pts = [(float(b), float(t)) for b, t in points if t > 0]
     if len(pts) < 2:
-        raise ValueError("need at least two measurements to fit latency and bandwidth")
+        raise Unmeasurable("need at least two measurements to fit latency and bandwidth")
     n = len(pts)
     mx = sum(b for b, _ in pts) / n
     my = sum(t for _, t in pts) / n
     sxx = sum((b - mx) ** 2 for b, _ in pts)
     slope = sum((b - mx) * (t - my) for b, t in pts) / sxx if sxx else 0.0
-    slope = max(slope, 1e-15)
-    alpha = max(my - slope * mx, 0.0)
+    if slope <= 0:
+        raise Unmeasurable("the exchange time does not grow with the message size")
+    alpha = my - slope * mx
+    if alpha <= 0:
+        raise Unmeasurable(f"the fitted latency is {alpha * 1e6:.1f} us: the smallest exchanges "
+                           f"({min(b for b, _ in pts):,.0f} bytes) are too fast to measure one")
     return alpha, 1.0 / slope
 
 
@@ -64,7 +77,8 @@ def fit_from_comm(comm_results, np_=2):
     """alpha/B for ring all-reduce (Horovod rows) and PS push/pull from comm.json results.
 
     The 2-rank ring moves M/B and pays 2 alphas, so t = 2*alpha + M/B; push and
-    pull each pay one alpha and move M once.
+    pull each pay one alpha and move M once. A family whose points cannot be fitted
+    gets ``{"error": why}`` instead of numbers (``network`` refuses to use it).
     """
     def pts(prefix):
         return [(r["bytes"], r["seconds"]) for r in comm_results if r["impl"].startswith(prefix)]
@@ -75,15 +89,24 @@ def fit_from_comm(comm_results, np_=2):
         best = {}
         for r in hv:   # best Horovod setting per size: what a tuned trainer gets
             best[r["bytes"]] = min(best.get(r["bytes"], float("inf")), r["seconds"])
-        a, b = fit_alpha_beta(best.items())
-        scale = 2.0 * (np_ - 1) / np_
-        fits["allreduce"] = {"alpha": a / (2 * (np_ - 1)), "bandwidth": b * scale}
+        try:
+            a, b = fit_alpha_beta(best.items())
+            scale = 2.0 * (np_ - 1) / np_
+            fits["allreduce"] = {"alpha": a / (2 * (np_ - 1)), "bandwidth": b * scale}
+        except Unmeasurable as exc:
+            fits["allreduce"] = {"error": f"ring all-reduce: {exc}"}
     for impl in ("ps-push", "ps-pull"):
         p = pts(impl)
         if p:
-            a, b = fit_alpha_beta(p)
-            fits[impl] = {"alpha": a, "bandwidth": b}
-    if "ps-push" in fits and "ps-pull" in fits:
+            try:
+                a, b = fit_alpha_beta(p)
+                fits[impl] = {"alpha": a, "bandwidth": b}
+            except Unmeasurable as exc:
+                fits[impl] = {"error": f"{impl}: {exc}"}
+    bad = [fits[k]["error"] for k in ("ps-push", "ps-pull") if "error" in fits.get(k, {})]
+    if bad:
+        fits["ps"] = {"error": "; ".join(bad)}
+    elif "ps-push" in fits and "ps-pull" in fits:
         fits["ps"] = {"alpha": (fits["ps-push"]["alpha"] + fits["ps-pull"]["alpha"]) / 2,
                       "bandwidth": 2 / (1 / fits["ps-push"]["bandwidth"] + 1 / fits["ps-pull"]["bandwidth"])}
     return fits
@@ -182,6 +205,14 @@ def dumps(obj):
 
 
 # ------------------------------------------------------------ runs as inputs
+def _size(nbytes):
+    """A gradient's size in the unit that shows it (a 30 kB MLP is not "0.0 MB")."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} bytes"
+
+
 def find_runs(path):
     """Run directories under ``path`` (itself, or its sub-directories) that have metrics."""
     if os.path.exists(os.path.join(path, "metrics.jsonl")):
@@ -307,9 +338,15 @@ def make_parser():
     return p
 
 
-def network(args, fits):
-    """(ring, ps) alpha/bandwidth: given flags win over the measured fit."""
+def network(args, fits, source="--comm-json"):
+    """(ring, ps) alpha/bandwidth: given flags win over the measured fit; a fit that could not
+    be made is refused in one line when it would be used."""
     ring, ps = fits.get("allreduce"), fits.get("ps")
+    given = args.bandwidth_gbps is not None and args.latency_us is not None
+    for fit in (ring, ps):
+        if fit and "error" in fit and not given:
+            raise UsageError(f"--project: cannot fit latency and bandwidth from {source}: {fit['error']}; "
+                             f"give the network as --bandwidth-gbps and --latency-us")
     if args.bandwidth_gbps is not None or args.latency_us is not None:
         if (args.bandwidth_gbps is None or args.latency_us is None) and not ring:
             raise UsageError("--project needs both --bandwidth-gbps and --latency-us, or a --comm-json")
@@ -352,7 +389,7 @@ def run_projection(args):
             fits = fit_from_comm(data["results"], data.get("np", 2))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--comm-json {comm_json}: not a comm_bandwidth.py result file ({exc})")
-    ring, ps = network(args, fits)
+    ring, ps = network(args, fits, comm_json)
     if not ring or not ps:
         raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
                          f"and no --bandwidth-gbps/--latency-us given")
@@ -380,7 +417,7 @@ def run_projection(args):
                    fusion_bytes=int(args.fusion_threshold_mb * (1 << 20)), straggler_cv=args.straggler_cv,
                    placement=args.ps_placement, measured=measured, ps_towers=args.ps_gpus_per_worker)
     os.makedirs(args.out, exist_ok=True)
-    text = (f"# Scaling projection\n\ngradient {grad / 1e6:.1f} MB in {len(layers)} layer(s), compute "
+    text = (f"# Scaling projection\n\ngradient {_size(grad)} in {len(layers)} layer(s), compute "
             f"{compute * 1e3:.1f} ms/step, ring: {ring['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
             f"{ring['alpha'] * 1e6:.1f} us; PS: {ps['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
             f"{ps['alpha'] * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server, "
@@ -403,7 +440,7 @@ def run_projection(args):
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
                        "ps_placement": args.ps_placement, "ps_gpus_per_worker": args.ps_gpus_per_worker,
                        "measured_overlap": measured, "rows": rows}))
-    plot(rows, os.path.join(args.out, "projection.png"), f"{grad / 1e6:.0f} MB gradients, "
+    plot(rows, os.path.join(args.out, "projection.png"), f"{_size(grad)} gradients, "
          f"{compute * 1e3:.0f} ms compute")
     print(text)
     return 0

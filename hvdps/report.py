@@ -332,8 +332,8 @@ def _details(r):
     if r.get("bytes_per_step_per_worker"):
         text += f"; {r['bytes_per_step_per_worker']:,} bytes on the wire per worker step"
     if r.get("ps_cpu_share") is not None:
-        text += (f"; the PS task(s) used {r['ps_cpu_s']:.1f} CPU s, {100 * r['ps_cpu_share']:.0f}% of a core "
-                 f"each over the run (whole processes, start-up included)")
+        text += (f"; the PS task(s) used {r['ps_cpu_s']:.1f} CPU s in the measured interval, "
+                 f"{100 * r['ps_cpu_share']:.0f}% of a core each")
     if r.get("oversubscribed"):
         text += " (oversubscribed: contention included)"
     return text
@@ -359,7 +359,8 @@ def write_breakdown_plot(rows, out):
         ax.bar(xs, wait, bottom=[c + o - w for c, o, w in zip(compute, overhead, wait)],
                label="of which waiting for the other workers (measured)")
     ax.set_xticks(list(xs), labels, rotation=45, ha="right", fontsize=7)
-    ax.set(ylabel="ms per worker step", title="Where a step's time goes")
+    ax.set(ylabel="ms per worker step", title="Where a step's time goes: "
+           + ", ".join(sorted({r.get("model") or "-" for r in runs})))
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -368,46 +369,72 @@ def write_breakdown_plot(rows, out):
     return "breakdown.png"
 
 
+def _workloads(rows):
+    """{workload: its rows}, in a stable order: one panel each in every plot."""
+    out = {}
+    for r in rows:
+        out.setdefault(r.get("model") or "-", []).append(r)
+    return dict(sorted(out.items()))
+
+
+def _label(r):
+    return NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
+
+
 def write_plots(rows, out):
+    """throughput.png (throughput with its 95% interval, and scaling efficiency, against workers)
+    and accuracy_vs_time.png: one row of panels per workload, so lines of different models never
+    join, each panel titled with its workload; worker ticks are the worker counts run."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     written = []
-    series = {}
-    for r in rows:
-        series.setdefault(f"{r['backend']} {r['mode']}", []).append(r)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for label, rs in series.items():
-        rs = sorted((r for r in rs if r.get("samples_per_sec_median")), key=lambda r: r["workers"])
-        if rs:
-            ax1.plot([r["workers"] for r in rs], [r["samples_per_sec_median"] for r in rs], "o-", label=label)
-            eff = [(r["workers"], r["scaling_efficiency"]) for r in rs if r.get("scaling_efficiency") is not None]
+    groups = _workloads(rows)
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
+    for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
+        series = {}
+        for r in rs:
+            if r.get("samples_per_sec_median") and r.get("status") == "ok":
+                series.setdefault(_label(r), []).append(r)
+        ticks = sorted({r["workers"] for r in rs})
+        for label, runs in sorted(series.items()):
+            runs.sort(key=lambda r: r["workers"])
+            ax1.errorbar([r["workers"] for r in runs], [r["samples_per_sec_median"] for r in runs],
+                         yerr=[r.get("samples_per_sec_error") or 0.0 for r in runs], fmt="o-", capsize=4,
+                         label=label)
+            eff = [(r["workers"], r["scaling_efficiency"]) for r in runs if r.get("scaling_efficiency") is not None]
             if eff:
                 ax2.plot(*zip(*eff), "o-", label=label)
-    ax1.set(xlabel="workers", ylabel="samples/sec (median)", title="Throughput")
-    ax2.set(xlabel="workers", ylabel="efficiency", title="Scaling efficiency", ylim=(0, 1.2))
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
+        ax1.set(xlabel="workers", ylabel="samples/sec (median, 95% interval)", title=f"{model}: throughput")
+        ax2.set(xlabel="workers", ylabel="throughput(n) / (n x throughput(1))", ylim=(0, 1.2),
+                title=f"{model}: scaling efficiency")
+        for ax in (ax1, ax2):
+            ax.set_xticks(ticks)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "throughput.png"), dpi=100)
     plt.close(fig)
     written.append("throughput.png")
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in rows:
-        evals = (r.get("_curves") or {}).get("evals") or []
-        if evals:
-            label = f"{r['backend']} {r['mode']} w{r['workers']}"
-            ax1.plot([e["wall_time"] for e in evals], [e["accuracy"] for e in evals], "o-", label=label)
-            ax2.plot([e["wall_time"] for e in evals], [e["loss"] for e in evals], "o-", label=label)
-    ax1.set(xlabel="wall-clock seconds", ylabel="test accuracy", title="Accuracy vs time")
-    ax2.set(xlabel="wall-clock seconds", ylabel="test loss", title="Loss vs time")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
+    for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
+        target = next((r["target_accuracy"] for r in rs if r.get("target_accuracy")), None)
+        for r in sorted(rs, key=lambda r: (_label(r), r["workers"])):
+            evals = (r.get("_curves") or {}).get("evals") or []
+            if evals:
+                label = f"{_label(r)}, {r['workers']} worker(s)"
+                ax1.plot([e["wall_time"] for e in evals], [e["accuracy"] for e in evals], "o-", ms=3, label=label)
+                ax2.plot([e["wall_time"] for e in evals], [e["loss"] for e in evals], "o-", ms=3, label=label)
+        if target:
+            ax1.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")
+        ax1.set(xlabel="seconds since the trainer started", ylabel="test accuracy", title=f"{model}: accuracy vs time")
+        ax2.set(xlabel="seconds since the trainer started", ylabel="test loss", title=f"{model}: loss vs time")
+        for ax in (ax1, ax2):
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "accuracy_vs_time.png"), dpi=100)
     plt.close(fig)

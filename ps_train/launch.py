@@ -63,6 +63,7 @@ class Cluster:
         self.procs = {}
         self.threads = []
         self.cpu = {}
+        self.cpu_series = {}          # PS roles: [[unix time, CPU seconds so far], ...] every SERIES_EVERY s
         self.errors = {}              # role -> its first 'error:' line
 
     def start(self):
@@ -104,15 +105,25 @@ class Cluster:
     def pids(self):
         return {name: p.pid for name, p in self.procs.items()}
 
+    SERIES_EVERY = 0.5
+
     def sample_cpu(self):
-        """CPU seconds (user+system) each role has used so far; kept after the role exits."""
+        """CPU seconds (user+system) each role has used so far; kept after the role exits.
+
+        The PS tasks' samples are also kept as a time series, so the report can take
+        their CPU over the trainer's measured interval alone (common.metrics), not over
+        the whole process with its start-up and TensorFlow import."""
         tick = os.sysconf("SC_CLK_TCK")
+        now = time.time()
         for name, p in self.procs.items():
             try:
                 fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
                 self.cpu[name] = (int(fields[11]) + int(fields[12])) / tick
             except (OSError, IndexError, ValueError):
-                pass
+                continue
+            series = self.cpu_series.setdefault(name, []) if name.startswith("ps:") else None
+            if series is not None and (not series or now - series[-1][0] >= self.SERIES_EVERY):
+                series.append([round(now, 3), self.cpu[name]])
 
 
 def build_tasks(num_ps, num_workers, host, python=sys.executable, pin=False, chief=False):
@@ -323,7 +334,7 @@ def main(argv=None):
     if os.path.isdir(args.train_dir):   # the PS tasks' cost belongs in the results too
         path = os.path.join(args.train_dir, "launch.json")
         with open(path + ".tmp", "w") as f:
-            json.dump({"cpu_seconds": cluster.cpu, "exit_code": code, "ended_by": ended_by,
+            json.dump({"cpu_seconds": cluster.cpu, "cpu_series": cluster.cpu_series, "exit_code": code, "ended_by": ended_by,
                        "restarts": restarts, "pids": cluster.pids()}, f, indent=2)
         os.replace(path + ".tmp", path)
     # The one line a user reads last: what ended the job and, if a role said why, its own words.

@@ -52,7 +52,9 @@ def test_report_values(tmp_path):
         assert c["backend"] == j["backend"] and c["status"] == j["status"]
     report = (out / "report.md").read_text()
     assert "| mlp | horovod | sync | 2 | - | 180 | 180 ± 0 | 90% |" in report
-    assert "- **mlp**, 2 worker(s): Horovod is fastest at 180 samples/s: 2.00x PS async (90)." in report
+    assert "reaches the target accuracy 0.9 first, in" in report        # both did: ranked by time first
+    assert "Throughput: Horovod 180 samples/s: 2.00x PS async (90)." in report
+    assert "Verdicts rank the runs at each workload's largest worker count by time to the target" in report
     assert "error: boom" in report
     for png in ("throughput.png", "accuracy_vs_time.png"):
         assert (out / png).stat().st_size > 5000

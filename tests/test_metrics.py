@@ -102,25 +102,38 @@ def test_probe_times_the_step_alone():
     assert 0 < seconds < 5
 
 
+T0 = 1_000_000.0        # the trainer's start (header start_time); measured interval: wall 2.0 to 6.0 s
+SERIES = {"ps:0": [[T0 - 5, 3.0], [T0 + 2, 4.0], [T0 + 4, 5.0], [T0 + 6, 6.0], [T0 + 8, 9.0]],
+          "ps:1": [[T0 - 5, 1.0], [T0 + 1, 1.5], [T0 + 7, 4.5]]}
+
+
 @pytest.mark.parametrize("launch, cpu", [
-    ({"cpu_seconds": {"ps:0": 2.0, "ps:1": 1.0, "worker:0": 9.0}}, 3.0),   # PS tasks only
-    ({"cpu_seconds": {"worker:0": 9.0}}, None),                              # no PS in the run
+    # ps:0 2.0 CPU s between T0+2 and T0+6; ps:1 interpolated: 2.0 at T0+2, 4.0 at T0+6 -> 2.0
+    ({"cpu_seconds": {"ps:0": 9.0, "ps:1": 4.5, "worker:0": 9.0}, "cpu_series": SERIES}, 4.0),
+    # whole-process totals alone (start-up included) give no figure
+    ({"cpu_seconds": {"ps:0": 9.0, "ps:1": 4.5}}, None),
+    # samples that stop before the interval ends: no figure rather than a short one
+    ({"cpu_series": {"ps:0": [[T0 - 5, 3.0], [T0 + 3, 4.0]]}}, None),
+    ({"cpu_seconds": {"worker:0": 9.0}, "cpu_series": {}}, None),              # no PS in the run
     ("not json", None),                                                      # damaged: no figure
     (None, None),                                                            # not started by the launcher
 ])
-def test_ps_cpu_from_the_launchers_record(tmp_path, launch, cpu):
-    cfg = make_config(batch_size=8)
-    w = MetricsWriter(str(tmp_path))
-    w.header(cfg, "ps", "async", 1, 2, make_plan(cfg, 1000, 1, 1))
-    w.summary("ok", 20, 160, throughput_stats([100, 110]), 0.4, 0.93, 4000,
-              breakdown={"step_s": 0.08, "compute_s": 0.05, "overhead_s": 0.03, "overhead_share": 0.375})
-    w.close()
+def test_ps_cpu_over_the_measured_interval_only(tmp_path, launch, cpu):
+    records = [{"type": "header", "backend": "ps", "mode": "async", "world_size": 1, "num_ps": 2,
+                "start_time": T0},
+               {"type": "step", "global_step": 4, "loss": 1.0, "wall_time": 2.0, "samples_per_sec": None},   # warm-up
+               {"type": "step", "global_step": 8, "loss": 1.0, "wall_time": 4.0, "samples_per_sec": 100.0},
+               {"type": "step", "global_step": 12, "loss": 1.0, "wall_time": 6.0, "samples_per_sec": 100.0},
+               {"type": "summary", "status": "ok", "total_time": 9.0, "throughput": throughput_stats([100, 100]),
+                "breakdown": {"step_s": 0.08, "compute_s": 0.05, "overhead_s": 0.03, "overhead_share": 0.375}}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if launch is not None:
         (tmp_path / "launch.json").write_text(launch if isinstance(launch, str) else json.dumps(launch))
     row, _ = load_run(str(tmp_path))
-    assert row["ps_cpu_s"] == cpu and row["compute_s"] == 0.05 and row["overhead_share"] == 0.375
-    if cpu is not None:
-        assert row["ps_cpu_share"] == pytest.approx(cpu / (2 * row["wall_time"]))
+    assert row["ps_cpu_s"] == (None if cpu is None else pytest.approx(cpu))
+    assert row["compute_s"] == 0.05 and row["overhead_share"] == 0.375
+    if cpu is not None:   # 2 PS tasks over 4 s: 50% of a core each, not whole-process CPU over the run
+        assert row["ps_cpu_share"] == pytest.approx(cpu / (2 * 4.0))
 
 
 def _rec(total, counts, rate):

@@ -40,6 +40,22 @@ def test_fit_recovers_parameters():
     assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(bw, rel=1e-6)
 
 
+@pytest.mark.parametrize("points, why", [
+    ([(3e4, 1e-5), (1e6, 8e-4), (1e8, 0.08)], "the fitted latency is"),        # intercept < 0
+    ([(1e6, 2e-3), (1e8, 1e-3)], "does not grow with the message size"),       # slope < 0
+    ([(1e6, 2e-3)], "at least two measurements"),
+])
+def test_fit_refuses_what_it_cannot_measure(points, why):
+    with pytest.raises(pj.Unmeasurable, match=why):
+        pj.fit_alpha_beta(points)
+
+
+@pytest.mark.parametrize("nbytes, text", [(30040, "30.0 kB"), (605224, "605.2 kB"), (102334368, "102.3 MB"),
+                                          (512, "512 bytes")])
+def test_gradient_size_in_a_unit_that_shows_it(nbytes, text):
+    assert pj._size(nbytes) == text
+
+
 def test_fit_from_comm_uses_ring_formula():
     # 2 ranks: t = 2 alpha + M/B, so the per-hop alpha is half the intercept
     res = [{"impl": "horovod-mpi", "bytes": b, "seconds": 2e-5 + b / 1e9} for b in (1e6, 1e7, 1e8)]
@@ -211,11 +227,18 @@ def test_project_from_runs(tmp_path):
      "--ps-gpus-per-worker must divide --gpus-per-server (4), got 3"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-bandwidth-gbps", "0"],
      "--ps-bandwidth-gbps must be positive, got 0.0"),
+    # the shipped loopback measurements: the ring's small exchanges are too fast to fit a latency
+    ([], "cannot fit latency and bandwidth from"),
+    (["--comm-json", "{tiny}"], "ring all-reduce: the fitted latency is"),
+    (["--comm-json", "{tiny}", "--bandwidth-gbps", "25"], "give the network as --bandwidth-gbps and --latency-us"),
 ])
 def test_project_bad_input(tmp_path, args, message):
     bad = tmp_path / "bad.json"
     bad.write_text("{bad")
-    args = [str(bad) if a == "{bad}" else a for a in args]
+    tiny = tmp_path / "tiny.json"       # 2-rank ring times whose intercept is negative
+    tiny.write_text(json.dumps({"np": 2, "results": [
+        {"impl": "horovod-mpi", "bytes": b, "seconds": t} for b, t in ((30000, 1e-5), (1e6, 8e-4), (1e8, 0.08))]}))
+    args = [str(bad) if a == "{bad}" else str(tiny) if a == "{tiny}" else a for a in args]
     r = run([os.path.join(BIN, "hvdps-compare"), "--project", *args, "--model-name", "vgg16",
              "--step-compute-ms", "100", "--out", str(tmp_path / "p")], timeout=60)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
