@@ -46,21 +46,26 @@ $(STAMP): setup.py Makefile common/native/bind_to.c
 	@echo "== horovod build verified: TensorFlow, MPI and Gloo"
 	@touch $@
 
-# Two workloads: the MLP at batch 32 (little compute per byte exchanged: communication/latency-bound)
-# and the CNN at batch 64 on 28x28 digits (compute-bound). One merged report: runs/demo-*/report.md,
-# with each run's start-up, warm-up share and teardown. --warmup_steps 4 = the first logging interval
-# (tracing, first exchange or session run); later intervals run at full speed. Sized for about 5
-# minutes here (9m06s measured on a fresh clone, set-up included), with warm-up <= 8% of every run's
-# wall time: at 100 MLP epochs Horovod's 2-worker MLP run lasted 5 s and its warm-up was 12%. The PS
-# runs' teardown fell from 2-10 s to 0.2 s (the chief no longer closes its session), which paid for 10
-# CNN epochs instead of 6. Raise DEMO_MLP_EPOCHS / DEMO_CNN_EPOCHS for steadier figures.
+# Three workloads: the MLP at batch 32 (little compute per byte exchanged: communication/latency-bound),
+# the CNN at batch 64 on 28x28 digits (compute-bound), and rec on the clicks log (4 embedding tables of
+# 100,000 x 16: a sparse gradient of ~18 kB of looked-up rows against 25.6 MB of tables, the regime where a
+# PS's sparse pull/push should beat a dense all-reduce; Horovod both ways). One merged report:
+# runs/demo-*/report.md, with each run's start-up, warm-up share and teardown. --warmup_steps 4 = the
+# first logging interval (tracing, first exchange or session run). The MLP evaluates only at the end
+# (150 evaluations would weigh on its 1 ms steps); the CNN and rec evaluate every epoch, so their
+# verdicts' time to the target accuracy is measured. Raise DEMO_MLP_EPOCHS / DEMO_CNN_EPOCHS for steadier
+# figures.
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
-DEMO_COMMON := --workers 1,2 --backends horovod,mpi,ps --eval_every_epoch false --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4
+DEMO_COMMON := --workers 1,2 --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4
+DEMO_REC_EPOCHS ?= 3
 demo: setup
-	-$(BIN)/hvdps-compare $(DEMO_COMMON) --model mlp --batch_size 32 --epochs $(DEMO_MLP_EPOCHS) --out $(DEMO_OUT)/mlp
-	-$(BIN)/hvdps-compare $(DEMO_COMMON) --model cnn --dataset examples/digits28.py:load --batch_size 64 \
-	    --epochs $(DEMO_CNN_EPOCHS) --out $(DEMO_OUT)/cnn
-	$(BIN)/hvdps-compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs --out $(DEMO_OUT)
+	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,ps --eval_every_epoch false --model mlp \
+	    --batch_size 32 --epochs $(DEMO_MLP_EPOCHS) --out $(DEMO_OUT)/mlp
+	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,ps --model cnn --dataset examples/digits28.py:load \
+	    --batch_size 64 --epochs $(DEMO_CNN_EPOCHS) --out $(DEMO_OUT)/cnn
+	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,horovod:sparse_as_dense,mpi,ps --model rec \
+	    --dataset clicks --batch_size 64 --epochs $(DEMO_REC_EPOCHS) --target_accuracy 0.75 --out $(DEMO_OUT)/rec
+	$(BIN)/hvdps-compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs $(DEMO_OUT)/rec/runs --out $(DEMO_OUT)
 	-$(BIN)/hvdps-compare --project --from $(DEMO_OUT)/cnn/runs --bandwidth-gbps 25 --latency-us 10 \
 	    --max-workers 64 --out $(DEMO_OUT)/projection
 

@@ -62,25 +62,45 @@ class Backend:
     def wrap_optimizer(self, optimizer):
         raise NotImplementedError
 
-    def wire_bytes(self, grad_bytes, plan):
-        """What one step puts on the network, by this method's algorithm and the model's sizes:
-        ``{"bytes_per_step_per_worker": ..., "bytes_per_update_per_ps": ..., "wire_rule": "..."}``."""
+    def wire_bytes(self, sizes, plan):
+        """What one step puts on the network, by this method's algorithm and the gradient's
+        measured sizes (``common.models.gradient_sizes``): ``{"bytes_per_step_per_worker": ...,
+        "bytes_per_update_per_ps": ..., "wire_rule": "..."}``. One rule per method, in this
+        module, for every backend alike."""
         return {}
 
     def shutdown(self, code=0):
         """Leave the job; ``code`` is the trainer's result (the PS chief passes it on to the PS tasks)."""
 
 
-def ring_wire(grad_bytes, workers):
-    """Ring all-reduce: each worker sends (and receives) 2(n-1)/n of the gradient per step."""
-    return {"bytes_per_step_per_worker": int(2 * (workers - 1) * grad_bytes / workers),
-            "wire_rule": "ring all-reduce: 2(n-1)/n x gradient bytes per worker"}
+def ring_wire(sizes, workers, sparse="dense", scale=1.0):
+    """Ring all-reduce: each worker sends (and receives) 2(n-1)/n of every dense tensor per step.
+
+    Embedding tables (sparse gradients) go one of two ways: ``dense``, the whole table
+    all-reduced like any tensor (bare MPI's fused buffer; Horovod's ``sparse_as_dense``), or
+    ``allgather``, the slices of every worker gathered by every worker (Horovod's default for
+    tf.IndexedSlices): a ring all-gather makes each worker send n-1 workers' slices.
+    ``scale``: bytes per gradient byte on the wire (0.5 with fp16 compression)."""
+    n = workers
+    ring = 2 * (n - 1) / n
+    dense = sizes["dense_bytes"] + (sizes["sparse_table_bytes"] if sparse == "dense" else 0)
+    total = ring * dense + (n - 1) * sizes["sparse_bytes"] * (sparse == "allgather")
+    rule = "ring all-reduce: 2(n-1)/n x gradient bytes per worker"
+    if sizes["sparse_table_bytes"]:
+        rule += ("; embedding tables all-reduced dense" if sparse == "dense" else
+                 "; embedding slices all-gathered: (n-1) x each worker's slices")
+    return {"bytes_per_step_per_worker": int(scale * total), "wire_rule": rule}
 
 
-def ps_wire(grad_bytes, plan, num_ps):
+def ps_wire(sizes, plan, num_ps):
     """Parameter servers: a worker pushes its gradient and pulls the weights every batch; a PS
-    task carries its share of that for every batch that makes an update (even sharding)."""
-    return {"bytes_per_step_per_worker": int(2 * grad_bytes),
-            "bytes_per_update_per_ps": int(2 * grad_bytes * plan.batches_per_update / max(1, num_ps)),
-            "wire_rule": "PS: push gradient + pull weights per worker batch; a PS task carries 1/num_ps "
-                         "of it per batch in an update"}
+    task carries its share of that for every batch that makes an update (even sharding). An
+    embedding table moves only the rows a batch looks up, both ways: the ids and the gathered
+    rows out, the ids and the rows' gradients in (tf.IndexedSlices, duplicates included)."""
+    per_batch = 2 * (sizes["dense_bytes"] + sizes["sparse_bytes"])
+    rule = "PS: push gradient + pull weights per worker batch; a PS task carries 1/num_ps of it per batch in an update"
+    if sizes["sparse_table_bytes"]:
+        rule += "; embedding tables: only the looked-up rows and their ids, both ways"
+    return {"bytes_per_step_per_worker": int(per_batch),
+            "bytes_per_update_per_ps": int(per_batch * plan.batches_per_update / max(1, num_ps)),
+            "wire_rule": rule}

@@ -13,20 +13,25 @@ from typing import Optional, Tuple
 
 from common.errors import UsageError
 
-MODELS = ("mlp", "cnn", "resnet50", "resnet101", "inception_v3", "vgg16", "mobilenet_v2")
+MODELS = ("mlp", "cnn", "rec", "resnet50", "resnet101", "inception_v3", "vgg16", "mobilenet_v2")
 # Keras applications (weights=None): the models of Horovod's and tf_cnn_benchmarks' published
 # scaling tables, with the smallest input side each accepts.
 KERAS_APPLICATIONS = {"resnet50": 32, "resnet101": 32, "inception_v3": 75, "vgg16": 32, "mobilenet_v2": 32}
-DATASETS = ("digits", "mnist", "synthetic")
+DATASETS = ("digits", "mnist", "synthetic", "clicks")
+# The recommendation-style workload: categorical ids (common.data.load_clicks) into embedding tables
+# (common.models "rec"); neither makes sense with the other kind of model or data.
+SPARSE_PAIR = ("rec", "clicks")
 # (optimizer, learning rate) when none is given. Momentum SGD at 0.05 x workers diverges for the
 # CNN on 28x28 data from 2 workers on (0.35 / 0.07 accuracy at 2 workers, 0.10 at 4) and leaves the
 # MLP at 0.40 with 4 async PS workers; Adam at these rates trains both to >= 0.9 at 1, 2 and 4
 # workers on 28x28 and 8x8 data under every backend (tests/test_defaults.py). The MLP's 0.0025
 # rather than 0.005: with 4 oversubscribed async PS workers (stale gradients) 0.005 ended 5 epochs
 # at 0.897-0.964 over 9 runs on 28x28 data, 0.0025 at 0.933-0.958 over 8.
-MODEL_DEFAULTS = {"mlp": ("adam", 0.0025), "cnn": ("adam", 0.001), "*": ("momentum", 0.05)}
-DEFAULTS_HELP = ("per model: mlp adam at 0.0025, cnn adam at 0.001; the Keras applications and plug-ins "
-                 "momentum 0.9 at 0.05")
+# rec: plain SGD, whose update of an embedding table touches only the rows a batch looked up (Adam's and
+# momentum's slots decay every row of the table every step, which makes the update dense).
+MODEL_DEFAULTS = {"mlp": ("adam", 0.0025), "cnn": ("adam", 0.001), "rec": ("sgd", 0.5), "*": ("momentum", 0.05)}
+DEFAULTS_HELP = ("per model: mlp adam at 0.0025, cnn adam at 0.001, rec sgd at 0.5; the Keras applications "
+                 "and plug-ins momentum 0.9 at 0.05")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
@@ -52,6 +57,8 @@ class Config:
     image_shape: Tuple[int, ...] = (28, 28, 1)  # synthetic data only
     num_classes: int = 10                   # synthetic data only
     synthetic_samples: int = 2048
+    embedding_rows: int = 100000            # rec: rows of each categorical feature's embedding table
+    embedding_dim: int = 16                 # rec: width of an embedding row
     shuffle: bool = True
     eval_every_epoch: bool = True
     resume: bool = False
@@ -134,7 +141,7 @@ def validate(cfg):
     _known_or_plugin("dataset", cfg.dataset, DATASETS)
     _one_of("optimizer", cfg.optimizer, OPTIMIZERS)
     positive = ("batch_size", "learning_rate", "hidden_units", "log_every", "num_classes",
-                "synthetic_samples")
+                "synthetic_samples", "embedding_rows", "embedding_dim")
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise UsageError(f"--{name} must be positive, got {getattr(cfg, name)}")
@@ -153,12 +160,34 @@ def validate(cfg):
         raise UsageError("--dataset mnist needs --data_dir (a folder with mnist.npz or the IDX files)")
     if cfg.data_dir and not os.path.isdir(cfg.data_dir):
         raise UsageError(f"--data_dir {cfg.data_dir}: no such directory")
+    if cfg.model == "rec" and cfg.dataset != "clicks":
+        raise UsageError(f"--model rec embeds categorical ids: it needs --dataset clicks, not {cfg.dataset}")
+    if cfg.dataset == "clicks" and cfg.model in MODELS and cfg.model != "rec":
+        raise UsageError(f"--dataset clicks holds categorical ids, not pixels: use --model rec (or a plug-in "
+                         f"that embeds them), not {cfg.model}")
+    if cfg.model == "rec":
+        check_table_fits(cfg)
     side = KERAS_APPLICATIONS.get(cfg.model)
     if side and cfg.dataset in ("digits", "mnist"):
         raise UsageError(f"--model {cfg.model} needs 3-channel images of at least {side}x{side}: --dataset "
                          f"synthetic --image_shape {side},{side},3 (or larger), or your own data")
     if side and cfg.dataset == "synthetic" and (min(cfg.image_shape[:2]) < side or cfg.image_shape[2] != 3):
         raise UsageError(f"--model {cfg.model} needs --image_shape of at least {side},{side},3")
+
+
+def check_table_fits(cfg):
+    """The rec model's tables, with their gradient and a copy each process may hold, must fit in
+    this machine's memory: refused up front with the estimate rather than failing mid-job."""
+    from common.data import CLICK_FEATURES
+    table = 4 * CLICK_FEATURES * cfg.embedding_rows * cfg.embedding_dim
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if 3 * table > memory:
+        raise UsageError(f"--embedding_rows {cfg.embedding_rows} x --embedding_dim {cfg.embedding_dim}: "
+                         f"{CLICK_FEATURES} tables of {table / 2**30:.1f} GiB in all, about {3 * table / 2**30:.1f} "
+                         f"GiB per process with its gradient and a copy; this machine has {memory / 2**30:.1f} GiB")
 
 
 def _shape(text):
@@ -226,6 +255,9 @@ def build_parser(description, prog=None):
     g.add_argument("--image_shape", type=_shape, default=d.image_shape, help="synthetic data: H,W,C")
     g.add_argument("--num_classes", type=int, default=d.num_classes, help="synthetic data")
     g.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples)
+    g.add_argument("--embedding_rows", type=int, default=d.embedding_rows,
+                   help="rec: rows of each of the 4 categorical features' embedding tables")
+    g.add_argument("--embedding_dim", type=int, default=d.embedding_dim, help="rec: width of an embedding row")
     g.add_argument("--shuffle", type=_bool, default=d.shuffle)
     g.add_argument("--eval_every_epoch", type=_bool, default=d.eval_every_epoch)
     g.add_argument("--checkpoint_every_epoch", type=_bool, default=d.checkpoint_every_epoch,

@@ -152,6 +152,39 @@ def load_synthetic(cfg):
     return x_train, y_train, x_test, y_test
 
 
+CLICK_FEATURES = 4              # categorical features per example (user, item, context, ...)
+CLICK_TRAIN, CLICK_TEST = 32768, 4096
+CLICK_ZIPF = 1.1               # id frequency ~ 1 / rank^1.1, as in click logs: a few hot ids, a long tail
+CLICK_SPLIT_SEED = 20240301    # fixed: the ids' popularity and the hidden rule never depend on --seed
+
+
+def load_clicks(cfg):
+    """A synthetic click log: ``CLICK_FEATURES`` categorical ids per example, each drawn from
+    ``--embedding_rows`` ids with Zipf-distributed popularity, and a binary label (click or not)
+    that a hidden weight per id decides (their sum's sign). A model learns it by learning an
+    embedding per id; a batch touches few of a table's rows, and those it touches are mostly the
+    hot ones, which is what makes the gradient of an embedding table sparse and the workload the
+    one where a parameter server's sparse pull and push should beat a dense all-reduce.
+    Labels are balanced; an id seen in training is predictable, an unseen tail id is not, so
+    accuracy tops out near 0.80 (measured with the rec model)."""
+    rows = cfg.embedding_rows
+    rng = np.random.RandomState(CLICK_SPLIT_SEED)
+    popularity = 1.0 / np.arange(1, rows + 1) ** CLICK_ZIPF
+    popularity /= popularity.sum()
+    weight = rng.standard_normal((CLICK_FEATURES, rows)).astype(np.float32)
+    ids = rng.permutation(rows)                # hot ids spread over the table, not its first rows
+
+    def draw(n):
+        x = np.stack([ids[rng.choice(rows, n, p=popularity)] for _ in range(CLICK_FEATURES)], 1)
+        return x.astype(np.int64), sum(weight[f, x[:, f]] for f in range(CLICK_FEATURES))
+    x_train, score_train = draw(CLICK_TRAIN)
+    x_test, score_test = draw(CLICK_TEST)
+    # the hottest ids' weights would tip most labels one way: the threshold is the training median
+    threshold = np.median(score_train)
+    return (x_train, (score_train > threshold).astype(np.int32), x_test,
+            (score_test > threshold).astype(np.int32))
+
+
 def input_spec(cfg):
     """(input shape, classes): from the config for the built-ins, from the arrays for a plug-in."""
     from common.plugins import is_plugin
@@ -162,6 +195,8 @@ def input_spec(cfg):
         return (8, 8, 1), 10
     if cfg.dataset == "mnist":
         return (28, 28, 1), 10
+    if cfg.dataset == "clicks":
+        return (CLICK_FEATURES,), 2
     return tuple(cfg.image_shape), cfg.num_classes
 
 
@@ -170,7 +205,7 @@ _CACHE = {}
 
 def load_arrays(cfg):
     key = (cfg.dataset, cfg.data_dir, cfg.seed, tuple(cfg.image_shape), cfg.num_classes,
-           cfg.synthetic_samples)
+           cfg.synthetic_samples, cfg.embedding_rows)
     if key not in _CACHE:
         from common.plugins import is_plugin, load_dataset
         if is_plugin(cfg.dataset):
@@ -179,6 +214,8 @@ def load_arrays(cfg):
             _CACHE[key] = load_digits()
         elif cfg.dataset == "mnist":
             _CACHE[key] = load_mnist(cfg.data_dir)
+        elif cfg.dataset == "clicks":
+            _CACHE[key] = load_clicks(cfg)
         else:
             _CACHE[key] = load_synthetic(cfg)
     return _CACHE[key]

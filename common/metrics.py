@@ -284,8 +284,12 @@ def load_run(run_dir, name="metrics.jsonl"):
         "steps": summary.get("steps"),
     }
     split = summary.get("breakdown") or {}
+    wire = summary.get("wire") if isinstance(summary.get("wire"), dict) else {}
     for key in BREAKDOWN_FIELDS:
-        row[key] = split.get(key)
+        row[key] = split.get(key, wire.get(key))
+    gradient = summary.get("gradient") if isinstance(summary.get("gradient"), dict) else {}
+    row["sparse_bytes"], row["sparse_table_bytes"] = gradient.get("sparse_bytes"), gradient.get("sparse_table_bytes")
+    row["wire_rule"] = wire.get("wire_rule") or split.get("wire_rule")
     row["wait_per_worker_s"] = wait_per_worker(steps)
     interval = measured_interval(header, steps)
     row["ps_cpu_s"] = _ps_cpu_seconds(run_dir, interval)

@@ -20,6 +20,8 @@ def _numpy_initializer(tf, seed, kind):
             rng = np.random.RandomState(self.seed)
             if self.kind == "zeros":
                 value = np.zeros(shape, np.float32)
+            elif self.kind == "embedding":   # Keras' Embedding default: uniform in [-0.05, 0.05]
+                value = rng.uniform(-0.05, 0.05, size=shape).astype(np.float32)
             else:  # Glorot uniform, as Keras' default, with fan-in/out of dense and conv kernels
                 receptive = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
                 fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive
@@ -58,6 +60,20 @@ def build_model(cfg):
             L.Dense(128, activation="relu", **init(3)),
             L.Dense(classes, **init(4)),
         ], name="cnn")
+    if cfg.model == "rec":
+        # Recommendation-style: each categorical feature's id looks up a row of its own table (one
+        # Embedding of features x rows, ids offset per feature), the rows are concatenated into an
+        # MLP. Its gradient is sparse: only the looked-up rows (tf.IndexedSlices).
+        offsets = np.arange(shape[0], dtype=np.int64) * cfg.embedding_rows
+        return tf.keras.Sequential([
+            L.Input(shape, dtype="int64"),
+            L.Lambda(lambda ids: ids + offsets, name="feature_offsets"),
+            L.Embedding(shape[0] * cfg.embedding_rows, cfg.embedding_dim, name="embedding",
+                        embeddings_initializer=_numpy_initializer(tf, cfg.seed * 100, "embedding")),
+            L.Flatten(),
+            L.Dense(cfg.hidden_units, activation="relu", **init(1)),
+            L.Dense(classes, **init(2)),
+        ], name="rec")
     if cfg.model in APPLICATIONS:
         tf.keras.utils.set_random_seed(cfg.seed)
         build = getattr(tf.keras.applications, APPLICATIONS[cfg.model])
@@ -77,6 +93,54 @@ def num_parameters(model):
 def gradient_bytes(model):
     """Bytes one worker sends per step (float32 gradients of every trainable weight)."""
     return 4 * num_parameters(model)
+
+
+def has_sparse_gradients(model):
+    """True for models with an embedding lookup: their table's gradient is tf.IndexedSlices."""
+    import tensorflow as tf
+    return any(isinstance(layer, tf.keras.layers.Embedding) for layer in model.submodules)
+
+
+def gradient_sizes(cfg, model):
+    """What one worker's gradient of one batch really is, the input of every backend's wire rule
+    (common.backend): ``dense_bytes`` (float32 tensors sent whole), and for embedding tables
+    ``sparse_bytes`` (the tf.IndexedSlices TensorFlow produces: one row of values and one index
+    per id looked up, duplicates included, as they are sent), ``sparse_table_bytes`` (the same
+    tables sent dense), ``sparse_rows`` and ``sparse_unique_rows`` (rows looked up per batch).
+
+    Measured, not assumed: a fresh copy of the model takes the gradient of one real batch of
+    this run's data in a graph of its own (so a PS chief in graph mode and an eager rank 0 measure
+    alike). A model without embeddings is all dense, counted from its weights with no step run.
+    """
+    dense_only = {"dense_bytes": gradient_bytes(model), "sparse_bytes": 0, "sparse_table_bytes": 0,
+                  "sparse_rows": 0, "sparse_unique_rows": 0}
+    if not has_sparse_gradients(model):
+        return dense_only
+    import tensorflow as tf
+    from common.data import make_dataset
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x, y = v1.data.make_one_shot_iterator(make_dataset(cfg, 0, 1, num_steps=1)).get_next()
+        fresh = build_model(cfg)
+        variables = fresh.trainable_variables
+        grads = tf.gradients(total_loss(fresh, y, fresh(x, training=True)), variables)
+        sparse = {i: (g.values, g.indices) for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)}
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            values = sess.run(sparse)
+    out = dict(dense_only, dense_bytes=0)
+    for i, v in enumerate(variables):
+        size = 4 * int(np.prod(v.shape))
+        if i in values:
+            rows, index = values[i]
+            out["sparse_bytes"] += int(rows.nbytes + index.nbytes)
+            out["sparse_table_bytes"] += size
+            out["sparse_rows"] += int(index.size)
+            out["sparse_unique_rows"] += int(np.unique(index).size)
+        else:
+            out["dense_bytes"] += size
+    return out
 
 
 def loss_fn():

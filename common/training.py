@@ -198,13 +198,18 @@ class TensorBoard:
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
         self.writer = EventFileWriter(logdir)
 
-    def scalars(self, step, **values):
+    def scalars(self, step, samples=None, **values):
+        """Each value under its own tag against the global step, and again under ``by_samples/``
+        against the samples seen: a global step is one worker batch under async PS and one batch
+        from every worker under all-reduce, so only the second axis overlays backends."""
         from tensorboard.compat.proto import event_pb2, summary_pb2
-        vals = [summary_pb2.Summary.Value(tag=k, simple_value=float(v))
-                for k, v in values.items() if v is not None and np.isfinite(v)]
-        if vals:
-            self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
-                                                  summary=summary_pb2.Summary(value=vals)))
+        values = {k: float(v) for k, v in values.items() if v is not None and np.isfinite(v)}
+        axes = [(step, "")] + ([(samples, "by_samples/")] if samples is not None else [])
+        for x, prefix in axes:
+            vals = [summary_pb2.Summary.Value(tag=prefix + k, simple_value=v) for k, v in values.items()]
+            if vals:
+                self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(x),
+                                                      summary=summary_pb2.Summary(value=vals)))
 
     def close(self):
         self.writer.close()
@@ -248,7 +253,7 @@ class RunLog:
         samples = samples_seen if samples_seen is not None else step * self.plan.samples_per_update
         rate = self.meter.update(step, samples)
         self.metrics.step(step, samples, loss, rate, **extra)
-        self.tb.scalars(step, loss=loss, samples_per_sec=rate, learning_rate=lr)
+        self.tb.scalars(step, samples, loss=loss, samples_per_sec=rate, learning_rate=lr)
         self.progress.update(step, loss=float(loss), **({"samples/s": rate} if rate else {}))
 
     def eval(self, epoch, step, loss, accuracy, **extra):
@@ -256,7 +261,8 @@ class RunLog:
             return
         self.last_eval = (loss, accuracy)
         self.metrics.eval(epoch, step, loss, accuracy, target=self.cfg.target_accuracy, **extra)
-        self.tb.scalars(step, test_loss=loss, test_accuracy=accuracy)
+        self.tb.scalars(step, extra.get("samples_seen", step * self.plan.samples_per_update),
+                        test_loss=loss, test_accuracy=accuracy)
         self.progress.write(f"epoch {epoch}: step {step} test_loss={loss:.4f} test_accuracy={accuracy:.4f}")
 
     def finish(self, steps, grad_bytes_per_step, status="ok", samples_seen=None, compute_s=None, wire=None,
@@ -272,7 +278,7 @@ class RunLog:
         split = breakdown(compute_s, stats.get("median"), self.plan.workers, self.cfg.batch_size, wire, exchange_s,
                           wait_s)
         self.metrics.summary(status, steps, samples, stats, loss, acc,
-                             grad_bytes_per_step, breakdown=split, **extra)
+                             grad_bytes_per_step, breakdown=split, wire=wire, **extra)
         self.progress.close()
         from common.metrics import format_throughput
         print(f"samples/sec: {format_throughput(stats)}  test_accuracy: "

@@ -24,6 +24,9 @@ def add_horovod_args(parser):
                    help="submit the gradients as this many grouped all-reduces (Horovod's num_groups; "
                         "1: one negotiation for all of them); 0: one all-reduce per tensor, fused by the "
                         "background thread")
+    g.add_argument("--sparse_as_dense", action="store_true",
+                   help="all-reduce embedding gradients as dense tensors (the whole table) instead of "
+                        "all-gathering their slices (Horovod's default for tf.IndexedSlices)")
     g.add_argument("--fusion_threshold_mb", type=float, default=None, help="HOROVOD_FUSION_THRESHOLD")
     g.add_argument("--cycle_time_ms", type=float, default=None, help="HOROVOD_CYCLE_TIME")
     g.add_argument("--timeline", default=None, help="HOROVOD_TIMELINE file (written by rank 0's coordinator)")
@@ -66,9 +69,12 @@ class HorovodBackend(Backend):
     name = "horovod"
     mode = "sync"
 
-    def __init__(self, fp16_allreduce=False, env=None, num_groups=0):
+    def __init__(self, fp16_allreduce=False, env=None, num_groups=0, sparse_as_dense=False):
         super().__init__()
         self.fp16 = fp16_allreduce
+        self.sparse_as_dense = sparse_as_dense
+        if sparse_as_dense:                  # a comparison row of its own (hvdps-compare 'horovod:sparse_as_dense')
+            self.mode = "sparse_as_dense"
         self.num_groups = num_groups
         self.env = env or {}
         self.hvd = None
@@ -101,10 +107,12 @@ class HorovodBackend(Backend):
         return self.hvd.Compression.fp16 if self.fp16 else self.hvd.Compression.none
 
     def wrap_optimizer(self, optimizer):
-        return self.hvd.DistributedOptimizer(optimizer, compression=self.compression, num_groups=self.num_groups)
+        return self.hvd.DistributedOptimizer(optimizer, compression=self.compression, num_groups=self.num_groups,
+                                             sparse_as_dense=self.sparse_as_dense)
 
-    def wire_bytes(self, grad_bytes, plan):
-        return ring_wire(grad_bytes // (2 if self.fp16 else 1), self.world_size)
+    def wire_bytes(self, sizes, plan):
+        return ring_wire(sizes, self.world_size, sparse="dense" if self.sparse_as_dense else "allgather",
+                         scale=0.5 if self.fp16 else 1.0)
 
     def shutdown(self, code=0):
         if self.hvd is not None:
@@ -114,7 +122,8 @@ class HorovodBackend(Backend):
     def wrap_tape(self, tape):
         import horovod.tensorflow as hvd_tf
         import tensorflow as tf
-        tape = hvd_tf.DistributedGradientTape(tape, compression=self.compression, num_groups=self.num_groups)
+        tape = hvd_tf.DistributedGradientTape(tape, compression=self.compression, num_groups=self.num_groups,
+                                              sparse_as_dense=self.sparse_as_dense)
         # AutoGraph would transpile Horovod's own Python (the tape, _allreduce_grads, _allreduce_cond)
         # when the step is traced: 1.5 s of every run's first step on this machine, against 0.1 s
         # for the whole step without it. That code builds its graph explicitly (tf.cond), so it is

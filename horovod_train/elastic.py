@@ -24,6 +24,8 @@ rank 0 after a reset opens the metrics file and appends its own header.
 import os
 
 from common.data import make_dataset
+from common.models import gradient_bytes, gradient_sizes
+from common.probe import compute_step_time
 from common.errors import UsageError
 from common.plan import make_plan
 from common.training import RunLog, eval_sums, finish_eval, save_weights_npz
@@ -105,10 +107,14 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
     train(state)
     divergence = backend.max_divergence(model)
     final = log()
+    sizes = compute_s = None
     if backend.is_chief:
         save_weights_npz(model.get_weights(), os.path.join(cfg.train_dir, "weights.npz"))
         ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
         tf.train.CheckpointManager(ckpt, os.path.join(cfg.train_dir, "checkpoints"), max_to_keep=3).save()
-    final.finish(state.updates, 4 * sum(int(v.shape.num_elements()) for v in model.trainable_variables),
-                 max_weight_divergence=divergence, samples_seen=state.samples)
+        compute_s = compute_step_time(cfg)        # the step without Horovod, as the other loops
+        sizes = gradient_sizes(cfg, model)
+    plan = make_plan(cfg, num_train, backend.world_size, backend.world_size)
+    final.finish(state.updates, gradient_bytes(model), max_weight_divergence=divergence, samples_seen=state.samples,
+                 compute_s=compute_s, gradient=sizes, wire=backend.wire_bytes(sizes, plan) if sizes else None)
     return 0

@@ -21,7 +21,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 from common.config import build_parser, from_args
 from common.data import load_arrays, make_dataset
 from common.errors import cli
-from common.models import build_model, gradient_bytes, loss_fn, make_optimizer
+from common.models import build_model, gradient_bytes, gradient_sizes, loss_fn, make_optimizer
 from common.training import (Checkpoints, RunLog, check_resume_compatible, check_train_dir, create_slots,
                              make_lr_schedule, refuse_finished, save_weights_npz)
 from common.probe import compute_step_time
@@ -45,8 +45,8 @@ def main(argv=None):
     num_train = len(load_arrays(cfg)[0])
 
     # Horovod: initialize, pin one GPU per process or split CPU cores between local ranks.
-    backend = HorovodBackend(fp16_allreduce=args.fp16_allreduce, env=tuning_env(args),
-                             num_groups=args.num_groups).setup(cfg)
+    backend = HorovodBackend(fp16_allreduce=args.fp16_allreduce, env=tuning_env(args), num_groups=args.num_groups,
+                             sparse_as_dense=args.sparse_as_dense).setup(cfg)
     if args.elastic:                             # Horovod: the world may shrink and grow (elastic.py)
         if backend.is_chief:
             mark_elastic_job(cfg.train_dir)
@@ -83,9 +83,10 @@ def main(argv=None):
     divergence = backend.max_divergence(model)   # Horovod: all ranks must hold the same weights
     if backend.is_chief:
         save_weights_npz(model.get_weights(), os.path.join(cfg.train_dir, "weights.npz"))
-    wire = gradient_bytes(model) // (2 if args.fp16_allreduce else 1)
-    log.finish(plan.total_updates, wire, max_weight_divergence=divergence, compute_s=compute_s,
-               wire=backend.wire_bytes(gradient_bytes(model), plan))
+    sizes = gradient_sizes(cfg, model) if backend.is_chief else None   # measured on a real batch
+    log.finish(plan.total_updates, gradient_bytes(model) // (2 if args.fp16_allreduce else 1),
+               max_weight_divergence=divergence, compute_s=compute_s, gradient=sizes,
+               wire=backend.wire_bytes(sizes, plan) if sizes else None)
     backend.shutdown()
     return 0
 

@@ -20,7 +20,8 @@ LOCAL_MPI_FLAGS = ("--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", 
 
 class Launcher:
     name = "base"
-    modes = ("sync",)
+    modes = ("sync",)            # what 'name:mode' may pick
+    default_modes = None         # what 'name' alone runs (None: every mode)
 
     def __init__(self, mpi_yield=False):
         # mpi_yield_when_idle: a rank waiting in MPI yields its core instead of spinning on it
@@ -45,14 +46,20 @@ class Launcher:
 
 
 class HorovodLauncher(Launcher):
+    """Horovod; the mode ``sparse_as_dense`` (only when asked for, 'horovod:sparse_as_dense')
+    all-reduces embedding gradients as whole tables instead of all-gathering their slices."""
     name = "horovod"
     main = ("horovod_train", "main.py")
+    modes = ("sync", "sparse_as_dense")
+    default_modes = ("sync",)
 
     def env(self):
         return loopback_only_env()
 
     def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable):
         main = os.path.join(REPO, *self.main)
+        if mode == "sparse_as_dense":
+            trainer_argv = ["--sparse_as_dense", *trainer_argv]
         mpirun = shutil.which("mpirun") or "mpirun"
         bind = ["-bind-to", "core", "-map-by", "core"] if pin_cores else ["-bind-to", "none", "-map-by", "slot"]
         threads = ["--threads_per_worker", "1"] if pin_cores else []
@@ -65,6 +72,8 @@ class MPILauncher(HorovodLauncher):
     """The bare-MPI reference (mpi_train): the same mpirun line, another main."""
     name = "mpi"
     main = ("mpi_train", "main.py")
+    modes = ("sync",)
+    default_modes = None
 
 
 class PSLauncher(Launcher):
@@ -103,14 +112,16 @@ def get_launcher(name, **options):
 
 
 def parse_variants(text):
-    """'horovod,ps,ps2' -> [(backend, mode)], PS in both modes; 'ps:sync' picks one mode."""
+    """'horovod,ps,ps2' -> [(backend, mode)], PS in both modes; 'ps:sync' picks one mode,
+    'horovod:sparse_as_dense' Horovod's dense all-reduce of embedding gradients."""
     out = []
     for item in [s.strip() for s in text.split(",") if s.strip()]:
         name, _, mode = item.partition(":")
-        modes = get_launcher(name).modes          # unknown names list the valid ones
+        launcher = get_launcher(name)              # unknown names list the valid ones
+        modes = launcher.modes
         if mode and mode not in modes:
             raise UsageError(f"backend {name} has no mode '{mode}' (valid: {', '.join(modes)})")
-        out += [(name, m) for m in ([mode] if mode else modes)]
+        out += [(name, m) for m in ([mode] if mode else launcher.default_modes or modes)]
     if not out:
         raise UsageError("--backends is empty")
     return out

@@ -52,9 +52,10 @@ class MPIBackend(Backend):
         raise UsageError("the mpi backend runs the custom loop only (Keras fit needs Horovod's "
                          "DistributedOptimizer)")
 
-    def wire_bytes(self, grad_bytes, plan):
-        """Open MPI picks its own algorithm per size; the ring's volume is the lower bound shown."""
-        return ring_wire(grad_bytes, self.world_size)
+    def wire_bytes(self, sizes, plan):
+        """Open MPI picks its own algorithm per size; the ring's volume is the lower bound shown.
+        Embedding gradients are made dense before the fused buffer (the whole table is reduced)."""
+        return ring_wire(sizes, self.world_size, sparse="dense")
 
     def shutdown(self, code=0):
         """MPI_Finalize runs at interpreter exit (mpi4py); nothing to leave before that."""

@@ -21,7 +21,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 from common.config import build_parser, from_args
 from common.data import load_arrays, make_dataset
 from common.errors import cli
-from common.models import build_model, gradient_bytes, make_optimizer
+from common.models import build_model, gradient_bytes, gradient_sizes, make_optimizer
 from common.probe import compute_step_time
 from common.procs import launcher_rank
 from common.sync_loop import EndOfStep, run_custom
@@ -65,9 +65,10 @@ def main(argv=None):
     divergence = backend.max_divergence(model)   # MPI: all ranks must hold the same weights
     if backend.is_chief:
         save_weights_npz(model.get_weights(), os.path.join(cfg.train_dir, "weights.npz"))
+    sizes = gradient_sizes(cfg, model) if backend.is_chief else None   # measured on a real batch
     log.finish(plan.total_updates, gradient_bytes(model), max_weight_divergence=divergence,
-               exchange_s_per_step=backend.exchange_summary(), compute_s=compute_s,
-               wire=backend.wire_bytes(gradient_bytes(model), plan), exchange_s=backend.exchange_summary())
+               exchange_s_per_step=backend.exchange_summary(), compute_s=compute_s, gradient=sizes,
+               wire=backend.wire_bytes(sizes, plan) if sizes else None, exchange_s=backend.exchange_summary())
     backend.shutdown()
     return 0
 

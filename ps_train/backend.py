@@ -75,8 +75,8 @@ class PSBackend(Backend):
             optimizer, replicas_to_aggregate=self.replicas_to_aggregate,
             total_num_replicas=self.world_size)
 
-    def wire_bytes(self, grad_bytes, plan):
-        return ps_wire(grad_bytes, plan, self.num_ps)
+    def wire_bytes(self, sizes, plan):
+        return ps_wire(sizes, plan, self.num_ps)
 
     def shutdown(self, code=0):
         """The chief releases every PS task (ps_train/stop.py); other tasks just leave."""

@@ -34,7 +34,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 from common.config import build_parser, from_args
 from common.data import load_arrays
 from common.errors import RunError, UsageError, cli, describe
-from common.models import gradient_bytes
+from common.models import gradient_bytes, gradient_sizes
 from common.probe import compute_step_time
 from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir, checkpoint_interval,
                              refuse_finished, save_weights_npz)
@@ -348,9 +348,10 @@ class ChiefBookkeeping:
         kick()
         counts, waits = self.read_counters()
         extra = {} if waits is None else {"sync_wait_total_s": waits.tolist()}
+        sizes = gradient_sizes(self.cfg, self.graph.model)        # measured on a real batch
         self.log.finish(final, gradient_bytes(self.graph.model), lost_workers=self.lost,
-                        worker_steps=counts.tolist(), compute_s=compute_s,
-                        wire=self.backend.wire_bytes(gradient_bytes(self.graph.model), self.plan),
+                        worker_steps=counts.tolist(), compute_s=compute_s, gradient=sizes,
+                        wire=self.backend.wire_bytes(sizes, self.plan),
                         wait_s=self.waits.median() if waits is not None else None, **extra)
         return self.lost
 

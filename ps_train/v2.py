@@ -40,7 +40,7 @@ from common.backend import Backend, ps_wire
 from common.data import make_dataset
 from common.errors import RunError, UsageError, describe
 from common.hosts import parse_address
-from common.models import build_model, gradient_bytes, make_optimizer
+from common.models import build_model, gradient_bytes, gradient_sizes, make_optimizer
 from common.plan import make_plan
 from common.probe import compute_step_time
 from common.procs import port_open, wait_for_ports
@@ -117,8 +117,8 @@ class StrategyBackend(Backend):
         """Nothing to wrap: created under the strategy, the optimizer's updates run on the PS tasks."""
         return optimizer
 
-    def wire_bytes(self, grad_bytes, plan):
-        return ps_wire(grad_bytes, plan, self.num_ps)
+    def wire_bytes(self, sizes, plan):
+        return ps_wire(sizes, plan, self.num_ps)
 
     def shutdown(self, code=0):
         """The chief releases every PS and worker task (ps_train/stop.py)."""
@@ -246,9 +246,10 @@ class Bookkeeping:
         # The step without the strategy, timed here (the workers only serve). Not after a lost
         # worker: TF 2.15 blocks the registration of a new tf.function while it retries.
         compute_s = None if self.lost else compute_step_time(self.cfg)
+        sizes = gradient_sizes(self.cfg, self.model)            # measured on a real batch
         self.log.finish(final, gradient_bytes(self.model), lost_workers=self.lost,
                         updates_applied=int(self.optimizer.iterations.numpy()), compute_s=compute_s,
-                        wire=self.backend.wire_bytes(gradient_bytes(self.model), self.plan))
+                        gradient=sizes, wire=self.backend.wire_bytes(sizes, self.plan))
         return [name.split(" ")[0] for name in self.lost]
 
 

@@ -76,9 +76,10 @@ def test_breakdown_plot_stacks_the_wait(tmp_path):
         plt.Figure.savefig = real
     assert (tmp_path / "breakdown.png").stat().st_size > 0
     heights = [round(h * 1000) / 1000 for _, _, h in saved["bars"]]
-    # compute (3, 6), the rest of the overhead (2, 2), the wait (5, 0) on top of them
-    assert heights == [3.0, 6.0, 2.0, 2.0, 5.0, 0.0]
-    assert saved["bars"][4][1] == pytest.approx(5.0)      # the wait starts where compute + rest end
+    # bars by backend name (async, then sync): compute (6, 3), the rest of the overhead (2, 2), the wait
+    # (0, 5) on top of them
+    assert heights == [6.0, 3.0, 2.0, 2.0, 0.0, 5.0]
+    assert saved["bars"][5][1] == pytest.approx(5.0)      # the wait starts where compute + rest end
     assert any("waiting for the other workers" in label for label in saved["labels"])
 
 
