@@ -57,7 +57,7 @@ $(STAMP): setup.py Makefile common/native/bind_to.c
 # figures.
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_COMMON := --workers 1,2 --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4
-DEMO_REC_EPOCHS ?= 3
+DEMO_REC_EPOCHS ?= 2
 demo: setup
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,ps --eval_every_epoch false --model mlp \
 	    --batch_size 32 --epochs $(DEMO_MLP_EPOCHS) --out $(DEMO_OUT)/mlp

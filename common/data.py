@@ -15,6 +15,7 @@ import struct
 import numpy as np
 
 from common.errors import UsageError
+from common.plan import make_plan, steps_per_epoch
 
 IDX_IMAGES_MAGIC = 2051
 IDX_LABELS_MAGIC = 2049
@@ -227,15 +228,6 @@ def check_shard(shard_index, num_shards):
         raise UsageError(f"shard {shard_index} of {num_shards} is out of range")
 
 
-def steps_per_epoch(num_examples, num_shards, batch_size):
-    """Steps each worker runs so that one epoch covers the data set once across workers."""
-    steps = (num_examples // num_shards) // batch_size
-    if steps == 0:
-        raise UsageError(f"batch {batch_size} x {num_shards} workers exceeds the "
-                         f"{num_examples} training examples: lower --batch_size")
-    return steps
-
-
 def shard_indices(num_examples, shard_index, num_shards, epoch, seed, shuffle=True):
     """Example indices worker ``shard_index`` sees in ``epoch`` (equal length for all shards)."""
     check_shard(shard_index, num_shards)
@@ -273,7 +265,6 @@ def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_
     if split != "train":
         raise UsageError(f"unknown split '{split}' (valid: train, test)")
     if num_steps is None:
-        from common.plan import make_plan
         num_steps = make_plan(cfg, len(x_train), num_shards, num_shards).worker_steps
     spe = steps_per_epoch(len(x_train), num_shards, cfg.batch_size)
     total, epochs = num_steps, -(-num_steps // spe)

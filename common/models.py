@@ -177,6 +177,28 @@ def state_updates(model, inputs):
     return list(model.get_updates_for(inputs)) + list(model.get_updates_for(None))
 
 
+def train_step_fn(model, optimizer, wrap_tape=None):
+    """One step of data parallelism's inner loop, as a plain function of a batch.
+
+    The one train step of every eager loop: the Horovod and bare-MPI loops and
+    elastic Horovod wrap the tape (``wrap_tape``: where the gradients are
+    all-reduced), the compute probe leaves it alone, and the TF2 strategy's chief
+    runs it per replica. Callers wrap it in ``tf.function`` (or ``strategy.run``).
+    The loss is ``common.models.total_loss``, the model's own losses included.
+    """
+    import tensorflow as tf
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = total_loss(model, y, model(x, training=True))
+        if wrap_tape is not None:
+            tape = wrap_tape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step
+
+
 def make_optimizer(cfg, learning_rate, api="keras"):
     """The optimizer before any distribution wrapper; ``learning_rate`` may be a schedule
     (Keras) or a tensor (v1).

@@ -9,7 +9,7 @@ header) reads it from this one object instead of recomputing it.
 """
 import dataclasses
 
-from common.data import steps_per_epoch
+from common.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,13 @@ class RunPlan:
                 f"= {self.samples_per_update} samples")
 
     def epoch_of(self, update):
+        """Epochs completed after ``update`` updates (what decides that an epoch's evaluation is due)."""
         return update // self.updates_per_epoch
+
+    def epoch_label(self, update):
+        """The epoch ``update`` belongs to, counting from 1: updates 1..U are epoch 1, U+1..2U epoch 2,
+        so 150 updates at 100 per epoch end in epoch 2 under every backend."""
+        return max(1, -(-update // self.updates_per_epoch))
 
     def to_dict(self):
         d = dataclasses.asdict(self)
@@ -66,3 +72,12 @@ def make_plan(cfg, num_examples, workers, batches_per_update, lr_scale=None):
     return RunPlan(workers=workers, batch_size=cfg.batch_size, batches_per_update=batches_per_update,
                    steps_per_epoch=spe, worker_steps=worker_steps,
                    lr_scale=batches_per_update if lr_scale is None else lr_scale)
+
+
+def steps_per_epoch(num_examples, num_shards, batch_size):
+    """Steps each worker runs so that one epoch covers the data set once across workers."""
+    steps = (num_examples // num_shards) // batch_size
+    if steps == 0:
+        raise UsageError(f"batch {batch_size} x {num_shards} workers exceeds the "
+                         f"{num_examples} training examples: lower --batch_size")
+    return steps

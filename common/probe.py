@@ -15,8 +15,7 @@ import statistics
 import time
 
 from common.data import make_dataset
-from common.models import build_model, make_optimizer, state_updates, total_loss
-from common.training import train_step_fn
+from common.models import build_model, make_optimizer, state_updates, total_loss, train_step_fn
 
 WARMUP = 5          # untimed probe steps: tracing, first allocations
 CHUNK = 5           # steps per timed interval: as the throughput meter, the median of interval means

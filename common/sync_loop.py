@@ -5,10 +5,9 @@ be exchanged), ``backend.allreduce`` (metrics) and ``backend.is_chief``, so the
 Horovod trainer and the bare-MPI reference time exactly the same step and log
 it the same way; the difference between them is the exchange and nothing else.
 """
-import math
-
 from common.data import make_dataset
-from common.training import check_alive, checkpoint_interval, eval_sums, finish_eval, train_step_fn
+from common.models import train_step_fn
+from common.training import check_alive, checkpoint_interval, eval_sums, finish_eval
 
 
 class EndOfStep:
@@ -30,7 +29,7 @@ class EndOfStep:
         if (step % self.plan.updates_per_epoch == 0 and self.cfg.eval_every_epoch) or last:
             # all-reduce: each rank scores its slice of the test set; the sums are all-reduced.
             sums = self.backend.allreduce(eval_sums(self.model, self.test_ds), "eval", op="sum")
-            self.log.eval(math.ceil(step / self.plan.updates_per_epoch), step, *finish_eval(sums))
+            self.log.eval(self.plan.epoch_label(step), step, *finish_eval(sums))
         if self.backend.is_chief and (step % self.checkpoint_every == 0 or last):
             self.checkpoints.save(step)          # rank 0 only writes checkpoints
 

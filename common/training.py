@@ -52,29 +52,6 @@ def make_lr_schedule(cfg, plan):
     return _schedule_class()(cfg.learning_rate, cfg.learning_rate * scale, warmup)
 
 
-def train_step_fn(model, optimizer, wrap_tape=None):
-    """One step of data parallelism's inner loop, as a plain function of a batch.
-
-    The one train step of every eager loop: the Horovod and bare-MPI loops and
-    elastic Horovod wrap the tape (``wrap_tape``: where the gradients are
-    all-reduced), the compute probe leaves it alone, and the TF2 strategy's chief
-    runs it per replica. Callers wrap it in ``tf.function`` (or ``strategy.run``).
-    The loss is ``common.models.total_loss``, the model's own losses included.
-    """
-    import tensorflow as tf
-    from common.models import total_loss
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = total_loss(model, y, model(x, training=True))
-        if wrap_tape is not None:
-            tape = wrap_tape(tape)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-    return step
-
-
 def checkpoint_interval(cfg, plan):
     """Updates between two checkpoints: --checkpoint_steps, else an epoch, else the whole run."""
     if cfg.checkpoint_steps:

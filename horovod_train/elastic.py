@@ -24,12 +24,12 @@ rank 0 after a reset opens the metrics file and appends its own header.
 import os
 
 from common.data import make_dataset
-from common.models import gradient_bytes, gradient_sizes
+from common.models import gradient_bytes, gradient_sizes, train_step_fn
 from common.probe import compute_step_time
 from common.errors import UsageError
 from common.plan import make_plan
 from common.training import RunLog, eval_sums, finish_eval, save_weights_npz
-from common.training import check_alive, create_slots, train_step_fn
+from common.training import check_alive, create_slots
 
 
 def lr_at(cfg, update, world_size, updates_per_epoch):

@@ -73,7 +73,7 @@ def build_graph(cfg, backend, plan):
         # step), and its constants on the PS (else two more tensors sent per step). With the
         # update's own constants on the PS (on_ps), a 1-PS MLP step moves 9 tensors between
         # worker and PS (5 reads, 4 gradients); the bare loop of benchmarks/bare_ps.py moves 13.
-        # Measured: BENCHMARKS.md, "Both trainers against their bare-loop baselines" (sessions 9, 10).
+        # Measured: BENCHMARKS.md, "Both trainers against their bare-loop baselines".
         # The sync wait is timed on the same PS and grouped there with the counter, so the
         # worker still receives one control signal from it and no extra tensor.
         with v1.device(global_step.device):

@@ -332,7 +332,7 @@ class ChiefBookkeeping:
         return self.tracker.gone(self.backend.task_addresses()[1:])
 
     def evaluate(self, update):
-        self.log.eval(max(1, self.plan.epoch_of(update)), update, *evaluate(self.read, self.graph))
+        self.log.eval(self.plan.epoch_label(update), update, *evaluate(self.read, self.graph))
         self.evaluated_at = update
 
     def finish(self, kick):

@@ -40,12 +40,12 @@ from common.backend import Backend, ps_wire
 from common.data import make_dataset
 from common.errors import RunError, UsageError, describe
 from common.hosts import parse_address
-from common.models import build_model, gradient_bytes, gradient_sizes, make_optimizer
+from common.models import build_model, gradient_bytes, gradient_sizes, make_optimizer, train_step_fn
 from common.plan import make_plan
 from common.probe import compute_step_time
 from common.procs import port_open, wait_for_ports
 from common.training import (Checkpoints, RunLog, Watchdog, check_alive, checkpoint_interval, eval_sums, finish_eval,
-                             make_lr_schedule, refuse_finished, save_weights_npz, train_step_fn)
+                             make_lr_schedule, refuse_finished, save_weights_npz)
 from ps_train.backend import check_port_free
 
 # Variables of at least this size are split over the PS tasks (at most one shard per PS);
@@ -232,7 +232,7 @@ class Bookkeeping:
 
     def evaluate(self, step):
         """Inline evaluation, as TensorFlow's guide does it: the chief reads the PS weights."""
-        self.log.eval(max(1, self.plan.epoch_of(step)), step, *finish_eval(eval_sums(self.model, self.test_ds)))
+        self.log.eval(self.plan.epoch_label(step), step, *finish_eval(eval_sums(self.model, self.test_ds)))
         self.evaluated_at = step
 
     def finish(self):

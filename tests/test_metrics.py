@@ -164,3 +164,20 @@ def test_breakdown_keeps_a_measured_wait():
     b = breakdown(0.004, 1000.0, 2, 10, wait_s=0.005)          # step = 2 x 10 / 1000 = 20 ms
     assert b["wait_s"] == 0.005 and b["wait_share"] == pytest.approx(0.25)
     assert "wait_s" not in breakdown(0.004, 1000.0, 2, 10)
+
+
+@pytest.mark.unit
+def test_tensorboard_scalars_also_against_samples_seen(tmp_path):
+    """Backends count global steps differently (async PS: one worker batch; all-reduce: a batch from
+    every worker); the by_samples/ tags put every backend on one axis."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from common.training import TensorBoard
+    tb = TensorBoard(str(tmp_path))
+    tb.scalars(10, 640, loss=0.5)
+    tb.scalars(20, 1280, loss=0.25, test_accuracy=float("nan"))   # non-finite values are dropped
+    tb.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(10, 0.5), (20, 0.25)]
+    assert [(e.step, e.value) for e in acc.Scalars("by_samples/loss")] == [(640, 0.5), (1280, 0.25)]
+    assert "test_accuracy" not in acc.Tags()["scalars"]
