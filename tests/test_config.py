@@ -31,9 +31,9 @@ def test_seed_flag_names_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(model="vgg"), "unknown model 'vgg' (valid: mlp, cnn, resnet50, resnet101, inception_v3, vgg16, "
+    (dict(model="vgg"), "unknown model 'vgg' (valid: mlp, cnn, rec, resnet50, resnet101, inception_v3, vgg16, "
                         "mobilenet_v2, or module:function"),
-    (dict(dataset="imagenet"), "valid: digits, mnist, synthetic"),
+    (dict(dataset="imagenet"), "valid: digits, mnist, synthetic, clicks"),
     (dict(batch_size=-1), "--batch_size must be positive"),
     (dict(learning_rate=0), "--learning_rate must be positive"),
     (dict(epochs=0, train_steps=0), "nothing to train"),

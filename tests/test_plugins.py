@@ -122,7 +122,7 @@ BROKEN = {
                                         "examples (5, 5, 1)"),
     ("--dataset", "{d}/dataraise.py:load", "error: --dataset {d}/dataraise.py:load: the plug-in raised "
                                            "FileNotFoundError: /data/train.npz"),
-    ("--dataset", "nocolon", "error: unknown dataset 'nocolon' (valid: digits, mnist, synthetic, or "
+    ("--dataset", "nocolon", "error: unknown dataset 'nocolon' (valid: digits, mnist, synthetic, clicks, or "
                              "module:function"),
 ])
 def test_broken_plugin_is_one_line(tmp_path, flag, spec, message):
