@@ -184,20 +184,47 @@ def table(rows):
 
 
 def plot(rows, path, title):
+    """Two panels, ring all-reduce and parameter servers, so neither family's lines hide the other's;
+    the curves with an overlap measured in the user's runs are dashed beside the schedule's."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for arch in dict.fromkeys(r["arch"] for r in rows):
-        rs = [r for r in rows if r["arch"] == arch]
-        ax.plot([r["workers"] for r in rs], [r["efficiency"] for r in rs], "o-", label=arch, markersize=3)
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="workers", ylabel="projected scaling efficiency", ylim=(0, 1.05), title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    archs = list(dict.fromkeys(r["arch"] for r in rows))
+    families = [("ring all-reduce", [a for a in archs if a.startswith("ring")]),
+                ("parameter servers", [a for a in archs if not a.startswith("ring")])]
+    families = [(name, members) for name, members in families if members]
+    fig, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 4.5), squeeze=False, sharey=True)
+    workers = sorted({r["workers"] for r in rows})
+    for (family, members), ax in zip(families, axes[0]):
+        curves = {}                  # identical curves drawn once, their names joined
+        for arch in members:
+            rs = [r for r in rows if r["arch"] == arch]
+            key = tuple((r["workers"], round(r["efficiency"], 4)) for r in rs)
+            curves.setdefault(key, []).append(arch)
+        for key, names in curves.items():
+            ax.plot([w for w, _ in key], [e for _, e in key], "--" if all("overlap of" in a for a in names) else "-",
+                    marker="o", label=_joined_label(names), markersize=3)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(workers, [str(w) for w in workers])
+        ax.set(xlabel="workers", ylabel="projected scaling efficiency", ylim=(0, 1.05), title=f"{family}: {title}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _joined_label(names):
+    """One legend entry for curves that coincide: 'PS k=1 (overlap of ps async x1: 0%)' and
+    '... x2: 0%)' become 'PS k=1 (overlap of ps async x1, ps async x2: 0%)', wrapped to fit."""
+    import textwrap
+    heads = {n.split(" (overlap of ")[0] for n in names}
+    if len(names) > 1 and len(heads) == 1 and all(" (overlap of " in n for n in names):
+        inner = [n.split(" (overlap of ", 1)[1].rstrip(")") for n in names]
+        tails = {i.rsplit(": ", 1)[-1] for i in inner}
+        if len(tails) == 1:
+            names = [f"{heads.pop()} (overlap of {', '.join(i.rsplit(': ', 1)[0] for i in inner)}: {tails.pop()})"]
+    return textwrap.fill(" = ".join(names), 48)
 
 
 def dumps(obj):
@@ -247,6 +274,7 @@ def measured_overlap(row, exchange_s):
 
 def model_layers_of(run_dir):
     """The run's model, rebuilt from its config.json, as per-layer gradient sizes and FLOPs."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ start-up chatter stays out
     from common.config import Config
     from common.layer_profile import layer_profile
     from common.models import build_model

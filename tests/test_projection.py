@@ -248,3 +248,26 @@ def test_project_needs_inputs(tmp_path):
     r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth-gbps", "25", "--latency-us", "10",
              "--out", str(tmp_path / "p")], timeout=60)
     assert r.returncode == 2 and "needs the model" in r.stderr
+
+
+@pytest.mark.unit
+def test_plot_two_families_and_coinciding_curves_once(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [{"arch": a, "workers": n, "efficiency": e} for n in (1, 2, 4) for a, e in (
+        ("ring all-reduce", 1 / n ** 0.1), ("PS k=1", 1 / n), ("PS, 1 per server", 1 / n),
+        ("PS k=1 (overlap of ps async x2: 0%)", 0.9 / n), ("PS k=1 (overlap of ps sync x2: 0%)", 0.9 / n))]
+    saved = {}
+    real = plt.Figure.savefig
+
+    def keep(fig, *args, **kw):
+        saved["legends"] = [[t.get_text().replace("\n", " ") for t in ax.get_legend().get_texts()] for ax in fig.axes]
+        return real(fig, *args, **kw)
+    plt.Figure.savefig = keep
+    try:
+        pj.plot(rows, str(tmp_path / "p.png"), "t")
+    finally:
+        plt.Figure.savefig = real
+    assert saved["legends"] == [["ring all-reduce"],
+                                ["PS k=1 = PS, 1 per server", "PS k=1 (overlap of ps async x2, ps sync x2: 0%)"]]
