@@ -70,7 +70,7 @@ demo: setup
 	    --max-workers 64 --out $(DEMO_OUT)/projection
 
 test: setup
-	$(BIN)/python -m pytest -q --timeout 900 tests
+	$(BIN)/python -m pytest -q --timeout 900 --durations=15 tests
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
