@@ -18,9 +18,6 @@ MODELS = ("mlp", "cnn", "rec", "resnet50", "resnet101", "inception_v3", "vgg16",
 # scaling tables, with the smallest input side each accepts.
 KERAS_APPLICATIONS = {"resnet50": 32, "resnet101": 32, "inception_v3": 75, "vgg16": 32, "mobilenet_v2": 32}
 DATASETS = ("digits", "mnist", "synthetic", "clicks")
-# The recommendation-style workload: categorical ids (common.data.load_clicks) into embedding tables
-# (common.models "rec"); neither makes sense with the other kind of model or data.
-SPARSE_PAIR = ("rec", "clicks")
 # (optimizer, learning rate) when none is given. Momentum SGD at 0.05 x workers diverges for the
 # CNN on 28x28 data from 2 workers on (0.35 / 0.07 accuracy at 2 workers, 0.10 at 4) and leaves the
 # MLP at 0.40 with 4 async PS workers; Adam at these rates trains both to >= 0.9 at 1, 2 and 4

@@ -129,3 +129,13 @@ def test_every_backend_trains_the_sparse_workload(tmp_path, backend):
     assert row["time_to_target"] is not None, [e["accuracy"] for e in curves["evals"]]
     assert curves["summary"]["gradient"]["sparse_bytes"] == SPARSE
     assert row["bytes_per_step_per_worker"] == wire, (backend, row["wire_rule"])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("key, value", [("embedding_rows", ROWS // 2), ("embedding_dim", DIM * 2)])
+def test_resume_refuses_another_table_size(tmp_path, key, value):
+    from common.training import check_resume_compatible
+    cfg().save(str(tmp_path))
+    with pytest.raises(UsageError, match=f"--resume: {key} was"):
+        check_resume_compatible(cfg().replace(**{key: value}), str(tmp_path))
+    check_resume_compatible(cfg(), str(tmp_path))       # the same tables resume
