@@ -1,11 +1,13 @@
-"""The interface both trainers use, and nothing more.
+"""The interfaces the trainers use, and nothing more.
 
-Each trainer calls exactly these members on its backend; everything else a
-method needs (Horovod's tape wrapper and broadcasts, the PS device setter and
-gRPC server) lives in that backend's own package and is marked ``# Horovod:``
-or ``# PS:`` where its main calls it. This module imports no backend: each
-main constructs its own, and the application tier (``hvdps/``) maps backend
-names to launchers.
+``Backend`` is what every loop and the bookkeeper (common/bookkeeper.py) call;
+``AllreduceBackend`` adds what the all-reduce loops (common/sync_loop.py,
+horovod_train/elastic.py) need: where gradients are exchanged, broadcasts,
+metric reductions and the divergence check. Anything else a method needs (the
+PS device setter and gRPC server, Horovod's elastic state) lives in that
+backend's own package and is marked ``# Horovod:`` or ``# PS:`` where its main
+calls it. This module imports no backend: each main constructs its own, and
+the application tier (``hvdps/``) maps backend names to launchers.
 """
 
 import os
@@ -69,8 +71,48 @@ class Backend:
         module, for every backend alike."""
         return {}
 
+    def gradient_bytes(self, model):
+        """Bytes of one gradient as this method sends it (the summary's ``grad_bytes_per_step``)."""
+        from common.models import gradient_bytes
+        return gradient_bytes(model)
+
     def shutdown(self, code=0):
         """Leave the job; ``code`` is the trainer's result (the PS chief passes it on to the PS tasks)."""
+
+
+class AllreduceBackend(Backend):
+    """A method where every rank trains and gradients are averaged over all of them each step
+    (Horovod, bare MPI). ``threads`` is what ``place_rank`` gave this rank."""
+    mode = "sync"
+    threads = 0
+
+    def wrap_tape(self, tape):
+        """The GradientTape whose ``gradient()`` returns gradients averaged over the ranks."""
+        raise NotImplementedError
+
+    def allreduce(self, value, name="metric", op="mean"):
+        """A host value (float or array) averaged (``op="mean"``) or summed over the ranks."""
+        raise NotImplementedError
+
+    def broadcast_object(self, obj):
+        """Rank 0's picklable ``obj`` on every rank."""
+        raise NotImplementedError
+
+    def broadcast_state(self, model, optimizer):
+        """Rank 0's weights and optimizer slots on every rank (start and resume)."""
+        raise NotImplementedError
+
+    def max_divergence(self, model):
+        """Largest difference of any trainable weight between ranks (0 when the exchange is exact)."""
+        raise NotImplementedError
+
+    def keras_callbacks(self):
+        """Callbacks Keras ``fit`` needs for this method (``--loop fit``)."""
+        return []
+
+    def summary_extra(self):
+        """Summary fields only this method measures (bare MPI: its exchange time)."""
+        return {}
 
 
 def ring_wire(sizes, workers, sparse="dense", scale=1.0):

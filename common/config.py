@@ -247,7 +247,7 @@ def build_parser(description, prog=None):
     g.add_argument("--train_dir", "--out", dest="train_dir", default=d.train_dir,
                    help="where metrics, checkpoints, TensorBoard events and config.json go")
     g.add_argument("--target_accuracy", type=float, default=d.target_accuracy)
-    g.add_argument("--log_every", type=int, default=d.log_every, help="steps between metric records")
+    g.add_argument("--log_every", type=int, default=d.log_every, help="global updates between metric records (crossed, for every backend alike)")
     g.add_argument("--warmup_steps", type=int, default=d.warmup_steps, help="steps excluded from throughput")
     g.add_argument("--image_shape", type=_shape, default=d.image_shape, help="synthetic data: H,W,C")
     g.add_argument("--num_classes", type=int, default=d.num_classes, help="synthetic data")

@@ -222,6 +222,12 @@ def load_arrays(cfg):
     return _CACHE[key]
 
 
+def num_examples(cfg):
+    """Training examples the plan divides into steps: counted on the arrays this process then
+    builds its datasets from (loaded once per process, in ``load_arrays``' cache)."""
+    return len(load_arrays(cfg)[0])
+
+
 # ---------------------------------------------------------------- sharding
 def check_shard(shard_index, num_shards):
     if num_shards < 1 or not 0 <= shard_index < num_shards:

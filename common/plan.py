@@ -49,8 +49,10 @@ class RunPlan:
 
     def epoch_label(self, update):
         """The epoch ``update`` belongs to, counting from 1: updates 1..U are epoch 1, U+1..2U epoch 2,
-        so 150 updates at 100 per epoch end in epoch 2 under every backend."""
-        return max(1, -(-update // self.updates_per_epoch))
+        so 150 updates at 100 per epoch end in epoch 2 under every backend. An asynchronous run can
+        overshoot its last update by a few (workers in flight): those still belong to the last epoch."""
+        last = -(-self.total_updates // self.updates_per_epoch)
+        return max(1, min(-(-update // self.updates_per_epoch), last))
 
     def to_dict(self):
         d = dataclasses.asdict(self)

@@ -1,44 +1,107 @@
-"""The synchronous data-parallel loop both all-reduce trainers run (Horovod and bare MPI).
+"""The synchronous data-parallel run both all-reduce trainers share (Horovod and bare MPI).
 
-Backend-neutral: it calls only ``backend.wrap_tape`` (where gradients start to
-be exchanged), ``backend.allreduce`` (metrics) and ``backend.is_chief``, so the
-Horovod trainer and the bare-MPI reference time exactly the same step and log
-it the same way; the difference between them is the exchange and nothing else.
+Backend-neutral: it calls only the members ``common.backend.AllreduceBackend``
+declares, so the Horovod trainer and the bare-MPI reference time exactly the
+same step and keep the same books; the difference between them is the
+exchange and nothing else. Lines marked ``# all-reduce:`` are the only
+differences from single-process code.
 """
+from common.bookkeeper import Adapter, Bookkeeper
 from common.data import make_dataset
-from common.models import train_step_fn
-from common.training import check_alive, checkpoint_interval, eval_sums, finish_eval
+from common.models import build_model, loss_fn, make_optimizer, train_step_fn
+from common.probe import compute_step_time
+from common.training import (Checkpoints, RunLog, create_slots, eval_sums, finish_eval, make_lr_schedule,
+                             refuse_finished)
 
 
-class EndOfStep:
-    """After every update: the averaged loss every --log_every, evaluation per epoch, checkpoints."""
+class AllreduceAdapter(Adapter):
+    """The bookkeeper's view of an all-reduce job: every rank evaluates its slice of the test set and
+    the sums are all-reduced; the logged loss is averaged over ranks; rank 0 saves."""
 
-    def __init__(self, cfg, backend, plan, model, optimizer, log, checkpoints):
-        self.cfg, self.backend, self.plan, self.model, self.optimizer = cfg, backend, plan, model, optimizer
-        self.log, self.checkpoints = log, checkpoints
-        self.test_ds = make_dataset(cfg, backend.rank, backend.world_size, split="test")
-        self.checkpoint_every = checkpoint_interval(cfg, plan)
+    def __init__(self, cfg, backend, model, optimizer, checkpoints, lr=None):
+        self.cfg, self.backend, self.model, self.optimizer, self.checkpoints = cfg, backend, model, optimizer, checkpoints
+        self._test = {}
+        self._lr = lr or (lambda step: float(optimizer.lr(step)))
 
-    def __call__(self, step, losses):
-        last = step == self.plan.total_updates
-        if step % self.cfg.log_every == 0 or last:
-            loss = float(self.backend.allreduce(sum(losses) / len(losses), "loss"))  # all-reduce: average
-            check_alive(loss)
-            self.log.step(step, loss, lr=float(self.optimizer.lr(step)))
-            losses.clear()
-        if (step % self.plan.updates_per_epoch == 0 and self.cfg.eval_every_epoch) or last:
-            # all-reduce: each rank scores its slice of the test set; the sums are all-reduced.
-            sums = self.backend.allreduce(eval_sums(self.model, self.test_ds), "eval", op="sum")
-            self.log.eval(self.plan.epoch_label(step), step, *finish_eval(sums))
-        if self.backend.is_chief and (step % self.checkpoint_every == 0 or last):
-            self.checkpoints.save(step)          # rank 0 only writes checkpoints
+    def reduce_loss(self, losses):
+        return self.backend.allreduce(sum(losses) / len(losses), "loss")   # all-reduce: average
+
+    def lr(self, step):
+        return self._lr(step)
+
+    def evaluate(self, step):
+        key = (self.backend.rank, self.backend.world_size)      # elastic: the world may have changed
+        if key not in self._test:
+            self._test = {key: make_dataset(self.cfg, *key, split="test")}
+        return finish_eval(self.backend.allreduce(eval_sums(self.model, self._test[key]), "eval", op="sum"))
+
+    def save(self, step):
+        self.checkpoints.save(step)
+
+    def final_weights(self):
+        return self.model.get_weights()
+
+    def compute_s(self):
+        return compute_step_time(self.cfg)        # the step without the exchange
+
+    def finish_extra(self, final):
+        extra = {"max_weight_divergence": self.backend.max_divergence(self.model)}   # all ranks alike?
+        extra.update(self.backend.summary_extra())
+        return extra
 
 
-def run_custom(backend, model, optimizer, train_ds, start_step, end_of_step):
+def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
+    """From a joined backend to the summary: plan, model, restore, broadcast, train, finish."""
+    plan = backend.plan(cfg, num_train)          # all-reduce: each rank runs 1/size of an epoch's steps
+    model = build_model(cfg)
+    optimizer = make_optimizer(cfg, make_lr_schedule(cfg, plan))   # all-reduce: lr scaled by the workers
+    if loop == "fit":
+        optimizer = backend.wrap_optimizer(optimizer)   # all-reduce: inside Keras' train step
+    create_slots(model, optimizer)               # all-reduce: every rank has the slots rank 0 restores
+
+    checkpoints = Checkpoints(cfg, model, optimizer)
+    start_step = checkpoints.restore(cfg) if backend.is_chief else 0   # all-reduce: rank 0 reads
+    start_step = backend.broadcast_object(start_step)   # all-reduce: everyone resumes at rank 0's step
+    refuse_finished(cfg, start_step, plan.total_updates)
+    backend.broadcast_state(model, optimizer)    # all-reduce: rank 0's weights and slots everywhere
+
+    train_ds = make_dataset(cfg, backend.rank, backend.world_size, start_step=start_step,
+                            num_steps=plan.worker_steps)
+    log = RunLog(cfg, backend, plan, start_step=start_step,
+                 extra_header={"loop": loop, "threads_per_worker": backend.threads, **(extra_header or {})})
+    books = Bookkeeper(cfg, plan, backend, log, AllreduceAdapter(cfg, backend, model, optimizer, checkpoints),
+                       start=start_step)
+    if loop == "fit":
+        run_fit(backend, model, optimizer, train_ds, start_step, plan.total_updates, books)
+    else:
+        run_custom(backend, model, optimizer, train_ds, start_step, books)
+    books.finish(plan.total_updates)
+    backend.shutdown()
+    return 0
+
+
+def run_custom(backend, model, optimizer, train_ds, start_step, books):
     import tensorflow as tf
     train_step = tf.function(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape))  # all-reduce
-    losses, step = [], start_step
+    step = start_step
     for x, y in train_ds:
-        losses.append(float(train_step(x, y)))
+        loss = float(train_step(x, y))
         step += 1
-        end_of_step(step, losses)
+        books.after_update(step, loss)
+
+
+def run_fit(backend, model, optimizer, train_ds, start_step, total_steps, books):
+    import tensorflow as tf
+
+    class Hook(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.step = start_step
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.step += 1
+            books.after_update(self.step, float(logs["loss"]))
+
+    model.compile(optimizer=optimizer, loss=loss_fn(), metrics=["accuracy"], run_eagerly=False)
+    model.fit(train_ds, steps_per_epoch=total_steps - start_step, epochs=1, verbose=0,
+              callbacks=backend.keras_callbacks() + [Hook()])   # all-reduce: broadcast + metric averaging

@@ -52,13 +52,6 @@ def make_lr_schedule(cfg, plan):
     return _schedule_class()(cfg.learning_rate, cfg.learning_rate * scale, warmup)
 
 
-def checkpoint_interval(cfg, plan):
-    """Updates between two checkpoints: --checkpoint_steps, else an epoch, else the whole run."""
-    if cfg.checkpoint_steps:
-        return cfg.checkpoint_steps
-    return plan.updates_per_epoch if cfg.checkpoint_every_epoch else plan.total_updates
-
-
 def eval_sums(model, dataset):
     """[loss sum, correct, examples] over a dataset (eager), for cross-worker reduction."""
     from common.models import eval_batch_sums

@@ -2,16 +2,14 @@
 
 Everything that knows about ``hvd`` lives here: joining the job, giving each
 rank its GPU or its share of the CPU cores, wrapping the optimizer/tape for ring
-all-reduce, broadcasting rank 0's state and averaging metrics. The members
-outside the interface (``wrap_tape``, ``broadcast_state``, ``broadcast_object``,
-``allreduce``, ``max_divergence``, ``keras_callbacks``) are called only by
-horovod_train/main.py, on lines marked ``# Horovod:``.
+all-reduce, broadcasting rank 0's state and averaging metrics: the members of
+``common.backend.AllreduceBackend``, plus ``refresh`` for elastic runs.
 """
 import os
 
 import numpy as np
 
-from common.backend import Backend, place_rank, ring_wire, yield_when_idle
+from common.backend import AllreduceBackend, place_rank, ring_wire, yield_when_idle
 from common.plan import make_plan
 
 def add_horovod_args(parser):
@@ -65,7 +63,7 @@ def tuning_env(args):
     return env
 
 
-class HorovodBackend(Backend):
+class HorovodBackend(AllreduceBackend):
     name = "horovod"
     mode = "sync"
 
@@ -114,11 +112,14 @@ class HorovodBackend(Backend):
         return ring_wire(sizes, self.world_size, sparse="dense" if self.sparse_as_dense else "allgather",
                          scale=0.5 if self.fp16 else 1.0)
 
+    def gradient_bytes(self, model):
+        from common.models import gradient_bytes
+        return gradient_bytes(model) // (2 if self.fp16 else 1)   # fp16 on the wire
+
     def shutdown(self, code=0):
         if self.hvd is not None:
             self.hvd.shutdown()
 
-    # ---------------------------------------------------------------- Horovod only
     def wrap_tape(self, tape):
         import horovod.tensorflow as hvd_tf
         import tensorflow as tf

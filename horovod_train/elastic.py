@@ -21,24 +21,13 @@ slots), every rank recomputes from the state what depends on the size:
 Only rank 0 writes metrics, checkpoints and weights; a process that becomes
 rank 0 after a reset opens the metrics file and appends its own header.
 """
-import os
-
+from common.bookkeeper import Bookkeeper
 from common.data import make_dataset
-from common.models import gradient_bytes, gradient_sizes, train_step_fn
-from common.probe import compute_step_time
 from common.errors import UsageError
+from common.models import train_step_fn
 from common.plan import make_plan
-from common.training import RunLog, eval_sums, finish_eval, save_weights_npz
-from common.training import check_alive, create_slots
-
-
-def lr_at(cfg, update, world_size, updates_per_epoch):
-    """The lr rule of common.training.make_lr_schedule for a world size that may change."""
-    peak = cfg.learning_rate * (world_size if cfg.scale_lr else 1)
-    warmup = 0 if peak == cfg.learning_rate else cfg.lr_warmup_epochs * updates_per_epoch
-    if warmup <= 0:
-        return peak
-    return cfg.learning_rate + (peak - cfg.learning_rate) * min(update / warmup, 1.0)
+from common.sync_loop import AllreduceAdapter
+from common.training import Checkpoints, RunLog, create_slots, make_lr_schedule
 
 
 def train_elastic(cfg, args, backend, model, optimizer, num_train):
@@ -51,6 +40,9 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
     state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, epoch_samples=0, updates=0, samples=0)
     chief_log = None
 
+    def plan_now():
+        return make_plan(cfg, num_train, backend.world_size, backend.world_size)
+
     def log():
         """The RunLog of this process while it is rank 0 (created on first need), else a silent one."""
         nonlocal chief_log
@@ -58,15 +50,18 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
         if not backend.is_chief:
             return RunLog.disabled()
         if chief_log is None:
-            plan = make_plan(cfg, num_train, backend.world_size, backend.world_size)
-            chief_log = RunLog(cfg, backend, plan, start_step=state.updates,
+            chief_log = RunLog(cfg, backend, plan_now(), start_step=state.updates,
                                extra_header={"elastic": True, "commit_steps": args.commit_steps})
         return chief_log
 
+    adapter = AllreduceAdapter(cfg, backend, model, optimizer, Checkpoints(cfg, model, optimizer),
+                               lr=lambda step: float(optimizer.lr.numpy()))
+    books = Bookkeeper(cfg, plan_now(), backend, RunLog.disabled(), adapter)
     train_step = tf.function(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape))  # Horovod: all-reduce
 
     def on_reset():
         backend.refresh()
+        books.restart(state.updates)              # Horovod: rolled back to the last commit
         if backend.is_chief:
             print(f"elastic: the world is now {backend.world_size} rank(s); resuming at update {state.updates}",
                   flush=True)
@@ -78,43 +73,29 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
         while state.epoch < cfg.epochs:
             backend.refresh()
             n, b = backend.world_size, cfg.batch_size
-            plan = make_plan(cfg, num_train, n, n)
+            books.plan = plan = plan_now()        # Horovod: what depends on the world size, recomputed
+            lr = make_lr_schedule(cfg, plan)      # the lr rule at the current world size
             done = state.epoch_samples // (b * n)
             data = make_dataset(cfg, backend.rank, n, start_step=state.epoch * plan.steps_per_epoch + done,
                                 num_steps=(state.epoch + 1) * plan.steps_per_epoch)
-            losses = []
             for x, y in data:
-                optimizer.lr.assign(lr_at(cfg, state.updates, n, plan.updates_per_epoch))
-                losses.append(float(train_step(x, y)))
+                optimizer.lr.assign(float(lr(state.updates)))
+                loss = float(train_step(x, y))
                 state.updates += 1
                 state.epoch_samples += b * n
                 state.samples += b * n
-                if state.updates % cfg.log_every == 0:
-                    loss = float(backend.allreduce(sum(losses) / len(losses), "loss"))
-                    check_alive(loss)
-                    log().step(state.updates, loss, lr=float(optimizer.lr.numpy()), samples_seen=state.samples,
-                               world_size=n)
-                    losses.clear()
+                books.log = log()
+                books.after_update(state.updates, loss, epoch=0, samples_seen=state.samples, world_size=n)
                 if state.updates % args.commit_steps == 0:
                     state.commit()                # Horovod: a failure rolls back to here
+            # the epoch ends by samples, not at a fixed update count (the world may have changed)
+            books.log = log()
+            books.after_update(state.updates, None, epoch=state.epoch + 1, samples_seen=state.samples, world_size=n)
             state.epoch += 1
             state.epoch_samples = 0
-            test = make_dataset(cfg, backend.rank, n, split="test")
-            log().eval(state.epoch, state.updates,
-                       *finish_eval(backend.allreduce(eval_sums(model, test), "eval", op="sum")), world_size=n)
             state.commit()
 
     train(state)
-    divergence = backend.max_divergence(model)
-    final = log()
-    sizes = compute_s = None
-    if backend.is_chief:
-        save_weights_npz(model.get_weights(), os.path.join(cfg.train_dir, "weights.npz"))
-        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
-        tf.train.CheckpointManager(ckpt, os.path.join(cfg.train_dir, "checkpoints"), max_to_keep=3).save()
-        compute_s = compute_step_time(cfg)        # the step without Horovod, as the other loops
-        sizes = gradient_sizes(cfg, model)
-    plan = make_plan(cfg, num_train, backend.world_size, backend.world_size)
-    final.finish(state.updates, gradient_bytes(model), max_weight_divergence=divergence, samples_seen=state.samples,
-                 compute_s=compute_s, gradient=sizes, wire=backend.wire_bytes(sizes, plan) if sizes else None)
+    books.log = log()
+    books.finish(state.updates, samples_seen=state.samples)
     return 0

@@ -16,12 +16,12 @@ import time
 
 import numpy as np
 
-from common.backend import Backend, place_rank, ring_wire, yield_when_idle
+from common.backend import AllreduceBackend, place_rank, ring_wire, yield_when_idle
 from common.errors import UsageError
 from common.plan import make_plan
 
 
-class MPIBackend(Backend):
+class MPIBackend(AllreduceBackend):
     name = "mpi"
     mode = "sync"
 
@@ -60,7 +60,6 @@ class MPIBackend(Backend):
     def shutdown(self, code=0):
         """MPI_Finalize runs at interpreter exit (mpi4py); nothing to leave before that."""
 
-    # ---------------------------------------------------------------- MPI only
     def _sum_in_place(self, flat):
         """One MPI_Allreduce(SUM) on the fused gradient buffer (float32), timed."""
         out = np.empty_like(flat)
@@ -118,9 +117,11 @@ class MPIBackend(Backend):
                 worst = max(worst, float(np.max(np.abs(mine - ref))))
         return float(self.allreduce(worst, op="max"))
 
-    def exchange_summary(self):
-        """Mean seconds per gradient Allreduce on this rank (None if there was none)."""
-        return self.exchange_seconds / self.exchanges if self.exchanges else None
+    def summary_extra(self):
+        """Mean seconds per gradient Allreduce on this rank (None if there was none): the measured
+        exchange of the breakdown."""
+        seconds = self.exchange_seconds / self.exchanges if self.exchanges else None
+        return {"exchange_s_per_step": seconds, "exchange_s": seconds}
 
 
 class _AveragingTape:

@@ -124,6 +124,12 @@ def check_port_free(address, port, who):
         raise UsageError(f"{who} cannot listen on port {port}: {exc.strerror}")
 
 
-def describe_placement(variables):
-    """{variable name: device} -- logged so a run shows where its variables live."""
-    return {v.op.name: v.device for v in variables}
+def describe_placement(variables, owner=None):
+    """{variable: [device of each shard]}, the header's ``placement`` under both PS APIs, so a run
+    shows where its variables live. ``owner`` maps a shard's id to the partitioned variable it is
+    part of (TF2's partitioner; the classic graph places every variable whole)."""
+    out = {}
+    for v in variables:
+        whole = (owner or {}).get(id(v))
+        out.setdefault((whole if whole is not None else v).name.split(":")[0], []).append(v.device)
+    return out

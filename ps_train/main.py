@@ -32,12 +32,11 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common.config import build_parser, from_args
-from common.data import load_arrays
+from common.data import num_examples
 from common.errors import RunError, UsageError, cli, describe
-from common.models import gradient_bytes, gradient_sizes
 from common.probe import compute_step_time
-from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir, checkpoint_interval,
-                             refuse_finished, save_weights_npz)
+from common.bookkeeper import Adapter, Bookkeeper
+from common.training import RunLog, Watchdog, check_resume_compatible, check_train_dir, refuse_finished
 from ps_train import stop, v2
 from ps_train.stop import hard_exit
 from ps_train.backend import PSBackend, describe_placement
@@ -67,7 +66,7 @@ def main(argv=None):
             check_resume_compatible(cfg, cfg.train_dir)
     if argv is None:                             # PS: listen on this task's address only (ps_train/listen.py)
         listen_only_on(backend, args.bind)
-    num_train = 0 if backend.is_ps else len(load_arrays(cfg)[0])
+    num_train = 0 if backend.is_ps else num_examples(cfg)
     backend.setup(cfg)                           # PS: start this task's gRPC server
     if backend.is_ps:                            # PS: serve variables until the chief says stop
         print(f"ps:{index} serving on {backend.address}", flush=True)
@@ -96,7 +95,7 @@ def main_v2(args, cfg, cluster, job, index, restrict):
             check_resume_compatible(cfg, cfg.train_dir)
     if restrict:                                 # PS: listen on this task's address only
         listen_only_on(backend, args.bind)
-    num_train = len(load_arrays(cfg)[0]) if backend.is_chief else 0
+    num_train = num_examples(cfg) if backend.is_chief else 0
     backend.setup(cfg)                           # PS: servers start; the chief connects the strategy
     if not backend.is_chief:                     # PS: workers and PS tasks serve until released
         v2.serve(backend)
@@ -160,10 +159,15 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
         read = reader(sess)
         start = data_position(plan, read(graph.global_step), read(graph.worker_steps)[backend.rank])
         read(graph.data_init, {graph.data_skip: start})   # PS: resume the data stream where it was
-        checkpoints = (Checkpoints(cfg, plan, graph, sess, int(read(graph.global_step)))
-                       if backend.is_chief else None)
-        log = start_log()                    # the first checkpoint above is start-up, not warm-up
-        chief = ChiefBookkeeping(cfg, backend, plan, graph, log, read, checkpoints) if backend.is_chief else None
+        chief = books = None
+        if backend.is_chief:
+            chief = ChiefAdapter(cfg, backend, graph, read, dog.kick)
+            chief.sess = sess
+            chief.first_checkpoint()         # start-up, not warm-up
+        log = start_log()
+        if chief:                            # PS: the chief keeps the books of the whole job
+            chief.waits = WaitMeter(log.meter.warmup_steps)
+            books = Bookkeeper(cfg, plan, backend, log, chief, start=int(read(graph.global_step)))
         while not sess.should_stop():
             if chief_watch:
                 chief_watch.check()
@@ -178,13 +182,16 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
             except (tf.errors.OpError, OSError) as exc:   # a full disk under the checkpoint hook, ...
                 raise RunError(f"{backend.job}:{backend.index}: {describe(exc)}")
             dog.kick()
-            if chief:
-                chief.after_step(update, loss)
+            if books:
+                books.after_update(int(update), float(loss))
         read(graph.mark_done)
         if not chief:                        # PS: nothing else to do; the chief ends the job
             ps_watch.stop()
             hard_exit(0)
-        return chief.finish(dog.kick)
+        final = int(read(graph.global_step))
+        chief.lost = chief.tracker.wait_for_finish(read, graph, dog.kick)   # PS: the other workers' last steps
+        books.finish(final)
+        return chief.lost
     finally:
         dog.stop()
 
@@ -246,63 +253,31 @@ def reader(sess):
     return read
 
 
-class Checkpoints:
-    """The chief's checkpoints every --checkpoint_steps / epoch / run, saved from the loop.
+class ChiefAdapter(Adapter):
+    """The bookkeeper's view of a classic PS chief: the loss of its own batches, every worker's
+    progress and the weights read from the PS, checkpoints through the graph's Saver.
 
-    TF's CheckpointSaverHook would do it, but it also runs a second session
-    call per step to re-read the global step from the PS whenever its stale
-    value says a save may be due; on a small model that was a quarter of the
-    chief's step time. The loop already fetches the global step with each step.
-    A first checkpoint is written when there is none, as the hook did, so a
-    restarted chief always has something to resume from.
+    Checkpoints are saved from the loop, not by TF's CheckpointSaverHook: the hook runs a second
+    session call per step to re-read the global step from the PS whenever its stale value says a
+    save may be due; on a small model that was a quarter of the chief's step time. The loop
+    already fetches the global step with each step.
     """
 
-    def __init__(self, cfg, plan, graph, sess, start):
-        import tensorflow as tf
+    def __init__(self, cfg, backend, graph, read, kick):
+        self.cfg, self.backend, self.graph, self.read, self.kick = cfg, backend, graph, read, kick
+        self.model = graph.model
         self.dir = os.path.join(cfg.train_dir, "checkpoints")
-        self.every = max(1, checkpoint_interval(cfg, plan))
-        self.graph, self.sess = graph, sess
-        self.last = None
-        os.makedirs(self.dir, exist_ok=True)
-        self.next = (start // self.every + 1) * self.every
-        if not tf.train.latest_checkpoint(self.dir):
-            self.save()
-
-    def save(self):
-        import tensorflow as tf
-
-        def write(raw):
-            step = int(raw.run(self.graph.global_step))
-            self.graph.saver.save(raw, os.path.join(self.dir, "model.ckpt"), global_step=step,
-                                  write_meta_graph=False)
-            return step
-        try:
-            self.last = outside_hooks(self.sess, write, "chief: checkpoint")
-        except (tf.errors.OpError, OSError) as exc:       # a full disk, say: one line, the old files kept
-            raise RunError(f"chief: checkpoint: {describe(exc)}")
-        return self.last
-
-    def after_step(self, update):
-        if update >= self.next:
-            self.next = (self.save() // self.every + 1) * self.every
-
-    def final(self, update):
-        if self.last != update:
-            self.save()
-
-
-class ChiefBookkeeping:
-    """What only the chief does around the shared loop: progress, lost workers, evaluation, checkpoints."""
-
-    def __init__(self, cfg, backend, plan, graph, log, read, checkpoints):
-        self.cfg, self.backend, self.plan, self.graph, self.log, self.read = cfg, backend, plan, graph, log, read
-        self.checkpoints = checkpoints
         self.tracker = WorkerTracker(backend.task_names(), backend.sync, backend.step_timeout)
-        self.local_steps = 0
-        self.epoch = plan.epoch_of(int(read(graph.global_step)))
-        self.evaluated_at = None
         self.lost = []
-        self.waits = WaitMeter(log.meter.warmup_steps) if log.enabled else None
+        self.waits = None
+
+    def first_checkpoint(self):
+        """One when there is none, as TF's hook wrote it: a restarted chief always has something
+        to resume from (start-up, before the run's clock starts)."""
+        import tensorflow as tf
+        os.makedirs(self.dir, exist_ok=True)
+        if not tf.train.latest_checkpoint(self.dir):
+            self.save(None)
 
     def read_counters(self):
         """Every worker's applied batches and (sync) seconds waited for tokens, in one PS read."""
@@ -310,50 +285,53 @@ class ChiefBookkeeping:
             return self.read(self.graph.worker_steps), None
         return tuple(self.read([self.graph.worker_steps, self.graph.sync_wait]))
 
-    def after_step(self, update, loss):
-        self.local_steps += 1
-        self.checkpoints.after_step(update)
-        if self.local_steps % self.cfg.log_every == 0:   # PS: every worker's progress, from the PS
-            counts, waits = self.read_counters()
-            self.lost = self.tracker.update(counts)
-            extra = {} if waits is None else {"sync_wait_s": self.waits.update(update, waits, counts),
-                                              "sync_wait_total_s": waits.tolist()}
-            self.log.step(update, float(loss), lr=float(self.read(self.graph.learning_rate)),
-                          worker_steps=counts.tolist(), lost_workers=self.lost, **extra)
-        if self.plan.epoch_of(update) > self.epoch or update >= self.plan.total_updates:
-            self.epoch = self.plan.epoch_of(update)
-            if self.cfg.eval_every_epoch or update >= self.plan.total_updates:
-                self.evaluate(update)
+    def lr(self, step):
+        return float(self.read(self.graph.learning_rate))
+
+    def log_extra(self, step):                   # PS: every worker's progress, from the PS
+        counts, waits = self.read_counters()
+        self.lost = self.tracker.update(counts)
+        extra = {"worker_steps": counts.tolist(), "lost_workers": self.lost}
+        if waits is not None:
+            extra.update(sync_wait_s=self.waits.update(step, waits, counts), sync_wait_total_s=waits.tolist())
+        return extra
+
+    def evaluate(self, step):
+        return evaluate(self.read, self.graph)
+
+    def save(self, step):
+        import tensorflow as tf
+
+        def write(raw):                          # at the PS's own global step (async: it moves on)
+            update = int(raw.run(self.graph.global_step))
+            self.graph.saver.save(raw, os.path.join(self.dir, "model.ckpt"), global_step=update,
+                                  write_meta_graph=False)
+        try:
+            outside_hooks(self.sess, write, "chief: checkpoint")
+        except (tf.errors.OpError, OSError) as exc:       # a full disk, say: one line, the old files kept
+            raise RunError(f"chief: checkpoint: {describe(exc)}")
+
+    def final_weights(self):
+        return self.read(self.graph.model.weights)
+
+    def compute_s(self):
+        self.kick()
+        seconds = compute_step_time(self.cfg, self.backend.session_config())   # the step without PS
+        self.kick()
+        return seconds
+
+    def finish_extra(self, final):
+        counts, waits = self.read_counters()
+        extra = {"lost_workers": self.lost, "worker_steps": counts.tolist()}
+        if waits is not None:
+            extra.update(sync_wait_total_s=waits.tolist(), wait_s=self.waits.median())
+        return extra
 
     def blocked(self):
         """Why a step blocked for --step_timeout: the workers whose server is gone (or None).
 
         Counters cannot tell: in lock-step every live worker waits at the same count."""
         return self.tracker.gone(self.backend.task_addresses()[1:])
-
-    def evaluate(self, update):
-        self.log.eval(self.plan.epoch_label(update), update, *evaluate(self.read, self.graph))
-        self.evaluated_at = update
-
-    def finish(self, kick):
-        """Wait for the other workers, evaluate the final weights, write the summary."""
-        final = int(self.read(self.graph.global_step))
-        self.lost = self.tracker.wait_for_finish(self.read, self.graph, kick)
-        if self.evaluated_at != final:
-            self.evaluate(final)
-        self.checkpoints.final(final)
-        save_weights_npz(self.read(self.graph.model.weights), os.path.join(self.cfg.train_dir, "weights.npz"))
-        kick()
-        compute_s = compute_step_time(self.cfg, self.backend.session_config())   # the step without PS
-        kick()
-        counts, waits = self.read_counters()
-        extra = {} if waits is None else {"sync_wait_total_s": waits.tolist()}
-        sizes = gradient_sizes(self.cfg, self.graph.model)        # measured on a real batch
-        self.log.finish(final, gradient_bytes(self.graph.model), lost_workers=self.lost,
-                        worker_steps=counts.tolist(), compute_s=compute_s, gradient=sizes,
-                        wire=self.backend.wire_bytes(sizes, self.plan),
-                        wait_s=self.waits.median() if waits is not None else None, **extra)
-        return self.lost
 
 
 def resume_point(cfg, plan):

@@ -40,13 +40,14 @@ from common.backend import Backend, ps_wire
 from common.data import make_dataset
 from common.errors import RunError, UsageError, describe
 from common.hosts import parse_address
-from common.models import build_model, gradient_bytes, gradient_sizes, make_optimizer, train_step_fn
+from common.models import build_model, make_optimizer, train_step_fn
 from common.plan import make_plan
 from common.probe import compute_step_time
 from common.procs import port_open, wait_for_ports
-from common.training import (Checkpoints, RunLog, Watchdog, check_alive, checkpoint_interval, eval_sums, finish_eval,
-                             make_lr_schedule, refuse_finished, save_weights_npz)
-from ps_train.backend import check_port_free
+from common.bookkeeper import Adapter, Bookkeeper
+from common.training import (Checkpoints, RunLog, Watchdog, eval_sums, finish_eval, make_lr_schedule,
+                             refuse_finished)
+from ps_train.backend import check_port_free, describe_placement
 
 # Variables of at least this size are split over the PS tasks (at most one shard per PS);
 # smaller ones are placed whole, round-robin, as TensorFlow does by default.
@@ -151,11 +152,12 @@ def coordinate(cfg, backend, num_train):
     iterators = shard_iterators(backend, cfg, plan, start)   # PS: worker i reads shard i, on the worker
     train_step = make_train_step(backend.strategy, model, optimizer)
     log = RunLog(cfg, backend, plan, start_step=start, extra_header={
-        "ps_api": "v2", "cluster": backend.cluster, "placement": describe_placement(model),
+        "ps_api": "v2", "cluster": backend.cluster, "placement": describe_placement(model.weights, _sharded(model)),
         "loss_source": "the logged step's own batch"})
     print(f"async mode (TF2 ParameterServerStrategy), {plan.workers} workers, {backend.num_ps} PS, chief "
           f"coordinates: {plan.global_step_meaning}; target {plan.total_updates} updates", flush=True)
-    loop = Bookkeeping(cfg, backend, plan, model, optimizer, log, checkpoints)
+    adapter = CoordinatorAdapter(cfg, backend, model, optimizer, checkpoints)
+    books = Bookkeeper(cfg, plan, backend, log, adapter, start=start)
     dog = Watchdog(backend.step_timeout + backend.startup_timeout, "chief: the first step did not finish")
     try:
         # Steps are scheduled ahead of the bookkeeping so the workers' queue never runs dry;
@@ -163,14 +165,14 @@ def coordinate(cfg, backend, num_train):
         lag, pending = 2 * plan.workers, collections.deque()
         for step in range(start + 1, plan.total_updates + 1):
             result = backend.coordinator.schedule(train_step, args=(iterators,))   # PS: on a free worker
-            if loop.wants(step):
+            if books.wants(step):
                 pending.append((step, result))
             while pending and pending[0][0] <= step - lag:
-                loop.done(*pending.popleft())
+                books.after_update(*fetched(pending.popleft()))
                 dog.kick(f"chief: no step finished for {backend.step_timeout:.0f}s (--step_timeout): "
                          f"every worker lost?")
         while pending:                           # in order, each when it has run: honest timings
-            loop.done(*pending.popleft())
+            books.after_update(*fetched(pending.popleft()))
         backend.coordinator.join()               # PS: every scheduled step has run somewhere
     except tf.errors.OpError as exc:
         ps_gone = backend.gone("ps")
@@ -179,7 +181,14 @@ def coordinate(cfg, backend, num_train):
         raise RunError(f"chief: {describe(exc)}")
     finally:
         dog.stop()
-    return loop.finish()
+    books.finish(plan.total_updates)
+    return [name.split(" ")[0] for name in adapter.lost]
+
+
+def fetched(pending):
+    """(step, its loss): waits for that step's result (not for the later ones)."""
+    step, result = pending
+    return step, float(result.fetch())           # PS: from the worker that ran it
 
 
 def _quiet_lost_peer(default):
@@ -198,31 +207,25 @@ def _quiet_lost_peer(default):
     return hook
 
 
-class Bookkeeping:
-    """What the coordinator does when a step it watches has run: log, evaluate, checkpoint."""
+class CoordinatorAdapter(Adapter):
+    """The bookkeeper's view of the TF2 coordinator: the logged step's own loss (fetched from the
+    worker that ran it), lost workers from their ports, inline evaluation on the PS weights (as
+    TensorFlow's guide does it), checkpoints of the chief's mirror of the PS variables."""
 
-    def __init__(self, cfg, backend, plan, model, optimizer, log, checkpoints):
-        self.cfg, self.backend, self.plan, self.model, self.optimizer = cfg, backend, plan, model, optimizer
-        self.log, self.checkpoints = log, checkpoints
-        self.checkpoint_every = checkpoint_interval(cfg, plan)
+    def __init__(self, cfg, backend, model, optimizer, checkpoints):
+        self.cfg, self.backend, self.model, self.optimizer, self.checkpoints = cfg, backend, model, optimizer, checkpoints
         self.test_ds = make_dataset(cfg, 0, 1, split="test")
-        self.evaluated_at = None
         self.lost = []
 
-    def wants(self, step):
-        return (step % self.cfg.log_every == 0 or step % self.checkpoint_every == 0
-                or step % self.plan.updates_per_epoch == 0 or step == self.plan.total_updates)
+    def reduce_loss(self, losses):
+        return losses[-1]                        # only the watched steps are fetched
 
-    def done(self, step, result):
-        loss = float(result.fetch())             # PS: waits for that step (not for the later ones)
-        check_alive(loss)
-        if step % self.cfg.log_every == 0 or step == self.plan.total_updates:
-            self.note_lost_workers()
-            self.log.step(step, loss, lr=float(self.optimizer.lr(step)), lost_workers=self.lost)
-        if step % self.plan.updates_per_epoch == 0 and self.cfg.eval_every_epoch:
-            self.evaluate(step)
-        if step % self.checkpoint_every == 0:
-            self.checkpoints.save(step)
+    def lr(self, step):
+        return float(self.optimizer.lr(step))
+
+    def log_extra(self, step):
+        self.note_lost_workers()
+        return {"lost_workers": self.lost}
 
     def note_lost_workers(self):
         for name in self.backend.gone("worker"):
@@ -231,26 +234,23 @@ class Bookkeeping:
                 print(f"chief: {name} is gone; its steps run on the other workers", flush=True)
 
     def evaluate(self, step):
-        """Inline evaluation, as TensorFlow's guide does it: the chief reads the PS weights."""
-        self.log.eval(self.plan.epoch_label(step), step, *finish_eval(eval_sums(self.model, self.test_ds)))
-        self.evaluated_at = step
+        return finish_eval(eval_sums(self.model, self.test_ds))
 
-    def finish(self):
-        final = self.plan.total_updates
-        if self.evaluated_at != final:
-            self.evaluate(final)
-        if self.checkpoints.saved_at != final:
-            self.checkpoints.save(final)
-        self.note_lost_workers()
-        save_weights_npz(self.checkpoints.shadow_model.get_weights(), os.path.join(self.cfg.train_dir, "weights.npz"))
+    def save(self, step):
+        self.checkpoints.save(step)
+
+    def final_weights(self):
+        self.checkpoints.pull()                  # PS: the PS variables, read into the chief's copy
+        return self.checkpoints.shadow_model.get_weights()
+
+    def compute_s(self):
         # The step without the strategy, timed here (the workers only serve). Not after a lost
         # worker: TF 2.15 blocks the registration of a new tf.function while it retries.
-        compute_s = None if self.lost else compute_step_time(self.cfg)
-        sizes = gradient_sizes(self.cfg, self.model)            # measured on a real batch
-        self.log.finish(final, gradient_bytes(self.model), lost_workers=self.lost,
-                        updates_applied=int(self.optimizer.iterations.numpy()), compute_s=compute_s,
-                        gradient=sizes, wire=self.backend.wire_bytes(sizes, self.plan))
-        return [name.split(" ")[0] for name in self.lost]
+        self.note_lost_workers()
+        return None if self.lost else compute_step_time(self.cfg)
+
+    def finish_extra(self, final):
+        return {"lost_workers": self.lost, "updates_applied": int(self.optimizer.iterations.numpy())}
 
 
 def make_train_step(strategy, model, optimizer):
@@ -329,7 +329,6 @@ class MirroredCheckpoints:
         self.shadow_optimizer._create_all_weights(self.shadow_model.trainable_variables)
         self.inner = Checkpoints(cfg, self.shadow_model, self.shadow_optimizer)
         self.pairs = _pairs(model, optimizer, self.shadow_model, self.shadow_optimizer)
-        self.saved_at = None
 
     def restore(self, cfg):
         step = self.inner.restore(cfg)
@@ -348,7 +347,6 @@ class MirroredCheckpoints:
     def save(self, step):
         self.pull()
         self.inner.save(step)
-        self.saved_at = step
 
 
 def _pairs(model, optimizer, shadow_model, shadow_optimizer):
@@ -373,16 +371,6 @@ def _pairs(model, optimizer, shadow_model, shadow_optimizer):
             pairs.append((shadow_optimizer.get_slot(w, slot), [optimizer.get_slot(s, slot) for s in shards]))
     pairs.append((shadow_optimizer.iterations, [optimizer.iterations]))
     return pairs
-
-
-def describe_placement(model):
-    """{variable: [device of each shard]}: where the partitioner and the round-robin put them."""
-    whole, out = _sharded(model), {}
-    for v in model.weights:
-        sharded = whole.get(id(v))
-        name = (sharded.name if sharded is not None else v.name).split(":")[0]
-        out.setdefault(name, []).append(v.device)
-    return out
 
 
 def serve(backend):

@@ -1,0 +1,175 @@
+"""One bookkeeping for every backend: the same job logs, evaluates and checkpoints at the same global
+updates, labels its epochs alike and ends with a breakdown, whoever runs it (common/bookkeeper.py)."""
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from common.bookkeeper import Adapter, Bookkeeper, crossed
+from common.config import make_config
+from common.metrics import read_records
+from common.plan import make_plan
+from tests.conftest import BIN, REPO, py, run
+
+LOG_EVERY, CKPT_STEPS, EPOCHS = 7, 10, 2
+FLAGS = ["--epochs", str(EPOCHS), "--log_every", str(LOG_EVERY), "--checkpoint_steps", str(CKPT_STEPS),
+         "--batch_size", "32", "--warmup_steps", "2"]
+
+
+# ---------------------------------------------------------------- the rule, in process
+class FakeLog:
+    def __init__(self):
+        self.steps, self.evals = [], []
+
+    def step(self, step, loss, **extra):
+        self.steps.append(step)
+
+    def eval(self, epoch, step, loss, accuracy, **extra):
+        self.evals.append((epoch, step))
+
+    def finish(self, steps, grad_bytes, **extra):
+        self.summary = extra
+
+
+class FakeAdapter(Adapter):
+    def __init__(self):
+        self.saves = []
+
+    def evaluate(self, step):
+        return 0.5, 0.9
+
+    def save(self, step):
+        self.saves.append(step)
+
+
+def books(total_epochs=2, workers=1, per_update=1, chief=True, **cfg):
+    cfg = make_config(epochs=total_epochs, log_every=cfg.pop("log_every", 10), **cfg)
+    plan = make_plan(cfg, 1000, workers, per_update)      # 1000 examples, batch 32: 31 steps per epoch
+    log, adapter = FakeLog(), FakeAdapter()
+    return Bookkeeper(cfg, plan, SimpleNamespace(is_chief=chief), log, adapter), log, adapter, plan
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("prev, step, every, due", [
+    (0, 10, 10, True), (9, 10, 10, True), (10, 19, 10, False), (18, 21, 10, True), (5, 35, 10, True),
+    (0, 9, 10, False), (0, 100, 0, False), (7, 7, 1, False)])
+def test_crossed_is_a_multiple_in_the_half_open_interval(prev, step, every, due):
+    assert crossed(prev, step, every) is due
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("seen", [
+    list(range(1, 63)),                                  # a synchronous loop sees every update
+    [2, 3, 5, 8, 9, 11, 14, 17, 20, 21, 24, 27, 30, 32, 35, 38, 41, 44, 47, 50, 53, 56, 59, 62],   # async jumps
+    [3, 6, 9, 31, 33, 62],                               # a stalled chief: several boundaries at once
+])
+def test_async_jumps_log_evaluate_and_checkpoint_at_the_boundaries_they_cross(seen):
+    b, log, adapter, plan = books(checkpoint_steps=20)
+    assert plan.updates_per_epoch == 31 and plan.total_updates == 62
+    for s in seen:
+        b.after_update(s, 1.0)
+    # one log per crossed multiple of 10 (several crossed at once: one log), and the last update
+    assert log.steps == [s for p, s in zip([0] + seen, seen) if s // 10 > p // 10 or s == 62]
+    assert [e for e, _ in log.evals] == [1, 2]           # each epoch labelled once, ceil for every backend
+    assert log.evals[0][1] == min(s for s in seen if s >= 31) and log.evals[1][1] == 62
+    assert adapter.saves == [s for p, s in zip([0] + seen, seen) if s // 20 > p // 20 or s == 62]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("final", [62, 64])               # 64: async workers in flight overshoot the end
+def test_finish_evaluates_and_checkpoints_only_what_is_missing(final):
+    b, log, adapter, plan = books(chief=False)            # not the chief: decisions only, no files
+    b.backend.gradient_bytes = lambda model: 0
+    for s in range(1, 61):                                # the chief saw 60 updates; the others made the rest
+        b.after_update(s, 1.0)
+    b.finish(final)
+    assert log.evals == [(1, 31), (2, final)]             # the overshoot is still the last epoch
+    assert b.at("checkpoint") == [31, final] and log.summary["checkpoints_at"] == [31, final]
+
+
+@pytest.mark.unit
+def test_only_the_chief_saves_but_every_rank_decides_alike():
+    chief, _, saves_chief, _ = books(chief=True)
+    other, _, saves_other, _ = books(chief=False)
+    for s in range(1, 63):
+        assert chief.after_update(s, 1.0) == other.after_update(s, 1.0)
+    assert saves_chief.saves == [31, 62] and saves_other.saves == []
+
+
+@pytest.mark.unit
+def test_elastic_epochs_are_told_by_the_loop():
+    b, log, adapter, plan = books()
+    for s in range(1, 41):                               # the world shrank: 40 updates made epoch 1
+        b.after_update(s, 1.0, epoch=0)
+    b.after_update(40, None, epoch=1)
+    for s in range(41, 81):
+        b.after_update(s, 1.0, epoch=0)
+    b.after_update(80, None, epoch=2)
+    assert log.evals == [(1, 40), (2, 80)] and adapter.saves == [40, 80]
+    assert log.steps == [10, 20, 30, 40, 50, 60, 70, 80]
+
+
+# ---------------------------------------------------------------- the same job under every backend
+HVD = os.path.join(REPO, "horovod_train", "main.py")
+MPI = os.path.join(REPO, "mpi_train", "main.py")
+MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none", "-map-by", "slot",
+          "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+          "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
+
+
+def _elastic(tmp_path, out):
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    script.chmod(0o755)
+    return run([os.path.join(BIN, "horovodrun"), "-np", "2", "--min-np", "2", "--max-np", "2",
+                "--host-discovery-script", str(script), "--network-interface", "lo", "--gloo-timeout-seconds", "10",
+                sys.executable, HVD, "--elastic", "--commit_steps", "5", *FLAGS, "--train_dir", out], timeout=300)
+
+
+LAUNCH = {
+    "horovod": lambda tmp, out: run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
+                                     sys.executable, HVD, *FLAGS, "--train_dir", out], timeout=300),
+    "mpi": lambda tmp, out: run([*MPIRUN, sys.executable, MPI, *FLAGS, "--train_dir", out], timeout=300),
+    "elastic": _elastic,
+    "ps sync": lambda tmp, out: py("-m", "ps_train.launch", "--num_workers", "2", "--sync", *FLAGS,
+                                   "--train_dir", out, timeout=300),
+    "ps async": lambda tmp, out: py("-m", "ps_train.launch", "--num_workers", "2", "--async", *FLAGS,
+                                    "--train_dir", out, timeout=300),
+    "ps2": lambda tmp, out: py("-m", "ps_train.launch", "--ps_api", "v2", "--num_workers", "2", *FLAGS,
+                               "--train_dir", out, timeout=300),
+}
+
+
+def _boundaries(every, total):
+    return sorted({*range(every, total + 1, every), total})
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("backend", list(LAUNCH))
+def test_every_backend_keeps_the_same_books(tmp_path, backend):
+    out = str(tmp_path / "run")
+    r = LAUNCH[backend](tmp_path, out)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    records = read_records(os.path.join(out, "metrics.jsonl"))
+    header, summary = records[0], records[-1]
+    plan = header["plan"]
+    total, per_epoch = plan["total_updates"], plan["updates_per_epoch"]
+    assert total == EPOCHS * per_epoch
+    logs = [r["global_step"] for r in records if r["type"] == "step"]
+    evals = [(r["epoch"], r["global_step"]) for r in records if r["type"] == "eval"]
+    ckpts = summary["checkpoints_at"]
+    assert [e for e, _ in evals] == list(range(1, EPOCHS + 1))          # one label rule: 1..E, once each
+    assert summary["breakdown"] and summary["wire"], summary              # a breakdown in every summary
+    if backend != "ps async":                     # every update seen: exactly the boundaries
+        assert logs == _boundaries(LOG_EVERY, total)
+        assert [s for _, s in evals] == [per_epoch, total]
+        assert ckpts == _boundaries(CKPT_STEPS, total)
+        return
+    # async: the chief sees the global step jump by the other workers' updates; it must still log,
+    # evaluate and checkpoint once at the first update past each boundary it crosses (never more
+    # often, never a boundary missed unless crossed in the same jump as the next one)
+    for seen, every in ((logs, LOG_EVERY), (ckpts, CKPT_STEPS)):
+        assert all(b // every > a // every for a, b in zip(seen, seen[1:-1])), (every, seen)
+        assert len(seen) >= 0.75 * len(_boundaries(every, total)), (every, seen)
+    assert evals[0][1] >= per_epoch and evals[-1][1] >= total
