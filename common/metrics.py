@@ -13,7 +13,7 @@ import socket
 import statistics
 import time
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 RECORD_TYPES = ("header", "step", "eval", "summary")
 HEADER_FIELDS = ("backend", "mode", "world_size", "num_ps", "batch_size_per_worker",
                  "global_batch_size", "model", "dataset", "config", "host", "versions")
