@@ -90,6 +90,10 @@ class Bookkeeper:
         out = []
         if end or crossed(prev, step, cfg.log_every):
             out.append("log")
+        if end and epoch is None:
+            # the last evaluation and checkpoint are finish()'s, at the job's final update: an
+            # async chief sees the end while other workers' updates are still landing
+            return out
         if end or (cfg.eval_every_epoch and epoch_ended):
             out.append("eval")
         if end or (crossed(prev, step, cfg.checkpoint_steps) if cfg.checkpoint_steps
@@ -102,7 +106,7 @@ class Bookkeeper:
         return bool(self.due(step - 1, step))
 
     def restart(self, step):
-        """Carry on from ``step`` (elastic: the state rolled back to its last commit)."""
+        """Carry on from ``step`` (elastic: each (re)start from the state all ranks synced, a new rank too)."""
         self.last = step
         self.losses.clear()
 
@@ -117,8 +121,7 @@ class Bookkeeper:
         if epoch:
             self.label = epoch
         elif epoch is None:                       # crossed into the next epoch: the one that ended
-            end = step >= self.plan.total_updates
-            self.label = self.plan.epoch_label(step) if end else max(1, self.plan.epoch_of(step))
+            self.label = max(1, self.plan.epoch_of(step))
         if "log" in due and self.losses:
             self.write_log(step, **extra)
         if "eval" in due:
@@ -153,7 +156,8 @@ class Bookkeeper:
         if self.losses:
             self.write_log(final)
         if self.evaluated_at != final:
-            self.label = self.plan.epoch_label(final) if final > self.last else self.label   # the last epoch
+            if self.evaluated_at is None or final > self.evaluated_at:
+                self.label = self.plan.epoch_label(final)   # the last epoch, even past the end
             self.evaluate(final)
         if self.saved_at != final:
             self.save(final)

@@ -61,7 +61,6 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
 
     def on_reset():
         backend.refresh()
-        books.restart(state.updates)              # Horovod: rolled back to the last commit
         if backend.is_chief:
             print(f"elastic: the world is now {backend.world_size} rank(s); resuming at update {state.updates}",
                   flush=True)
@@ -70,6 +69,7 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
 
     @hvd.elastic.run                              # Horovod: restore and retry on a lost rank / new hosts
     def train(state):
+        books.restart(state.updates)              # every rank, a new one too, counts from the synced state
         while state.epoch < cfg.epochs:
             backend.refresh()
             n, b = backend.world_size, cfg.batch_size

@@ -363,6 +363,19 @@ def _details(r):
     return text
 
 
+def _save(fig, out, name, legend_size):
+    """Grid and legend on every panel that has a labelled line; the PNG written; its name."""
+    import matplotlib.pyplot as plt
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, name), dpi=100)
+    plt.close(fig)
+    return name
+
+
 def write_breakdown_plot(rows, out):
     """Stacked bars per backend x workers: compute vs distribution overhead, ms per worker step;
     the overhead split into the measured wait for the other workers and the rest where a run has
@@ -439,13 +452,7 @@ def write_plots(rows, out):
                 title=f"{model}: scaling efficiency")
         for ax in (ax1, ax2):
             ax.set_xticks(ticks)
-            ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "throughput.png"), dpi=100)
-    plt.close(fig)
-    written.append("throughput.png")
+    written.append(_save(fig, out, "throughput.png", legend_size=8))
 
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
     for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
@@ -460,14 +467,7 @@ def write_plots(rows, out):
             ax1.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")
         ax1.set(xlabel="seconds since the trainer started", ylabel="test accuracy", title=f"{model}: accuracy vs time")
         ax2.set(xlabel="seconds since the trainer started", ylabel="test loss", title=f"{model}: loss vs time")
-        for ax in (ax1, ax2):
-            ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "accuracy_vs_time.png"), dpi=100)
-    plt.close(fig)
-    written.append("accuracy_vs_time.png")
+    written.append(_save(fig, out, "accuracy_vs_time.png", legend_size=7))
     stacked = write_breakdown_plot(rows, out)
     return written + ([stacked] if stacked else [])
 

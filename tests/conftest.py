@@ -92,7 +92,46 @@ def py(*args, **kw):
     return run([sys.executable, *args], **kw)
 
 
+def pytest_collection_modifyitems(items):
+    """Tiers: a test that spawns processes is marked ``process`` (or ``root`` where it needs root:
+    namespaces, mounts); every other test is ``unit``, so ``pytest -m unit`` is the in-process tier."""
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in ("process", "root")):
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.fixture
 def digits_cfg():
     from common.config import make_config
     return make_config(dataset="digits", model="mlp")
+
+
+def kill_rank_mid_run(argv, out, script, rank=1):
+    """Start a job, kill -9 its rank ``rank`` once a checkpoint exists, and return (seconds the job
+    took to end after that, its exit code). The whole process group is killed afterwards; the
+    checkpoints in ``out`` must still be readable (checked here)."""
+    import time
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True, env=env())
+    try:
+        victim, deadline = None, time.monotonic() + 120
+        while victim is None and time.monotonic() < deadline:   # wait until training is under way
+            time.sleep(1)
+            if (out / "checkpoints" / "checkpoint").exists():
+                victim = rank_pid(p.pid, rank, script)
+        assert victim, "training never started"
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        p.wait(timeout=90)
+        took = time.monotonic() - t0
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
+    import tensorflow as tf
+    latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
+    assert latest, "no checkpoint survived"
+    assert tf.train.load_checkpoint(latest).get_variable_to_shape_map()   # readable, not half-written
+    return took, p.returncode

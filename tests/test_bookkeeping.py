@@ -65,15 +65,17 @@ def test_crossed_is_a_multiple_in_the_half_open_interval(prev, step, every, due)
     [3, 6, 9, 31, 33, 62],                               # a stalled chief: several boundaries at once
 ])
 def test_async_jumps_log_evaluate_and_checkpoint_at_the_boundaries_they_cross(seen):
-    b, log, adapter, plan = books(checkpoint_steps=20)
+    b, log, adapter, plan = books(checkpoint_steps=20, chief=False)
+    b.backend.gradient_bytes = lambda model: 0
     assert plan.updates_per_epoch == 31 and plan.total_updates == 62
     for s in seen:
         b.after_update(s, 1.0)
+    b.finish(62)
     # one log per crossed multiple of 10 (several crossed at once: one log), and the last update
     assert log.steps == [s for p, s in zip([0] + seen, seen) if s // 10 > p // 10 or s == 62]
-    assert [e for e, _ in log.evals] == [1, 2]           # each epoch labelled once, ceil for every backend
+    assert [e for e, _ in log.evals] == [1, 2]           # each epoch labelled once: the epoch that ended
     assert log.evals[0][1] == min(s for s in seen if s >= 31) and log.evals[1][1] == 62
-    assert adapter.saves == [s for p, s in zip([0] + seen, seen) if s // 20 > p // 20 or s == 62]
+    assert b.at("checkpoint") == [s for p, s in zip([0] + seen, seen) if s // 20 > p // 20 and s < 62] + [62]
 
 
 @pytest.mark.unit
@@ -92,9 +94,9 @@ def test_finish_evaluates_and_checkpoints_only_what_is_missing(final):
 def test_only_the_chief_saves_but_every_rank_decides_alike():
     chief, _, saves_chief, _ = books(chief=True)
     other, _, saves_other, _ = books(chief=False)
-    for s in range(1, 63):
+    for s in range(1, 62):
         assert chief.after_update(s, 1.0) == other.after_update(s, 1.0)
-    assert saves_chief.saves == [31, 62] and saves_other.saves == []
+    assert saves_chief.saves == [31] and saves_other.saves == [] and other.at("checkpoint") == [31]
 
 
 @pytest.mark.unit
@@ -166,10 +168,11 @@ def test_every_backend_keeps_the_same_books(tmp_path, backend):
         assert [s for _, s in evals] == [per_epoch, total]
         assert ckpts == _boundaries(CKPT_STEPS, total)
         return
-    # async: the chief sees the global step jump by the other workers' updates; it must still log,
-    # evaluate and checkpoint once at the first update past each boundary it crosses (never more
-    # often, never a boundary missed unless crossed in the same jump as the next one)
+    # async: the chief sees the global step jump by the other workers' updates (by how much
+    # depends on scheduling: the other worker may start after the chief is done). It logs and
+    # checkpoints at the first update it sees past each boundary, once however many one jump
+    # crosses; the table tests above check that rule on given jumps, this that the records keep it.
     for seen, every in ((logs, LOG_EVERY), (ckpts, CKPT_STEPS)):
         assert all(b // every > a // every for a, b in zip(seen, seen[1:-1])), (every, seen)
-        assert len(seen) >= 0.75 * len(_boundaries(every, total)), (every, seen)
+        assert all(s >= every for s in seen) and seen[-1] >= total, (every, seen)
     assert evals[0][1] >= per_epoch and evals[-1][1] >= total
