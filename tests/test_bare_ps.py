@@ -7,6 +7,8 @@ import pytest
 
 from tests.conftest import REPO, py
 
+pytestmark = pytest.mark.process
+
 spec = importlib.util.spec_from_file_location("bare_ps", os.path.join(REPO, "benchmarks", "bare_ps.py"))
 bare_ps = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bare_ps)

@@ -142,6 +142,7 @@ def _group_alive(pgid):
 
 @pytest.mark.parametrize("entry, args, extra_env, message", CASES,
                          ids=[f"{i}-{os.path.basename(c[0][-1])}-{' '.join(c[1])[:40]}" for i, c in enumerate(CASES)])
+@pytest.mark.process
 def test_bad_input(files, entry, args, extra_env, message):
     fill = lambda text: text.replace("{tmp}", str(files))
     argv = [*entry, *[fill(a) for a in args]]
@@ -170,6 +171,7 @@ def test_bad_input(files, entry, args, extra_env, message):
     assert took < 30 and not leftover
 
 
+@pytest.mark.process
 def test_help_works():
     for entry in (HVD, PS, LAUNCH, COMPARE, PROJECT, HOSTS):
         r = run([*entry, "--help"], timeout=60)

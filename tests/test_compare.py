@@ -26,6 +26,7 @@ def fake_run(d, backend, mode, workers, rates, accs, num_ps=0):
     return {"backend": backend, "mode": mode, "workers": workers, "run_dir": str(d), "returncode": 0}
 
 
+@pytest.mark.process
 def test_report_values(tmp_path):
     runs = [fake_run(tmp_path / "a", "horovod", "sync", 1, [100, 100, 100], [0.5, 0.95]),
             fake_run(tmp_path / "b", "horovod", "sync", 2, [180, 180, 180], [0.6, 0.96]),
@@ -91,6 +92,7 @@ def test_dry_run_prints_real_commands(tmp_path):
     assert all("--batch_size 16" in l for l in lines)
 
 
+@pytest.mark.process
 def test_end_to_end_both_backends(tmp_path):
     out = tmp_path / "cmp"
     r = run([os.path.join(BIN, "hvdps-compare"), "--workers", "1,2", "--backends", "horovod,mpi,ps:async",

@@ -65,6 +65,7 @@ DIGITS = [(m, b, w) for m in ("mlp", "cnn") for b in BACKENDS for w in (1, 2, 4)
 @pytest.mark.parametrize("workers", [1, 2, 4])
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
+@pytest.mark.process
 def test_defaults_train_on_28x28(tmp_path, mnist28, model, backend, workers):
     out = str(tmp_path / "run")
     flags = ["--model", model, "--dataset", "mnist", "--data_dir", mnist28, *FLAGS, *budget(backend)]
@@ -78,6 +79,7 @@ def test_defaults_train_on_28x28(tmp_path, mnist28, model, backend, workers):
 
 
 @pytest.mark.parametrize("model, backend, workers", DIGITS)
+@pytest.mark.process
 def test_defaults_train_on_8x8_digits(tmp_path, model, backend, workers):
     out = str(tmp_path / "run")
     r = _launch(backend, workers, ["--model", model, "--dataset", "digits", *FLAGS, *budget(backend), "--train_dir", out])

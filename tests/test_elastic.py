@@ -15,6 +15,8 @@ import pytest
 from common.metrics import read_records
 from tests.conftest import BIN, REPO, env, run
 
+pytestmark = pytest.mark.process
+
 MAIN = os.path.join(REPO, "horovod_train", "main.py")
 
 

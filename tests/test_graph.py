@@ -96,6 +96,7 @@ def trace_step(tmp_path, num_ps, optimizer, mode):
 
 
 @pytest.mark.parametrize("num_ps, optimizer", [(1, "adam"), (2, "adam"), (1, "momentum")])
+@pytest.mark.process
 def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer):
     data = trace_step(tmp_path, num_ps, optimizer, "async")
     moves = [crossings(e) for e in data["edges"]]
@@ -112,6 +113,7 @@ def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer):
     assert data["worker_steps"] == [4]
 
 
+@pytest.mark.process
 def test_sync_wait_is_timed_on_the_ps_without_sending_more(tmp_path):
     """Sync: SyncReplicasOptimizer's own traffic and nothing else. Timing the wait for the token
     (ps_train.graph.time_token_wait) happens beside the dequeue on the PS and is grouped there

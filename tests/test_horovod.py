@@ -11,6 +11,8 @@ from common.metrics import load_run
 from common.training import load_weights_npz
 from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, run
 
+pytestmark = pytest.mark.process
+
 MAIN = os.path.join(REPO, "horovod_train", "main.py")
 FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5"]
 
@@ -182,6 +184,7 @@ def test_killed_rank_fails_job_promptly(tmp_path, controller):
     assert took < 60 and code != 0
 
 
+@pytest.mark.root
 def test_full_disk_is_one_line_and_keeps_earlier_checkpoints(tmp_path):
     """ENOSPC in the middle of a run: one error line, exit 1, the checkpoints already there readable."""
     disk = tmp_path / "disk"

@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import REPO, env, py
 
+pytestmark = pytest.mark.process
+
 LONG = ["--epochs", "200", "--batch_size", "8", "--log_every", "5"]
 
 

@@ -42,6 +42,7 @@ def _listening(pids):
 
 
 @pytest.mark.parametrize("name", ["horovod", "mpi", "ps"])
+@pytest.mark.process
 def test_local_job_listens_on_loopback_only(tmp_path, name):
     """Everything a local comparison run starts (mpirun and its PMIx listener included) is
     reachable from this machine only."""

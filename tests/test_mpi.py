@@ -10,6 +10,8 @@ from common.metrics import load_run
 from common.training import load_weights_npz
 from tests.conftest import REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, run
 
+pytestmark = pytest.mark.process
+
 MAIN = os.path.join(REPO, "mpi_train", "main.py")
 HOROVOD_MAIN = os.path.join(REPO, "horovod_train", "main.py")
 FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5"]

@@ -21,6 +21,8 @@ import pytest
 from common.metrics import load_run
 from tests.conftest import REPO, env
 
+pytestmark = pytest.mark.root
+
 AGENT = os.path.join(REPO, "tests", "netns", "rsh_agent.sh")
 
 

@@ -30,6 +30,7 @@ def _accurate(run_dir, workers, final=0.90):
     return row
 
 
+@pytest.mark.process
 def test_example_under_horovodrun(tmp_path):
     ok(run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, HVD,
             *PLUGIN, "--train_dir", str(tmp_path / "run")], timeout=300))
@@ -41,12 +42,14 @@ def test_example_under_horovodrun(tmp_path):
 # 0.956), while every one of 48 runs (4 and 8 epochs) passed 0.90 by its 4th epoch. So async
 # gets 6 epochs, must reach the target on the way, and must end at >= 0.80.
 @pytest.mark.parametrize("mode, epochs, final", [("--async", "6", 0.80), ("--sync", "4", 0.90)])
+@pytest.mark.process
 def test_example_under_ps_launcher(tmp_path, mode, epochs, final):
     ok(py("-m", "ps_train.launch", "--num_workers", "2", mode, *PLUGIN, "--epochs", epochs,
           "--train_dir", str(tmp_path / "run"), timeout=300))
     _accurate(str(tmp_path / "run"), 2, final)
 
 
+@pytest.mark.process
 def test_example_through_compare_with_relative_paths(tmp_path):
     """Relative plug-in paths work from the user's folder although every run starts in the repo."""
     os.symlink(os.path.join(REPO, "examples"), tmp_path / "ex")
@@ -61,6 +64,7 @@ def test_example_through_compare_with_relative_paths(tmp_path):
 @pytest.mark.parametrize("model, side", [("resnet101", 32), ("inception_v3", 75), ("vgg16", 32),
                                          ("mobilenet_v2", 32)])
 @pytest.mark.parametrize("backend", ["horovod", "ps"])
+@pytest.mark.process
 def test_published_benchmark_models_run(tmp_path, model, side, backend):
     flags = ["--model", model, "--dataset", "synthetic", "--image_shape", f"{side},{side},3", "--num_classes", "10",
              "--synthetic_samples", "8", "--batch_size", "2", "--train_steps", "2", "--warmup_steps", "0",
@@ -125,6 +129,7 @@ BROKEN = {
     ("--dataset", "nocolon", "error: unknown dataset 'nocolon' (valid: digits, mnist, synthetic, clicks, or "
                              "module:function"),
 ])
+@pytest.mark.process
 def test_broken_plugin_is_one_line(tmp_path, flag, spec, message):
     for name, text in BROKEN.items():
         (tmp_path / name).write_text(text)

@@ -67,6 +67,7 @@ def test_fit_from_comm_uses_ring_formula():
     assert fits["ps"]["bandwidth"] == pytest.approx(5e8)
 
 
+@pytest.mark.process
 def test_project_command(tmp_path):
     out = tmp_path / "p"
     r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth-gbps", "25", "--latency-us", "10",
@@ -145,6 +146,7 @@ def test_ps_resnet101_trails_inception_v3_by_its_bytes(towers, ps_gbps):
     assert not all(abs(e - 0.50) <= 0.05 for e in eff.values()), eff
 
 
+@pytest.mark.process
 def test_published_command_line_matches(tmp_path):
     # the documented command gives the same figure as the function the checks use
     r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth-gbps", "22.5", "--latency-us", "5",
@@ -156,6 +158,7 @@ def test_published_command_line_matches(tmp_path):
     assert got == pytest.approx(project_published("vgg16", 512, ROCE, "ring all-reduce"))
 
 
+@pytest.mark.process
 def test_ps_layout_flags_reach_the_schedule(tmp_path):
     # --ps-gpus-per-worker and --ps-bandwidth-gbps give what project() gives with the same inputs
     r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth-gbps", "22.5", "--latency-us", "25",
@@ -195,6 +198,7 @@ def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None):
     w.close()
 
 
+@pytest.mark.process
 def test_project_from_runs(tmp_path):
     # bare MPI at 2 workers: compute 10 ms, exchange 4 ms measured, step 12 ms -> half the exchange hid
     fake_sync_run(tmp_path / "runs" / "mpi-2", "mpi", 2, 0.010, 0.012, exchange_s=0.004)

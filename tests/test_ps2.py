@@ -11,6 +11,8 @@ from common.training import load_weights_npz
 from tests.conftest import REPO, descendants, py, run
 from tests.ps_helpers import FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights
 
+pytestmark = pytest.mark.process
+
 V2 = ["--ps_api", "v2"]
 
 

@@ -12,6 +12,8 @@ import pytest
 from common.procs import free_ports, wait_for_ports
 from tests.conftest import REPO, env, run
 
+pytestmark = pytest.mark.process
+
 RELEASE = """
 import json, sys, time
 import tensorflow  # noqa: F401  (imported before the clock starts, as in a chief)
