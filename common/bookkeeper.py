@@ -78,6 +78,7 @@ class Bookkeeper:
         self.cfg, self.plan, self.backend, self.log, self.adapter = cfg, plan, backend, log, adapter
         self.last = start
         self.losses = []
+        self.last_loss = self.last_log = None
         self.evaluated_at = self.saved_at = None
         self.label = max(1, plan.epoch_of(start))
         self.events = []                          # (update, what): what the run did
@@ -116,6 +117,7 @@ class Bookkeeper:
         samples_seen, world_size)."""
         if loss is not None:
             self.losses.append(loss)
+            self.last_loss = loss
         due = self.due(self.last, step, epoch)
         self.last = step
         if epoch:
@@ -135,6 +137,7 @@ class Bookkeeper:
         check_alive(value)
         self.losses.clear()
         self.log.step(step, value, lr=self.adapter.lr(step), **self.adapter.log_extra(step), **extra)
+        self.last_log = step
         self.events.append((step, "log"))
 
     def evaluate(self, step, **extra):
@@ -151,9 +154,12 @@ class Bookkeeper:
     def finish(self, final, **extra):
         """End of the run at global update ``final``: evaluate and checkpoint what has not been,
         write the weights, time the bare step, and write the summary with its breakdown. A PS chief
-        may not see the last updates itself (the other workers make them): its last losses are
-        logged at ``final``, as every loop logs its last update."""
-        if self.losses:
+        may not see the last updates itself (the other workers make them): a step record is still
+        written at ``final``, as every loop ends with one, with the losses not yet logged (or,
+        if there are none, the chief's latest)."""
+        logged_end = self.last_log is not None and self.last_log >= min(final, self.plan.total_updates)
+        if not logged_end and (self.losses or self.last_loss is not None):
+            self.losses = self.losses or [self.last_loss]   # no batch of its own since: its latest
             self.write_log(final)
         if self.evaluated_at != final:
             if self.evaluated_at is None or final > self.evaluated_at:
