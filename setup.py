@@ -37,6 +37,7 @@ setup(
             "hvdps-compare=hvdps.compare:main",
             "hvdps-project=hvdps.projection:main",
             "hvdps-hosts=hvdps.hosts:main",
+            "hvdps-emulate=hvdps.emulate:main",
         ],
     },
 )

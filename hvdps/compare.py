@@ -6,11 +6,20 @@
 
     hvdps-compare --project ...                     # the scaling projection (hvdps-project)
 
+    hvdps-compare --hosts hostfile --workers 2,4 ...  # across hosts: mpirun -H, PS roles over ssh
+    hvdps-compare --hosts slurm ...                   # inside a SLURM allocation (srun for PS roles)
+    hvdps-emulate --hosts 4 --rate 100mbit -- ...     # the same on an emulated cluster (root)
+
 Every run goes through the real launcher (mpirun, python -m ps_train.launch;
 hvdps/launchers.py)
 with identical trainer flags, so model, data, seed, per-worker batch, global
 batch, learning-rate rule and samples seen are the same; only the distribution
 differs. A failed run is recorded with its error and the others still run.
+
+With --hosts, every host is checked first (reachable through the remote
+shell, this repository and Python at the same paths, the run directory
+shared); the report lists each run's tasks by host and, where the links'
+counters can be read (hvdps-emulate), the bytes each link carried.
 """
 import json
 import os
@@ -24,7 +33,7 @@ from common.config import argv_of, build_parser, check_finite, from_args
 from common.errors import UsageError, cli
 from common.metrics import read_records
 from common.procs import REPO, child_env
-from hvdps.launchers import get_launcher, parse_variants
+from hvdps.launchers import Remote, get_launcher, parse_variants
 from hvdps.report import RUN_RECORD, collect, environment_of, runs_from_dirs, write_report
 
 
@@ -38,7 +47,34 @@ def parse_workers(text):
     return counts
 
 
-def plan_runs(args, trainer_args, cores):
+def make_remote(args):
+    """--hosts and its companions -> a Remote (None without --hosts); usage errors up front."""
+    from common import remote
+    if not args.hosts:
+        for flag in ("rsh", "network_interface"):
+            if getattr(args, flag):
+                raise UsageError(f"--{flag.replace('_', '-')} applies only with --hosts")
+        return None
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be 1-65535, got {args.port}")
+    hosts = remote.resolve_hosts(args.hosts)
+    agent = remote.rsh_argv(args.rsh, args.hosts)
+    network = args.network_interface or remote.local_network_of(hosts[0][0])
+    return Remote(args.hosts, tuple(hosts), tuple(agent), bool(args.rsh), network, args.ps_placement, args.port)
+
+
+def roles_of(launcher, remote, workers, num_ps):
+    """{task: host} of one run across hosts: MPI ranks by slot, PS roles as ps_train.launch places them."""
+    from common import remote as placing
+    if launcher.server_tasks(num_ps) == 0:
+        hosts = [h for h, s in placing.take_slots(remote.hosts, workers) for _ in range(s)]
+        return {f"rank:{i}": h for i, h in enumerate(hosts)}
+    placed = placing.place_ps(list(remote.hosts), workers, num_ps, remote.placement,
+                              chief=launcher.server_tasks(num_ps) > num_ps)
+    return {f"{role}:{i}": h for role in ("ps", "worker", "chief") for i, h in enumerate(placed.get(role, []))}
+
+
+def plan_runs(args, trainer_args, cores, remote=None):
     runs = []
     for backend, mode in parse_variants(args.backends):
         launcher = get_launcher(backend)
@@ -46,11 +82,36 @@ def plan_runs(args, trainer_args, cores):
         for n in parse_workers(args.workers):
             name = f"{backend}-{mode}-w{n}" + (f"-ps{args.num_ps}" if servers else "")
             run_dir = os.path.join(args.out, "runs", name)
-            cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=args.num_ps)
+            cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=args.num_ps,
+                                   remote=remote)
             procs = n + servers
-            runs.append({"name": name, "backend": backend, "mode": mode, "workers": n, "run_dir": run_dir,
-                         "cmd": cmd, "env": launcher.env(), "oversubscribed": procs > cores})
+            run = {"name": name, "backend": backend, "mode": mode, "workers": n, "run_dir": run_dir,
+                   "cmd": cmd, "env": launcher.env(remote), "oversubscribed": procs > cores and not remote}
+            if remote:
+                run["roles"] = roles_of(launcher, remote, n, args.num_ps)
+            runs.append(run)
     return runs
+
+
+def remote_task_lines(run):
+    """What a PS launcher line across hosts starts on each host: [(task, command line)]."""
+    if not run.get("roles") or run["cmd"][1:4] != ["-u", "-m", "ps_train.launch"]:
+        return []
+    from ps_train.launch import LAUNCHER_FLAGS, build_remote_tasks, parse_args
+    args, parser = parse_args(run["cmd"][4:])
+    tasks, _ = build_remote_tasks(args, argv_of(args, parser, skip=LAUNCHER_FLAGS), chief=args.ps_api == "v2")
+    return [(name, shlex.join(argv)) for name, argv, _ in tasks]
+
+
+def load_links(path):
+    """The emulated cluster's description (written by hvdps-emulate): where its link counters are."""
+    try:
+        with open(path) as f:
+            links = json.load(f)
+        assert isinstance(links.get("ports"), dict) and isinstance(links.get("counters"), str)
+        return links
+    except (OSError, ValueError, AssertionError, AttributeError):
+        raise UsageError(f"--links {path}: not a cluster description written by hvdps-emulate")
 
 
 def _last_error(log_path):
@@ -62,8 +123,10 @@ def _last_error(log_path):
     return errors[-1] if errors else (lines[-1][-300:] if lines else None)
 
 
-def execute(runs, timeout, progress=True):
-    """Run each job in turn; a failure is recorded, never fatal."""
+def execute(runs, timeout, progress=True, links=None):
+    """Run each job in turn; a failure is recorded, never fatal. ``links``: sample the hosts' link
+    counters while each job runs (hvdps.links)."""
+    from hvdps.links import Sampler
     from tqdm import tqdm
     env, repo = child_env(), REPO
     bar = tqdm(runs, desc="runs", unit="run", disable=None if progress else True,  # None: off when not a TTY
@@ -75,15 +138,22 @@ def execute(runs, timeout, progress=True):
             raise UsageError(f"{run['run_dir']} already holds a run; choose another --out")
         log_path = run["run_dir"] + ".log"
         started, launched_at = time.monotonic(), time.time()
+        sampler = Sampler(links["counters"], links["ports"]) if links else None
         with open(log_path, "w") as log:
             p = subprocess.Popen(run["cmd"], stdout=log, stderr=subprocess.STDOUT, env={**env, **run["env"]}, cwd=repo,
                                  start_new_session=True)
-            code = _wait(p, run, timeout, bar)
+            if sampler:
+                with sampler:
+                    code = _wait(p, run, timeout, bar)
+            else:
+                code = _wait(p, run, timeout, bar)
         run.update(returncode=code, seconds=time.monotonic() - started, launched_at=launched_at, log=log_path)
         if os.path.isdir(run["run_dir"]):     # so a report rebuilt with --from still knows the start-up cost
             with open(os.path.join(run["run_dir"], RUN_RECORD), "w") as f:
                 json.dump({"seconds": run["seconds"], "launched_at": launched_at, "exit_code": code,
-                           "command": run["cmd"]}, f, indent=2)
+                           "command": run["cmd"], "roles": run.get("roles")}, f, indent=2)
+            if sampler:
+                sampler.save(run["run_dir"], {"roles": run.get("roles"), "rate_bps": links.get("rate_bps")})
         if code != 0:
             run["error"] = _last_error(log_path) or f"exit code {code}"
             bar.write(f"{run['name']}: FAILED ({run['error']})")
@@ -132,12 +202,26 @@ def make_parser():
     g.add_argument("--no-progress", dest="progress", action="store_false")
     g.add_argument("--project", action="store_true",
                    help="run the scaling projection instead (same as hvdps-project; see its --help)")
+    h = p.add_argument_group("across hosts")
+    h.add_argument("--hosts", default=None,
+                   help="run on these hosts: a hostfile ('host slots=N' lines), h1:2,h2:2, or 'slurm' (the "
+                        "allocation's nodes); MPI ranks fill slots in order, PS roles as --ps_placement says")
+    h.add_argument("--rsh", default=None,
+                   help="remote shell called as 'AGENT HOST COMMAND' (Open MPI's plm_rsh_agent); default ssh, "
+                        "srun inside an allocation")
+    h.add_argument("--network-interface", dest="network_interface", default=None,
+                   help="interface or CIDR MPI's traffic stays on (default: the network that reaches the first host)")
+    h.add_argument("--ps_placement", default="own", choices=("own", "beside"),
+                   help="PS tasks on hosts of their own (the first hosts) or beside the workers")
+    h.add_argument("--port", type=int, default=2222, help="first port of the PS tasks on each host")
+    h.add_argument("--links", default=None,
+                   help="an emulated cluster's description (hvdps-emulate writes it): sample its link counters")
     p.set_defaults(train_dir="runs/compare")
     return p
 
 
 COMPARE_FLAGS = ("workers", "backends", "num_ps", "run_timeout", "dry_run", "from_dirs", "progress", "project",
-                 "train_dir", "resume")
+                 "train_dir", "resume", "hosts", "rsh", "network_interface", "ps_placement", "port", "links")
 
 
 def absolute_paths(args):
@@ -171,15 +255,24 @@ def main(argv=None):
         runs = runs_from_dirs(args.from_dirs)
     else:
         trainer_args = argv_of(args, parser, skip=COMPARE_FLAGS)
-        runs = plan_runs(args, trainer_args, os.cpu_count() or 1)
+        remote = make_remote(args)
+        links = load_links(args.links) if args.links else None
+        runs = plan_runs(args, trainer_args, os.cpu_count() or 1, remote)
         if args.dry_run:
             for run in runs:
+                if run.get("roles"):
+                    print(f"# {run['name']}: " + ", ".join(f"{t} on {h}" for t, h in run["roles"].items()))
                 print(shlex.join(run["cmd"]))
+                for task, line in remote_task_lines(run):
+                    print(f"#   {task}: {line}")
             return 0
         if os.path.exists(os.path.join(args.out, "report.md")):
             raise UsageError(f"--out {args.out} already holds a report; choose another directory "
                              f"or rebuild it with --from {args.out}")
-        execute(runs, args.run_timeout, progress=args.progress)
+        if remote:
+            from common.remote import check_hosts
+            check_hosts(remote.hosts, remote.agent, args.out)
+        execute(runs, args.run_timeout, progress=args.progress, links=links)
     rows = collect(runs)
     configs = cfg.to_dict()
     if args.from_dirs:                  # the runs' own configs, one per workload, not this command's defaults

@@ -1,13 +1,19 @@
-"""How to start a whole job of each backend on this machine: the one place that maps names.
+"""How to start a whole job of each backend, on this machine or on --hosts: the one place that maps names.
 
 The comparison and the benchmarks start every run through these, with the
 real launchers (``mpirun`` for Horovod and bare MPI, ``python -m ps_train.launch`` for PS),
 so what they measure is what a user's launch line does. Only ``get_launcher``
 branches on a backend's name; an unknown name lists the valid ones.
+
+Given ``remote`` (a ``Remote``: hosts, remote shell, network), the same
+launchers start the job across hosts: ``mpirun -H`` with Open MPI's own
+remote launch for Horovod and bare MPI, ``ps_train.launch --hosts`` for PS.
 """
 import os
+import shlex
 import shutil
 import sys
+from dataclasses import dataclass
 
 from common.errors import UsageError
 from common.procs import REPO, loopback_only_env
@@ -16,6 +22,31 @@ from common.procs import REPO, loopback_only_env
 # channel over loopback only; mpirun's PMIx tool listener ignores every
 # interface setting, so the bind shim (HorovodLauncher.env) keeps it on loopback.
 LOCAL_MPI_FLAGS = ("--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo")
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a job runs when it is not this machine (hvdps-compare --hosts)."""
+    hosts_text: str           # as the user gave it: hostfile, h1:2,h2:2 or 'slurm'
+    hosts: tuple              # ((host, slots), ...)
+    agent: tuple              # remote shell argv, called as AGENT HOST COMMAND
+    rsh_given: bool           # False: Open MPI's own default (ssh) or SLURM's launcher
+    network: str              # CIDR or interface name MPI's traffic is kept on
+    placement: str = "own"    # PS tasks on hosts of their own, or beside the workers
+    port: int = 2222
+
+
+# Across hosts: TCP on the named network only (shared memory between ranks on one host), and
+# Open MPI's ring all-reduce, the algorithm whose per-link bytes 2(n-1)/n*M the report checks
+# (Open MPI's tuned default switches algorithm by message size and rank count).
+def remote_mpi_flags(remote):
+    net = remote.network
+    flags = ["--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", net,
+             "--mca", "oob_tcp_if_include", net,
+             "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"]
+    if remote.rsh_given:
+        flags += ["--mca", "plm_rsh_agent", " ".join(remote.agent)]
+    return flags
 
 
 class Launcher:
@@ -32,15 +63,17 @@ class Launcher:
         """Processes a job starts besides its workers (parameter servers); 0 for all-reduce."""
         return 0
 
-    def env(self):
+    def env(self, remote=None):
         """Extra environment the command needs (on top of common.procs.child_env)."""
         return {}
 
-    def command(self, workers, trainer_argv, mode=None, num_ps=1, pin_cores=False, python=sys.executable):
+    def command(self, workers, trainer_argv, mode=None, num_ps=1, pin_cores=False, python=sys.executable,
+                remote=None):
         """argv that starts ``workers`` training processes with ``trainer_argv``.
 
         ``pin_cores``: one core per worker and one TensorFlow thread each, for
         scaling benchmarks where every worker must get the same CPU budget.
+        ``remote``: start them on those hosts instead of this machine.
         """
         raise NotImplementedError
 
@@ -53,10 +86,12 @@ class HorovodLauncher(Launcher):
     modes = ("sync", "sparse_as_dense")
     default_modes = ("sync",)
 
-    def env(self):
-        return loopback_only_env()
+    def env(self, remote=None):
+        return {} if remote else loopback_only_env()   # across hosts MPI binds the network it is given
 
-    def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable):
+    def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable,
+                remote=None):
+        from common.remote import take_slots
         main = os.path.join(REPO, *self.main)
         if mode == "sparse_as_dense":
             trainer_argv = ["--sparse_as_dense", *trainer_argv]
@@ -64,7 +99,12 @@ class HorovodLauncher(Launcher):
         bind = ["-bind-to", "core", "-map-by", "core"] if pin_cores else ["-bind-to", "none", "-map-by", "slot"]
         threads = ["--threads_per_worker", "1"] if pin_cores else []
         extra = ["--mca", "mpi_yield_when_idle", "1"] if self.mpi_yield else []
-        return [mpirun, "-np", str(workers), *bind, *LOCAL_MPI_FLAGS, *extra, "-x", "PATH", "-x", "PYTHONPATH",
+        if remote:
+            hosts = ",".join(f"{h}:{s}" for h, s in take_slots(remote.hosts, workers))
+            where = ["-H", hosts, *remote_mpi_flags(remote)]
+        else:
+            where = list(LOCAL_MPI_FLAGS)
+        return [mpirun, "-np", str(workers), *bind, *where, *extra, "-x", "PATH", "-x", "PYTHONPATH",
                 "-x", "TF_CPP_MIN_LOG_LEVEL", python, main, *threads, *trainer_argv]
 
 
@@ -83,10 +123,16 @@ class PSLauncher(Launcher):
     def server_tasks(self, num_ps):
         return num_ps
 
-    def command(self, workers, trainer_argv, mode="async", num_ps=1, pin_cores=False, python=sys.executable):
+    def command(self, workers, trainer_argv, mode="async", num_ps=1, pin_cores=False, python=sys.executable,
+                remote=None):
         pin = ["--pin_workers", "--threads_per_worker", "1"] if pin_cores else []
+        where = []
+        if remote:
+            where = ["--hosts", remote.hosts_text, "--ps_placement", remote.placement, "--port", str(remote.port)]
+            if remote.rsh_given:
+                where += ["--rsh", shlex.join(remote.agent)]
         return [python, "-u", "-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(workers),
-                f"--{mode}", *pin, *trainer_argv]
+                f"--{mode}", *pin, *where, *trainer_argv]
 
 
 class PS2Launcher(PSLauncher):
@@ -98,8 +144,9 @@ class PS2Launcher(PSLauncher):
     def server_tasks(self, num_ps):
         return num_ps + 1
 
-    def command(self, workers, trainer_argv, mode="async", num_ps=1, pin_cores=False, python=sys.executable):
-        return super().command(workers, ["--ps_api", "v2", *trainer_argv], mode, num_ps, pin_cores, python)
+    def command(self, workers, trainer_argv, mode="async", num_ps=1, pin_cores=False, python=sys.executable,
+                remote=None):
+        return super().command(workers, ["--ps_api", "v2", *trainer_argv], mode, num_ps, pin_cores, python, remote)
 
 
 LAUNCHERS = {"horovod": HorovodLauncher, "mpi": MPILauncher, "ps": PSLauncher, "ps2": PS2Launcher}

@@ -47,7 +47,8 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "global_batch", "oversubscribed", "startup_s", "teardown_s", "warmup_s", "warmup_share", "step_s", "compute_s",
            "overhead_s", "overhead_share", "exchange_s", "wait_s", "wait_per_worker_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
            "sparse_bytes", "sparse_table_bytes", "wire_rule",
-           "ps_cpu_s", "ps_cpu_share", "error", "run_dir")
+           "ps_cpu_s", "ps_cpu_share", "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
+           "round_s", "link_utilisation", "link_rate_bps", "error", "run_dir")
 RUN_RECORD = "compare_run.json"    # written by hvdps-compare next to each run: its wall time from launch
 NAMES = {("horovod", "sync"): "Horovod", ("horovod", "sparse_as_dense"): "Horovod (sparse as dense)", ("mpi", "sync"): "bare MPI", ("ps", "async"): "PS async", ("ps", "sync"): "PS sync",
          ("ps2", "async"): "PS v2 (TF2 strategy)"}
@@ -71,6 +72,7 @@ def collect(runs):
         record = _run_record(run["run_dir"])
         add_startup(row, curves, run.get("seconds") or record.get("seconds"),
                     run.get("launched_at") or record.get("launched_at"))
+        add_links(row, curves, run.get("roles") or record.get("roles"))
         rows.append(row)
     add_scaling(rows)
     return rows
@@ -106,6 +108,96 @@ def add_startup(row, curves, run_seconds, launched_at=None):
         row["teardown_s"] = max(0.0, launched_at + run_seconds - (start + total))
     elif run_seconds:
         row["startup_s"] = max(0.0, run_seconds - total) + row["warmup_s"]
+
+
+def add_links(row, curves, roles):
+    """Where the run's tasks ran (``--hosts``) and, where the links' counters were sampled
+    (hvdps-emulate), the bytes per round each host's link carried against the formula
+    (hvdps/links.py), the busiest link's share of its rate, and the round time."""
+    from common.metrics import measured_interval
+    from hvdps.links import LINKS_FILE, link_rows
+    row["roles"] = roles or None
+    try:
+        with open(os.path.join(row["run_dir"], LINKS_FILE)) as f:
+            links = json.load(f)
+    except (OSError, ValueError):
+        return
+    if not isinstance(links, dict) or not curves:
+        return
+    interval = measured_interval(curves.get("header") or {}, curves.get("steps") or [])
+    table = link_rows(None, row, curves, links, interval)
+    if not table:
+        return
+    row["links"], row["roles"] = table, row["roles"] or links.get("roles")
+    busiest = max(table, key=lambda x: max(x["in"], x["out"]))
+    way = "in" if busiest["in"] >= busiest["out"] else "out"
+    row["busiest_link_bytes"] = busiest[way]
+    row["busiest_link_predicted"] = busiest["predicted_" + way]
+    ratios = [x[w] / x["predicted_" + w] for x in table for w in ("in", "out") if x.get("predicted_" + w)]
+    row["link_bytes_ratio"] = max(ratios, key=lambda q: abs(q - 1)) if ratios else None
+    row["round_s"] = (interval[1] - interval[0]) / busiest["rounds"]
+    row["link_rate_bps"] = links.get("rate_bps")
+    if row["link_rate_bps"]:
+        row["link_utilisation"] = row["busiest_link_bytes"] * 8 / row["round_s"] / row["link_rate_bps"]
+
+
+def links_section(rows):
+    """Markdown: each run's tasks by host and, where measured, its links' bytes per round."""
+    placed = [r for r in rows if r.get("roles") or r.get("links")]
+    if not placed:
+        return []
+    measured = any(r.get("links") for r in placed)
+    lines = ["## Hosts and links", ""]
+    if measured:
+        rate = next((r["link_rate_bps"] for r in placed if r.get("link_rate_bps")), None)
+        lines += ["Bytes each host's link carried per round (one step of every worker), from the interface "
+                  "counters over the measured interval, against the formula (ring: 2(n-1)/n x M each way on "
+                  "every host with ranks; PS: each task's share of M per worker on another host, each way; "
+                  "hvdps/links.py). Counters include Ethernet/IP/TCP headers (about 4-5% at a 1500-byte MTU). "
+                  + (f"Each link: {rate / 1e6:g} Mbit/s both ways. " if rate else "") +
+                  "*Busiest link* = its bytes per round over the round time, as a share of the link's rate.", "",
+                  "| run | round (ms) | busiest link | host | tasks | in (bytes/round) | formula | out (bytes/round) | formula |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+    else:
+        lines += ["| run | host | tasks |", "|---|---|---|"]
+    for r in placed:
+        name = f"{r.get('model') or '-'} {name_of(r)} w{r['workers']}" + (f" ps{r['num_ps']}" if r.get("num_ps") else "")
+        if r.get("links"):
+            util = f"{100 * r['link_utilisation']:.0f}% of rate" if r.get("link_utilisation") is not None else "-"
+            for i, x in enumerate(r["links"]):
+                head = f"{name} | {1000 * r['round_s']:.1f} | {util}" if i == 0 else " | | "
+                lines.append(f"| {head} | {x['host']} | {', '.join(x['tasks']) or '-'} | {x['in']:,.0f} | "
+                             f"{_fmt_bytes(x['predicted_in'])} | {x['out']:,.0f} | {_fmt_bytes(x['predicted_out'])} |")
+        elif measured:
+            lines.append(f"| {name} | - | - | " + "; ".join(f"{h}: {t}" for t, h in (r.get("roles") or {}).items())
+                         + " | | | | | |")
+        else:
+            by_host = {}
+            for task, host in (r.get("roles") or {}).items():
+                by_host.setdefault(host, []).append(task)
+            for host, tasks in by_host.items():
+                lines.append(f"| {name} | {host} | {', '.join(tasks)} |")
+    sentences = [_link_sentence(r) for r in placed if r.get("links")]
+    return lines + ([""] + [s for s in sentences if s] if any(sentences) else []) + [""]
+
+
+def _fmt_bytes(v):
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def _link_sentence(r):
+    """The busiest link in multiples of the model's bytes M, measured against the formula."""
+    m = r.get("grad_bytes_per_step")
+    if not m or r.get("busiest_link_bytes") is None:
+        return None
+    text = (f"- {r.get('model') or '-'}, {name_of(r)}, {r['workers']} workers"
+            + (f", {r['num_ps']} PS" if r.get("num_ps") else "") +
+            f": the busiest link carried {r['busiest_link_bytes'] / m:.2f} x M per round")
+    if r.get("busiest_link_predicted"):
+        text += f" (formula {r['busiest_link_predicted'] / m:.2f} x M; measured/formula {r['busiest_link_bytes'] / r['busiest_link_predicted']:.2f})"
+    if r.get("link_utilisation") is not None:
+        text += f", {100 * r['link_utilisation']:.0f}% of its rate over {1000 * r['round_s']:.1f} ms rounds"
+    return text + "."
 
 
 def add_scaling(rows):
@@ -168,7 +260,8 @@ def write_report(rows, out, cfg_dict, environment):
                                  "the warm-up's share of the trainer's wall time; teardown: from the trainer's end to "
                                  "the job's exit (releasing PS tasks, MPI finalisation). None of these is in the "
                                  "throughput columns."] if findings else [])
-    lines += ["", "Throughput excludes the first `--warmup_steps` steps; ± is the 95% half-width over "
+    lines += [""] + links_section(rows)
+    lines += ["Throughput excludes the first `--warmup_steps` steps; ± is the 95% half-width over "
               "logging intervals. Scaling efficiency = throughput(n) / (n × throughput(1)) for the same "
               "backend and mode. A run is *oversubscribed* when it starts more processes than this "
               "machine has cores: its scaling figures measure contention, not the method.", "",

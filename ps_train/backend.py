@@ -133,3 +133,17 @@ def describe_placement(variables, owner=None):
         whole = (owner or {}).get(id(v))
         out.setdefault((whole if whole is not None else v).name.split(":")[0], []).append(v.device)
     return out
+
+
+def shard_bytes(variables):
+    """{"ps:i": bytes of the trainable variables (or shards) PS task i holds}: what that task's link
+    carries per worker batch each way (a push of those gradients, a pull of those weights). Classic
+    placement is round-robin over whole variables, so shards can be far from 1/num_ps each."""
+    import re
+    out = {}
+    for v in variables:
+        m = re.search(r"/job:ps/(?:replica:\d+/)?task:(\d+)", v.device or "")
+        if m:
+            key = f"ps:{m.group(1)}"
+            out[key] = out.get(key, 0) + int(v.shape.num_elements()) * v.dtype.size
+    return dict(sorted(out.items()))

@@ -3,6 +3,7 @@
     python -m ps_train.launch --num_ps 2 --num_workers 2 [--sync] [trainer flags...]
     python -m ps_train.launch --max_restarts 3 --checkpoint_steps 100 [...]   # recover by itself
     python -m ps_train.launch --ps_api v2 [...]     # TF2's ParameterServerStrategy, plus a chief task
+    python -m ps_train.launch --hosts h1,h2,h3 [--rsh AGENT] [--ps_placement own|beside] [...]
 
 Every role gets a free port on --host (loopback by default, and each task
 listens there only); each role's output lines are prefixed with its name
@@ -11,6 +12,12 @@ SIGTERM, or a role failing, every process is torn down: the children also die
 with the launcher (PDEATHSIG), so nothing is orphaned. With --max_restarts, a
 failed job is started again from its latest checkpoint, as a TFJob's OnFailure
 restart policy would, and launch.json records what each restart lost.
+
+With --hosts the roles go on those hosts instead (common/remote.py places them
+and builds each host's command line): each task is started through the remote
+shell (ssh, srun's agent, or --rsh), listens on its host's own address at
+--port and up, and is tethered to its connection (common/tether.py), so the
+same teardown reaches every host.
 """
 import ctypes
 import json
@@ -75,7 +82,8 @@ class Cluster:
                 _die_with_parent()
                 if cpus is not None:
                     os.sched_setaffinity(0, {int(cpus)})
-            p = subprocess.Popen(argv + self.trainer_args, stdout=subprocess.PIPE,
+            # stdin: a pipe only this launcher holds; a remote task's tether ends the task when it closes
+            p = subprocess.Popen(argv + self.trainer_args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, env=env, preexec_fn=prepare)
             self.procs[name] = p
             t = threading.Thread(target=_pump, args=(name, p.stdout, self.out, self.lock, self.errors),
@@ -92,6 +100,11 @@ class Cluster:
         for p in self.procs.values():
             if p.poll() is None:
                 p.terminate()
+            if p.stdin:
+                try:
+                    p.stdin.close()       # a remote task's tether ends it (ssh forwards no signal)
+                except OSError:
+                    pass
         deadline = time.monotonic() + grace
         for p in self.procs.values():
             try:
@@ -117,6 +130,8 @@ class Cluster:
         now = time.time()
         for name, p in self.procs.items():
             try:
+                if b"ps_train" not in open(f"/proc/{p.pid}/cmdline", "rb").read():
+                    continue            # a remote shell (ssh), not the task: its CPU is not the task's
                 fields = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()
                 self.cpu[name] = (int(fields[11]) + int(fields[12])) / tick
             except (OSError, IndexError, ValueError):
@@ -145,6 +160,26 @@ def build_tasks(num_ps, num_workers, host, python=sys.executable, pin=False, chi
                 env["HVDPS_PIN_CPU"] = str(i % (os.cpu_count() or 1))
             tasks.append((f"{job}:{i}", argv, env))
     return tasks
+
+
+def build_remote_tasks(args, trainer_argv, chief=False):
+    """(name, argv, extra env) per role placed on --hosts, each started through the remote shell
+    with the trainer's flags in its command line; and the cluster ({role: [host:port]})."""
+    from common import remote
+    hosts = remote.resolve_hosts(args.hosts)
+    roles = remote.place_ps(hosts, args.num_workers, args.num_ps, args.ps_placement, chief=chief)
+    cluster = remote.cluster_addresses(roles, args.port)
+    agent = remote.rsh_argv(args.rsh, args.hosts)
+    flags = [f"--ps_hosts={','.join(cluster['ps'])}", f"--worker_hosts={','.join(cluster['worker'])}"]
+    if chief:
+        flags.append(f"--chief_host={cluster['chief'][0]}")
+    tasks = []
+    for job in ("ps", "worker", "chief"):
+        for i, host in enumerate(roles.get(job, [])):
+            line = remote.remote_command([sys.executable, "-u", "-m", "ps_train.main", f"--job_name={job}", f"--task_index={i}",
+                                          *flags, *trainer_argv], tether=True)
+            tasks.append((f"{job}:{i}", [*agent, host, line], {}))
+    return tasks, cluster
 
 
 def describe_exit(name, rc):
@@ -213,6 +248,13 @@ def make_parser():
                    help="address every task listens on and is reached at (loopback: nothing else can connect)")
     g.add_argument("--pin_workers", action="store_true",
                    help="pin worker i to core i (equal core budget per worker, for scaling benchmarks)")
+    g.add_argument("--hosts", default=None,
+                   help="start the roles on these hosts instead: hostfile, h1:2,h2:2 or 'slurm' (the allocation)")
+    g.add_argument("--rsh", default=None, help="with --hosts: remote shell called as 'AGENT HOST COMMAND' "
+                   "(default: ssh; srun's agent under --hosts slurm)")
+    g.add_argument("--ps_placement", default="own", choices=("own", "beside"),
+                   help="with --hosts: each PS on a host of its own (own) or on the workers' hosts (beside)")
+    g.add_argument("--port", type=int, default=2222, help="with --hosts: first port on each host (Kubeflow: 2222)")
     g.add_argument("--timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
     g.add_argument("--max_restarts", type=int, default=0,
                    help="when the job fails (a PS or the chief lost, a sync worker gone), restart every role "
@@ -220,7 +262,8 @@ def make_parser():
     return p
 
 
-LAUNCHER_FLAGS = ("num_ps", "num_workers", "host", "pin_workers", "timeout", "max_restarts")
+LAUNCHER_FLAGS = ("num_ps", "num_workers", "host", "pin_workers", "timeout", "max_restarts", "hosts", "rsh",
+                  "ps_placement", "port")
 
 
 def parse_args(argv):
@@ -236,6 +279,12 @@ def parse_args(argv):
         raise UsageError("TF_CONFIG is set: the launcher chooses the cluster itself; unset it")
     if args.num_ps < 1 or args.num_workers < 1:
         raise UsageError("--num_ps and --num_workers must be at least 1")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be 1-65535, got {args.port}")
+    if args.hosts and args.pin_workers:
+        raise UsageError("--pin_workers pins cores of this machine; it does not apply with --hosts")
+    if args.hosts:                   # every host starts in the repository: paths must not depend on the folder
+        args.train_dir = os.path.abspath(args.train_dir)
     if args.max_restarts < 0:
         raise UsageError(f"--max_restarts must be >= 0, got {args.max_restarts}")
     check_finite("timeout", args.timeout)
@@ -249,8 +298,12 @@ def parse_args(argv):
 def run_once(args, trainer_argv):
     """One cluster from start to end: (exit code, what ended it, the Cluster)."""
     v2 = args.ps_api == "v2"                 # TF2's strategy: a separate chief coordinates
-    cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host, pin=args.pin_workers, chief=v2),
-                      trainer_argv, env=child_env())
+    if args.hosts:
+        tasks, _ = build_remote_tasks(args, trainer_argv, chief=v2)
+        cluster = Cluster(tasks, [], env=child_env())
+    else:
+        cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host, pin=args.pin_workers, chief=v2),
+                          trainer_argv, env=child_env())
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def on_signal(signum, frame):

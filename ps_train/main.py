@@ -39,7 +39,7 @@ from common.bookkeeper import Adapter, Bookkeeper
 from common.training import RunLog, Watchdog, check_resume_compatible, check_train_dir, refuse_finished
 from ps_train import stop, v2
 from ps_train.stop import hard_exit
-from ps_train.backend import PSBackend, describe_placement
+from ps_train.backend import PSBackend, describe_placement, shard_bytes
 from ps_train.chief import WaitMeter, WorkerTracker, evaluate
 from ps_train.cluster import add_ps_args, resolve_cluster
 from ps_train.graph import build_graph, data_position, scaffold
@@ -131,6 +131,7 @@ def run_worker(cfg, backend, num_train):
             return RunLog(cfg, backend, plan, start_step=start_update, extra_header={
                 "cluster": backend.cluster, "replicas_to_aggregate": backend.replicas_to_aggregate,
                 "placement": describe_placement(tf.compat.v1.global_variables()),
+                "ps_shard_bytes": shard_bytes(tf.compat.v1.trainable_variables()),
                 "loss_source": "chief's own batches"})
         if backend.is_chief:                     # PS: say once what a global step is
             print(f"{backend.mode} mode, {plan.workers} workers, {backend.num_ps} PS: global step = updates "

@@ -47,7 +47,7 @@ from common.procs import port_open, wait_for_ports
 from common.bookkeeper import Adapter, Bookkeeper
 from common.training import (Checkpoints, RunLog, Watchdog, eval_sums, finish_eval, make_lr_schedule,
                              refuse_finished)
-from ps_train.backend import check_port_free, describe_placement
+from ps_train.backend import check_port_free, describe_placement, shard_bytes
 
 # Variables of at least this size are split over the PS tasks (at most one shard per PS);
 # smaller ones are placed whole, round-robin, as TensorFlow does by default.
@@ -153,6 +153,7 @@ def coordinate(cfg, backend, num_train):
     train_step = make_train_step(backend.strategy, model, optimizer)
     log = RunLog(cfg, backend, plan, start_step=start, extra_header={
         "ps_api": "v2", "cluster": backend.cluster, "placement": describe_placement(model.weights, _sharded(model)),
+        "ps_shard_bytes": shard_bytes(model.trainable_weights),
         "loss_source": "the logged step's own batch"})
     print(f"async mode (TF2 ParameterServerStrategy), {plan.workers} workers, {backend.num_ps} PS, chief "
           f"coordinates: {plan.global_step_meaning}; target {plan.total_updates} updates", flush=True)

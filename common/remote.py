@@ -1,0 +1,194 @@
+"""Jobs on other hosts: which hosts, which role goes where, how a command gets there.
+
+The hosts come in the forms cluster users already have: an Open MPI /
+horovodrun hostfile, horovodrun's ``h1:2,h2:2``, or ``slurm`` (the nodes of the
+allocation this runs in). Commands reach a host through a remote shell with
+ssh's calling convention, ``AGENT HOST COMMAND`` (Open MPI's ``plm_rsh_agent``):
+``ssh`` by default, ``srun`` inside an allocation, or any agent the user names.
+Nothing here talks to a host except through that agent.
+"""
+import ipaddress
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+from common.errors import UsageError
+from common.hosts import parse_host_list, parse_hostfile
+from common.procs import REPO
+
+SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
+SRUN_AGENT = os.path.join(REPO, "hostfiles", "slurm", "srun_agent.sh")
+PLACEMENTS = ("own", "beside")
+
+
+def slurm_hosts(env=None):
+    """The allocation's nodes and tasks per node, as SLURM states them (``2(x3),1`` expanded)."""
+    env = os.environ if env is None else env
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise UsageError("--hosts slurm: not inside a SLURM allocation (SLURM_JOB_NODELIST is not set)")
+    try:
+        names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                               timeout=30, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UsageError(f"--hosts slurm: cannot expand SLURM_JOB_NODELIST={nodelist!r} with scontrol: {exc}")
+    slots = []
+    for part in (env.get("SLURM_TASKS_PER_NODE") or "").split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m:
+            slots += [int(m.group(1))] * int(m.group(2) or 1)
+    if len(slots) != len(names):
+        slots = [1] * len(names)
+    return list(zip(names, slots))
+
+
+def resolve_hosts(text):
+    """``--hosts`` -> [(host, slots)]: a hostfile path, ``h1:2,h2:2``, or ``slurm``."""
+    if text == "slurm":
+        return slurm_hosts()
+    if os.path.sep in text or os.path.isfile(text):
+        return parse_hostfile(text)
+    hosts = parse_host_list(text, "--hosts")
+    seen = set()
+    for host, _ in hosts:
+        if host in seen:
+            raise UsageError(f"--hosts: host {host} listed twice (give it more slots instead: {host}:N)")
+        seen.add(host)
+    return hosts
+
+
+def rsh_argv(rsh, hosts_text=None):
+    """The remote-shell agent as argv: ``--rsh`` if given, srun's agent in an allocation, else ssh."""
+    if rsh:
+        argv = shlex.split(rsh)
+        if not argv or not shutil.which(argv[0]):
+            raise UsageError(f"--rsh {rsh!r}: {argv[0] if argv else 'empty'} is not an executable")
+        return argv
+    if hosts_text == "slurm":
+        return [SRUN_AGENT]
+    if not shutil.which("ssh"):
+        raise UsageError("--hosts needs ssh on this machine (or name another agent with --rsh)")
+    return list(SSH)
+
+
+def take_slots(hosts, n, what="workers"):
+    """The first ``n`` slots, in host order: [(host, slots used)]."""
+    out, left = [], n
+    for host, slots in hosts:
+        if left <= 0:
+            break
+        use = min(slots, left)
+        out.append((host, use))
+        left -= use
+    if left > 0:
+        total = sum(s for _, s in hosts)
+        raise UsageError(f"--hosts has {total} slot(s) in all, {n} {what} asked for")
+    return out
+
+
+def place_ps(hosts, num_workers, num_ps, placement="own", chief=False):
+    """Roles on hosts: {"ps": [host...], "worker": [host...], "chief": [host]}.
+
+    ``own``: each PS on a host of its own (the first ``num_ps`` hosts), so its link is the PS's
+    alone; the workers fill the slots of the remaining hosts. ``beside``: the workers fill slots
+    from the first host and the PS tasks go on the workers' hosts in turn. A separate chief
+    (TF2's coordinator) goes beside the first worker."""
+    if placement not in PLACEMENTS:
+        raise UsageError(f"--ps_placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if placement == "own":
+        if len(hosts) <= num_ps:
+            names = ", ".join(h for h, _ in hosts[:num_ps])
+            raise UsageError(f"--ps_placement own: PS host(s) {names} would also be the only worker host(s); "
+                             f"list more hosts or use --ps_placement beside")
+        ps = [h for h, _ in hosts[:num_ps]]
+        workers = [h for h, s in take_slots(hosts[num_ps:], num_workers) for _ in range(s)]
+    else:
+        workers = [h for h, s in take_slots(hosts, num_workers) for _ in range(s)]
+        used = list(dict.fromkeys(workers))
+        ps = [used[i % len(used)] for i in range(num_ps)]
+    roles = {"ps": ps, "worker": workers}
+    if chief:
+        roles["chief"] = [workers[0]]
+    return roles
+
+
+def cluster_addresses(roles, port):
+    """Roles on hosts -> {role: [host:port]}, ports counted up from ``port`` on each host."""
+    next_port, out = {}, {}
+    for role in ("ps", "worker", "chief"):
+        for host in roles.get(role, []):
+            p = next_port.get(host, port)
+            if p > 65535:
+                raise UsageError(f"--port {port}: host {host} needs ports past 65535")
+            next_port[host] = p + 1
+            fmt = f"[{host}]" if ":" in host and not host.startswith("[") else host
+            out.setdefault(role, []).append(f"{fmt}:{p}")
+    return out
+
+
+# What a remote task needs of this machine's environment (the rest is the host's own).
+FORWARDED_ENV = ("TF_CPP_MIN_LOG_LEVEL", "PYTHONUNBUFFERED", "OMPI_ALLOW_RUN_AS_ROOT",
+                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "TF_USE_LEGACY_KERAS")
+
+
+def remote_command(argv, env=None, tether=True):
+    """One shell line that runs ``argv`` on the host the way it runs here: same folder, the repo
+    importable, the same Python; tethered to the connection (common/tether.py)."""
+    env = os.environ if env is None else env
+    assignments = [f"PYTHONPATH={REPO}"] + [f"{k}={env[k]}" for k in FORWARDED_ENV if env.get(k)]
+    tail = [sys.executable, "-u", "-m", "common.tether", *argv] if tether else list(argv)
+    return f"cd {shlex.quote(REPO)} && exec env {' '.join(shlex.quote(a) for a in assignments)} {shlex.join(tail)}"
+
+
+def check_hosts(hosts, agent, out_dir, timeout=30):
+    """Before anything starts: every host runs a command through the agent, sees this repository
+    and this Python at the same paths, and sees the run directory (shared filesystem).
+    One line naming the first host that fails."""
+    os.makedirs(out_dir, exist_ok=True)
+    token = os.path.join(out_dir, f".hvdps-host-check-{os.getpid()}")
+    with open(token, "w") as f:
+        f.write("hvdps\n")
+    try:
+        probe = (f"test -d {shlex.quote(REPO)} || {{ echo 'no {REPO} (hosts need the same paths)'; exit 3; }}; "
+                 f"test -x {shlex.quote(sys.executable)} || {{ echo 'no {sys.executable}'; exit 3; }}; "
+                 f"test -f {shlex.quote(token)} || {{ echo 'cannot see {out_dir} (the run directory must be on a "
+                 f"filesystem every host shares)'; exit 3; }}; echo hvdps-ok")
+        for host in dict.fromkeys(h for h, _ in hosts):
+            try:
+                r = subprocess.run([*agent, host, probe], capture_output=True, text=True, timeout=timeout,
+                                   stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                raise UsageError(f"host {host}: no answer through {agent[0]} within {timeout}s")
+            if "hvdps-ok" not in r.stdout:
+                said = (r.stdout.strip() or r.stderr.strip() or f"exit code {r.returncode}").splitlines()[-1]
+                raise UsageError(f"host {host}: {said}" + ("" if r.returncode == 3 else
+                                 f" (cannot run commands through {agent[0]}; passwordless ssh set up?)"))
+    finally:
+        os.unlink(token)
+
+
+def local_network_of(host):
+    """The CIDR of this machine's interface that routes to ``host`` (``ip route get``): the network
+    MPI's traffic is kept on when the user names none."""
+    try:
+        addr = str(ipaddress.ip_address(host))
+    except ValueError:
+        import socket
+        try:
+            addr = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+        except (socket.gaierror, IndexError, UnicodeError):
+            raise UsageError(f"host {host}: cannot resolve its address; name the network with --network-interface")
+    try:
+        route = subprocess.run(["ip", "-o", "route", "get", addr], capture_output=True, text=True, timeout=10)
+        dev = re.search(r"\bdev (\S+)", route.stdout).group(1)
+        shown = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", dev], capture_output=True, text=True,
+                               timeout=10).stdout
+        cidr = re.search(r"inet (\S+)", shown).group(1)
+    except (OSError, subprocess.SubprocessError, AttributeError):
+        raise UsageError(f"host {host}: cannot tell which network reaches it; name it with --network-interface")
+    if dev == "lo":
+        return "127.0.0.0/8"
+    return str(ipaddress.ip_interface(cidr).network)

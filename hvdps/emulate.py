@@ -1,0 +1,305 @@
+"""hvdps-emulate: an emulated cluster on this machine, and the comparison run across it.
+
+    sudo hvdps-emulate --hosts 4 --rate 100mbit -- --workers 2,3 --backends horovod,ps
+    sudo hvdps-emulate --cleanup          # remove what a killed run left behind
+
+N hosts are network namespaces on one bridge (itself in a namespace of its own),
+each with its own address and its link shaped in both directions to --rate by a
+token bucket (``tc qdisc ... tbf``: the host's side shapes what it sends, the
+switch's side what it receives). hvdps-compare then runs in a further namespace
+on the same bridge, the login node, with exactly the flags a real cluster takes:
+``--hosts`` the hosts' addresses, ``--rsh`` an agent that enters a host's
+namespace the way ssh enters a host (hvdps/netns_agent.sh), and ``--links`` so
+the report shows the bytes each link really carried. Every packet stays inside
+these namespaces: nothing is added to this machine's own network.
+
+Everything is removed on exit, on Ctrl-C or SIGTERM, when the comparison fails,
+and at the next start if a killed run left anything behind (a state file under
+/run/hvdps-emulate names what each run created). Deleting a namespace deletes
+its veth and the qdiscs on it; processes in it are killed first.
+"""
+import argparse
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from common.errors import UsageError, cli
+from common.procs import REPO, child_env
+
+STATE_DIR = "/run/hvdps-emulate"
+AGENT = os.path.join(REPO, "hvdps", "netns_agent.sh")
+PREFIX = "hvdps-"
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$", re.I)
+_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def parse_rate(text):
+    """tc's rate syntax (100mbit, 1gbit, 500kbit) -> bits per second."""
+    m = _RATE.match(text.strip())
+    if not m:
+        raise UsageError(f"--rate {text!r}: expected a rate like 100mbit, 1gbit or 500kbit")
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def sh(*argv, timeout=30):
+    """Run one ip/tc command; its own error line if it fails."""
+    r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError((r.stderr.strip() or r.stdout.strip() or f"exit {r.returncode}").splitlines()[0])
+    return r.stdout
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _namespaces():
+    try:
+        return [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.strip()]
+    except (RuntimeError, OSError):
+        return []
+
+
+def remove_namespaces(names, grace=3.0):
+    """Kill every process in these namespaces (TERM, then KILL), then delete them."""
+    names = [n for n in names if n in set(_namespaces())]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = []
+        for ns in names:
+            try:
+                pids += [int(p) for p in sh("ip", "netns", "pids", ns).split()]
+            except (RuntimeError, ValueError, OSError):
+                pass
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 1.0)
+        while pids and time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+    for ns in reversed(names):
+        try:
+            sh("ip", "netns", "del", ns)
+        except (RuntimeError, OSError):
+            pass
+
+
+def cleanup_stale(out=sys.stdout):
+    """Remove what runs that are no longer alive left: namespaces named hvdps-<pid>-*, their state."""
+    removed = []
+    owners = {}
+    for ns in _namespaces():
+        m = re.match(rf"^{PREFIX}(\d+)-", ns)
+        if m:
+            owners.setdefault(int(m.group(1)), []).append(ns)
+    if os.path.isdir(STATE_DIR):
+        for name in os.listdir(STATE_DIR):
+            m = re.match(r"^(\d+)\.json$", name)
+            if m:
+                owners.setdefault(int(m.group(1)), [])
+    for pid, names in owners.items():
+        if pid != os.getpid() and _alive(pid):
+            continue
+        remove_namespaces(names)
+        removed += names
+        try:
+            os.unlink(os.path.join(STATE_DIR, f"{pid}.json"))
+        except OSError:
+            pass
+    if removed:
+        print(f"removed {len(removed)} namespace(s) a stopped run left behind: {', '.join(removed)}", file=out)
+    return removed
+
+
+def _free_subnet():
+    """A 10.231.X.0/24 that no interface or route of this machine and no live emulation uses."""
+    used = sh("ip", "-o", "addr") + sh("ip", "route")
+    taken = set()
+    for ns in _namespaces():
+        if ns.startswith(PREFIX):
+            try:
+                taken |= set(re.findall(r"10\.231\.(\d+)\.", sh("ip", "-n", ns, "-o", "addr")))
+            except (RuntimeError, OSError):
+                pass
+    for x in range(1, 255):
+        net = ipaddress.ip_network(f"10.231.{x}.0/24")
+        if str(x) not in taken and not any(ipaddress.ip_address(a) in net for a in
+                                           re.findall(r"\b(\d+\.\d+\.\d+\.\d+)", used)):
+            return f"10.231.{x}"
+    raise UsageError("no free 10.231.X.0/24 subnet for the emulated cluster")
+
+
+class EmulatedCluster:
+    """N shaped hosts and a login namespace on one bridge; ``down`` removes all of it."""
+
+    def __init__(self, count, rate):
+        self.count, self.rate, self.rate_bps = count, rate, parse_rate(rate)
+        self.tag = f"{PREFIX}{os.getpid()}"
+        self.sw, self.login = f"{self.tag}-sw", f"{self.tag}-login"
+        self.hosts = [f"{self.tag}-h{i + 1}" for i in range(count)]
+        self.subnet = None
+        self.addrs = []
+        self.sleeper = None
+        self.state = os.path.join(STATE_DIR, f"{os.getpid()}.json")
+
+    def up(self):
+        os.makedirs(STATE_DIR, exist_ok=True)
+        self.subnet = _free_subnet()
+        self.addrs = [f"{self.subnet}.{i + 1}" for i in range(self.count)]
+        with open(self.state, "w") as f:      # first, so a crash while building is cleaned up next time
+            json.dump({"pid": os.getpid(), "namespaces": [self.sw, self.login, *self.hosts]}, f)
+        sh("ip", "netns", "add", self.sw)
+        sh("ip", "-n", self.sw, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", self.sw, "link", "set", "br0", "up")
+        for ns, port, addr in [*zip(self.hosts, [f"h{i + 1}" for i in range(self.count)], self.addrs),
+                               (self.login, "login", f"{self.subnet}.254")]:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", self.sw)
+            sh("ip", "-n", self.sw, "link", "set", port, "master", "br0", "up")
+            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            sh("ip", "-n", ns, "link", "set", "eth0", "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        self.shape()
+        # A process in the switch's namespace: its /proc/PID/net/dev is every link's counters.
+        self.sleeper = subprocess.Popen(["ip", "netns", "exec", self.sw, "sleep", "infinity"],
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def shape(self):
+        """A token bucket on both ends of each host's link: the host's eth0 shapes what it sends,
+        the switch port what it receives. Burst: 5 ms at the rate (at least 16 kB, a few frames);
+        a queue of 200 ms, so TCP sees delay rather than drops and no retransmission is counted."""
+        burst = max(16 * 1024, int(self.rate_bps / 8 * 0.005))
+        for i, ns in enumerate(self.hosts):
+            for where, dev in (("-n", ns), ("-n", self.sw)):
+                device = "eth0" if dev == ns else f"h{i + 1}"
+                try:
+                    sh("tc", where, dev, "qdisc", "add", "dev", device, "root", "tbf", "rate", self.rate,
+                       "burst", str(burst), "latency", "200ms")
+                except RuntimeError as exc:
+                    raise UsageError(f"--rate {self.rate}: tc refused it: {exc}")
+
+    def describe(self):
+        return {"counters": f"/proc/{self.sleeper.pid}/net/dev",
+                "ports": {a: f"h{i + 1}" for i, a in enumerate(self.addrs)},
+                "rate": self.rate, "rate_bps": self.rate_bps, "subnet": f"{self.subnet}.0/24",
+                "namespaces": dict(zip(self.addrs, self.hosts))}
+
+    def netns_map(self):
+        return ",".join(f"{a}={n}" for a, n in zip(self.addrs, self.hosts))
+
+    def down(self):
+        remove_namespaces([self.sw, self.login, *self.hosts])
+        if self.sleeper:
+            try:
+                self.sleeper.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        left = [n for n in _namespaces() if n.startswith(self.tag + "-")]
+        if not left:
+            try:
+                os.unlink(self.state)
+            except OSError:
+                pass
+        return left
+
+
+def make_parser():
+    p = argparse.ArgumentParser(prog="hvdps-emulate", description=__doc__.splitlines()[0],
+                                usage="hvdps-emulate --hosts N --rate RATE [--out DIR] -- [hvdps-compare flags]")
+    p.add_argument("--hosts", type=int, default=4, help="emulated hosts (2-32)")
+    p.add_argument("--rate", default="100mbit", help="each host's link, both directions, in tc's syntax")
+    p.add_argument("--out", default=None, help="report folder (default runs/emulate-<date>)")
+    p.add_argument("--cleanup", action="store_true", help="only remove what stopped runs left, then exit")
+    return p
+
+
+def check_tools():
+    if os.geteuid() != 0:
+        raise UsageError("hvdps-emulate needs root (it creates network namespaces and qdiscs); run it with sudo")
+    for tool in ("ip", "tc"):
+        if not shutil.which(tool):
+            raise UsageError(f"hvdps-emulate needs '{tool}' (Debian: apt-get install iproute2)")
+
+
+@cli
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = make_parser().parse_args(ours)
+    check_tools()
+    cleanup_stale()
+    if args.cleanup:
+        return 0
+    if not 2 <= args.hosts <= 32:
+        raise UsageError(f"--hosts must be 2-32, got {args.hosts}")
+    parse_rate(args.rate)
+    for flag in ("--hosts", "--rsh", "--links", "--network-interface", "--out", "--train_dir"):
+        if any(a == flag or a.startswith(flag + "=") for a in rest):
+            raise UsageError(f"{flag} is chosen by hvdps-emulate; give hvdps-emulate's own --out instead"
+                             if flag in ("--out", "--train_dir") else f"{flag} is chosen by hvdps-emulate")
+    out = os.path.abspath(args.out or os.path.join("runs", time.strftime("emulate-%Y%m%d-%H%M%S")))
+    if os.path.exists(os.path.join(out, "report.md")):
+        raise UsageError(f"--out {out} already holds a report; choose another directory")
+    cluster = EmulatedCluster(args.hosts, args.rate)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+
+    for s in previous:
+        signal.signal(s, on_signal)
+    code = 1
+    try:
+        try:
+            cluster.up()
+        except RuntimeError as exc:
+            raise UsageError(f"cannot build the emulated cluster: {exc}")
+        os.makedirs(out, exist_ok=True)
+        desc = os.path.join(out, "cluster.json")
+        with open(desc, "w") as f:
+            json.dump(cluster.describe(), f, indent=2)
+        print(f"emulated cluster: {args.hosts} hosts {', '.join(cluster.addrs)}, each link {args.rate} both ways; "
+              f"login node {cluster.subnet}.254", flush=True)
+        cmd = ["ip", "netns", "exec", cluster.login, sys.executable, "-m", "hvdps.compare",
+               "--hosts", ",".join(cluster.addrs), "--rsh", AGENT, "--network-interface", f"{cluster.subnet}.0/24",
+               "--links", desc, "--out", out, *rest]
+        p = subprocess.Popen(cmd, env=child_env(HVDPS_NETNS_MAP=cluster.netns_map()), cwd=REPO,
+                             start_new_session=True)
+        try:
+            code = p.wait()
+        except KeyboardInterrupt:
+            print("interrupted: stopping the comparison and removing the emulated cluster", file=sys.stderr)
+            code = 130
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second Ctrl-C must not interrupt the teardown
+        left = cluster.down()
+        signal.signal(signal.SIGINT, previous[signal.SIGINT])
+        if left:
+            print(f"error: could not remove namespace(s) {', '.join(left)}; run hvdps-emulate --cleanup",
+                  file=sys.stderr)
+            code = code or 1
+        else:
+            print("emulated cluster removed", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

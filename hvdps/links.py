@@ -1,0 +1,189 @@
+"""Bytes that really crossed each host's link, beside what each method's algorithm predicts.
+
+Measured: the interface counters of each host's link, sampled while a run
+trains (``Sampler``, a thread of hvdps-compare) and read at the two ends of
+the run's measured interval (the same interval the throughput is taken over,
+warm-up excluded), divided by the rounds in it. A *round* is one step of every
+worker: one update under all-reduce and sync PS, ``n`` updates under async PS.
+Counters count frames as they leave and enter the interface, headers included
+(Ethernet, IP, TCP: about 4-5% over the payload at a 1500-byte MTU), so a
+measurement sits a little above the payload the formula counts.
+
+Predicted, per host link and direction, from the gradient's measured sizes
+(the summary's ``gradient``) and where each task ran:
+
+* ring all-reduce (Horovod, bare MPI): every host that holds ranks sends and
+  receives 2(n-1)/n x M per round, whatever n (ranks on one host pass through
+  shared memory, and the ring crosses each host boundary once each way);
+* PS: a worker pushes each PS task its share of the gradient and pulls that
+  task's share of the weights every batch, so a PS task's link carries
+  n x share in and n x share out per round, and a worker's link M each way
+  (traffic between tasks on one host stays off the link).
+
+On the emulated cluster (hvdps-emulate) the counters are the switch ports of
+the hosts' veths, read from /proc/PID/net/dev of a process in the switch's
+namespace: one read for every link, no process started per sample.
+"""
+import json
+import os
+import threading
+import time
+
+LINKS_FILE = "links.json"
+SAMPLE_EVERY = 0.25
+
+
+def read_net_dev(path):
+    """{interface: (rx_bytes, tx_bytes)} from a /proc/.../net/dev file."""
+    out = {}
+    with open(path) as f:
+        for line in f.readlines()[2:]:
+            name, _, rest = line.partition(":")
+            fields = rest.split()
+            if len(fields) >= 9:
+                out[name.strip()] = (int(fields[0]), int(fields[8]))
+    return out
+
+
+class Sampler:
+    """Samples every host's link counters in a thread: {host: [[unix time, bytes in, bytes out]]}.
+
+    ``ports``: {host: interface in the counters file}; the interface is the switch's side of the
+    host's link, so the host's *in* is the port's transmit and its *out* the port's receive."""
+
+    def __init__(self, counters, ports, every=SAMPLE_EVERY):
+        self.counters, self.ports, self.every = counters, ports, every
+        self.series = {h: [] for h in ports}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self):
+        try:
+            now, dev = time.time(), read_net_dev(self.counters)
+        except OSError:
+            return
+        for host, port in self.ports.items():
+            if port in dev:
+                rx, tx = dev[port]
+                self.series[host].append([round(now, 4), tx, rx])
+
+    def _run(self):
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def __enter__(self):
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sample()
+
+    def save(self, run_dir, extra):
+        path = os.path.join(run_dir, LINKS_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"series": self.series, **extra}, f)
+        os.replace(path + ".tmp", path)
+
+
+def _at(points, t):
+    """Counter value at ``t``, linear between samples; None outside them."""
+    before = [p for p in points if p[0] <= t]
+    after = [p for p in points if p[0] >= t]
+    if not before or not after:
+        return None
+    (t0, *a), (t1, *b) = before[-1], after[0]
+    if t1 == t0:
+        return tuple(a)
+    w = (t - t0) / (t1 - t0)
+    return tuple(x + (y - x) * w for x, y in zip(a, b))
+
+
+def rounds_between(steps, interval, batch_per_worker, workers, start_time):
+    """Rounds (one step of every worker) between the step records at the interval's ends
+    (``interval`` in Unix time, the records' ``wall_time`` from the run's ``start_time``)."""
+    at = [(start_time + s["wall_time"], s) for s in steps]
+    start = next((s for t, s in at if abs(t - interval[0]) < 1e-6), None)
+    end = next((s for t, s in at if abs(t - interval[1]) < 1e-6), None)
+    if start is None or end is None or not batch_per_worker or not workers:
+        return None
+    return (end["samples_seen"] - start["samples_seen"]) / (batch_per_worker * workers)
+
+
+def measured(links, interval, rounds):
+    """{host: {"in": bytes per round, "out": ...}} over the Unix-time ``interval``."""
+    if not links or not interval or not rounds or rounds <= 0:
+        return None
+    out = {}
+    for host, points in (links.get("series") or {}).items():
+        a, b = _at(points, interval[0]), _at(points, interval[1])
+        if a is None or b is None:
+            return None
+        out[host] = {"in": (b[0] - a[0]) / rounds, "out": (b[1] - a[1]) / rounds}
+    return out
+
+
+def predicted(backend, mode, roles, gradient, shard_bytes=None):
+    """{host: {"in": bytes per round, "out": ...}} by the method's algorithm; None when the run's
+    placement or sizes are unknown. ``roles``: {task name: host} (``worker:i``, ``rank:i``, ``ps:i``)."""
+    if not roles or not gradient:
+        return None
+    dense, sparse, table = (gradient.get(k) or 0 for k in ("dense_bytes", "sparse_bytes", "sparse_table_bytes"))
+    hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}
+    if backend in ("horovod", "mpi"):
+        ranks = [h for t, h in roles.items() if t.startswith("rank:")]
+        n = len(ranks)
+        if sparse and not (backend == "mpi" or mode == "sparse_as_dense"):
+            return None                         # all-gathered slices: not the ring's rule
+        ring = 2 * (n - 1) / n * (dense + table) if n else 0.0
+        used = set(ranks)
+        for h in hosts:
+            if h in used and len(used) > 1:
+                hosts[h] = {"in": ring, "out": ring}
+        return hosts
+    if backend in ("ps", "ps2"):
+        workers = [h for t, h in roles.items() if t.startswith("worker:")]
+        ps = {t: h for t, h in roles.items() if t.startswith("ps:")}
+        model = dense + sparse
+        total = sum((shard_bytes or {}).values())
+        for task, ph in ps.items():
+            share = (shard_bytes[task] / total) if total and task in (shard_bytes or {}) else 1 / len(ps)
+            for wh in workers:
+                if wh == ph:
+                    continue
+                moved = share * model
+                hosts[wh]["out"] += moved
+                hosts[wh]["in"] += moved
+                hosts[ph]["in"] += moved
+                hosts[ph]["out"] += moved
+        return hosts
+    return None
+
+
+def link_rows(run, row, curves, links, interval):
+    """The run's per-link table rows: host, its tasks, measured and predicted bytes per round."""
+    steps = curves.get("steps") or []
+    header = curves.get("header") or {}
+    rounds = rounds_between(steps, interval, row.get("batch_per_worker"), row.get("workers"),
+                            header.get("start_time") or 0) if interval else None
+    got = measured(links, interval, rounds)
+    roles = (links or {}).get("roles") or {}
+    want = predicted(row.get("backend"), row.get("mode"), roles,
+                     (curves.get("summary") or {}).get("gradient"), header.get("ps_shard_bytes"))
+    if not got:
+        return []
+    out = []
+    for host in got:
+        tasks = [t for t, h in roles.items() if h == host]
+        p = (want or {}).get(host) or {}
+        out.append({"host": host, "tasks": tasks, "in": got[host]["in"], "out": got[host]["out"],
+                    "predicted_in": p.get("in"), "predicted_out": p.get("out"), "rounds": rounds})
+    return out
+
+
+def ratio(measured_bytes, predicted_bytes):
+    if predicted_bytes is None or measured_bytes is None or predicted_bytes <= 0:
+        return None
+    return measured_bytes / predicted_bytes
