@@ -74,7 +74,7 @@ def rsh_argv(rsh, hosts_text=None):
     return list(SSH)
 
 
-def take_slots(hosts, n, what="workers"):
+def take_slots(hosts, n, what="workers", where="in all"):
     """The first ``n`` slots, in host order: [(host, slots used)]."""
     out, left = [], n
     for host, slots in hosts:
@@ -85,7 +85,7 @@ def take_slots(hosts, n, what="workers"):
         left -= use
     if left > 0:
         total = sum(s for _, s in hosts)
-        raise UsageError(f"--hosts has {total} slot(s) in all, {n} {what} asked for")
+        raise UsageError(f"--hosts has {total} slot(s) {where}, {n} {what} asked for")
     return out
 
 
@@ -104,7 +104,8 @@ def place_ps(hosts, num_workers, num_ps, placement="own", chief=False):
             raise UsageError(f"--ps_placement own: PS host(s) {names} would also be the only worker host(s); "
                              f"list more hosts or use --ps_placement beside")
         ps = [h for h, _ in hosts[:num_ps]]
-        workers = [h for h, s in take_slots(hosts[num_ps:], num_workers) for _ in range(s)]
+        workers = [h for h, s in take_slots(hosts[num_ps:], num_workers, where="beside the PS host(s)")
+                   for _ in range(s)]
     else:
         workers = [h for h, s in take_slots(hosts, num_workers) for _ in range(s)]
         used = list(dict.fromkeys(workers))

@@ -37,13 +37,13 @@ from hvdps.launchers import Remote, get_launcher, parse_variants
 from hvdps.report import RUN_RECORD, collect, environment_of, runs_from_dirs, write_report
 
 
-def parse_workers(text):
+def parse_workers(text, flag="--workers"):
     try:
-        counts = sorted({int(x) for x in text.split(",") if x.strip()})
+        counts = sorted({int(x) for x in str(text).split(",") if x.strip()})
     except ValueError:
-        raise UsageError(f"--workers expects numbers like 1,2,4, got {text!r}")
+        raise UsageError(f"{flag} expects numbers like 1,2,4, got {text!r}")
     if not counts or counts[0] < 1:
-        raise UsageError(f"--workers expects positive numbers, got {text!r}")
+        raise UsageError(f"{flag} expects positive numbers, got {text!r}")
     return counts
 
 
@@ -78,18 +78,19 @@ def plan_runs(args, trainer_args, cores, remote=None):
     runs = []
     for backend, mode in parse_variants(args.backends):
         launcher = get_launcher(backend)
-        servers = launcher.server_tasks(args.num_ps)
-        for n in parse_workers(args.workers):
-            name = f"{backend}-{mode}-w{n}" + (f"-ps{args.num_ps}" if servers else "")
-            run_dir = os.path.join(args.out, "runs", name)
-            cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=args.num_ps,
-                                   remote=remote)
-            procs = n + servers
-            run = {"name": name, "backend": backend, "mode": mode, "workers": n, "run_dir": run_dir,
-                   "cmd": cmd, "env": launcher.env(remote), "oversubscribed": procs > cores and not remote}
-            if remote:
-                run["roles"] = roles_of(launcher, remote, n, args.num_ps)
-            runs.append(run)
+        for num_ps in (parse_workers(args.num_ps, "--num_ps") if launcher.server_tasks(1) else [1]):
+            servers = launcher.server_tasks(num_ps)
+            for n in parse_workers(args.workers):
+                name = f"{backend}-{mode}-w{n}" + (f"-ps{num_ps}" if servers else "")
+                run_dir = os.path.join(args.out, "runs", name)
+                cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=num_ps,
+                                       remote=remote)
+                procs = n + servers
+                run = {"name": name, "backend": backend, "mode": mode, "workers": n, "run_dir": run_dir,
+                       "cmd": cmd, "env": launcher.env(remote), "oversubscribed": procs > cores and not remote}
+                if remote:
+                    run["roles"] = roles_of(launcher, remote, n, num_ps)
+                runs.append(run)
     return runs
 
 
@@ -194,7 +195,8 @@ def make_parser():
     g.add_argument("--workers", default="1,2", help="worker counts, e.g. 1,2,4")
     g.add_argument("--backends", default="horovod,ps", help="horovod, mpi (bare mpi4py Allreduce, the reference for Horovod), ps (both modes), ps:async, "
                         "ps:sync, ps2 (TF2's ParameterServerStrategy)")
-    g.add_argument("--num_ps", type=int, default=1, help="parameter-server tasks for PS runs")
+    g.add_argument("--num_ps", default="1", help="parameter-server tasks for PS runs; 1,2 runs each PS variant "
+                                                   "with 1 and with 2 shards")
     g.add_argument("--run_timeout", type=float, default=900, help="seconds before a run is stopped")
     g.add_argument("--dry-run", dest="dry_run", action="store_true", help="print the commands, run nothing")
     g.add_argument("--from", dest="from_dirs", nargs="+", default=None,
@@ -246,8 +248,7 @@ def main(argv=None):
     absolute_paths(args)             # every run starts in the repository, not in the user's folder
     cfg = from_args(args)
     args.out = cfg.train_dir
-    if args.num_ps < 1:
-        raise UsageError("--num_ps must be at least 1")
+    parse_workers(args.num_ps, "--num_ps")
     check_finite("run_timeout", args.run_timeout)
     if args.run_timeout <= 0:
         raise UsageError(f"--run_timeout must be positive, got {args.run_timeout}")

@@ -161,7 +161,7 @@ def links_section(rows):
     else:
         lines += ["| run | host | tasks |", "|---|---|---|"]
     for r in placed:
-        name = f"{r.get('model') or '-'} {name_of(r)} w{r['workers']}" + (f" ps{r['num_ps']}" if r.get("num_ps") else "")
+        name = f"{r.get('model') or '-'} {name_of(r)}, {r['workers']} workers"
         if r.get("links"):
             util = f"{100 * r['link_utilisation']:.0f}% of rate" if r.get("link_utilisation") is not None else "-"
             for i, x in enumerate(r["links"]):
@@ -190,8 +190,7 @@ def _link_sentence(r):
     m = r.get("grad_bytes_per_step")
     if not m or r.get("busiest_link_bytes") is None:
         return None
-    text = (f"- {r.get('model') or '-'}, {name_of(r)}, {r['workers']} workers"
-            + (f", {r['num_ps']} PS" if r.get("num_ps") else "") +
+    text = (f"- {r.get('model') or '-'}, {name_of(r)}, {r['workers']} workers" +
             f": the busiest link carried {r['busiest_link_bytes'] / m:.2f} x M per round")
     if r.get("busiest_link_predicted"):
         text += f" (formula {r['busiest_link_predicted'] / m:.2f} x M; measured/formula {r['busiest_link_bytes'] / r['busiest_link_predicted']:.2f})"
@@ -202,10 +201,10 @@ def _link_sentence(r):
 
 def add_scaling(rows):
     """Efficiency = throughput(n) / (n * throughput(1)) within the same workload, backend and mode."""
-    base = {(r.get("model"), r["backend"], r["mode"]): r.get("samples_per_sec_median")
+    base = {(r.get("model"), r["backend"], r["mode"], r.get("num_ps")): r.get("samples_per_sec_median")
             for r in rows if r["workers"] == 1 and r.get("status") == "ok"}
     for r in rows:
-        b, t = base.get((r.get("model"), r["backend"], r["mode"])), r.get("samples_per_sec_median")
+        b, t = base.get((r.get("model"), r["backend"], r["mode"], r.get("num_ps"))), r.get("samples_per_sec_median")
         r["scaling_efficiency"] = (t / (r["workers"] * b)) if b and t and r.get("status") == "ok" else None
 
 
@@ -276,7 +275,8 @@ def write_report(rows, out, cfg_dict, environment):
 
 
 def name_of(r):
-    return NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
+    name = NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
+    return name + (f" ({r['num_ps']} PS)" if (r.get("num_ps") or 0) > 1 else "")
 
 
 def within_noise(a, b):
@@ -513,7 +513,7 @@ def _workloads(rows):
 
 
 def _label(r):
-    return NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
+    return name_of(r)
 
 
 def write_plots(rows, out):

@@ -1,0 +1,137 @@
+"""The emulated cluster: hvdps-emulate brings up shaped hosts, runs hvdps-compare --hosts across
+them, measures each link, and leaves nothing behind (namespaces, qdiscs with them, processes).
+
+Needs root and iproute2 (ip, tc with tbf); skipped with the reason elsewhere.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, env
+
+pytestmark = pytest.mark.root
+
+FAST = ["--hidden_units", "1024", "--batch_size", "32", "--log_every", "5", "--warmup_steps", "10",
+        "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false", "--no-progress", "--run_timeout", "240"]
+
+
+@pytest.fixture(autouse=True)
+def need_root():
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        pytest.skip("the emulated cluster needs root, ip and tc")
+
+
+def emulate(*argv, timeout=600):
+    return subprocess.run([sys.executable, "-m", "hvdps.emulate", *argv], capture_output=True, text=True,
+                          env=env(), cwd=REPO, timeout=timeout)
+
+
+def ours(pid):
+    """Namespaces, state file and processes one hvdps-emulate (by pid) could have left."""
+    names = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+             if n.startswith(f"hvdps-{pid}-")]
+    state = os.path.exists(f"/run/hvdps-emulate/{pid}.json")
+    return names, state
+
+
+def left_processes(marker):
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_ring_and_one_ps_across_shaped_hosts(tmp_path):
+    out = tmp_path / "emu"
+    p = subprocess.Popen([sys.executable, "-m", "hvdps.emulate", "--hosts", "3", "--rate", "50mbit",
+                          "--out", str(out), "--", "--workers", "2", "--backends", "horovod,ps:sync",
+                          "--train_steps", "40", *FAST], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env(), cwd=REPO)
+    text = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, text[-4000:]
+    assert "emulated cluster removed" in text
+    assert ours(p.pid) == ([], False) and not left_processes(str(out))
+
+    rows = {(r["backend"], r["mode"]): r for r in json.load(open(out / "results.json"))["rows"]}
+    ring, ps = rows[("horovod", "sync")], rows[("ps", "sync")]
+    assert ring["status"] == ps["status"] == "ok"
+    model = ring["grad_bytes_per_step"]
+    # Every link with a formula is within 10% of it, headers included.
+    for r in (ring, ps):
+        assert 0.95 <= r["link_bytes_ratio"] <= 1.10, r
+    # The classic result: the PS link carries n x M each way (2 x M here), a ring link 2(n-1)/n x M (1 x M).
+    assert ps["busiest_link_bytes"] / model == pytest.approx(2.0, rel=0.1)
+    assert ring["busiest_link_bytes"] / model == pytest.approx(1.0, rel=0.1)
+    # With the exchange dominating the step, the ring's round is the shorter by a clear margin.
+    assert ps["round_s"] > 1.5 * ring["round_s"], (ps["round_s"], ring["round_s"])
+    report = open(out / "report.md").read()
+    assert "## Hosts and links" in report and "ps:0" in report and "rank:1" in report
+
+
+def test_interrupted_comparison_leaves_nothing(tmp_path):
+    out = tmp_path / "emu"
+    p = subprocess.Popen([sys.executable, "-m", "hvdps.emulate", "--hosts", "3", "--rate", "50mbit",
+                          "--out", str(out), "--", "--workers", "2", "--backends", "ps:sync",
+                          "--train_steps", "100000", *FAST], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env(), cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (out / "runs" / "ps-sync-w2-ps1" / "metrics.jsonl").exists():
+            time.sleep(0.5)
+        assert (out / "runs" / "ps-sync-w2-ps1" / "metrics.jsonl").exists(), "training never started"
+        names, state = ours(p.pid)
+        assert len(names) == 5 and state                      # 3 hosts, the switch, the login node
+        os.kill(p.pid, signal.SIGINT)                         # Ctrl-C
+        text = p.communicate(timeout=60)[0]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert p.returncode == 130, text[-3000:]
+    assert ours(p.pid) == ([], False) and not left_processes(str(out))
+
+
+def test_what_a_killed_run_left_is_removed_at_the_next_start(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()                                              # a pid that is no longer alive
+    ns = f"hvdps-{dead.pid}-h1"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "300"])
+    try:
+        r = emulate("--cleanup")
+        assert r.returncode == 0, r.stderr
+        assert ns in r.stdout and sleeper.wait(timeout=10) is not None
+        assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--hosts", "1"], "--hosts must be 2-32"),
+    (["--rate", "fast"], "expected a rate like 100mbit"),
+    (["--rate", "1bit"], "tc refused it"),
+    (["--", "--hosts", "a,b"], "--hosts is chosen by hvdps-emulate"),
+    (["--", "--out", "x"], "--out is chosen by hvdps-emulate"),
+])
+def test_bad_input_one_line_and_nothing_left(argv, message):
+    p = subprocess.Popen([sys.executable, "-m", "hvdps.emulate", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
+    _, err = p.communicate(timeout=120)
+    lines = err.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], err
+    assert ours(p.pid) == ([], False)
+    assert not re.search(rf"hvdps-{p.pid}-", subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                             text=True).stdout)

@@ -1,0 +1,202 @@
+"""Across hosts without the hosts: placement, commands, host checks, link formulas, the tether."""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common import remote
+from common.errors import UsageError
+from hvdps import compare, links
+from tests.conftest import REPO, env
+
+HOSTS = [("h1", 1), ("h2", 1), ("h3", 2)]
+
+
+@pytest.mark.parametrize("hosts, workers, num_ps, placement, chief, want", [
+    (HOSTS, 2, 1, "own", False, {"ps": ["h1"], "worker": ["h2", "h3"]}),
+    (HOSTS, 3, 1, "own", False, {"ps": ["h1"], "worker": ["h2", "h3", "h3"]}),
+    (HOSTS, 2, 2, "own", False, {"ps": ["h1", "h2"], "worker": ["h3", "h3"]}),
+    (HOSTS, 2, 2, "beside", False, {"ps": ["h1", "h2"], "worker": ["h1", "h2"]}),
+    (HOSTS, 4, 3, "beside", False, {"ps": ["h1", "h2", "h3"], "worker": ["h1", "h2", "h3", "h3"]}),
+    (HOSTS, 1, 1, "own", True, {"ps": ["h1"], "worker": ["h2"], "chief": ["h2"]}),
+])
+def test_place_ps(hosts, workers, num_ps, placement, chief, want):
+    assert remote.place_ps(hosts, workers, num_ps, placement, chief) == want
+
+
+@pytest.mark.parametrize("hosts, workers, num_ps, placement, message", [
+    ([("h1", 4)], 2, 1, "own", "only worker host"),
+    (HOSTS, 4, 1, "own", "3 slot(s) beside the PS host(s), 4 workers"),
+    (HOSTS, 5, 1, "beside", "4 slot(s) in all, 5 workers"),
+    (HOSTS, 1, 1, "elsewhere", "--ps_placement must be one of"),
+])
+def test_place_ps_refuses(hosts, workers, num_ps, placement, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        remote.place_ps(hosts, workers, num_ps, placement)
+
+
+def test_cluster_addresses_count_ports_per_host():
+    roles = {"ps": ["h1"], "worker": ["h2", "h2"], "chief": ["h2"]}
+    assert remote.cluster_addresses(roles, 2222) == {"ps": ["h1:2222"], "worker": ["h2:2222", "h2:2223"],
+                                                     "chief": ["h2:2224"]}
+
+
+@pytest.mark.parametrize("text, want", [
+    ("h1,h2:3", [("h1", 1), ("h2", 3)]),
+    ("10.0.0.1:2", [("10.0.0.1", 2)]),
+])
+def test_resolve_hosts(text, want):
+    assert remote.resolve_hosts(text) == want
+
+
+@pytest.mark.parametrize("text, message", [
+    ("h1,h1", "listed twice"),
+    ("h1,,h2", "empty entry"),
+    ("h1:0", "positive integer"),
+    ("bad_host!", "invalid host name"),
+    ("/nonexistent/hostfile", "cannot read hostfile"),
+])
+def test_resolve_hosts_refuses(text, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        remote.resolve_hosts(text)
+
+
+def test_hostfile_and_slurm_forms(tmp_path, monkeypatch):
+    path = tmp_path / "hosts"
+    path.write_text("# two nodes\nnode1 slots=2\nnode2 slots=2\n")
+    assert remote.resolve_hosts(str(path)) == [("node1", 2), ("node2", 2)]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text("#!/bin/sh\necho n01; echo n02; echo n03\n")
+    (fake / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    assert remote.slurm_hosts({"SLURM_JOB_NODELIST": "n[01-03]", "SLURM_TASKS_PER_NODE": "2(x2),1"}) == \
+        [("n01", 2), ("n02", 2), ("n03", 1)]
+    with pytest.raises(UsageError, match="not inside a SLURM allocation"):
+        remote.slurm_hosts({})
+
+
+def test_remote_command_runs_here_as_it_would_there(tmp_path):
+    line = remote.remote_command([sys.executable, "-c", "import os, sys; print(os.getcwd()); print(sys.path[1])"],
+                                 tether=False)
+    out = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, timeout=60).stdout.split()
+    assert out[0] == REPO
+
+
+def call(argv):
+    """hvdps-compare's exit code, as the shell would see it."""
+    try:
+        return compare.main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+DRY = ["--workers", "2", "--dry-run", "--network-interface", "10.9.0.0/24", "--out", "/tmp/hvdps-dry"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--hosts", "h1,h1"], "listed twice"),
+    (["--hosts", "h1:1", "--backends", "horovod"], "1 slot(s) in all, 2 workers"),
+    (["--hosts", "h1:4", "--backends", "ps"], "only worker host"),
+    (["--hosts", "h1,h2,h3", "--port", "70000"], "--port must be"),
+    (["--rsh", "ssh"], "applies only with --hosts"),
+    (["--hosts", "h1,h2,h3", "--rsh", "no-such-agent-here"], "is not an executable"),
+])
+def test_compare_hosts_usage_errors(extra, message, capsys):
+    assert call([*DRY, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
+
+
+def test_dry_run_shows_each_host_and_its_command(capsys):
+    assert call([*DRY, "--hosts", "h1,h2,h3", "--backends", "horovod,ps:sync", "--rsh", "/bin/true"]) == 0
+    out = capsys.readouterr().out
+    assert "# horovod-sync-w2: rank:0 on h1, rank:1 on h2" in out
+    assert "-H h1:1,h2:1" in out and "btl_tcp_if_include 10.9.0.0/24" in out and "plm_rsh_agent /bin/true" in out
+    assert "# ps-sync-w2-ps1: ps:0 on h1, worker:0 on h2, worker:1 on h3" in out
+    for task, host in (("ps:0", "h1"), ("worker:0", "h2"), ("worker:1", "h3")):
+        line = next(l for l in out.splitlines() if l.startswith(f"#   {task}:"))
+        assert f"/bin/true {host} " in line and "-m common.tether" in line and "--ps_hosts=h1:2222" in line
+
+
+def test_unreachable_host_is_named_before_anything_runs(tmp_path, capsys):
+    agent = tmp_path / "agent"
+    agent.write_text('#!/bin/sh\n[ "$1" = h2 ] && { echo "ssh: connect to host h2 port 22: No route to host" >&2; '
+                     'exit 255; }\nshift; exec /bin/sh -c "$*"\n')
+    agent.chmod(0o755)
+    code = call(["--hosts", "h1,h2,h3", "--rsh", str(agent), "--network-interface", "lo", "--workers", "2",
+                         "--backends", "ps:sync", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: host h2: ssh: connect to host h2"), err
+    assert not os.path.exists(tmp_path / "out" / "runs")           # nothing was started
+
+
+def test_host_without_the_shared_run_directory_is_named(tmp_path, capsys):
+    agent = tmp_path / "agent"        # h3 sees another filesystem: the token file is not there
+    agent.write_text('#!/bin/sh\nh=$1; shift\n[ "$h" = h3 ] && exec /bin/sh -c "cd /tmp && '
+                     'test -f /nonexistent || { echo \'cannot see the run directory\'; exit 3; }"\n'
+                     'exec /bin/sh -c "$*"\n')
+    agent.chmod(0o755)
+    code = call(["--hosts", "h1,h2,h3", "--rsh", str(agent), "--network-interface", "lo", "--workers", "2",
+                         "--backends", "ps:sync", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == ["error: host h3: cannot see the run directory"], err
+
+
+GRADIENT = {"dense_bytes": 1000, "sparse_bytes": 0, "sparse_table_bytes": 0}
+
+
+@pytest.mark.parametrize("backend, mode, roles, shards, want", [
+    # ring: 2(n-1)/n x M each way on every host with ranks
+    ("horovod", "sync", {"rank:0": "a", "rank:1": "b"}, None, {"a": 1000, "b": 1000}),
+    ("mpi", "sync", {"rank:0": "a", "rank:1": "b", "rank:2": "c", "rank:3": "d"}, None,
+     {h: 1500 for h in "abcd"}),
+    ("horovod", "sync", {"rank:0": "a", "rank:1": "a"}, None, {"a": 0}),        # one host: shared memory only
+    # one PS: n x M on its link, M on each worker's
+    ("ps", "sync", {"ps:0": "p", "worker:0": "a", "worker:1": "b", "worker:2": "c"}, None,
+     {"p": 3000, "a": 1000, "b": 1000, "c": 1000}),
+    # two shards as placed: each carries its share times n
+    ("ps", "async", {"ps:0": "p", "ps:1": "q", "worker:0": "a", "worker:1": "b"}, {"ps:0": 750, "ps:1": 250},
+     {"p": 1500, "q": 500, "a": 1000, "b": 1000}),
+    # a PS beside a worker: that worker's traffic to it stays on the host
+    ("ps", "sync", {"ps:0": "a", "worker:0": "a", "worker:1": "b"}, None, {"a": 1000, "b": 1000}),
+])
+def test_link_formulas(backend, mode, roles, shards, want):
+    got = links.predicted(backend, mode, roles, GRADIENT, shards)
+    assert {h: v["in"] for h, v in got.items()} == pytest.approx(want)
+    assert {h: v["out"] for h, v in got.items()} == pytest.approx(want)
+
+
+def test_measured_bytes_per_round_from_counter_samples():
+    data = {"series": {"a": [[10.0, 0, 0], [11.0, 1000, 2000], [13.0, 3000, 6000]]}}
+    got = links.measured(data, (10.5, 12.0), rounds=4)
+    assert got["a"] == {"in": pytest.approx((2000 - 500) / 4), "out": pytest.approx((4000 - 1000) / 4)}
+    assert links.measured(data, (9.0, 12.0), rounds=4) is None          # counters do not cover the interval
+
+
+def test_read_net_dev(tmp_path):
+    path = tmp_path / "dev"
+    path.write_text("Inter-|   Receive  |  Transmit\n face |bytes packets errs drop fifo frame compressed "
+                    "multicast|bytes packets\n    h1: 1234 5 0 0 0 0 0 0 5678 9 0 0 0 0 0 0\n")
+    assert links.read_net_dev(str(path)) == {"h1": (1234, 5678)}
+
+
+@pytest.mark.process
+def test_tether_ends_the_command_when_its_connection_closes(tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "common.tether", sys.executable, "-c",
+                          "import time; print('up', flush=True); time.sleep(120)"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env(), cwd=REPO)
+    try:
+        assert p.stdout.readline().strip() == "up"
+        assert b"time.sleep(120)" in open(f"/proc/{p.pid}/cmdline", "rb").read()   # the command kept the pid
+        started = time.monotonic()
+        p.stdin.close()                              # what a dropped ssh session does to the remote side
+        assert p.wait(timeout=15) != 0 and time.monotonic() - started < 10
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.stdout.read() == ""                     # the watcher left no writer behind
