@@ -15,7 +15,7 @@ DEMO_CNN_EPOCHS ?= 10
 # The environment of the processes the project starts (Open MPI as root, quiet TF, the repo on
 # PYTHONPATH) is set in one place: common/procs.py:child_env, used by every launcher and the tests.
 
-.PHONY: setup demo test bench clean-venv
+.PHONY: setup demo test bench emulate clean-venv
 
 setup: $(STAMP)
 
@@ -68,6 +68,18 @@ demo: setup
 	$(BIN)/hvdps-compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs $(DEMO_OUT)/rec/runs --out $(DEMO_OUT)
 	-$(BIN)/hvdps-compare --project --from $(DEMO_OUT)/cnn/runs --bandwidth-gbps 25 --latency-us 10 \
 	    --max-workers 64 --out $(DEMO_OUT)/projection
+
+# The comparison on an emulated cluster (root: network namespaces, tc tbf): EMU_HOSTS hosts, each link
+# EMU_RATE both ways, slow enough that the exchange dominates the MLP's step (1024 hidden units: M =
+# 307 kB of gradient per step). Ring (Horovod, bare MPI) against PS sync/async and TF2's PS with 1 and
+# 2 shards at 1-3 workers; the report shows the bytes each link carried against the formulas.
+EMU_HOSTS ?= 5
+EMU_RATE ?= 50mbit
+emulate: setup
+	$(SUDO) $(BIN)/hvdps-emulate --hosts $(EMU_HOSTS) --rate $(EMU_RATE) --out runs/emulate-$(shell date +%Y%m%d-%H%M%S) -- \
+	    --workers 1,2,3 --backends horovod,mpi,ps,ps2 --num_ps 1,2 --model mlp --hidden_units 1024 --batch_size 32 \
+	    --train_steps 40 --log_every 5 --warmup_steps 10 --eval_every_epoch false --checkpoint_every_epoch false \
+	    --no-progress
 
 test: setup
 	$(BIN)/python -m pytest -q --timeout 900 --durations=15 tests

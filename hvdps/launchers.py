@@ -38,11 +38,13 @@ class Remote:
 
 # Across hosts: TCP on the named network only (shared memory between ranks on one host), and
 # Open MPI's ring all-reduce, the algorithm whose per-link bytes 2(n-1)/n*M the report checks
-# (Open MPI's tuned default switches algorithm by message size and rank count).
+# (Open MPI's tuned default switches algorithm by message size and rank count). rtc_hwloc_vmhole none:
+# orted skips sharing its hwloc topology through a fixed-address shared-memory segment, which
+# crashes orted (SIGSEGV in hwloc_shmem_topology_write) when it cannot map that address.
 def remote_mpi_flags(remote):
     net = remote.network
     flags = ["--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", net,
-             "--mca", "oob_tcp_if_include", net,
+             "--mca", "oob_tcp_if_include", net, "--mca", "rtc_hwloc_vmhole", "none",
              "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"]
     if remote.rsh_given:
         flags += ["--mca", "plm_rsh_agent", " ".join(remote.agent)]
