@@ -133,7 +133,11 @@ def add_links(row, curves, roles):
     way = "in" if busiest["in"] >= busiest["out"] else "out"
     row["busiest_link_bytes"] = busiest[way]
     row["busiest_link_predicted"] = busiest["predicted_" + way]
-    ratios = [x[w] / x["predicted_" + w] for x in table for w in ("in", "out") if x.get("predicted_" + w)]
+    # Worst measured/formula over the links that carry a tenth of the model or more: on a shard of a few
+    # kB the fixed costs of each RPC (step counter reads, headers) outweigh the tensors themselves.
+    floor = 0.1 * (row.get("grad_bytes_per_step") or 0)
+    ratios = [x[w] / x["predicted_" + w] for x in table for w in ("in", "out")
+              if x.get("predicted_" + w) and x["predicted_" + w] >= floor]
     row["link_bytes_ratio"] = max(ratios, key=lambda q: abs(q - 1)) if ratios else None
     row["round_s"] = (interval[1] - interval[0]) / busiest["rounds"]
     row["link_rate_bps"] = links.get("rate_bps")
@@ -188,8 +192,8 @@ def _fmt_bytes(v):
 def _link_sentence(r):
     """The busiest link in multiples of the model's bytes M, measured against the formula."""
     m = r.get("grad_bytes_per_step")
-    if not m or r.get("busiest_link_bytes") is None:
-        return None
+    if not m or r.get("busiest_link_bytes") is None or r["busiest_link_bytes"] < 0.01 * m:
+        return None                   # nothing crossed a link (one worker under all-reduce)
     text = (f"- {r.get('model') or '-'}, {name_of(r)}, {r['workers']} workers" +
             f": the busiest link carried {r['busiest_link_bytes'] / m:.2f} x M per round")
     if r.get("busiest_link_predicted"):
