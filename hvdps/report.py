@@ -545,6 +545,9 @@ def write_plots(rows, out):
             if eff:
                 ax2.plot(*zip(*eff), "o-", label=label)
         ax1.set(xlabel="workers", ylabel="samples/sec (median, 95% interval)", title=f"{model}: throughput")
+        rates = [r["samples_per_sec_median"] for runs in series.values() for r in runs]
+        if rates and max(rates) > 20 * min(rates):   # e.g. one worker with no link against shaped links:
+            ax1.set_yscale("log")                      # a linear axis would flatten every multi-worker run
         ax2.set(xlabel="workers", ylabel="throughput(n) / (n x throughput(1))", ylim=(0, 1.2),
                 title=f"{model}: scaling efficiency")
         for ax in (ax1, ax2):
