@@ -29,11 +29,12 @@ class MPIBackend(AllreduceBackend):
         super().__init__()
         self.comm = self.MPI = None
         self.threads = None
-        self.exchange_seconds = 0.0        # wall time inside the gradient Allreduce, this rank
-        self.exchanges = 0
+        self.exchange_times = []           # wall time inside each gradient Allreduce, this rank
+        self.warmup_steps = 0
 
     def setup(self, cfg):
         yield_when_idle()                    # MPI: as the Horovod trainer, before MPI_Init
+        self.warmup_steps = cfg.warmup_steps
         from mpi4py import MPI               # MPI: MPI_Init_thread happens here
         self.MPI, self.comm = MPI, MPI.COMM_WORLD
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
@@ -65,8 +66,7 @@ class MPIBackend(AllreduceBackend):
         out = np.empty_like(flat)
         t0 = time.perf_counter()
         self.comm.Allreduce(flat, out, op=self.MPI.SUM)
-        self.exchange_seconds += time.perf_counter() - t0
-        self.exchanges += 1
+        self.exchange_times.append(time.perf_counter() - t0)
         return out
 
     def average_gradients(self, grads):
@@ -118,9 +118,12 @@ class MPIBackend(AllreduceBackend):
         return float(self.allreduce(worst, op="max"))
 
     def summary_extra(self):
-        """Mean seconds per gradient Allreduce on this rank (None if there was none): the measured
-        exchange of the breakdown."""
-        seconds = self.exchange_seconds / self.exchanges if self.exchanges else None
+        """Median seconds per gradient Allreduce on this rank after the warm-up steps (None if there
+        was none): the measured exchange of the breakdown, taken like the step it is part of (the
+        median step of the measured interval). The first Allreduces open the connections and would
+        weigh on a mean."""
+        times = self.exchange_times[self.warmup_steps:] or self.exchange_times
+        seconds = float(np.median(times)) if times else None
         return {"exchange_s_per_step": seconds, "exchange_s": seconds}
 
 
