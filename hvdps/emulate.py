@@ -18,7 +18,6 @@ and at the next start if a killed run left anything behind (a state file under
 /run/hvdps-emulate names what each run created). Deleting a namespace deletes
 its veth and the qdiscs on it; processes in it are killed first.
 """
-import argparse
 import ipaddress
 import json
 import os
@@ -29,6 +28,7 @@ import subprocess
 import sys
 import time
 
+from common.config import Parser
 from common.errors import UsageError, cli
 from common.procs import REPO, child_env
 
@@ -218,7 +218,7 @@ class EmulatedCluster:
 
 
 def make_parser():
-    p = argparse.ArgumentParser(prog="hvdps-emulate", description=__doc__.splitlines()[0],
+    p = Parser(prog="hvdps-emulate", description=__doc__.splitlines()[0],
                                 usage="hvdps-emulate --hosts N --rate RATE [--out DIR] -- [hvdps-compare flags]")
     p.add_argument("--hosts", type=int, default=4, help="emulated hosts (2-32)")
     p.add_argument("--rate", default="100mbit", help="each host's link, both directions, in tc's syntax")

@@ -281,6 +281,8 @@ def parse_args(argv):
         raise UsageError("--num_ps and --num_workers must be at least 1")
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be 1-65535, got {args.port}")
+    if not args.hosts and (args.rsh or args.ps_placement != "own" or args.port != 2222):
+        raise UsageError("--rsh, --ps_placement and --port apply only with --hosts")
     if args.hosts and args.pin_workers:
         raise UsageError("--pin_workers pins cores of this machine; it does not apply with --hosts")
     if args.hosts:                   # every host starts in the repository: paths must not depend on the folder

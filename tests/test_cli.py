@@ -84,6 +84,7 @@ CASES = [
     (LAUNCH, ["--step_timeout", "inf"], {}, "error: --step_timeout must be a finite number, got inf"),
     (LAUNCH, ["--threads_per_worker", "-1"], {}, "error: --threads_per_worker must be >= 0, got -1"),
     (LAUNCH, ["--num_ps", "many"], {}, "error: argument --num_ps: invalid int value: 'many'"),
+    (LAUNCH, ["--rsh", "ssh"], {}, "error: --rsh, --ps_placement and --port apply only with --hosts"),
     (LAUNCH, [], {"TF_CONFIG": LIST_TYPE}, "error: TF_CONFIG is set: the launcher chooses the cluster"),
     # ---- comparison, projection, hosts
     (COMPARE, ["--backends", "mxnet"], {}, "error: unknown backend 'mxnet' (valid: horovod, mpi, ps, ps2)"),

@@ -121,6 +121,7 @@ def test_what_a_killed_run_left_is_removed_at_the_next_start(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--hosts", "1"], "--hosts must be 2-32"),
+    (["--hosts", "abc"], "invalid int value: 'abc'"),
     (["--rate", "fast"], "expected a rate like 100mbit"),
     (["--rate", "1bit"], "tc refused it"),
     (["--", "--hosts", "a,b"], "--hosts is chosen by hvdps-emulate"),
