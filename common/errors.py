@@ -29,7 +29,11 @@ def describe(exc):
     """
     import re
     text = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    text = text.strip().splitlines()[0]
+    lines = text.strip().splitlines()
+    text = lines[0]
+    if re.search(r"\d+ root error\(s\) found", text):   # TF's aggregate: the first cause, "(0) KIND: ..."
+        first = next((m for m in (re.match(r"\s*\(0\)\s*(.+)", line) for line in lines[1:]) if m), None)
+        text = first.group(1) if first else text
     text = re.sub(r"^\{\{[^}]*\}\}\s*", "", text)
     text = re.sub(r"\s*\[Op:[^\]]*\]$", "", text)
     return text.rsplit("; ", 1)[-1].strip() or type(exc).__name__

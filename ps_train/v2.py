@@ -160,36 +160,69 @@ def coordinate(cfg, backend, num_train):
     adapter = CoordinatorAdapter(cfg, backend, model, optimizer, checkpoints)
     books = Bookkeeper(cfg, plan, backend, log, adapter, start=start)
     dog = Watchdog(backend.step_timeout + backend.startup_timeout, "chief: the first step did not finish")
+    first, recoveries = start + 1, 0
     try:
-        # Steps are scheduled ahead of the bookkeeping so the workers' queue never runs dry;
-        # a logged step is fetched (waited for) only once LAG later steps are queued behind it.
-        lag, pending = 2 * plan.workers, collections.deque()
-        for step in range(start + 1, plan.total_updates + 1):
-            result = backend.coordinator.schedule(train_step, args=(iterators,))   # PS: on a free worker
-            if books.wants(step):
-                pending.append((step, result))
-            while pending and pending[0][0] <= step - lag:
-                books.after_update(*fetched(pending.popleft()))
-                dog.kick(f"chief: no step finished for {backend.step_timeout:.0f}s (--step_timeout): "
-                         f"every worker lost?")
-        while pending:                           # in order, each when it has run: honest timings
-            books.after_update(*fetched(pending.popleft()))
-        backend.coordinator.join()               # PS: every scheduled step has run somewhere
-    except tf.errors.OpError as exc:
-        ps_gone = backend.gone("ps")
-        if ps_gone:
-            raise RunError(f"chief: parameter server {ps_gone[0]} is gone: stopping")
-        raise RunError(f"chief: {describe(exc)}")
+        while True:
+            try:
+                schedule_all(backend, books, dog, train_step, iterators, first, plan)
+                break
+            except tf.errors.OpError as exc:
+                ps_gone = backend.gone("ps")
+                if ps_gone:
+                    raise RunError(f"chief: parameter server {ps_gone[0]} is gone: stopping")
+                lost = backend.gone("worker")
+                if not lost or len(lost) == plan.workers or recoveries >= plan.workers - 1:
+                    raise RunError(f"chief: {describe(exc)}")
+                # A lost worker whose error TensorFlow did not class as a worker failure (it retries
+                # only what cluster_coordinator._is_worker_failure recognises): the coordinator has
+                # raised it and cancelled the queued steps. Let the running ones land, then carry on
+                # from what the PS has applied, on the workers still there.
+                recoveries += 1
+                first = settle(backend, optimizer, books) + 1
+                adapter.note_lost_workers()
     finally:
         dog.stop()
     books.finish(plan.total_updates)
     return [name.split(" ")[0] for name in adapter.lost]
 
 
+def schedule_all(backend, books, dog, train_step, iterators, first, plan):
+    """Schedules updates ``first``..the last; the logged ones are fetched in order."""
+    # Steps are scheduled ahead of the bookkeeping so the workers' queue never runs dry;
+    # a logged step is fetched (waited for) only once LAG later steps are queued behind it.
+    lag, pending = 2 * plan.workers, collections.deque()
+    for step in range(first, plan.total_updates + 1):
+        result = backend.coordinator.schedule(train_step, args=(iterators,))   # PS: on a free worker
+        if step > books.last and books.wants(step):   # after a recovery: past what was logged
+            pending.append((step, result))
+        while pending and pending[0][0] <= step - lag:
+            books.after_update(*fetched(pending.popleft()))
+            dog.kick(f"chief: no step finished for {backend.step_timeout:.0f}s (--step_timeout): "
+                     f"every worker lost?")
+    while pending:                               # in order, each when it has run: honest timings
+        books.after_update(*fetched(pending.popleft()))
+    backend.coordinator.join()                   # PS: every scheduled step has run somewhere
+
+
+def settle(backend, optimizer, books):
+    """After the coordinator raised a lost worker's error: the update count to carry on from, once
+    the steps still running elsewhere have landed (so none is scheduled twice). The PS's count, not
+    the last logged step: async steps land out of order, so cancelled ones may lie below it."""
+    import tensorflow as tf
+    try:
+        backend.coordinator.join()               # PS: the running closures finish; the queued were cancelled
+    except tf.errors.OpError:
+        pass                                     # the same loss, reported once more
+    return int(optimizer.iterations.numpy())
+
+
 def fetched(pending):
-    """(step, its loss): waits for that step's result (not for the later ones)."""
+    """(step, its loss): waits for that step's result (not for the later ones). The loss is None
+    when the coordinator has none for it (a step caught in a lost worker's recovery): that log
+    point is then skipped, not invented."""
     step, result = pending
-    return step, float(result.fetch())           # PS: from the worker that ran it
+    loss = result.fetch()                        # PS: from the worker that ran it
+    return step, None if loss is None else float(loss)
 
 
 def _quiet_lost_peer(default):

@@ -16,8 +16,9 @@ MAIN = os.path.join(REPO, "ps_train", "main.py")
 FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5", "--startup_timeout", "60"]
 
 
-def _per_role(tmp_path, cluster, mode, extra=(), tf_config=False):
-    """Start every role by hand, as a user would; returns {name: Popen}."""
+def _per_role(tmp_path, cluster, mode, extra=(), tf_config=False, role_env=None):
+    """Start every role by hand, as a user would; returns {name: Popen}. ``role_env``:
+    {"chief:0": {VAR: value}} added to that role's environment."""
     procs = {}
     hosts = ["--ps_hosts=" + ",".join(cluster["ps"]), "--worker_hosts=" + ",".join(cluster["worker"])]
     if "chief" in cluster:
@@ -26,10 +27,11 @@ def _per_role(tmp_path, cluster, mode, extra=(), tf_config=False):
         for i in range(len(cluster.get(role, []))):
             if tf_config:
                 argv = [sys.executable, MAIN]
-                e = env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": i}}))
+                e = env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": i}}),
+                        **(role_env or {}).get(f"{role}:{i}", {}))
             else:
                 argv = [sys.executable, MAIN, f"--job_name={role}", f"--task_index={i}", *hosts]
-                e = env()
+                e = env(**(role_env or {}).get(f"{role}:{i}", {}))
             argv += [*FAST, mode, "--train_dir", str(tmp_path / "run"), *extra]
             procs[f"{role}:{i}"] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                     text=True, env=e, start_new_session=True)

@@ -18,6 +18,11 @@ class FakeOpError(Exception):
     (OSError(28, "No space left on device"), "No space left on device"),
     (ValueError(""), "ValueError"),
     (RuntimeError("plain; two parts"), "two parts"),
+    (FakeOpError("{{function_node __inference_train_step_1}} 2 root error(s) found.\n"
+                 "  (0) UNAVAILABLE: /job:worker/replica:0/task:1: Socket closed\n"
+                 "  (1) CANCELLED: Cancelled\n0 successful operations."),
+     "UNAVAILABLE: /job:worker/replica:0/task:1: Socket closed"),
+    (FakeOpError("3 root error(s) found.\nno numbered cause"), "3 root error(s) found."),
 ])
 def test_describe(exc, expected):
     assert describe(exc) == expected
