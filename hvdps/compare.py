@@ -51,16 +51,18 @@ def make_remote(args):
     """--hosts and its companions -> a Remote (None without --hosts); usage errors up front."""
     from common import remote
     if not args.hosts:
-        for flag in ("rsh", "network_interface"):
-            if getattr(args, flag):
-                raise UsageError(f"--{flag.replace('_', '-')} applies only with --hosts")
+        for flag in ("rsh", "ps_placement", "port", "network_interface"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-') if flag != 'ps_placement' else flag} applies only "
+                                 f"with --hosts")
         return None
-    if not 0 < args.port < 65536:
-        raise UsageError(f"--port must be 1-65535, got {args.port}")
+    port = 2222 if args.port is None else args.port
+    if not 0 < port < 65536:
+        raise UsageError(f"--port must be 1-65535, got {port}")
     hosts = remote.resolve_hosts(args.hosts)
     agent = remote.rsh_argv(args.rsh, args.hosts)
     network = args.network_interface or remote.local_network_of(hosts[0][0])
-    return Remote(args.hosts, tuple(hosts), tuple(agent), bool(args.rsh), network, args.ps_placement, args.port)
+    return Remote(args.hosts, tuple(hosts), tuple(agent), bool(args.rsh), network, args.ps_placement or "own", port)
 
 
 def roles_of(launcher, remote, workers, num_ps):
@@ -213,9 +215,9 @@ def make_parser():
                         "srun inside an allocation")
     h.add_argument("--network-interface", dest="network_interface", default=None,
                    help="interface or CIDR MPI's traffic stays on (default: the network that reaches the first host)")
-    h.add_argument("--ps_placement", default="own", choices=("own", "beside"),
+    h.add_argument("--ps_placement", default=None, choices=("own", "beside"),
                    help="PS tasks on hosts of their own (the first hosts) or beside the workers")
-    h.add_argument("--port", type=int, default=2222, help="first port of the PS tasks on each host")
+    h.add_argument("--port", type=int, default=None, help="first port of the PS tasks on each host (default 2222)")
     h.add_argument("--links", default=None,
                    help="an emulated cluster's description (hvdps-emulate writes it): sample its link counters")
     p.set_defaults(train_dir="runs/compare")

@@ -11,7 +11,10 @@ on the same bridge, the login node, with exactly the flags a real cluster takes:
 ``--hosts`` the hosts' addresses, ``--rsh`` an agent that enters a host's
 namespace the way ssh enters a host (hvdps/netns_agent.sh), and ``--links`` so
 the report shows the bytes each link really carried. Every packet stays inside
-these namespaces: nothing is added to this machine's own network.
+these namespaces: nothing is added to this machine's own network. The links'
+latency (half the median round trip of a TCP ping-pong between two hosts) is
+measured once the cluster is up and written to cluster.json beside the rate, so
+``hvdps-project --from OUT`` projects each run on the links it ran on.
 
 Everything is removed on exit, on Ctrl-C or SIGTERM, when the comparison fails,
 and at the next start if a killed run left anything behind (a state file under
@@ -142,6 +145,40 @@ def _free_subnet():
     raise UsageError("no free 10.231.X.0/24 subnet for the emulated cluster")
 
 
+# The latency probe's two ends (run inside two host namespaces): an echo server on the host's
+# own address, and a client that prints the median round trip of ROUNDS 1-byte exchanges.
+PONG = """
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while True:
+    b = c.recv(1)
+    if not b:
+        break
+    c.sendall(b)
+"""
+PING = """
+import socket, statistics, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+times = []
+for _ in range(int(sys.argv[3])):
+    t = time.perf_counter(); c.sendall(b"x"); c.recv(1); times.append(time.perf_counter() - t)
+print(statistics.median(times[10:] or times))
+"""
+
+
+def _read_line(proc, timeout):
+    """The first line ``proc`` prints, or RuntimeError after ``timeout`` seconds."""
+    import select
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline().strip() if ready else ""
+    if not line:
+        raise RuntimeError("the latency probe's server did not start")
+    return line
+
+
 class EmulatedCluster:
     """N shaped hosts and a login namespace on one bridge; ``down`` removes all of it."""
 
@@ -153,6 +190,7 @@ class EmulatedCluster:
         self.subnet = None
         self.addrs = []
         self.sleeper = None
+        self.latency = {}
         self.state = os.path.join(STATE_DIR, f"{os.getpid()}.json")
 
     def up(self):
@@ -192,11 +230,34 @@ class EmulatedCluster:
                 except RuntimeError as exc:
                     raise UsageError(f"--rate {self.rate}: tc refused it: {exc}")
 
+    def measure_latency(self, rounds=200, timeout=30):
+        """One-way latency between two hosts: half the median round trip of a 1-byte TCP
+        ping-pong (TCP_NODELAY) from h1 to h2 across the bridge, the alpha hvdps-project uses.
+        Both ends are processes this call starts and kills; every wait is bounded."""
+        server = subprocess.Popen(["ip", "netns", "exec", self.hosts[1], sys.executable, "-c", PONG,
+                                   self.addrs[1]], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                  text=True, start_new_session=True)
+        try:
+            port = _read_line(server, timeout)
+            out = subprocess.run(["ip", "netns", "exec", self.hosts[0], sys.executable, "-c", PING,
+                                  self.addrs[1], port, str(rounds)], capture_output=True, text=True,
+                                 timeout=timeout, stdin=subprocess.DEVNULL)
+            if out.returncode:
+                raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "ping failed")
+            rtt = float(out.stdout.split()[0])
+            return {"rtt_s": rtt, "latency_s": rtt / 2, "latency_rounds": rounds}
+        finally:
+            try:
+                os.killpg(server.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            server.wait(timeout=5)
+
     def describe(self):
         return {"counters": f"/proc/{self.sleeper.pid}/net/dev",
                 "ports": {a: f"h{i + 1}" for i, a in enumerate(self.addrs)},
                 "rate": self.rate, "rate_bps": self.rate_bps, "subnet": f"{self.subnet}.0/24",
-                "namespaces": dict(zip(self.addrs, self.hosts))}
+                "namespaces": dict(zip(self.addrs, self.hosts)), **self.latency}
 
     def netns_map(self):
         return ",".join(f"{a}={n}" for a, n in zip(self.addrs, self.hosts))
@@ -268,12 +329,18 @@ def main(argv=None):
             cluster.up()
         except RuntimeError as exc:
             raise UsageError(f"cannot build the emulated cluster: {exc}")
+        try:
+            cluster.latency = cluster.measure_latency()
+        except (RuntimeError, OSError, ValueError, IndexError, subprocess.TimeoutExpired) as exc:
+            print(f"note: could not measure the links' latency ({exc}); hvdps-project will need --latency-us",
+                  file=sys.stderr)
         os.makedirs(out, exist_ok=True)
         desc = os.path.join(out, "cluster.json")
         with open(desc, "w") as f:
             json.dump(cluster.describe(), f, indent=2)
+        rtt = f"; round trip {cluster.latency['rtt_s'] * 1e6:.0f} us" if cluster.latency else ""
         print(f"emulated cluster: {args.hosts} hosts {', '.join(cluster.addrs)}, each link {args.rate} both ways; "
-              f"login node {cluster.subnet}.254", flush=True)
+              f"login node {cluster.subnet}.254{rtt}", flush=True)
         cmd = ["ip", "netns", "exec", cluster.login, sys.executable, "-m", "hvdps.compare",
                "--hosts", ",".join(cluster.addrs), "--rsh", AGENT, "--network-interface", f"{cluster.subnet}.0/24",
                "--links", desc, "--out", out, *rest]

@@ -319,6 +319,87 @@ def from_runs(path, ring, ps):
     return compute, layers, measured, notes
 
 
+# ------------------------------------------------- projected against measured
+# What TCP carries of a link's rate: 1448 payload bytes (IPv4, TCP with timestamps) per 1514-byte
+# frame of a 1500-byte MTU, the bytes tbf counts.
+TCP_GOODPUT = 1448 / 1514
+
+
+def cluster_of(path):
+    """The emulated cluster's description (hvdps-emulate's cluster.json) in ``path`` or up to two
+    folders above it (a compare folder, its runs/, one run), or None."""
+    here = os.path.abspath(path)
+    for _ in range(3):
+        candidate = os.path.join(here, "cluster.json")
+        if os.path.exists(candidate):
+            try:
+                with open(candidate) as f:
+                    desc = json.load(f)
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"{candidate}: not an hvdps-emulate cluster description ({exc})")
+            if isinstance(desc, dict) and desc.get("rate_bps"):
+                return desc
+        here = os.path.dirname(here)
+    return None
+
+
+def projected_step(row, header, layers, ring, ps, fusion_bytes, cycle_s):
+    """(the step time the network model gives this run, how): its own compute, its gradient M, its
+    worker count n and, for PS, the bytes its busiest PS task holds (header ``ps_shard_bytes``).
+
+    - Horovod: the wait-free schedule of the model's layers over a ring (schedule.ring_step);
+    - bare MPI: one ring Allreduce of the whole gradient after back-propagation;
+    - PS sync: every worker pushes, then every worker pulls, through the busiest PS link
+      (n·S/B each way) or its own (M/B), whichever is slower: compute + 2·(max(nS, M)/B + alpha);
+    - PS async (both APIs): a worker pushes and pulls on its own link while the others do the
+      same; the busiest PS link carries n·S each way per round: max(compute + 2·(M/B + alpha),
+      n·S/B + alpha).
+    """
+    n, compute, grad = row["workers"], row["compute_s"], row.get("grad_bytes_per_step")
+    if row["backend"] == "horovod":
+        return schedule.ring_step(layers, compute, n, ring["bandwidth"], ring["alpha"], fusion_bytes,
+                                  cycle_s)["step_s"], "ring, wait-free schedule of the layers"
+    if not grad:
+        return None, None
+    if row["backend"] == "mpi":
+        return compute + ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"]), \
+            "ring Allreduce after back-propagation"
+    shards = (header.get("ps_shard_bytes") or {}).values()
+    shard = max(shards) if shards else grad / (row.get("num_ps") or 1)
+    bw, alpha = ps["bandwidth"], ps["alpha"]
+    busiest = n * shard / bw
+    if row.get("mode") == "sync":
+        return compute + 2 * (max(busiest, grad / bw) + alpha), "push all, then pull all"
+    return max(compute + 2 * (grad / bw + alpha), busiest + alpha), "own link or busiest PS link"
+
+
+def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s):
+    """A row per multi-worker run under ``path``: measured step time beside the projected one."""
+    rows = []
+    for d in find_runs(path):
+        row, curves = load_run(d)
+        if (row.get("workers") or 1) < 2 or not row.get("step_s") or not row.get("compute_s"):
+            continue
+        projected, how = projected_step(row, curves.get("header") or {}, layers, ring, ps, fusion_bytes, cycle_s)
+        if projected is None:
+            continue
+        rows.append({"run": os.path.basename(d), "backend": row["backend"], "mode": row.get("mode"),
+                     "workers": row["workers"], "num_ps": row.get("num_ps"), "how": how,
+                     "measured_step_s": row["step_s"], "projected_step_s": projected,
+                     "ratio": row["step_s"] / projected})
+    return rows
+
+
+def check_table(rows):
+    out = ["| run | backend | mode | workers | PS | measured step (ms) | projected (ms) | measured / projected | model |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['run']} | {r['backend']} | {r['mode'] or '-'} | {r['workers']} | {r['num_ps'] or '-'} | "
+                   f"{1e3 * r['measured_step_s']:.1f} | {1e3 * r['projected_step_s']:.1f} | {r['ratio']:.2f} | "
+                   f"{r['how']} |")
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------- command line
 def make_parser():
     import argparse
@@ -366,10 +447,14 @@ def make_parser():
     return p
 
 
-def network(args, fits, source="--comm-json"):
-    """(ring, ps) alpha/bandwidth: given flags win over the measured fit; a fit that could not
-    be made is refused in one line when it would be used."""
+def network(args, fits, source="--comm-json", cluster=None):
+    """(ring, ps) alpha/bandwidth: given flags win over an emulated cluster's links (their rate at
+    TCP's goodput, their measured latency), which win over the measured fit; a fit that could
+    not be made is refused in one line when it would be used."""
     ring, ps = fits.get("allreduce"), fits.get("ps")
+    if cluster and cluster.get("latency_s"):
+        ring = ps = {"bandwidth": cluster["rate_bps"] / 8 * TCP_GOODPUT, "alpha": cluster["latency_s"]}
+        fits = {}
     given = args.bandwidth_gbps is not None and args.latency_us is not None
     for fit in (ring, ps):
         if fit and "error" in fit and not given:
@@ -410,14 +495,18 @@ def run_projection(args):
     comm_json = args.comm_json or os.path.join(REPO, "benchmarks", "results", "comm.json")
     if args.comm_json and not os.path.exists(args.comm_json):
         raise UsageError(f"--comm-json {args.comm_json}: no such file")
+    if args.from_dir and not os.path.isdir(args.from_dir):
+        raise UsageError(f"--from {args.from_dir}: no such directory")
+    cluster = cluster_of(args.from_dir) if args.from_dir and not args.comm_json else None
     fits = {}
-    if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None):
+    if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None) and \
+            not (cluster and cluster.get("latency_s")):
         try:
             data = json.load(open(comm_json))
             fits = fit_from_comm(data["results"], data.get("np", 2))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--comm-json {comm_json}: not a comm_bandwidth.py result file ({exc})")
-    ring, ps = network(args, fits, comm_json)
+    ring, ps = network(args, fits, comm_json, cluster)
     if not ring or not ps:
         raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
                          f"and no --bandwidth-gbps/--latency-us given")
@@ -430,8 +519,6 @@ def run_projection(args):
     compute = args.step_compute_ms / 1e3 if args.step_compute_ms else None
     measured, notes = {}, []
     if args.from_dir:
-        if not os.path.isdir(args.from_dir):
-            raise UsageError(f"--from {args.from_dir}: no such directory")
         run_compute, run_layers, measured, notes = from_runs(args.from_dir, ring, ps)
         compute = compute or run_compute
         layers = layers or run_layers
@@ -452,8 +539,19 @@ def run_projection(args):
             f"{args.ps_gpus_per_worker} GPU(s) per PS worker task; Horovod cycle "
             f"{args.cycle_time_ms:g} ms, fusion {args.fusion_threshold_mb:g} MiB; PS placement "
             f"{args.ps_placement}; straggler cv {args.straggler_cv:g}\n\n")
+    if cluster and cluster.get("latency_s") and (args.bandwidth_gbps is None or args.latency_us is None):
+        text += (f"Network: the emulated cluster's links ({cluster['rate']}, carrying {TCP_GOODPUT:.1%} of it as "
+                 f"TCP payload; latency {cluster['latency_s'] * 1e6:.0f} us, half the measured round trip).\n\n")
     if notes:
         text += "Measured in the runs:\n\n" + "\n".join(f"- {x}" for x in notes) + "\n\n"
+    checked = check_runs(args.from_dir, layers, ring, ps, int(args.fusion_threshold_mb * (1 << 20)),
+                         args.cycle_time_ms / 1e3) if args.from_dir else []
+    if checked:
+        ratios = sorted(r["ratio"] for r in checked)
+        text += ("## Projected against measured\n\nEach multi-worker run's median step beside what the model "
+                 "above gives for its backend, worker count, gradient, PS shards and its own compute "
+                 f"(docs/projection.md); measured / projected from {ratios[0]:.2f} to {ratios[-1]:.2f}, "
+                 f"median {ratios[len(ratios) // 2]:.2f}.\n\n" + check_table(checked) + "\n\n")
     text += table(rows) + "\n"
     ring_rows = [r for r in rows if r["arch"] == "ring all-reduce" and r["workers"] > 1]
     if ring_rows:
@@ -467,7 +565,7 @@ def run_projection(args):
                        "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
                        "ps_placement": args.ps_placement, "ps_gpus_per_worker": args.ps_gpus_per_worker,
-                       "measured_overlap": measured, "rows": rows}))
+                       "measured_overlap": measured, "checked": checked, "rows": rows}))
     plot(rows, os.path.join(args.out, "projection.png"), f"{_size(grad)} gradients, "
          f"{compute * 1e3:.0f} ms compute")
     print(text)

@@ -41,6 +41,14 @@ def ours(pid):
     return names, state
 
 
+def start(out, backends, train_steps, **kw):
+    """hvdps-emulate on 3 hosts at 50 Mbit/s, comparing ``backends`` at 2 workers; the Popen."""
+    return subprocess.Popen([sys.executable, "-m", "hvdps.emulate", "--hosts", "3", "--rate", "50mbit",
+                             "--out", str(out), "--", "--workers", "2", "--backends", backends,
+                             "--train_steps", str(train_steps), *FAST], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env(), cwd=REPO, **kw)
+
+
 def left_processes(marker):
     out = []
     for pid in os.listdir("/proc"):
@@ -54,10 +62,7 @@ def left_processes(marker):
 
 def test_ring_and_one_ps_across_shaped_hosts(tmp_path):
     out = tmp_path / "emu"
-    p = subprocess.Popen([sys.executable, "-m", "hvdps.emulate", "--hosts", "3", "--rate", "50mbit",
-                          "--out", str(out), "--", "--workers", "2", "--backends", "horovod,ps:sync",
-                          "--train_steps", "40", *FAST], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, env=env(), cwd=REPO)
+    p = start(out, "horovod,ps:sync", 40)
     text = p.communicate(timeout=600)[0]
     assert p.returncode == 0, text[-4000:]
     assert "emulated cluster removed" in text
@@ -78,13 +83,58 @@ def test_ring_and_one_ps_across_shaped_hosts(tmp_path):
     report = open(out / "report.md").read()
     assert "## Hosts and links" in report and "ps:0" in report and "rank:1" in report
 
+    # The projection from these runs, with the links' rate and measured latency (cluster.json).
+    cluster = json.load(open(out / "cluster.json"))
+    assert 1e-6 < cluster["latency_s"] < 5e-3, cluster         # an idle veth pair: tens of microseconds
+    proj = subprocess.run([sys.executable, "-m", "hvdps.projection", "--from", str(out), "--out",
+                           str(tmp_path / "proj")], capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
+    assert proj.returncode == 0, proj.stderr[-3000:]
+    checked = {r["backend"]: r for r in json.load(open(tmp_path / "proj" / "projection.json"))["checked"]}
+    assert set(checked) == {"horovod", "ps"}
+    # docs/projection.md, "Checked on the emulated cluster": the ring measures 1.2-1.3x its projection
+    # (above the alpha-beta time), sync PS 0.85-0.9x (push and pull overlap a little).
+    assert 0.9 <= checked["horovod"]["ratio"] <= 1.6, checked
+    assert 0.7 <= checked["ps"]["ratio"] <= 1.1, checked
+    assert "## Projected against measured" in open(tmp_path / "proj" / "projection.md").read()
+
+
+def test_host_killed_mid_run_ends_that_run_only(tmp_path):
+    """Every process on one emulated host is killed while the first run trains: that run ends in
+    bounded time and is recorded as failed, the next one still runs, nothing is left behind."""
+    out = tmp_path / "emu"
+    p = start(out, "horovod,ps:sync", 150, start_new_session=True)
+    try:
+        metrics = out / "runs" / "horovod-sync-w2" / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (metrics.exists() and '"step"' in metrics.read_text()):
+            time.sleep(0.2)
+        assert metrics.exists(), "training never started"
+        host = f"hvdps-{p.pid}-h2"
+        pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split()
+        assert pids, "nothing ran on h2"
+        killed_at = time.monotonic()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        text = p.communicate(timeout=400)[0]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert p.returncode == 1, text[-4000:]                    # a run failed; the report is written
+    assert ours(p.pid) == ([], False) and not left_processes(str(out))
+    run = json.load(open(out / "runs" / "horovod-sync-w2" / "compare_run.json"))
+    assert run["exit_code"] != 0 and run["seconds"] < 120, run
+    rows = {(r["backend"], r["mode"]): r for r in json.load(open(out / "results.json"))["rows"]}
+    assert rows[("horovod", "sync")]["status"] != "ok" and rows[("ps", "sync")]["status"] == "ok", rows
+    assert time.monotonic() - killed_at < 400
+
 
 def test_interrupted_comparison_leaves_nothing(tmp_path):
     out = tmp_path / "emu"
-    p = subprocess.Popen([sys.executable, "-m", "hvdps.emulate", "--hosts", "3", "--rate", "50mbit",
-                          "--out", str(out), "--", "--workers", "2", "--backends", "ps:sync",
-                          "--train_steps", "100000", *FAST], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, env=env(), cwd=REPO, start_new_session=True)
+    p = start(out, "ps:sync", 100000, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and not (out / "runs" / "ps-sync-w2-ps1" / "metrics.jsonl").exists():

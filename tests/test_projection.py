@@ -275,3 +275,58 @@ def test_plot_two_families_and_coinciding_curves_once(tmp_path):
         plt.Figure.savefig = real
     assert saved["legends"] == [["ring all-reduce"],
                                 ["PS k=1 = PS, 1 per server", "PS k=1 (overlap of ps async x2, ps sync x2: 0%)"]]
+
+
+B, A, M, C = 6e6, 1e-4, 300_000, 0.001     # bytes/s, seconds, gradient bytes, compute seconds
+
+
+@pytest.mark.parametrize("backend, mode, n, shards, expected", [
+    # bare MPI: one ring Allreduce after back-propagation
+    ("mpi", "sync", 2, None, C + M / B + 2 * A),
+    ("mpi", "sync", 3, None, C + 4 / 3 * M / B + 4 * A),
+    # PS sync: all push, then all pull, through the busiest PS link (n x its shard)
+    ("ps", "sync", 3, {"ps:0": M}, C + 2 * (3 * M / B + A)),
+    ("ps", "sync", 3, {"ps:0": M // 3, "ps:1": 2 * M // 3}, C + 2 * (2 * M / B + A)),
+    # ... or the worker's own link when the shards are small enough
+    ("ps", "sync", 2, {"ps:0": M // 4, "ps:1": M // 4, "ps:2": M // 4, "ps:3": M // 4}, C + 2 * (M / B + A)),
+    # PS async: own link (push, then pull) or the busiest PS link's n x shard per round
+    ("ps", "async", 2, {"ps:0": M}, C + 2 * (M / B + A)),
+    ("ps2", "async", 3, {"ps:0": M}, 3 * M / B + A),
+    ("ps2", "async", 3, {"ps:0": M // 2, "ps:1": M // 2}, C + 2 * (M / B + A)),
+    # no shard sizes in the header: the gradient split evenly over num_ps
+    ("ps", "async", 4, None, 4 * M / B + A),
+])
+def test_projected_step_per_backend(backend, mode, n, shards, expected):
+    row = {"backend": backend, "mode": mode, "workers": n, "compute_s": C, "grad_bytes_per_step": M, "num_ps": 1}
+    header = {"ps_shard_bytes": shards} if shards else {}
+    ring = ps = {"bandwidth": B, "alpha": A}
+    step, how = pj.projected_step(row, header, pj.single_layer(M), ring, ps, 128 << 20, 1e-3)
+    assert step == pytest.approx(expected, rel=1e-9) and how
+
+
+def test_projected_horovod_step_is_the_ring_schedule():
+    row = {"backend": "horovod", "mode": "sync", "workers": 3, "compute_s": C, "grad_bytes_per_step": M}
+    ring = {"bandwidth": B, "alpha": A}
+    step, _ = pj.projected_step(row, {}, pj.single_layer(M), ring, ring, 128 << 20, 1e-3)
+    # one gradient ready at the end of backprop: one fused ring after it (and a cycle's wait)
+    assert C + 4 / 3 * M / B + 4 * A <= step <= C + 4 / 3 * M / B + 4 * A + 1e-3
+
+
+@pytest.mark.parametrize("where", ["out", "out/runs", "out/runs/ps-sync-w2-ps1"])
+def test_cluster_description_is_found_above_the_runs(tmp_path, where):
+    (tmp_path / "out" / "runs" / "ps-sync-w2-ps1").mkdir(parents=True)
+    (tmp_path / "out" / "cluster.json").write_text(json.dumps({"rate": "50mbit", "rate_bps": 5e7,
+                                                               "latency_s": 4e-5}))
+    desc = pj.cluster_of(str(tmp_path / where))
+    assert desc["rate_bps"] == 5e7
+    assert pj.cluster_of(str(tmp_path)) is None
+
+
+def test_network_from_the_cluster_is_its_rate_at_tcp_goodput_and_its_latency():
+    class Args:
+        bandwidth_gbps = latency_us = ps_bandwidth_gbps = None
+    ring, ps = pj.network(Args(), {}, cluster={"rate_bps": 5e7, "latency_s": 4e-5})
+    assert ring == ps == {"bandwidth": pytest.approx(5e7 / 8 * 1448 / 1514), "alpha": 4e-5}
+    Args.bandwidth_gbps, Args.latency_us = 1.0, 10.0            # given flags win
+    ring, _ = pj.network(Args(), {}, cluster={"rate_bps": 5e7, "latency_s": 4e-5})
+    assert ring == {"bandwidth": 1e9 / 8, "alpha": pytest.approx(1e-5)}

@@ -102,7 +102,9 @@ DRY = ["--workers", "2", "--dry-run", "--network-interface", "10.9.0.0/24", "--o
     (["--hosts", "h1:1", "--backends", "horovod"], "1 slot(s) in all, 2 workers"),
     (["--hosts", "h1:4", "--backends", "ps"], "only worker host"),
     (["--hosts", "h1,h2,h3", "--port", "70000"], "--port must be"),
-    (["--rsh", "ssh"], "applies only with --hosts"),
+    (["--rsh", "ssh"], "--rsh applies only with --hosts"),
+    (["--ps_placement", "beside"], "--ps_placement applies only with --hosts"),
+    (["--port", "3000"], "--port applies only with --hosts"),
     (["--hosts", "h1,h2,h3", "--rsh", "no-such-agent-here"], "is not an executable"),
 ])
 def test_compare_hosts_usage_errors(extra, message, capsys):
