@@ -51,10 +51,10 @@ def make_remote(args):
     """--hosts and its companions -> a Remote (None without --hosts); usage errors up front."""
     from common import remote
     if not args.hosts:
-        for flag in ("rsh", "ps_placement", "port", "network_interface"):
-            if getattr(args, flag) is not None:
-                raise UsageError(f"--{flag.replace('_', '-') if flag != 'ps_placement' else flag} applies only "
-                                 f"with --hosts")
+        for dest, flag in (("rsh", "--rsh"), ("ps_placement", "--ps_placement"), ("port", "--port"),
+                           ("network_interface", "--network-interface")):
+            if getattr(args, dest) is not None:
+                raise UsageError(f"{flag} applies only with --hosts")
         return None
     port = 2222 if args.port is None else args.port
     if not 0 < port < 65536:

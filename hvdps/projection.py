@@ -346,6 +346,7 @@ def cluster_of(path):
 def projected_step(row, header, layers, ring, ps, fusion_bytes, cycle_s):
     """(the step time the network model gives this run, how): its own compute, its gradient M, its
     worker count n and, for PS, the bytes its busiest PS task holds (header ``ps_shard_bytes``).
+    PS tasks are taken to be on hosts of their own (hvdps-compare's ``--ps_placement own``).
 
     - Horovod: the wait-free schedule of the model's layers over a ring (schedule.ring_step);
     - bare MPI: one ring Allreduce of the whole gradient after back-propagation;

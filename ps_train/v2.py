@@ -178,7 +178,7 @@ def coordinate(cfg, backend, num_train):
                 # raised it and cancelled the queued steps. Let the running ones land, then carry on
                 # from what the PS has applied, on the workers still there.
                 recoveries += 1
-                first = settle(backend, optimizer, books) + 1
+                first = settle(backend, optimizer) + 1
                 adapter.note_lost_workers()
     finally:
         dog.stop()
@@ -204,7 +204,7 @@ def schedule_all(backend, books, dog, train_step, iterators, first, plan):
     backend.coordinator.join()                   # PS: every scheduled step has run somewhere
 
 
-def settle(backend, optimizer, books):
+def settle(backend, optimizer):
     """After the coordinator raised a lost worker's error: the update count to carry on from, once
     the steps still running elsewhere have landed (so none is scheduled twice). The PS's count, not
     the last logged step: async steps land out of order, so cancelled ones may lie below it."""
