@@ -114,18 +114,26 @@ def worker_mpi4py(args, np):
                   flush=True)
 
 
+# One TensorFlow PS task (gRPC server) for the cluster given as JSON in argv[1]; serves until killed.
+PS_TASK = ("import json, sys, time, tensorflow as tf;"
+           "s = tf.distribute.Server(tf.train.ClusterSpec(json.loads(sys.argv[1])), job_name='ps', task_index=0);"
+           "print('ready', flush=True); time.sleep(3600)")
+
+
 def worker_ps(args):
     """One PS task in a child process, this process as the worker; push and pull per size."""
     import numpy as np
     import tensorflow as tf
     from common.procs import free_ports
     tf.compat.v1.disable_eager_execution()
-    ps_port, w_port = free_ports(2)
-    cluster = {"ps": [f"127.0.0.1:{ps_port}"], "worker": [f"127.0.0.1:{w_port}"]}
-    child = subprocess.Popen([sys.executable, "-c", (
-        "import tensorflow as tf, json, sys, time;"
-        f"s=tf.distribute.Server(tf.train.ClusterSpec({cluster!r}), job_name='ps', task_index=0);"
-        "time.sleep(3600)")], env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    child = None
+    if args.cluster_json:                  # across hosts: the PS task was started on its own host
+        cluster = json.loads(args.cluster_json)
+    else:
+        ps_port, w_port = free_ports(2)
+        cluster = {"ps": [f"127.0.0.1:{ps_port}"], "worker": [f"127.0.0.1:{w_port}"]}
+        child = subprocess.Popen([sys.executable, "-c", PS_TASK, json.dumps(cluster)],
+                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     try:
         server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=0)
         for label, nbytes in json.loads(args.sizes_json):
@@ -149,8 +157,9 @@ def worker_ps(args):
                     print("RESULT " + json.dumps({"label": label, "bytes": n * 4, "impl": impl, "seconds": t}),
                           flush=True)
     finally:
-        child.kill()
-        child.wait()
+        if child is not None:
+            child.kill()
+            child.wait()
     os._exit(0)
 
 
@@ -177,6 +186,7 @@ def main():
     ap.add_argument("--impl", default="mpi", help=argparse.SUPPRESS)
     ap.add_argument("--with-mpi4py", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sizes-json", help=argparse.SUPPRESS)
+    ap.add_argument("--cluster-json", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "allreduce":
         return worker_allreduce(args)

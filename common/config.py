@@ -237,26 +237,31 @@ def build_parser(description, prog=None):
     g.add_argument("--learning_rate", type=float, default=argparse.SUPPRESS,
                    help=f"before world-size scaling (default: {DEFAULTS_HELP})")
     g.add_argument("--optimizer", default=argparse.SUPPRESS, help=f"one of {', '.join(OPTIMIZERS)} (default: {DEFAULTS_HELP})")
-    g.add_argument("--momentum", type=float, default=d.momentum)
+    g.add_argument("--momentum", type=float, default=d.momentum, help="for --optimizer momentum")
     g.add_argument("--scale_lr", type=_bool, default=d.scale_lr, help="multiply lr by the number of workers")
-    g.add_argument("--lr_warmup_epochs", type=float, default=d.lr_warmup_epochs)
-    g.add_argument("--epochs", type=int, default=d.epochs)
+    g.add_argument("--lr_warmup_epochs", type=float, default=d.lr_warmup_epochs,
+                   help="epochs of linear warm-up to the scaled rate (synchronous backends)")
+    g.add_argument("--epochs", type=int, default=d.epochs,
+                   help="passes over the training data: the MLP and CNN reach >= 0.90 test accuracy in 5 "
+                        "under Horovod, bare MPI and sync PS, in 8 under async PS (tests/test_defaults.py)")
     g.add_argument("--train_steps", type=int, default=d.train_steps, help="if >0, steps per worker (its own batches), overrides --epochs")
     g.add_argument("--hidden_units", type=int, default=d.hidden_units, help="MLP hidden layer width")
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--seed", type=int, default=d.seed, help="weights, data split and shuffling")
     g.add_argument("--train_dir", "--out", dest="train_dir", default=d.train_dir,
                    help="where metrics, checkpoints, TensorBoard events and config.json go")
-    g.add_argument("--target_accuracy", type=float, default=d.target_accuracy)
+    g.add_argument("--target_accuracy", type=float, default=d.target_accuracy,
+                   help="the test accuracy time-to-accuracy is measured to")
     g.add_argument("--log_every", type=int, default=d.log_every, help="global updates between metric records (crossed, for every backend alike)")
     g.add_argument("--warmup_steps", type=int, default=d.warmup_steps, help="steps excluded from throughput")
     g.add_argument("--image_shape", type=_shape, default=d.image_shape, help="synthetic data: H,W,C")
     g.add_argument("--num_classes", type=int, default=d.num_classes, help="synthetic data")
-    g.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples)
+    g.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples, help="synthetic data: examples")
     g.add_argument("--embedding_rows", type=int, default=d.embedding_rows,
                    help="rec: rows of each of the 4 categorical features' embedding tables")
     g.add_argument("--embedding_dim", type=int, default=d.embedding_dim, help="rec: width of an embedding row")
-    g.add_argument("--shuffle", type=_bool, default=d.shuffle)
-    g.add_argument("--eval_every_epoch", type=_bool, default=d.eval_every_epoch)
+    g.add_argument("--shuffle", type=_bool, default=d.shuffle, help="a new order of the data every epoch (dealt out to the workers)")
+    g.add_argument("--eval_every_epoch", type=_bool, default=d.eval_every_epoch,
+                   help="test accuracy after every epoch (false: only at the end)")
     g.add_argument("--checkpoint_every_epoch", type=_bool, default=d.checkpoint_every_epoch,
                    help="false: checkpoint only at the end (benchmarks: a save stalls every worker)")
     g.add_argument("--checkpoint_steps", type=int, default=d.checkpoint_steps,

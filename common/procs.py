@@ -113,6 +113,11 @@ def loopback_only_env():
 _RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
+def under_launcher():
+    """True when mpirun, horovodrun or srun started this process."""
+    return any(os.environ.get(name, "").isdigit() for name in _RANK_ENV)
+
+
 def launcher_rank():
     for name in _RANK_ENV:
         if os.environ.get(name, "").isdigit():

@@ -121,7 +121,10 @@ def load_weights_npz(path):
 
 
 class Progress:
-    """tqdm bar on a terminal; plain periodic lines in logs (CI, mpirun, kubectl logs)."""
+    """tqdm bar on a terminal; plain periodic lines in logs (CI, kubectl logs) and under a
+    launcher that forwards output (mpirun, horovodrun, srun): it gives each rank a pty, so the
+    rank sees a terminal, but prefixes and relays line by line, and a bar's carriage returns
+    come out as fragments like ``[1,0]<stdout>:[horovod] step 10/44 ...^M``."""
 
     def __init__(self, total, initial=0, desc="train", enabled=True):
         self.enabled = enabled
@@ -129,7 +132,8 @@ class Progress:
         self.total = total
         self.desc = desc
         self._last = 0.0
-        if enabled and sys.stderr.isatty():
+        from common.procs import under_launcher
+        if enabled and sys.stderr.isatty() and not under_launcher():
             from tqdm import tqdm
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
 

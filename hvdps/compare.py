@@ -126,6 +126,17 @@ def _last_error(log_path):
     return errors[-1] if errors else (lines[-1][-300:] if lines else None)
 
 
+def dry_run_preamble():
+    """The directory and environment every printed line runs with, as lines that set them,
+    so the dry run pasted into a shell does what the comparison would do."""
+    env = child_env()
+    changed = {k: env[k] for k in child_env({})}      # what it sets, whatever this shell has already
+    lines = ["# every line below runs in the repository with this environment:", shlex.join(["cd", REPO])]
+    if changed:
+        lines.append("export " + " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(changed.items())))
+    return "\n".join(lines)
+
+
 def execute(runs, timeout, progress=True, links=None):
     """Run each job in turn; a failure is recorded, never fatal. ``links``: sample the hosts' link
     counters while each job runs (hvdps.links)."""
@@ -262,10 +273,12 @@ def main(argv=None):
         links = load_links(args.links) if args.links else None
         runs = plan_runs(args, trainer_args, os.cpu_count() or 1, remote)
         if args.dry_run:
+            print(dry_run_preamble())
             for run in runs:
                 if run.get("roles"):
                     print(f"# {run['name']}: " + ", ".join(f"{t} on {h}" for t, h in run["roles"].items()))
-                print(shlex.join(run["cmd"]))
+                own = [f"{k}={v}" for k, v in sorted(run.get("env", {}).items())]
+                print(shlex.join((["env", *own] if own else []) + list(run["cmd"])))
                 for task, line in remote_task_lines(run):
                     print(f"#   {task}: {line}")
             return 0

@@ -182,8 +182,9 @@ def _read_line(proc, timeout):
 class EmulatedCluster:
     """N shaped hosts and a login namespace on one bridge; ``down`` removes all of it."""
 
-    def __init__(self, count, rate):
+    def __init__(self, count, rate, queue_ms=200):
         self.count, self.rate, self.rate_bps = count, rate, parse_rate(rate)
+        self.queue_ms = queue_ms
         self.tag = f"{PREFIX}{os.getpid()}"
         self.sw, self.login = f"{self.tag}-sw", f"{self.tag}-login"
         self.hosts = [f"{self.tag}-h{i + 1}" for i in range(count)]
@@ -226,7 +227,7 @@ class EmulatedCluster:
                 device = "eth0" if dev == ns else f"h{i + 1}"
                 try:
                     sh("tc", where, dev, "qdisc", "add", "dev", device, "root", "tbf", "rate", self.rate,
-                       "burst", str(burst), "latency", "200ms")
+                       "burst", str(burst), "latency", f"{self.queue_ms}ms")
                 except RuntimeError as exc:
                     raise UsageError(f"--rate {self.rate}: tc refused it: {exc}")
 

@@ -41,11 +41,15 @@ class Remote:
 # (Open MPI's tuned default switches algorithm by message size and rank count). rtc_hwloc_vmhole none:
 # orted skips sharing its hwloc topology through a fixed-address shared-memory segment, which
 # crashes orted (SIGSEGV in hwloc_shmem_topology_write) when it cannot map that address.
+# btl_tcp_links 4: four TCP connections per pair of ranks. With one, a pair's two directions share a
+# socket and the 2-rank ring moves half the link's rate each way (benchmarks/emulated_bandwidth.py:
+# 0.48x of a shaped link with 1, 0.94x with 4; 3 ranks, whose left and right peers differ, 0.90x either way).
 def remote_mpi_flags(remote):
     net = remote.network
     flags = ["--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", net,
              "--mca", "oob_tcp_if_include", net, "--mca", "rtc_hwloc_vmhole", "none",
-             "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"]
+             "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4",
+             "--mca", "btl_tcp_links", "4"]
     if remote.rsh_given:
         flags += ["--mca", "plm_rsh_agent", " ".join(remote.agent)]
     return flags

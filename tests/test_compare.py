@@ -2,7 +2,7 @@
 import csv
 import json
 import os
-import sys
+import subprocess
 
 import pytest
 
@@ -12,7 +12,7 @@ from hvdps.report import collect, write_report
 from common.config import make_config
 from common.errors import UsageError
 from common.metrics import MetricsWriter, throughput_stats
-from tests.conftest import BIN, run
+from tests.conftest import BIN, REPO, run
 
 
 def fake_run(d, backend, mode, workers, rates, accs, num_ps=0):
@@ -84,12 +84,34 @@ def test_dry_run_prints_real_commands(tmp_path):
     r = run([os.path.join(BIN, "hvdps-compare"), "--dry-run", "--workers", "1,2", "--batch_size", "16",
              "--out", str(tmp_path / "c")], timeout=60)
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.strip().splitlines()
+    out = r.stdout.strip().splitlines()
+    assert out[:2] == ["# every line below runs in the repository with this environment:", f"cd {REPO}"]
+    assert out[2].startswith("export ") and "PYTHONPATH=" in out[2]
+    lines = out[3:]
     assert len(lines) == 6
     assert sum("mpirun -np 2 -bind-to none -map-by slot --mca btl self,vader --mca oob_tcp_if_include lo"
                in l for l in lines) == 1
     assert sum("ps_train.launch --num_ps 1 --num_workers 2 --sync" in l for l in lines) == 1
     assert all("--batch_size 16" in l for l in lines)
+
+
+@pytest.mark.process
+def test_dry_run_pasted_into_a_shell_trains(tmp_path):
+    """What --dry-run prints is the whole recipe: run from another folder with a bare
+    environment, the lines train the same runs the comparison would."""
+    out = tmp_path / "c"
+    r = run([os.path.join(BIN, "hvdps-compare"), "--dry-run", "--workers", "2", "--backends", "horovod,ps:sync",
+             "--train_steps", "6", "--batch_size", "16", "--log_every", "2", "--probe_steps", "0",
+             "--no-progress", "--out", str(out)], timeout=60)
+    assert r.returncode == 0, r.stderr
+    bare = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "TMPDIR")}
+    bare["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    p = subprocess.run(["bash", "-euc", r.stdout], cwd=tmp_path, env=bare, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    for name in ("horovod-sync-w2", "ps-sync-w2-ps1"):
+        lines = (out / "runs" / name / "metrics.jsonl").read_text().splitlines()
+        assert json.loads(lines[-1])["type"] == "summary", name
 
 
 @pytest.mark.process

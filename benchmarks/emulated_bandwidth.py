@@ -1,0 +1,234 @@
+"""Large-message exchange on the emulated cluster's shaped links, against the links' rate (root).
+
+    sudo .venv/bin/python benchmarks/emulated_bandwidth.py [--hosts 4] [--rate 100mbit] \\
+        [--workers 2,3] [--sizes-mb 4,16] [--repeats 5]
+
+Brings up the same emulated cluster hvdps-emulate runs the comparison on (network
+namespaces on one bridge, each host's link shaped both ways by ``tc tbf``), measures
+with no training in the way, and removes every namespace again, also on failure:
+
+- **TCP**, one stream from h1 to h2 (a Python socket, nothing else): the ceiling one
+  connection reaches on a link, TCP/IP headers taken;
+- **ring all-reduce** with w ranks on w hosts, started by ``mpirun`` from the login
+  namespace through the same remote-shell agent and MCA flags ``hvdps-compare --hosts``
+  uses (TCP on the cluster's subnet, Open MPI's ring algorithm): bare MPI (mpi4py
+  ``Allreduce``) and ``hvd.allreduce`` with the MPI controller. Bus bandwidth =
+  2(w-1)/w x bytes / time, the bytes each link carries per direction;
+- **PS push and pull** between a worker on h1 and a TensorFlow PS task on h2 (gRPC):
+  goodput = bytes / time on the one link they share.
+
+Every figure is also given as a share of the rate ``tc`` enforces. Times are medians over
+--repeats after --warmup untimed rounds. Writes benchmarks/results/emulated_bandwidth.json
+and prints a markdown table.
+"""
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+
+from hvdps import emulate                                    # noqa: E402
+from hvdps.launchers import Remote, remote_mpi_flags     # noqa: E402
+from common.procs import child_env                           # noqa: E402
+
+COMM = os.path.join(HERE, "comm_bandwidth.py")
+
+# One TCP stream: the sink reads SIZE bytes, answers one byte; the source times each round.
+SINK = """
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept(); size = int(sys.argv[2]); buf = bytearray(1 << 20)
+while True:
+    left = size
+    while left:
+        n = c.recv_into(buf, min(left, len(buf)))
+        if not n:
+            sys.exit(0)
+        left -= n
+    c.sendall(b"k")
+"""
+SOURCE = """
+import json, socket, statistics, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=120)
+size, repeats, warmup = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+data = b"x" * size; times = []
+for i in range(warmup + repeats):
+    t = time.perf_counter(); c.sendall(data); c.recv(1)
+    if i >= warmup:
+        times.append(time.perf_counter() - t)
+print(json.dumps(statistics.median(times)))
+"""
+
+
+def _first_line(proc, timeout, what):
+    import select
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline().strip() if ready else ""
+    if not line:
+        raise RuntimeError(f"{what} did not start within {timeout} s")
+    return line
+
+
+def _stop(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+def in_ns(ns, argv):
+    return ["ip", "netns", "exec", ns, *argv]
+
+
+def tcp_stream(cluster, nbytes, repeats, warmup):
+    sink = subprocess.Popen(in_ns(cluster.hosts[1], [sys.executable, "-c", SINK, cluster.addrs[1], str(nbytes)]),
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        port = _first_line(sink, 30, "the TCP sink")
+        out = subprocess.run(in_ns(cluster.hosts[0], [sys.executable, "-c", SOURCE, cluster.addrs[1], port,
+                                                      str(nbytes), str(repeats), str(warmup)]),
+                             capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        if out.returncode:
+            raise RuntimeError(f"TCP stream: {out.stderr.strip().splitlines()[-1:]}")
+        return float(out.stdout.strip())
+    finally:
+        _stop(sink)
+
+
+def results_of(stdout):
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in stdout.splitlines() if "RESULT " in line]
+
+
+def ring(cluster, workers, sizes, repeats, warmup, impl):
+    """One mpirun job over the first ``workers`` hosts, one rank each, from the login namespace."""
+    remote = Remote(hosts_text=",".join(cluster.addrs[:workers]),
+                        hosts=tuple((a, 1) for a in cluster.addrs[:workers]),
+                        agent=(emulate.AGENT,), rsh_given=True, network=f"{cluster.subnet}.0/24")
+    argv = ["mpirun", "-np", str(workers), "--host", ",".join(cluster.addrs[:workers]), "-bind-to", "none",
+            *remote_mpi_flags(remote), "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+            "-x", "HOROVOD_CPU_OPERATIONS=mpi", sys.executable, COMM, "--worker", "allreduce", "--impl", impl,
+            "--sizes-json", json.dumps(sizes), "--repeats", str(repeats), "--warmup", str(warmup)]
+    p = subprocess.run(in_ns(cluster.login, argv), capture_output=True, text=True, timeout=1800, cwd=REPO,
+                       env=child_env(HVDPS_NETNS_MAP=cluster.netns_map()), stdin=subprocess.DEVNULL)
+    got = results_of(p.stdout)
+    if not got:
+        raise RuntimeError(f"{impl} ring over {workers} hosts failed ({p.returncode}): "
+                           f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return got
+
+
+def ps(cluster, sizes, repeats, warmup):
+    """A PS task on h2, the worker on h1: push (worker -> PS) and pull (PS -> worker)."""
+    from common.procs import free_ports
+    port = free_ports(1)[0]     # a port free here; the hosts' namespaces have nothing bound
+    spec = {"ps": [f"{cluster.addrs[1]}:{port}"], "worker": [f"{cluster.addrs[0]}:{port}"]}
+    env = child_env()
+    server = subprocess.Popen(in_ns(cluster.hosts[1], [sys.executable, "-c", _ps_task(), json.dumps(spec)]),
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
+                              start_new_session=True)
+    try:
+        _first_line(server, 120, "the PS task")
+        p = subprocess.run(in_ns(cluster.hosts[0], [sys.executable, COMM, "--worker", "ps", "--cluster-json",
+                                                    json.dumps(spec), "--sizes-json", json.dumps(sizes),
+                                                    "--repeats", str(repeats), "--warmup", str(warmup)]),
+                           capture_output=True, text=True, timeout=1800, env=env, stdin=subprocess.DEVNULL)
+        got = results_of(p.stdout)
+        if not got:
+            raise RuntimeError(f"PS push/pull failed ({p.returncode}): "
+                               f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}")
+        return got
+    finally:
+        _stop(server)
+
+
+def _ps_task():
+    sys.path.insert(0, HERE)
+    from comm_bandwidth import PS_TASK
+    return PS_TASK
+
+
+def link_bytes(rec):
+    """Bytes each link carries one way for this exchange: the ring's 2(w-1)/w x M, else M."""
+    w = rec.get("workers", 1)
+    return rec["bytes"] * (2 * (w - 1) / w if rec["impl"] in ("mpi4py", "horovod-mpi") else 1)
+
+
+def table(results, rate_bps):
+    names = {"tcp": "TCP, one stream", "mpi4py": "bare MPI ring (mpi4py Allreduce)",
+             "horovod-mpi": "Horovod ring (hvd.allreduce, MPI)", "ps-push": "PS push (worker -> PS)",
+             "ps-pull": "PS pull (PS -> worker)"}
+    lines = ["| exchange | hosts | size | median time | bytes per link, one way | link goodput | x link rate |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        per_link = link_bytes(r)
+        bps = per_link * 8 / r["seconds"]
+        lines.append(f"| {names.get(r['impl'], r['impl'])} | {r.get('workers', 2)} | {r['bytes'] / 2**20:.0f} MiB | "
+                     f"{r['seconds'] * 1e3:.0f} ms | {per_link / 2**20:.2f} MiB | {bps / 1e6:.1f} Mbit/s | "
+                     f"{bps / rate_bps:.2f} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--rate", default="100mbit")
+    ap.add_argument("--workers", default="2,3", help="ring sizes (ranks, one per host)")
+    ap.add_argument("--sizes-mb", default="4,16")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--queue-ms", type=int, default=200, help="tbf queue on each link end, as hvdps-emulate")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "emulated_bandwidth.json"))
+    args = ap.parse_args()
+    try:
+        emulate.check_tools()
+        workers = [int(w) for w in args.workers.split(",")]
+        if min(workers) < 2 or max(workers) > args.hosts:
+            raise emulate.UsageError(f"--workers {args.workers}: each must be 2..--hosts ({args.hosts})")
+    except (emulate.UsageError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sizes = [(f"{mb}MB", int(float(mb) * 2**20)) for mb in args.sizes_mb.split(",")]
+    emulate.cleanup_stale()
+    cluster = emulate.EmulatedCluster(args.hosts, args.rate, args.queue_ms)
+    results = []
+    t0 = time.time()
+    try:
+        cluster.up()
+        for label, nbytes in sizes:
+            results.append({"label": label, "bytes": nbytes, "impl": "tcp", "workers": 2,
+                            "seconds": tcp_stream(cluster, nbytes, args.repeats, args.warmup)})
+        for w in workers:
+            for impl in ("mpi4py", "mpi"):
+                for r in ring(cluster, w, sizes, args.repeats, args.warmup, impl):
+                    results.append(dict(r, workers=w))
+        results += [dict(r, workers=2) for r in ps(cluster, sizes, args.repeats, args.warmup)]
+    except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        left = cluster.down()
+        if left:
+            print(f"error: namespaces left: {', '.join(left)}; run hvdps-emulate --cleanup", file=sys.stderr)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"rate": args.rate, "rate_bps": cluster.rate_bps, "hosts": args.hosts, "repeats": args.repeats,
+                   "warmup": args.warmup, "minutes": round((time.time() - t0) / 60, 1),
+                   "command": shlex.join(["sudo", os.path.relpath(sys.executable, REPO)] + sys.argv),
+                   "results": [dict(r, link_bytes=link_bytes(r),
+                                    x_rate=link_bytes(r) * 8 / r["seconds"] / cluster.rate_bps) for r in results]},
+                  f, indent=2)
+    print(table(results, cluster.rate_bps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
