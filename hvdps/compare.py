@@ -153,21 +153,31 @@ def execute(runs, timeout, progress=True, links=None):
         log_path = run["run_dir"] + ".log"
         started, launched_at = time.monotonic(), time.time()
         sampler = Sampler(links["counters"], links["ports"]) if links else None
+        stopped_by = None
         with open(log_path, "w") as log:
             p = subprocess.Popen(run["cmd"], stdout=log, stderr=subprocess.STDOUT, env={**env, **run["env"]}, cwd=repo,
                                  start_new_session=True)
-            if sampler:
-                with sampler:
+            try:
+                if sampler:
+                    with sampler:
+                        code = _wait(p, run, timeout, bar)
+                else:
                     code = _wait(p, run, timeout, bar)
-            else:
-                code = _wait(p, run, timeout, bar)
+            except Interrupted as exc:
+                stopped_by = exc
+                code = stop_job(p)
         run.update(returncode=code, seconds=time.monotonic() - started, launched_at=launched_at, log=log_path)
+        if stopped_by:
+            run.update(interrupted=True, error=f"interrupted by {stopped_by.name} after {run['seconds']:.0f}s")
         if os.path.isdir(run["run_dir"]):     # so a report rebuilt with --from still knows the start-up cost
             with open(os.path.join(run["run_dir"], RUN_RECORD), "w") as f:
                 json.dump({"seconds": run["seconds"], "launched_at": launched_at, "exit_code": code,
                            "command": run["cmd"], "roles": run.get("roles")}, f, indent=2)
             if sampler:
                 sampler.save(run["run_dir"], {"roles": run.get("roles"), "rate_bps": links.get("rate_bps")})
+        if stopped_by:
+            bar.close()
+            raise stopped_by
         if code != 0:
             run["error"] = _last_error(log_path) or f"exit code {code}"
             bar.write(f"{run['name']}: FAILED ({run['error']})")
@@ -193,13 +203,49 @@ def _wait(p, run, timeout, bar):
             if head and last:
                 bar.set_postfix_str(f"{run['name']} step {last['global_step']}/{(head.get('plan') or {}).get('total_updates')}")
         if time.monotonic() > deadline:
-            os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            stop_job(p)
             return 124
+
+
+class Interrupted(Exception):
+    """SIGINT, SIGTERM or SIGHUP reached hvdps-compare: stop the running job, report what finished."""
+
+    def __init__(self, signum):
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(self.name)
+
+
+def stop_job(p, grace=15.0):
+    """End one job and everything in its process group: SIGTERM (launchers pass it on and
+    clean up), then SIGKILL after ``grace`` seconds. Returns the job's exit code."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:                         # ranks or roles left in the group after its leader ended
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return p.returncode if p.returncode is not None else -signal.SIGKILL
+
+
+def own_signals():
+    """From here on SIGINT, SIGTERM and SIGHUP raise Interrupted; a second one while the job
+    is being stopped is ignored, so the stop and the report are not cut short."""
+    def handler(signum, frame):
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, handler)
 
 
 def make_parser():
@@ -265,6 +311,7 @@ def main(argv=None):
     check_finite("run_timeout", args.run_timeout)
     if args.run_timeout <= 0:
         raise UsageError(f"--run_timeout must be positive, got {args.run_timeout}")
+    interrupted = None
     if args.from_dirs:
         runs = runs_from_dirs(args.from_dirs)
     else:
@@ -288,7 +335,12 @@ def main(argv=None):
         if remote:
             from common.remote import check_hosts
             check_hosts(remote.hosts, remote.agent, args.out)
-        execute(runs, args.run_timeout, progress=args.progress, links=links)
+        own_signals()
+        try:
+            execute(runs, args.run_timeout, progress=args.progress, links=links)
+        except Interrupted as exc:
+            interrupted = exc
+            runs = [r for r in runs if "returncode" in r]       # the report holds what ran
     rows = collect(runs)
     configs = cfg.to_dict()
     if args.from_dirs:                  # the runs' own configs, one per workload, not this command's defaults
@@ -297,6 +349,12 @@ def main(argv=None):
     table = write_report(rows, args.out, configs, environment_of(rows))
     print(table)
     print(f"\nreport: {os.path.join(args.out, 'report.md')}")
+    if interrupted:
+        stopped = [r["name"] for r in runs if r.get("interrupted")]
+        done = len(runs) - len(stopped)
+        print(f"error: {interrupted.name}: " + (f"stopped {stopped[0]}; " if stopped else "") +
+              f"the report holds the {done} run(s) that finished", file=sys.stderr)
+        return 128 + interrupted.signum
     return 0 if all(r.get("status") == "ok" for r in rows) else 1
 
 

@@ -65,7 +65,7 @@ def collect(runs):
         row.setdefault("backend", run["backend"])
         row["backend"], row["mode"], row["workers"] = run["backend"], run["mode"], run["workers"]
         if run.get("returncode") not in (None, 0):
-            row["status"] = "failed"
+            row["status"] = "interrupted" if run.get("interrupted") else "failed"
         row["error"] = run.get("error")
         row["oversubscribed"] = run.get("oversubscribed", False)
         row["_curves"] = curves

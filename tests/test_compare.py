@@ -148,3 +148,60 @@ def test_end_to_end_both_backends(tmp_path):
     key = lambda x: (x["backend"], x["mode"], x["workers"])
     assert sorted(map(key, again)) == sorted(map(key, rows))
     assert {key(x): x["samples_per_sec_median"] for x in again} == {key(x): x["samples_per_sec_median"] for x in rows}
+
+
+def _processes_mentioning(text):
+    """PIDs whose command line mentions ``text`` (a run directory): what a stopped job left."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("backend, signame", [("horovod", "SIGTERM"), ("ps:sync", "SIGTERM"), ("mpi", "SIGINT")])
+def test_signal_mid_run_stops_every_job_and_reports_what_finished(tmp_path, backend, signame):
+    """The 1-worker run ends (stopped by --run_timeout); the signal lands while the 2-worker run
+    trains: compare stops that job's whole process tree, writes the report with both runs, the
+    second marked interrupted, and exits 128 + the signal with one error line."""
+    import signal as sig
+    import time
+    out = tmp_path / "cmp"
+    p = subprocess.Popen([os.path.join(BIN, "hvdps-compare"), "--workers", "1,2", "--backends", backend,
+                          "--train_steps", "100000", "--batch_size", "16", "--log_every", "5", "--probe_steps", "0",
+                          "--no-progress", "--run_timeout", "15", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                         env=__import__("tests.conftest", fromlist=["env"]).env(), start_new_session=True)
+    try:
+        runs = out / "runs"
+        deadline = time.monotonic() + 240
+        second = None
+        while time.monotonic() < deadline and second is None:
+            time.sleep(0.5)
+            logs = sorted(runs.glob("*-w2*/metrics.jsonl")) if runs.exists() else []
+            second = next((l for l in logs if '"step"' in l.read_text()), None)
+        assert second is not None, "the 2-worker run never logged a step"
+        p.send_signal(getattr(sig, signame))
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        try:
+            os.killpg(p.pid, sig.SIGKILL)
+        except ProcessLookupError:
+            pass
+    signum = getattr(sig, signame)
+    assert p.returncode == 128 + signum, stderr[-2000:]
+    errors = [l for l in stderr.splitlines() if l.startswith("error:")]
+    assert errors == [f"error: {signame}: stopped {second.parent.name}; the report holds the 1 run(s) that "
+                      f"finished"], stderr[-2000:]
+    assert "Traceback" not in stderr
+    report = (out / "report.md").read_text()
+    assert "interrupted" in report
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_mentioning(str(out)) == []
