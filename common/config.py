@@ -145,6 +145,8 @@ def validate(cfg):
     for name in ("epochs", "train_steps", "warmup_steps", "threads_per_worker", "checkpoint_steps", "probe_steps"):
         if getattr(cfg, name) < 0:
             raise UsageError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
+    if not 0 <= cfg.seed < 2 ** 32:                 # numpy's RandomState takes 32 bits
+        raise UsageError(f"--seed must be in [0, 2**32), got {cfg.seed}")
     if cfg.epochs == 0 and cfg.train_steps == 0:
         raise UsageError("nothing to train: set --epochs or --train_steps above 0")
     if cfg.lr_warmup_epochs < 0 or not 0 <= cfg.momentum < 1:

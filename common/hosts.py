@@ -12,6 +12,10 @@ ROLES = ("chief", "ps", "worker", "evaluator")
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9\-\.]*[A-Za-z0-9])?$|^\[[0-9a-fA-F:]+\]$")
 
 
+# Slots per host: far above any real host's cores or GPUs, far below what would make every
+# per-slot list this module builds exhaust memory.
+MAX_SLOTS = 4096
+
 def _check_host(host, where):
     if not host or not _HOST_RE.match(host):
         raise UsageError(f"{where}: invalid host name {host!r}")
@@ -30,16 +34,24 @@ def parse_hostfile_text(text, source="<hostfile>"):
             continue
         where = f"{source}:{lineno}"
         parts = line.split()
-        host, slots = parts[0], 1
+        host = parts[0]
         _check_host(host, where)
+        given = {}
         for opt in parts[1:]:
             key, sep, value = opt.partition("=")
             if key not in ("slots", "max_slots", "max-slots") or not sep:
                 raise UsageError(f"{where}: unknown option {opt!r} (expected slots=N)")
+            key = key.replace("-", "_")
+            if key in given:
+                raise UsageError(f"{where}: {key} given twice")
             if not value.isdigit() or int(value) < 1:
                 raise UsageError(f"{where}: {key} must be a positive integer, got {value!r}")
-            if key == "slots":
-                slots = int(value)
+            if int(value) > MAX_SLOTS:
+                raise UsageError(f"{where}: {key} must be at most {MAX_SLOTS}, got {value}")
+            given[key] = int(value)
+        slots = given.get("slots", 1)
+        if slots > given.get("max_slots", slots):
+            raise UsageError(f"{where}: slots={slots} is more than max_slots={given['max_slots']}")
         if host in seen:
             raise UsageError(f"{where}: host {host} listed twice")
         seen.add(host)
@@ -75,6 +87,8 @@ def parse_host_list(text, source="-H"):
         _check_host(host, source)
         if not slots.isdigit() or int(slots) < 1:
             raise UsageError(f"{source}: slots for {host} must be a positive integer, got {slots!r}")
+        if int(slots) > MAX_SLOTS:
+            raise UsageError(f"{source}: slots for {host} must be at most {MAX_SLOTS}, got {slots}")
         hosts.append((host, int(slots)))
     return hosts
 

@@ -325,6 +325,13 @@ def from_runs(path, ring, ps):
 TCP_GOODPUT = 1448 / 1514
 
 
+# What a projection input may be: from a 1 kbit/s link to a 1 Pbit/s one, and so on. Outside
+# these the arithmetic overflows or underflows into infinities and zeros, not an answer.
+INPUT_RANGES = {"bandwidth_gbps": (1e-6, 1e6), "ps_bandwidth_gbps": (1e-6, 1e6), "latency_us": (1e-3, 1e9),
+                "step_compute_ms": (1e-6, 1e9), "model_params": (1, 1e13)}
+MAX_WORKERS = 65536
+
+
 def cluster_of(path):
     """The emulated cluster's description (hvdps-emulate's cluster.json) in ``path`` or up to two
     folders above it (a compare folder, its runs/, one run), or None."""
@@ -482,14 +489,14 @@ def run_projection(args):
                  "fusion_threshold_mb", "straggler_cv", "ps_bandwidth_gbps"):
         if getattr(args, name) is not None:
             check_finite(name.replace("_", "-"), getattr(args, name))
-    for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "ps_bandwidth_gbps"):
+    for name, (low, high) in INPUT_RANGES.items():
         value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if value is not None and not low <= value <= high:
+            raise UsageError(f"--{name.replace('_', '-')} must be in [{low:g}, {high:g}], got {value!r}")
     if args.cycle_time_ms < 0 or args.fusion_threshold_mb < 0 or not 0 <= args.straggler_cv < 1:
         raise UsageError("--cycle-time-ms and --fusion-threshold-mb must be >= 0, --straggler-cv in [0, 1)")
-    if args.gpus_per_server < 1 or args.max_workers < 1:
-        raise UsageError("--gpus-per-server and --max-workers must be >= 1")
+    if not 1 <= args.gpus_per_server <= 1024 or not 1 <= args.max_workers <= MAX_WORKERS:
+        raise UsageError(f"--gpus-per-server must be in [1, 1024] and --max-workers in [1, {MAX_WORKERS}]")
     if args.ps_gpus_per_worker < 1 or args.gpus_per_server % args.ps_gpus_per_worker:
         raise UsageError(f"--ps-gpus-per-worker must divide --gpus-per-server ({args.gpus_per_server}), "
                          f"got {args.ps_gpus_per_worker}")

@@ -53,12 +53,17 @@ def _host_list(text, flag):
     return items
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600
+
+
 def check_ps_flags(args):
     """The PS flags that do not depend on the cluster (the launcher checks them once, too)."""
     for name in ("startup_timeout", "step_timeout"):
         check_finite(name, getattr(args, name))
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name} must be positive, got {getattr(args, name)}")
+        if not 0 < getattr(args, name) <= MAX_TIMEOUT_S:     # TF takes it in int64 milliseconds
+            raise UsageError(f"--{name} must be in (0, {MAX_TIMEOUT_S}] seconds (a week), got {getattr(args, name)}")
+    if args.replicas_to_aggregate and not args.sync:
+        raise UsageError("--replicas_to_aggregate applies to synchronous training: add --sync")
     if args.ps_api == "v2" and (args.sync or args.replicas_to_aggregate):
         raise UsageError(f"--{'sync' if args.sync else 'replicas_to_aggregate'} needs --ps_api v1: TensorFlow 2's "
                          f"ParameterServerStrategy is asynchronous only")

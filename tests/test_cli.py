@@ -64,7 +64,13 @@ CASES = [
     # ---- PS trainer, one role
     (PS, [*PS_FLAGS, "--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
     (PS, [*PS_FLAGS, "--optimizer", "lamb"], {}, "error: unknown optimizer 'lamb' (valid: sgd, momentum, adam)"),
-    (PS, [*PS_FLAGS, "--startup_timeout", "-1"], {}, "error: --startup_timeout must be positive, got -1.0"),
+    (PS, [*PS_FLAGS, "--startup_timeout", "-1"], {}, "error: --startup_timeout must be in (0, 604800] seconds"),
+    (PS, [*PS_FLAGS, "--step_timeout", "1e17"], {}, "error: --step_timeout must be in (0, 604800] seconds (a week), "
+                                                    "got 1e+17"),
+    (PS, [*PS_FLAGS, "--replicas_to_aggregate", "2"], {}, "error: --replicas_to_aggregate applies to synchronous"),
+    (LAUNCH, ["--replicas_to_aggregate", "2"], {}, "error: --replicas_to_aggregate applies to synchronous"),
+    (HVD, ["--seed", "-1"], {}, "error: --seed must be in [0, 2**32), got -1"),
+    (COMPARE, ["--seed", "4294967296"], {}, "error: --seed must be in [0, 2**32), got 4294967296"),
     (PS, [*PS_FLAGS, "--startup_timeout", "nan"], {}, "error: --startup_timeout must be a finite number, got nan"),
     (PS, [*PS_FLAGS, "--step_timeout", "inf"], {}, "error: --step_timeout must be a finite number, got inf"),
     (PS, [*PS_FLAGS, "--sync", "--replicas_to_aggregate", "-1"], {}, "error: --replicas_to_aggregate must be >= 0"),
@@ -107,6 +113,14 @@ CASES = [
     (HOSTS, ["{tmp}/inventory", "--port", "65535"], {}, "error: --port 65535: host a needs ports up to 65536"),
     (HOSTS, ["{tmp}/badslots"], {}, "error: {tmp}/badslots:1: slots must be a positive integer, got 'two'"),
     (HOSTS, ["/nope"], {}, "error: /nope: cannot read hostfile"),
+    (HOSTS, ["{tmp}/maxslots"], {}, "error: {tmp}/maxslots:1: slots=4 is more than max_slots=1"),
+    (HOSTS, ["{tmp}/twoslots"], {}, "error: {tmp}/twoslots:1: slots given twice"),
+    (HOSTS, ["{tmp}/hugeslots"], {}, "error: {tmp}/hugeslots:1: slots must be at most 4096, got 1000000000000"),
+    (PROJECT, ["--bandwidth-gbps", "1e-320", "--latency-us", "10"], {},
+     "error: --bandwidth-gbps must be in [1e-06, 1e+06], got 1e-320"),
+    (PROJECT, [*BW, "--model-params", "1e305"], {}, "error: --model-params must be in [1, 1e+13], got 1e+305"),
+    (PROJECT, [*BW, "--max-workers", "10000000000000000"], {}, "error: --gpus-per-server must be in [1, 1024] and "
+                                                               "--max-workers in [1, 65536]"),
     # ---- under mpirun: one line for the whole job (rank 1 stays quiet), mpirun passes exit 2 on
     (MPIRUN, ["--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
     (MPIRUN, ["--learning_rate", "nan"], {}, "error: --learning_rate must be a finite number, got nan"),
@@ -127,6 +141,9 @@ def files(tmp_path):
     (tmp_path / "binary").write_bytes(bytes(range(256)) * 4)
     (tmp_path / "inventory").write_text("a slots=4\n")
     (tmp_path / "badslots").write_text("a slots=two\n")
+    (tmp_path / "maxslots").write_text("a slots=4 max_slots=1\n")
+    (tmp_path / "twoslots").write_text("a slots=2 slots=8\n")
+    (tmp_path / "hugeslots").write_text("a slots=1000000000000\n")
     junk = tmp_path / "junkrun"
     junk.mkdir()
     (junk / "metrics.jsonl").write_bytes(b"\x00\xff garbage\n[1, 2, 3]\n{\"no\": \"type\"}\n"

@@ -220,7 +220,7 @@ def test_project_from_runs(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--bandwidth-gbps", "-3", "--latency-us", "10"], "--bandwidth-gbps must be positive, got -3.0"),
+    (["--bandwidth-gbps", "-3", "--latency-us", "10"], "--bandwidth-gbps must be in [1e-06, 1e+06], got -3.0"),
     (["--comm-json", "{bad}"], "not a comm_bandwidth.py result file"),
     (["--comm-json", "/no/such.json"], "--comm-json /no/such.json: no such file"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--overlap", "0.5"], "--overlap is gone"),
@@ -230,7 +230,7 @@ def test_project_from_runs(tmp_path):
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-gpus-per-worker", "3", "--gpus-per-server", "4"],
      "--ps-gpus-per-worker must divide --gpus-per-server (4), got 3"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-bandwidth-gbps", "0"],
-     "--ps-bandwidth-gbps must be positive, got 0.0"),
+     "--ps-bandwidth-gbps must be in [1e-06, 1e+06], got 0.0"),
     # the shipped loopback measurements: the ring's small exchanges are too fast to fit a latency
     ([], "cannot fit latency and bandwidth from"),
     (["--comm-json", "{tiny}"], "ring all-reduce: the fitted latency is"),
