@@ -122,7 +122,6 @@ PS_TASK = ("import json, sys, time, tensorflow as tf;"
 
 def worker_ps(args):
     """One PS task in a child process, this process as the worker; push and pull per size."""
-    import numpy as np
     import tensorflow as tf
     from common.procs import free_ports
     tf.compat.v1.disable_eager_execution()
@@ -243,7 +242,6 @@ def table(results):
             cells.append(f"{t * 1e3:.2f} ms ({nbytes / t / 1e9:.2f} GB/s)" if t else "-")
         mpi = by.get((label, "mpi4py"))
         hv = [by[(label, i)] for i in impls if i.startswith("horovod") and (label, i) in by]
-        best = min(hv) if hv else None
         ratio = f"{mpi / min(hv):.2f}x" if mpi and hv else "-"
         lines.append(f"| {label} | {nbytes:,} | " + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines)

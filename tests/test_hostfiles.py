@@ -5,7 +5,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
 import yaml

@@ -3,7 +3,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ def _start(tmp_path, *args):
     p = subprocess.Popen([sys.executable, "-m", "ps_train.launch", *args, "--train_dir", str(tmp_path / "r")],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(), cwd=REPO,
                          start_new_session=True)
-    lines, pids, ports = [], {}, []
+    lines, pids = [], {}
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         line = p.stdout.readline()

@@ -236,7 +236,7 @@ def test_moved_run_directory_resumes_from_its_own_checkpoint(tmp_path):
     moved.parent.mkdir()
     os.rename(first, moved)                                   # the original is gone
     assert str(first) not in (moved / "checkpoints" / "checkpoint").read_text()
-    r = ok(launch(1, 2, *SHORT, "--async", "--epochs", "2", "--train_dir", str(moved), "--resume"))
+    ok(launch(1, 2, *SHORT, "--async", "--epochs", "2", "--train_dir", str(moved), "--resume"))
     summary = load_run(str(moved))[1]["summary"]
     assert summary["status"] == "ok" and summary["steps"] >= 2 * 44
     assert not first.exists()
