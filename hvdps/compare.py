@@ -207,7 +207,7 @@ def _wait(p, run, timeout, bar):
             return 124
 
 
-class Interrupted(Exception):
+class Interrupted(KeyboardInterrupt):
     """SIGINT, SIGTERM or SIGHUP reached hvdps-compare: stop the running job, report what finished."""
 
     def __init__(self, signum):
@@ -244,8 +244,10 @@ def own_signals():
             signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signum)
 
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    for s in previous:
         signal.signal(s, handler)
+    return previous
 
 
 def make_parser():
@@ -335,9 +337,11 @@ def main(argv=None):
         if remote:
             from common.remote import check_hosts
             check_hosts(remote.hosts, remote.agent, args.out)
-        own_signals()
+        previous = own_signals()
         try:
             execute(runs, args.run_timeout, progress=args.progress, links=links)
+            for s, handler in previous.items():      # nothing of ours runs any more: signals as before
+                signal.signal(s, handler)
         except Interrupted as exc:
             interrupted = exc
             runs = [r for r in runs if "returncode" in r]       # the report holds what ran

@@ -62,11 +62,11 @@ def check_ps_flags(args):
         check_finite(name, getattr(args, name))
         if not 0 < getattr(args, name) <= MAX_TIMEOUT_S:     # TF takes it in int64 milliseconds
             raise UsageError(f"--{name} must be in (0, {MAX_TIMEOUT_S}] seconds (a week), got {getattr(args, name)}")
-    if args.replicas_to_aggregate and not args.sync:
-        raise UsageError("--replicas_to_aggregate applies to synchronous training: add --sync")
     if args.ps_api == "v2" and (args.sync or args.replicas_to_aggregate):
         raise UsageError(f"--{'sync' if args.sync else 'replicas_to_aggregate'} needs --ps_api v1: TensorFlow 2's "
                          f"ParameterServerStrategy is asynchronous only")
+    if args.replicas_to_aggregate and not args.sync:
+        raise UsageError("--replicas_to_aggregate applies to synchronous training: add --sync")
     if args.replicas_to_aggregate < 0:
         raise UsageError(f"--replicas_to_aggregate must be >= 0, got {args.replicas_to_aggregate}")
 
