@@ -37,6 +37,7 @@ sys.path.insert(0, REPO)
 from hvdps import emulate                                    # noqa: E402
 from hvdps.launchers import Remote, remote_mpi_flags     # noqa: E402
 from common.procs import child_env                           # noqa: E402
+from comm_bandwidth import PS_TASK                           # noqa: E402  (this folder is on sys.path)
 
 COMM = os.path.join(HERE, "comm_bandwidth.py")
 
@@ -68,15 +69,6 @@ print(json.dumps(statistics.median(times)))
 """
 
 
-def _first_line(proc, timeout, what):
-    import select
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline().strip() if ready else ""
-    if not line:
-        raise RuntimeError(f"{what} did not start within {timeout} s")
-    return line
-
-
 def _stop(proc):
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -93,7 +85,7 @@ def tcp_stream(cluster, nbytes, repeats, warmup):
     sink = subprocess.Popen(in_ns(cluster.hosts[1], [sys.executable, "-c", SINK, cluster.addrs[1], str(nbytes)]),
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
-        port = _first_line(sink, 30, "the TCP sink")
+        port = emulate.read_line(sink, 30, "the TCP sink")
         out = subprocess.run(in_ns(cluster.hosts[0], [sys.executable, "-c", SOURCE, cluster.addrs[1], port,
                                                       str(nbytes), str(repeats), str(warmup)]),
                              capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
@@ -132,11 +124,11 @@ def ps(cluster, sizes, repeats, warmup):
     port = free_ports(1)[0]     # a port free here; the hosts' namespaces have nothing bound
     spec = {"ps": [f"{cluster.addrs[1]}:{port}"], "worker": [f"{cluster.addrs[0]}:{port}"]}
     env = child_env()
-    server = subprocess.Popen(in_ns(cluster.hosts[1], [sys.executable, "-c", _ps_task(), json.dumps(spec)]),
+    server = subprocess.Popen(in_ns(cluster.hosts[1], [sys.executable, "-c", PS_TASK, json.dumps(spec)]),
                               stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
                               start_new_session=True)
     try:
-        _first_line(server, 120, "the PS task")
+        emulate.read_line(server, 120, "the PS task")
         p = subprocess.run(in_ns(cluster.hosts[0], [sys.executable, COMM, "--worker", "ps", "--cluster-json",
                                                     json.dumps(spec), "--sizes-json", json.dumps(sizes),
                                                     "--repeats", str(repeats), "--warmup", str(warmup)]),
@@ -148,12 +140,6 @@ def ps(cluster, sizes, repeats, warmup):
         return got
     finally:
         _stop(server)
-
-
-def _ps_task():
-    sys.path.insert(0, HERE)
-    from comm_bandwidth import PS_TASK
-    return PS_TASK
 
 
 def link_bytes(rec):

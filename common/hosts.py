@@ -16,6 +16,7 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9\-\.]*[A-Za-z0-9])?$|^\[[0-9a-fA-
 # per-slot list this module builds exhaust memory.
 MAX_SLOTS = 4096
 
+
 def _check_host(host, where):
     if not host or not _HOST_RE.match(host):
         raise UsageError(f"{where}: invalid host name {host!r}")

@@ -169,13 +169,13 @@ print(statistics.median(times[10:] or times))
 """
 
 
-def _read_line(proc, timeout):
+def read_line(proc, timeout, what="the latency probe's server"):
     """The first line ``proc`` prints, or RuntimeError after ``timeout`` seconds."""
     import select
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     line = proc.stdout.readline().strip() if ready else ""
     if not line:
-        raise RuntimeError("the latency probe's server did not start")
+        raise RuntimeError(f"{what} did not start within {timeout} s")
     return line
 
 
@@ -239,7 +239,7 @@ class EmulatedCluster:
                                    self.addrs[1]], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                   text=True, start_new_session=True)
         try:
-            port = _read_line(server, timeout)
+            port = read_line(server, timeout)
             out = subprocess.run(["ip", "netns", "exec", self.hosts[0], sys.executable, "-c", PING,
                                   self.addrs[1], port, str(rounds)], capture_output=True, text=True,
                                  timeout=timeout, stdin=subprocess.DEVNULL)
