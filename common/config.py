@@ -100,13 +100,9 @@ class Config:
 
     def save(self, directory, name="config.json"):
         """Write atomically so a crash never leaves a half-written config."""
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, name)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(self.to_json())
-        os.replace(tmp, path)
-        return path
+        from common.files import make_dirs, write_atomic
+        make_dirs(directory)
+        return write_atomic(os.path.join(directory, name), self.to_json())
 
 
 def _one_of(name, value, allowed):
@@ -164,8 +160,7 @@ def validate(cfg):
     if cfg.dataset == "clicks" and cfg.model in MODELS and cfg.model != "rec":
         raise UsageError(f"--dataset clicks holds categorical ids, not pixels: use --model rec (or a plug-in "
                          f"that embeds them), not {cfg.model}")
-    if cfg.model == "rec":
-        check_table_fits(cfg)
+    check_memory(cfg)
     side = KERAS_APPLICATIONS.get(cfg.model)
     if side and cfg.dataset in ("digits", "mnist"):
         raise UsageError(f"--model {cfg.model} needs 3-channel images of at least {side}x{side}: --dataset "
@@ -174,19 +169,55 @@ def validate(cfg):
         raise UsageError(f"--model {cfg.model} needs --image_shape of at least {side},{side},3")
 
 
-def check_table_fits(cfg):
-    """The rec model's tables, with their gradient and a copy each process may hold, must fit in
-    this machine's memory: refused up front with the estimate rather than failing mid-job."""
-    from common.data import CLICK_FEATURES
-    table = 4 * CLICK_FEATURES * cfg.embedding_rows * cfg.embedding_dim
+def machine_memory():
     try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return
-    if 3 * table > memory:
-        raise UsageError(f"--embedding_rows {cfg.embedding_rows} x --embedding_dim {cfg.embedding_dim}: "
-                         f"{CLICK_FEATURES} tables of {table / 2**30:.1f} GiB in all, about {3 * table / 2**30:.1f} "
-                         f"GiB per process with its gradient and a copy; this machine has {memory / 2**30:.1f} GiB")
+        return None
+
+
+def memory_estimate(cfg):
+    """[(flags, bytes, what)]: the least one process holds for the built-in models and data, from
+    the config alone (no TensorFlow): float32 weights with their gradient, two optimizer slots and
+    a broadcast copy (5 x the parameters), the synthetic arrays (drawn as float64, kept as
+    float32), the CNN's activations for one batch (forward and backward). Plug-ins and the
+    Keras applications' activations are not estimated; TensorFlow reports those itself."""
+    from common.data import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES
+    parts = []
+    classes = 10 if cfg.dataset in ("digits", "mnist") else cfg.num_classes
+    shape = {"digits": (8, 8, 1), "mnist": (28, 28, 1), "synthetic": tuple(cfg.image_shape)}.get(cfg.dataset)
+    if cfg.model == "rec":
+        table = 4 * CLICK_FEATURES * cfg.embedding_rows * cfg.embedding_dim
+        parts.append((f"--embedding_rows {cfg.embedding_rows} x --embedding_dim {cfg.embedding_dim}", 3 * table,
+                      f"{CLICK_FEATURES} tables of {table / 2**30:.1f} GiB with their gradient and a copy"))
+    if cfg.dataset == "synthetic":
+        n = cfg.synthetic_samples + min(SYNTHETIC_TEST_SAMPLES, max(8, cfg.synthetic_samples // 4))
+        parts.append((f"--image_shape {','.join(map(str, shape))} x --synthetic_samples {cfg.synthetic_samples}",
+                      12 * n * math.prod(shape), "the synthetic images"))
+    if shape and cfg.model == "mlp":
+        features = math.prod(shape)
+        params = features * cfg.hidden_units + cfg.hidden_units * (classes + 1) + classes
+        parts.append((f"--hidden_units {cfg.hidden_units}", 20 * params,
+                      f"the MLP's {params:.3g} weights with gradient, optimizer slots and a copy"))
+    if shape and cfg.model == "cnn":
+        h, w, c = shape
+        params = 9 * c * 32 + 9 * 32 * 64 + (h // 2) * (w // 2) * 64 * 128 + 128 * classes
+        activations = 4 * 3 * cfg.batch_size * h * w * (32 + 64)
+        parts.append((f"--image_shape {','.join(map(str, shape))}", 20 * params + activations,
+                      f"the CNN's {params:.3g} weights and one batch's activations"))
+    return parts
+
+
+def check_memory(cfg):
+    """A model or data set that cannot fit in this machine's memory is refused up front with the
+    estimate, rather than a MemoryError traceback (or the OOM killer) once the job has started."""
+    memory = machine_memory()
+    parts = memory_estimate(cfg)
+    total = sum(b for _, b, _ in parts)
+    if memory and total > memory:
+        flags, _, what = max(parts, key=lambda p: p[1])
+        raise UsageError(f"{flags}: about {total / 2**30:,.1f} GiB per process ({what}); this machine has "
+                         f"{memory / 2**30:.1f} GiB")
 
 
 def _shape(text):
@@ -322,8 +353,9 @@ def make_config(**kw):
 
 
 def load(path):
+    from common.files import MiB, read_input
+    text = read_input(path, "config", max_bytes=16 * MiB)
     try:
-        with open(path) as f:
-            return Config.from_json(f.read())
+        return Config.from_json(text)
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: cannot read config: {exc}")

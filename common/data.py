@@ -15,6 +15,7 @@ import struct
 import numpy as np
 
 from common.errors import UsageError
+from common.files import check_regular
 from common.plan import make_plan, steps_per_epoch
 
 IDX_IMAGES_MAGIC = 2051
@@ -28,6 +29,7 @@ MNIST_FILES = {
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 20240229   # fixed: the test set never depends on the training seed
 SYNTHETIC_TEST_SAMPLES = 256   # at most: a quarter of --synthetic_samples, at least 8
+MAX_INPUT = 4 << 30            # bytes read from one data file (MNIST's four files hold 55 MB)
 
 
 class DataError(UsageError):
@@ -42,11 +44,14 @@ def _open(path):
 def read_idx(path, expect_magic):
     """Read one IDX file (images: magic 2051, 3 dims; labels: magic 2049, 1 dim)."""
     name = os.path.basename(path)
+    check_regular(path, "an IDX file", MAX_INPUT)
     try:
         with _open(path) as f:
-            raw = f.read()
+            raw = f.read(MAX_INPUT + 1)          # bounded also for a .gz that inflates without end
     except (OSError, EOFError) as exc:
         raise DataError(f"{path}: cannot read: {exc}")
+    if len(raw) > MAX_INPUT:
+        raise DataError(f"{path}: more than {MAX_INPUT >> 20} MiB: not an MNIST-format file")
     if len(raw) < 8:
         raise DataError(f"{path}: truncated header ({len(raw)} bytes)")
     magic, count = struct.unpack(">II", raw[:8])
@@ -81,6 +86,7 @@ def load_mnist(data_dir):
         raise DataError(f"MNIST data dir {data_dir!r} does not exist")
     npz = os.path.join(data_dir, "mnist.npz")
     if os.path.exists(npz):
+        check_regular(npz, "an .npz file", MAX_INPUT)
         try:
             with np.load(npz, allow_pickle=False) as z:
                 missing = [k for k in MNIST_FILES if k not in z.files]
@@ -110,11 +116,12 @@ def load_mnist(data_dir):
                             f"28x28 images (other data: --dataset synthetic or your own loader)")
         if y.ndim != 1 or len(x) != len(y):
             raise DataError(f"{source}: {len(x)} {split} images but labels of shape {y.shape}")
+        if y.dtype.kind not in "iu":
+            raise DataError(f"{source}: {split} labels have dtype {y.dtype}; expected integer class ids 0..9")
         if len(y) and (y.min() < 0 or y.max() > 9):
             raise DataError(f"{source}: {split} label out of range 0..9 (found {int(y.min())}..{int(y.max())})")
     scale = lambda x: (x.astype(np.float32) / 255.0)[..., None]
-    return (scale(arrays["x_train"]), arrays["y_train"].astype(np.int32),
-            scale(arrays["x_test"]), arrays["y_test"].astype(np.int32))
+    return scale(arrays["x_train"]), arrays["y_train"], scale(arrays["x_test"]), arrays["y_test"]
 
 
 def write_idx(path, array):
@@ -204,22 +211,72 @@ def input_spec(cfg):
 _CACHE = {}
 
 
+MAX_CLASSES = 2 ** 24         # a label above this is a corrupt file, not a class (ImageNet-21k has 21,841)
+
+
+def check_arrays(arrays, source, num_classes=None, ids=False):
+    """Every data set, built-in or plug-in, before any process joins a job: arrays that would
+    train silently wrong are refused in one line. Features must be real numbers (a complex
+    part would be dropped), finite (one NaN turns every weight NaN within a step or two) and
+    of a non-empty shape; labels integers (a float label would be truncated) within
+    ``num_classes`` (or at most MAX_CLASSES for a plug-in, whose classes the labels define),
+    checked before the cast to int32 that would wrap 2**32 + 1 to 1. ``ids``: the features are
+    categorical ids (clicks), kept as integers."""
+    out = []
+    for split, x, y in (("train", arrays[0], arrays[1]), ("test", arrays[2], arrays[3])):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype.kind not in "buif":
+            raise DataError(f"{source}: x_{split} has dtype {x.dtype}; expected real numbers (bool, int or float)")
+        if x.ndim < 2 or 0 in x.shape[1:]:
+            raise DataError(f"{source}: x_{split} has shape {x.shape}; each example needs at least one feature")
+        if len(x) == 0:
+            raise DataError(f"{source}: the {split} split is empty")
+        if x.dtype.kind == "f":
+            bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+            if bad.any():
+                raise DataError(f"{source}: x_{split} has NaN or infinite values in {int(bad.sum())} example(s), "
+                                f"the first at index {int(np.argmax(bad))}")
+        if y.dtype.kind not in "iu" or y.ndim != 1 or len(y) != len(x):
+            raise DataError(f"{source}: y_{split} has shape {y.shape} and dtype {y.dtype}; expected {len(x)} "
+                            f"integer class ids")
+        low, high = int(y.min()), int(y.max())
+        limit = num_classes if num_classes is not None else MAX_CLASSES
+        if low < 0 or high >= limit:
+            what = f"{num_classes} classes" if num_classes is not None else f"at most {MAX_CLASSES} classes"
+            raise DataError(f"{source}: y_{split} holds class ids {low}..{high}; expected 0..{limit - 1} "
+                            f"({what})")
+        out += [x if ids else x.astype(np.float32, copy=False), y.astype(np.int32, copy=False)]
+    return tuple(out)
+
+
 def load_arrays(cfg):
     key = (cfg.dataset, cfg.data_dir, cfg.seed, tuple(cfg.image_shape), cfg.num_classes,
            cfg.synthetic_samples, cfg.embedding_rows)
     if key not in _CACHE:
         from common.plugins import is_plugin, load_dataset
         if is_plugin(cfg.dataset):
-            _CACHE[key] = load_dataset(cfg)
+            arrays, source, classes = load_dataset(cfg), f"--dataset {cfg.dataset}", None
         elif cfg.dataset == "digits":
-            _CACHE[key] = load_digits()
+            arrays, source, classes = load_digits(), "digits", 10
         elif cfg.dataset == "mnist":
-            _CACHE[key] = load_mnist(cfg.data_dir)
+            arrays, source, classes = load_mnist(cfg.data_dir), cfg.data_dir, 10
         elif cfg.dataset == "clicks":
-            _CACHE[key] = load_clicks(cfg)
+            arrays, source, classes = load_clicks(cfg), "clicks", 2
         else:
-            _CACHE[key] = load_synthetic(cfg)
+            arrays, source, classes = load_synthetic(cfg), "synthetic", cfg.num_classes
+        _CACHE[key] = check_arrays(arrays, source, classes, ids=cfg.dataset == "clicks")
     return _CACHE[key]
+
+
+def data_fingerprint(cfg):
+    """SHA-256 of the training arrays as trained on: a resumed run must see the same data."""
+    import hashlib
+    x, y = load_arrays(cfg)[:2]
+    h = hashlib.sha256()
+    for a in (x, y):
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(np.ascontiguousarray(a).data)
+    return h.hexdigest()
 
 
 def num_examples(cfg):

@@ -65,6 +65,9 @@ def cli(fn=None, *, hard_exit=False):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         quiet = lambda: os.environ.get("HVDPS_QUIET_ERRORS") == "1"   # read late: main() may set it
+        # Results, checkpoints and events (TensorFlow's included) come out 0644 / 0755 at most,
+        # or stricter if the umask says so: never group- or world-writable on a shared file system.
+        os.umask(os.umask(0) | 0o022)
         try:
             return fn(*args, **kwargs)
         except UsageError as exc:

@@ -63,11 +63,10 @@ def parse_hostfile_text(text, source="<hostfile>"):
 
 
 def _read(path, what):
+    from common.files import MiB, read_input
+    raw = read_input(path, what, max_bytes=16 * MiB)
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read {what}: {exc.strerror}")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not a text file (cannot read {what})")
 

@@ -17,6 +17,8 @@ import sys
 
 import numpy as np
 
+from common.files import write_atomic
+
 # The benchmark models at the input size of their published figures (ImageNet).
 PUBLISHED_INPUTS = {"resnet50": (224, 224, 3), "resnet101": (224, 224, 3), "inception_v3": (299, 299, 3),
                     "vgg16": (224, 224, 3), "mobilenet_v2": (224, 224, 3)}
@@ -96,10 +98,7 @@ def main(argv=None):
         total = sum(r["grad_bytes"] for r in data[name]["layers"]) / 4e6
         print(f"{name}: {len(data[name]['layers'])} weighted layers, {total:.1f} M parameters, "
               f"{sum(r['flops'] for r in data[name]['layers']) / 1e9:.2f} GFLOPs forward")
-    tmp = PROFILES + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, separators=(",", ":"))
-    os.replace(tmp, PROFILES)
+    write_atomic(PROFILES, json.dumps(data, separators=(",", ":")))
     return 0
 
 

@@ -102,8 +102,9 @@ class MetricsWriter:
         self.target_time = None
         self._f = None
         if enabled:
-            os.makedirs(train_dir, exist_ok=True)
-            self._f = open(self.path, "a")
+            from common.files import make_dirs, open_append
+            make_dirs(train_dir)
+            self._f = open_append(self.path)
 
     def elapsed(self):
         return time.time() - self.start
@@ -120,11 +121,13 @@ class MetricsWriter:
     def header(self, cfg, backend, mode, world_size, num_ps, plan, **extra):
         """``global_batch_size`` is what one update of the weights averages: b x n for
         all-reduce, b x R for sync PS, b for async PS (one worker batch per update)."""
+        from common.data import data_fingerprint
         self._write(dict(type="header", schema_version=SCHEMA_VERSION, backend=backend, mode=mode,
                          world_size=world_size, num_ps=num_ps,
                          batch_size_per_worker=cfg.batch_size,
                          global_batch_size=plan.samples_per_update, plan=plan.to_dict(),
                          model=cfg.model, dataset=cfg.dataset, config=cfg.to_dict(),
+                         data_fingerprint=data_fingerprint(cfg),
                          host=socket.gethostname(), cpus=os.cpu_count(),
                          versions=library_versions(), start_time=self.start, **extra))
 
@@ -173,6 +176,9 @@ def read_records(path):
     """All complete records of a metrics file; a torn last line (crash) and lines that are
     not records (binary junk, arrays, objects without a known ``type``) are skipped."""
     records = []
+    if os.path.exists(path):     # a FIFO or device in a run directory would block for good
+        from common.files import check_regular
+        check_regular(path, "a metrics file", 8 << 30)
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:

@@ -41,6 +41,8 @@ def load_callable(spec, flag):
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[name] = module
             module_spec.loader.exec_module(module)
+        except SystemExit as exc:
+            raise UsageError(f"{flag} {spec}: importing {target} called sys.exit({exc.code!r})")
         except Exception as exc:   # the user's file: any error is theirs to fix, said in one line
             raise UsageError(f"{flag} {spec}: importing {target} failed: {type(exc).__name__}: {exc}")
     else:
@@ -63,6 +65,8 @@ def call(fn, spec, flag, *args):
         return fn(*args)
     except UsageError:
         raise
+    except SystemExit as exc:    # exit 0 from a plug-in would end the job "successfully" with no run
+        raise UsageError(f"{flag} {spec}: the plug-in called sys.exit({exc.code!r}) instead of returning")
     except Exception as exc:
         raise UsageError(f"{flag} {spec}: the plug-in raised {type(exc).__name__}: {exc}")
 
@@ -79,19 +83,11 @@ def load_dataset(cfg):
     except Exception as exc:
         raise UsageError(f"--dataset {cfg.dataset}: returned something that is not arrays ({exc}); "
                          f"expected {expected}")
-    arrays = {}
+    arrays = {}                  # values (dtypes, NaN, label range) are checked in common.data.check_arrays
     for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
-        if x.ndim < 2 or not np.issubdtype(x.dtype, np.number):
-            raise UsageError(f"--dataset {cfg.dataset}: x_{split} has shape {x.shape} and dtype {x.dtype}; "
-                             f"expected numbers of shape (N, features...) ")
-        if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
-            raise UsageError(f"--dataset {cfg.dataset}: y_{split} has shape {y.shape} and dtype {y.dtype}; "
-                             f"expected {len(x)} integer class ids")
-        if len(x) == 0:
-            raise UsageError(f"--dataset {cfg.dataset}: the {split} split is empty")
-        if y.min() < 0:
-            raise UsageError(f"--dataset {cfg.dataset}: y_{split} has negative class ids")
-        arrays[split] = (x[..., None] if x.ndim == 3 else x).astype(np.float32), y.astype(np.int32)
+        if x.ndim < 2:
+            raise UsageError(f"--dataset {cfg.dataset}: x_{split} has shape {x.shape}; expected (N, features...)")
+        arrays[split] = (x[..., None] if x.ndim == 3 else x), y
     if arrays["train"][0].shape[1:] != arrays["test"][0].shape[1:]:
         raise UsageError(f"--dataset {cfg.dataset}: train examples are {arrays['train'][0].shape[1:]}, "
                          f"test examples {arrays['test'][0].shape[1:]}; expected the same shape")
@@ -115,4 +111,6 @@ def build_model(cfg, input_shape, num_classes):
     if tuple(out.shape) != (1, num_classes):
         raise UsageError(f"--model {cfg.model}: the model outputs shape {tuple(out.shape)} for one example; "
                          f"expected (1, {num_classes}) logits")
+    if not model.trainable_weights:
+        raise UsageError(f"--model {cfg.model}: the model has no trainable weights; there is nothing to train")
     return model

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 from common.errors import UsageError
+from common.files import make_dirs, write_atomic
 from common.hosts import parse_host_list, parse_hostfile
 from common.procs import REPO
 
@@ -148,10 +149,8 @@ def check_hosts(hosts, agent, out_dir, timeout=30):
     """Before anything starts: every host runs a command through the agent, sees this repository
     and this Python at the same paths, and sees the run directory (shared filesystem).
     One line naming the first host that fails."""
-    os.makedirs(out_dir, exist_ok=True)
-    token = os.path.join(out_dir, f".hvdps-host-check-{os.getpid()}")
-    with open(token, "w") as f:
-        f.write("hvdps\n")
+    make_dirs(out_dir)
+    token = write_atomic(os.path.join(out_dir, f".hvdps-host-check-{os.getpid()}"), "hvdps\n")
     try:
         probe = (f"test -d {shlex.quote(REPO)} || {{ echo 'no {REPO} (hosts need the same paths)'; exit 3; }}; "
                  f"test -x {shlex.quote(sys.executable)} || {{ echo 'no {sys.executable}'; exit 3; }}; "

@@ -10,8 +10,8 @@ from common.bookkeeper import Adapter, Bookkeeper
 from common.data import make_dataset
 from common.models import build_model, loss_fn, make_optimizer, train_step_fn
 from common.probe import compute_step_time
-from common.training import (Checkpoints, RunLog, create_slots, eval_sums, finish_eval, make_lr_schedule,
-                             refuse_finished)
+from common.training import (Checkpoints, RunLog, check_resume_compatible, create_slots, eval_sums, finish_eval,
+                             make_lr_schedule, refuse_finished)
 
 
 class AllreduceAdapter(Adapter):
@@ -52,6 +52,8 @@ class AllreduceAdapter(Adapter):
 
 def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
     """From a joined backend to the summary: plan, model, restore, broadcast, train, finish."""
+    if cfg.resume:                               # all-reduce: every rank refuses a changed world alike
+        check_resume_compatible(cfg, cfg.train_dir, backend)
     plan = backend.plan(cfg, num_train)          # all-reduce: each rank runs 1/size of an epoch's steps
     model = build_model(cfg)
     optimizer = make_optimizer(cfg, make_lr_schedule(cfg, plan))   # all-reduce: lr scaled by the workers

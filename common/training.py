@@ -5,6 +5,7 @@ loop apply the identical learning-rate rule and evaluation arithmetic.
 """
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -68,22 +69,31 @@ def finish_eval(sums):
     return loss_sum / count, correct / count
 
 
+# Every fixed name a run writes in its --train_dir (event and checkpoint files inside the two
+# folders are named by TensorFlow, created fresh and renamed into place).
+RUN_OUTPUTS = ("config.json", "metrics.jsonl", "weights.npz", "launch.json", "elastic_job", "links.json",
+               "compare_run.json", "checkpoints", "tensorboard", os.path.join("checkpoints", "checkpoint"))
+
+
 def check_train_dir(cfg, joining=False):
     """Fail early, on every worker, if results cannot be written or resumed from.
 
     ``joining``: this process joins a job already under way (elastic Horovod), so
     the run it finds in the directory is its own.
     """
+    from common.files import make_dirs, refuse_link
     d = cfg.train_dir
     if os.path.exists(d) and not os.path.isdir(d):
         raise UsageError(f"--train_dir {d} exists and is not a directory")
     try:                         # root passes os.access everywhere; only trying tells (/proc, read-only mounts)
-        os.makedirs(d, exist_ok=True)
-        probe = os.path.join(d, f".hvdps-write-test-{os.getpid()}")
-        open(probe, "w").close()
+        make_dirs(d)
+        fd, probe = tempfile.mkstemp(dir=d, prefix=".hvdps-write-test-")
+        os.close(fd)
         os.remove(probe)
-    except OSError as exc:
-        raise UsageError(f"--train_dir {d} is not writable: {exc.strerror}")
+    except (OSError, RunError) as exc:
+        raise UsageError(f"--train_dir {d} is not writable: {getattr(exc, 'strerror', None) or exc}")
+    for name in RUN_OUTPUTS:     # TF's checkpoint and event writers would follow a planted link
+        refuse_link(os.path.join(d, name), "a run's output")
     ckpt = os.path.join(d, "checkpoints")
     if cfg.resume and (not os.path.isdir(ckpt) or not os.access(ckpt, os.R_OK | os.X_OK)):
         raise UsageError(f"--resume: no readable checkpoint directory at {ckpt}")
@@ -94,25 +104,49 @@ def check_train_dir(cfg, joining=False):
                          f"use --resume to continue it or choose another directory")
 
 
-def check_resume_compatible(cfg, train_dir):
-    """A resumed run must train the same model on the same data with the same batch."""
+def check_resume_compatible(cfg, train_dir, backend=None):
+    """A resumed run continues exactly the job that was checkpointed, or is refused before a
+    file in the run directory changes (exit 2).
+
+    The same model, data and batch (config.json), and, from the run's first header in
+    metrics.jsonl, the same backend and mode, the same number of workers and PS tasks and the
+    same training data (a fingerprint of its arrays). A different world size would restart
+    the data order at the wrong position, rescale the learning rate and mis-count the samples
+    of every update already taken; hvdps does not convert a checkpoint, it refuses.
+    ``backend``: the job being resumed into, once known (every rank can check: no exchange)."""
     from common.config import load
     path = os.path.join(train_dir, "config.json")
     if not os.path.exists(path):
         raise UsageError(f"--resume: {path} is missing")
     old = load(path)
-    for key in ("model", "dataset", "batch_size", "hidden_units", "image_shape", "num_classes", "seed",
-                "embedding_rows", "embedding_dim"):
+    for key in ("model", "dataset", "data_dir", "batch_size", "hidden_units", "image_shape", "num_classes", "seed",
+                "synthetic_samples", "embedding_rows", "embedding_dim", "optimizer", "shuffle"):
         if getattr(old, key) != getattr(cfg, key):
             raise UsageError(f"--resume: {key} was {getattr(old, key)!r} in {path}, now "
                              f"{getattr(cfg, key)!r}")
+    if backend is None:
+        return
+    from common.metrics import read_records
+    first = next((r for r in read_records(os.path.join(train_dir, "metrics.jsonl")) if r["type"] == "header"), None)
+    if first is None:
+        raise UsageError(f"--resume: {train_dir}/metrics.jsonl has no header: not a run hvdps can continue")
+    now = {"backend": backend.name, "mode": backend.mode, "world_size": backend.world_size, "num_ps": backend.num_ps}
+    names = {"backend": "backend", "mode": "mode", "world_size": "workers", "num_ps": "PS tasks"}
+    for key, value in now.items():
+        if key in first and first[key] != value:
+            raise UsageError(f"--resume: {train_dir} was trained with {names[key]} {first[key]}, this job has "
+                             f"{value}; a checkpoint resumes only into the job that wrote it (start a new "
+                             f"--train_dir, or launch the same job)")
+    from common.data import data_fingerprint
+    if first.get("data_fingerprint") and first["data_fingerprint"] != data_fingerprint(cfg):
+        raise UsageError(f"--resume: the training data differ from those {train_dir} was trained on "
+                         f"(fingerprint {first['data_fingerprint'][:12]}, now {data_fingerprint(cfg)[:12]})")
 
 
 def save_weights_npz(weights, path):
     """Final weights (arrays in model order), written atomically: tests and users diff these."""
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, *[np.asarray(w) for w in weights])
-    os.replace(tmp, path)
+    from common.files import write_atomic
+    write_atomic(path, lambda f: np.savez(f, *[np.asarray(w) for w in weights]))
 
 
 def load_weights_npz(path):

@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from common.backend import AllreduceBackend, place_rank, ring_wire, yield_when_idle
+from common.files import make_dirs, write_atomic
 from common.plan import make_plan
 
 def add_horovod_args(parser):
@@ -189,6 +190,5 @@ def joining_elastic_job(train_dir):
 def mark_elastic_job(train_dir):
     job = elastic_job_id()
     if job:
-        os.makedirs(train_dir, exist_ok=True)
-        with open(os.path.join(train_dir, "elastic_job"), "w") as f:
-            f.write(job + "\n")
+        make_dirs(train_dir)
+        write_atomic(os.path.join(train_dir, "elastic_job"), job + "\n")

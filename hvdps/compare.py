@@ -27,11 +27,15 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from common.config import argv_of, build_parser, check_finite, from_args
-from common.errors import UsageError, cli
+from common.data import num_examples
+from common.errors import RunError, UsageError, cli
+from common.files import MiB, make_dirs, open_new, read_input, write_atomic
 from common.metrics import read_records
+from common.plan import steps_per_epoch
 from common.procs import REPO, child_env
 from hvdps.launchers import Remote, get_launcher, parse_variants
 from hvdps.report import RUN_RECORD, collect, environment_of, runs_from_dirs, write_report
@@ -109,8 +113,7 @@ def remote_task_lines(run):
 def load_links(path):
     """The emulated cluster's description (written by hvdps-emulate): where its link counters are."""
     try:
-        with open(path) as f:
-            links = json.load(f)
+        links = json.loads(read_input(path, "--links", max_bytes=16 * MiB))
         assert isinstance(links.get("ports"), dict) and isinstance(links.get("counters"), str)
         return links
     except (OSError, ValueError, AssertionError, AttributeError):
@@ -147,14 +150,14 @@ def execute(runs, timeout, progress=True, links=None):
                dynamic_ncols=True)
     for run in bar:
         bar.set_postfix_str(run["name"])
-        os.makedirs(os.path.dirname(run["run_dir"]), exist_ok=True)
+        make_dirs(os.path.dirname(run["run_dir"]))
         if os.path.exists(os.path.join(run["run_dir"], "metrics.jsonl")):
             raise UsageError(f"{run['run_dir']} already holds a run; choose another --out")
         log_path = run["run_dir"] + ".log"
         started, launched_at = time.monotonic(), time.time()
         sampler = Sampler(links["counters"], links["ports"]) if links else None
         stopped_by = None
-        with open(log_path, "w") as log:
+        with open_new(log_path) as log:
             p = subprocess.Popen(run["cmd"], stdout=log, stderr=subprocess.STDOUT, env={**env, **run["env"]}, cwd=repo,
                                  start_new_session=True)
             try:
@@ -170,9 +173,9 @@ def execute(runs, timeout, progress=True, links=None):
         if stopped_by:
             run.update(interrupted=True, error=f"interrupted by {stopped_by.name} after {run['seconds']:.0f}s")
         if os.path.isdir(run["run_dir"]):     # so a report rebuilt with --from still knows the start-up cost
-            with open(os.path.join(run["run_dir"], RUN_RECORD), "w") as f:
-                json.dump({"seconds": run["seconds"], "launched_at": launched_at, "exit_code": code,
-                           "command": run["cmd"], "roles": run.get("roles")}, f, indent=2)
+            write_atomic(os.path.join(run["run_dir"], RUN_RECORD),
+                         json.dumps({"seconds": run["seconds"], "launched_at": launched_at, "exit_code": code,
+                                     "command": run["cmd"], "roles": run.get("roles")}, indent=2))
             if sampler:
                 sampler.save(run["run_dir"], {"roles": run.get("roles"), "rate_bps": links.get("rate_bps")})
         if stopped_by:
@@ -298,6 +301,26 @@ def absolute_paths(args):
             setattr(args, flag, f"{os.path.abspath(target)}:{attr}")
 
 
+def check_out(out, from_dirs):
+    """--out must be a writable folder that holds no report, unless the report is being rebuilt
+    from runs inside it (``--from runs/cmp/runs --out runs/cmp``): checked before anything runs."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out {out} exists and is not a directory")
+    try:
+        make_dirs(out)
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".hvdps-write-test-")
+        os.close(fd)
+        os.remove(probe)
+    except (OSError, RunError) as exc:
+        raise UsageError(f"--out {out} is not writable: {getattr(exc, 'strerror', None) or exc}")
+    if not os.path.exists(os.path.join(out, "report.md")):
+        return
+    if from_dirs and any(os.path.commonpath([out, os.path.abspath(d)]) == out for d in from_dirs):
+        return
+    raise UsageError(f"--out {out} already holds a report; choose another directory "
+                     f"or rebuild it with --from {out}")
+
+
 @cli
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -313,10 +336,17 @@ def main(argv=None):
     check_finite("run_timeout", args.run_timeout)
     if args.run_timeout <= 0:
         raise UsageError(f"--run_timeout must be positive, got {args.run_timeout}")
+    if args.resume:
+        raise UsageError("--resume does not apply to hvdps-compare: it starts fresh runs in --out; continue "
+                         "one run with its trainer's command (the first line of runs/<name>.log) and --resume")
+    if not args.dry_run:
+        check_out(args.out, args.from_dirs)
     interrupted = None
     if args.from_dirs:
         runs = runs_from_dirs(args.from_dirs)
     else:
+        if not args.dry_run:             # the same refusal every run would meet, once, before any starts
+            steps_per_epoch(num_examples(cfg), max(parse_workers(args.workers)), cfg.batch_size)
         trainer_args = argv_of(args, parser, skip=COMPARE_FLAGS)
         remote = make_remote(args)
         links = load_links(args.links) if args.links else None
@@ -331,9 +361,6 @@ def main(argv=None):
                 for task, line in remote_task_lines(run):
                     print(f"#   {task}: {line}")
             return 0
-        if os.path.exists(os.path.join(args.out, "report.md")):
-            raise UsageError(f"--out {args.out} already holds a report; choose another directory "
-                             f"or rebuild it with --from {args.out}")
         if remote:
             from common.remote import check_hosts
             check_hosts(remote.hosts, remote.agent, args.out)

@@ -33,6 +33,7 @@ import time
 
 from common.config import Parser
 from common.errors import UsageError, cli
+from common.files import make_dirs, write_atomic
 from common.procs import REPO, child_env
 
 STATE_DIR = "/run/hvdps-emulate"
@@ -335,10 +336,8 @@ def main(argv=None):
         except (RuntimeError, OSError, ValueError, IndexError, subprocess.TimeoutExpired) as exc:
             print(f"note: could not measure the links' latency ({exc}); hvdps-project will need --latency-us",
                   file=sys.stderr)
-        os.makedirs(out, exist_ok=True)
-        desc = os.path.join(out, "cluster.json")
-        with open(desc, "w") as f:
-            json.dump(cluster.describe(), f, indent=2)
+        make_dirs(out)
+        desc = write_atomic(os.path.join(out, "cluster.json"), json.dumps(cluster.describe(), indent=2))
         rtt = f"; round trip {cluster.latency['rtt_s'] * 1e6:.0f} us" if cluster.latency else ""
         print(f"emulated cluster: {args.hosts} hosts {', '.join(cluster.addrs)}, each link {args.rate} both ways; "
               f"login node {cluster.subnet}.254{rtt}", flush=True)

@@ -29,6 +29,8 @@ import os
 import threading
 import time
 
+from common.files import write_atomic
+
 LINKS_FILE = "links.json"
 SAMPLE_EVERY = 0.25
 
@@ -83,9 +85,7 @@ class Sampler:
 
     def save(self, run_dir, extra):
         path = os.path.join(run_dir, LINKS_FILE)
-        with open(path + ".tmp", "w") as f:
-            json.dump({"series": self.series, **extra}, f)
-        os.replace(path + ".tmp", path)
+        write_atomic(path, json.dumps({"series": self.series, **extra}))
 
 
 def _at(points, t):

@@ -23,6 +23,7 @@ import os
 import sys
 
 from common.errors import UsageError, cli
+from common.files import MiB, make_dirs, read_input, write_atomic
 from common.metrics import load_run
 from common.procs import REPO
 
@@ -210,7 +211,7 @@ def plot(rows, path, title):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
 
 
@@ -510,7 +511,7 @@ def run_projection(args):
     if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None) and \
             not (cluster and cluster.get("latency_s")):
         try:
-            data = json.load(open(comm_json))
+            data = json.loads(read_input(comm_json, "--comm-json", max_bytes=64 * MiB))
             fits = fit_from_comm(data["results"], data.get("np", 2))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--comm-json {comm_json}: not a comm_bandwidth.py result file ({exc})")
@@ -539,7 +540,7 @@ def run_projection(args):
                    per_server=args.gpus_per_server, cycle_s=args.cycle_time_ms / 1e3,
                    fusion_bytes=int(args.fusion_threshold_mb * (1 << 20)), straggler_cv=args.straggler_cv,
                    placement=args.ps_placement, measured=measured, ps_towers=args.ps_gpus_per_worker)
-    os.makedirs(args.out, exist_ok=True)
+    make_dirs(args.out)
     text = (f"# Scaling projection\n\ngradient {_size(grad)} in {len(layers)} layer(s), compute "
             f"{compute * 1e3:.1f} ms/step, ring: {ring['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
             f"{ring['alpha'] * 1e6:.1f} us; PS: {ps['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
@@ -566,10 +567,9 @@ def run_projection(args):
         top = ring_rows[-1]
         text += (f"\nRing all-reduce at {top['workers']} workers: {top['overlap']:.0%} of its exchange hides "
                  f"behind back-propagation (wait-free schedule of this model's layers).\n")
-    with open(os.path.join(args.out, "projection.md"), "w") as f:
-        f.write(text + "\n![projection](projection.png)\n")
-    with open(os.path.join(args.out, "projection.json"), "w") as f:
-        f.write(dumps({"grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": ps,
+    write_atomic(os.path.join(args.out, "projection.md"), text + "\n![projection](projection.png)\n")
+    write_atomic(os.path.join(args.out, "projection.json"), dumps({
+                       "grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": ps,
                        "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
                        "ps_placement": args.ps_placement, "ps_gpus_per_worker": args.ps_gpus_per_worker,

@@ -5,10 +5,12 @@ report can be rebuilt from run directories copied off a cluster
 (``hvdps-compare --from``) without training again.
 """
 import csv
+import io
 import json
 import os
 
 from common.errors import UsageError
+from common.files import make_dirs, write_atomic
 from common.metrics import load_run, read_records
 
 # What a step's distribution overhead consists of, per method: the sentence's second half.
@@ -221,14 +223,15 @@ def _fmt(v, digits=3):
 
 
 def write_report(rows, out, cfg_dict, environment):
-    os.makedirs(out, exist_ok=True)
+    make_dirs(out)
     plain = [{k: r.get(k) for k in COLUMNS} for r in rows]
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump({"rows": plain, "config": cfg_dict, "environment": environment}, f, indent=2)
-    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(plain)
+    write_atomic(os.path.join(out, "results.json"),
+                 json.dumps({"rows": plain, "config": cfg_dict, "environment": environment}, indent=2))
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=COLUMNS)
+    w.writeheader()
+    w.writerows(plain)
+    write_atomic(os.path.join(out, "results.csv"), buf.getvalue())
     plots = write_plots(rows, out)
     lines = ["# hvdps comparison", "",
              "| workload | backend | mode | workers | PS | samples/sec (median) | mean ± 95% | scaling eff. | "
@@ -273,8 +276,7 @@ def write_report(rows, out, cfg_dict, environment):
     lines += ["", "## Config", "", "```json", json.dumps(cfg_dict, indent=2, sort_keys=True), "```", ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write("\n".join(lines))
+    write_atomic(os.path.join(out, "report.md"), "\n".join(lines))
     return "\n".join(lines[:len(rows) + 4] + [""] + findings + ([""] + reasons if reasons else []))
 
 
@@ -468,7 +470,7 @@ def _save(fig, out, name, legend_size):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, name), dpi=100)
+    write_atomic(os.path.join(out, name), lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
     return name
 
@@ -503,7 +505,7 @@ def write_breakdown_plot(rows, out):
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "breakdown.png"), dpi=100)
+    write_atomic(os.path.join(out, "breakdown.png"), lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
     return "breakdown.png"
 

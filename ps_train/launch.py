@@ -27,12 +27,14 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common.config import argv_of
 from common.errors import UsageError, cli
+from common.files import write_atomic
 from common.procs import child_env, free_ports
 
 _PR_SET_PDEATHSIG = 1
@@ -292,8 +294,15 @@ def parse_args(argv):
     check_finite("timeout", args.timeout)
     if args.timeout < 0:
         raise UsageError(f"--timeout must be >= 0, got {args.timeout}")
-    from_args(args)
+    cfg = from_args(args)
     check_ps_flags(args)
+    if args.resume:              # refused here, before a task starts or launch.json is written
+        from common.training import check_resume_compatible, check_train_dir
+        v2 = args.ps_api == "v2"
+        job = types.SimpleNamespace(name="ps2" if v2 else "ps", mode="sync" if args.sync and not v2 else "async",
+                                    world_size=args.num_workers, num_ps=args.num_ps)
+        check_train_dir(cfg)
+        check_resume_compatible(cfg, args.train_dir, job)
     return args, p
 
 
@@ -386,12 +395,12 @@ def main(argv=None):
                     f"at update {resumed_from}; {lost} logged update(s) since then are lost")
         args.resume = True
     exact_resume_points(args.train_dir, restarts)
-    if os.path.isdir(args.train_dir):   # the PS tasks' cost belongs in the results too
+    if os.path.isdir(args.train_dir) and (code != 2 or restarts):   # the PS tasks' cost belongs in the results
+        # too; not after a refusal (exit 2), which must leave an earlier run's files as they were
         path = os.path.join(args.train_dir, "launch.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump({"cpu_seconds": cluster.cpu, "cpu_series": cluster.cpu_series, "exit_code": code, "ended_by": ended_by,
-                       "restarts": restarts, "pids": cluster.pids()}, f, indent=2)
-        os.replace(path + ".tmp", path)
+        write_atomic(path, json.dumps({"cpu_seconds": cluster.cpu, "cpu_series": cluster.cpu_series,
+                                       "exit_code": code, "ended_by": ended_by, "restarts": restarts,
+                                       "pids": cluster.pids()}, indent=2))
     # The one line a user reads last: what ended the job and, if a role said why, its own words.
     why = cluster.errors.get(cluster.ended_by_role) if code not in (0, 130) else None
     cluster.say(f"exit code {code} ({ended_by})" + (f": {why}" if why else ""))

@@ -34,6 +34,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 from common.config import build_parser, from_args
 from common.data import num_examples
 from common.errors import RunError, UsageError, cli, describe
+from common.files import make_dirs
 from common.probe import compute_step_time
 from common.bookkeeper import Adapter, Bookkeeper
 from common.training import RunLog, Watchdog, check_resume_compatible, check_train_dir, refuse_finished
@@ -63,7 +64,7 @@ def main(argv=None):
     if backend.is_chief:
         check_train_dir(cfg)
         if cfg.resume:
-            check_resume_compatible(cfg, cfg.train_dir)
+            check_resume_compatible(cfg, cfg.train_dir, backend)
     if argv is None:                             # PS: listen on this task's address only (ps_train/listen.py)
         listen_only_on(backend, args.bind)
     num_train = 0 if backend.is_ps else num_examples(cfg)
@@ -92,7 +93,7 @@ def main_v2(args, cfg, cluster, job, index, restrict):
     if backend.is_chief:
         check_train_dir(cfg)
         if cfg.resume:
-            check_resume_compatible(cfg, cfg.train_dir)
+            check_resume_compatible(cfg, cfg.train_dir, backend)
     if restrict:                                 # PS: listen on this task's address only
         listen_only_on(backend, args.bind)
     num_train = num_examples(cfg) if backend.is_chief else 0
@@ -276,7 +277,7 @@ class ChiefAdapter(Adapter):
         """One when there is none, as TF's hook wrote it: a restarted chief always has something
         to resume from (start-up, before the run's clock starts)."""
         import tensorflow as tf
-        os.makedirs(self.dir, exist_ok=True)
+        make_dirs(self.dir)
         if not tf.train.latest_checkpoint(self.dir):
             self.save(None)
 
