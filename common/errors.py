@@ -31,6 +31,9 @@ def describe(exc):
     text = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     lines = text.strip().splitlines()
     text = lines[0]
+    if text.startswith("Graph execution error"):    # TF's graph-mode wrapper: the cause is a later line
+        causes = [line.strip() for line in lines[1:] if "; " in line and not line.strip().startswith(("File ", "[["))]
+        text = causes[-1] if causes else text
     if re.search(r"\d+ root error\(s\) found", text):   # TF's aggregate: the first cause, "(0) KIND: ..."
         first = next((m for m in (re.match(r"\s*\(0\)\s*(.+)", line) for line in lines[1:]) if m), None)
         text = first.group(1) if first else text

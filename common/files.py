@@ -126,8 +126,6 @@ def read_input(path, what="file", max_bytes=2048 * MiB, binary=True):
     is larger than ``max_bytes``; opened non-blocking, so a FIFO cannot hang the caller."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file")
     except OSError as exc:
         raise UsageError(f"{path}: cannot read {what}: {exc.strerror}")
     try:

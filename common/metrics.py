@@ -172,6 +172,29 @@ def _num(x):
 
 
 # ---------------------------------------------------------------- reading back
+_NUMBER = (int, float)
+# What a field must be for the report to use it; a record written by hand or another tool with
+# "throughput": "fast" loses that field (shown as missing), never crashes the report.
+FIELD_TYPES = {
+    "global_step": _NUMBER, "samples_seen": _NUMBER, "wall_time": _NUMBER, "loss": _NUMBER,
+    "samples_per_sec": _NUMBER, "accuracy": _NUMBER, "epoch": _NUMBER, "world_size": int, "num_ps": int,
+    "backend": str, "mode": str, "model": str, "dataset": str, "status": str, "start_time": _NUMBER,
+    "batch_size_per_worker": int, "global_batch_size": int, "plan": dict, "config": dict,
+    "throughput": dict, "final_test_accuracy": _NUMBER, "final_test_loss": _NUMBER,
+    "time_to_target": _NUMBER, "total_time": _NUMBER, "grad_bytes_per_step": _NUMBER, "steps": _NUMBER,
+    "breakdown": dict, "wire": dict,
+}
+REQUIRED = {"step": ("global_step",), "eval": ("global_step",)}
+
+
+def _typed(rec):
+    out = {k: v for k, v in rec.items() if k not in FIELD_TYPES or v is None or
+           (isinstance(v, FIELD_TYPES[k]) and not (isinstance(v, float) and not math.isfinite(v)))}
+    if "throughput" in out:
+        out["throughput"] = {k: v for k, v in out["throughput"].items() if isinstance(v, _NUMBER)}
+    return out
+
+
 def read_records(path):
     """All complete records of a metrics file; a torn last line (crash) and lines that are
     not records (binary junk, arrays, objects without a known ``type``) are skipped."""
@@ -189,7 +212,9 @@ def read_records(path):
                 except ValueError:
                     continue
                 if isinstance(rec, dict) and rec.get("type") in RECORD_TYPES:
-                    records.append(rec)
+                    rec = _typed(rec)
+                    if all(k in rec for k in REQUIRED.get(rec["type"], ())):
+                        records.append(rec)
     except OSError as exc:
         from common.errors import UsageError
         raise UsageError(f"{path}: cannot read: {exc.strerror}")

@@ -85,6 +85,8 @@ def check_train_dir(cfg, joining=False):
     d = cfg.train_dir
     if os.path.exists(d) and not os.path.isdir(d):
         raise UsageError(f"--train_dir {d} exists and is not a directory")
+    if cfg.resume and not os.path.isdir(d):      # refused without creating anything
+        raise UsageError(f"--resume: no readable checkpoint directory at {os.path.join(d, 'checkpoints')}")
     try:                         # root passes os.access everywhere; only trying tells (/proc, read-only mounts)
         make_dirs(d)
         fd, probe = tempfile.mkstemp(dir=d, prefix=".hvdps-write-test-")
@@ -102,6 +104,26 @@ def check_train_dir(cfg, joining=False):
     if not cfg.resume and not joining and os.path.exists(os.path.join(d, "metrics.jsonl")):
         raise UsageError(f"--train_dir {d} already holds a run (metrics.jsonl); "
                          f"use --resume to continue it or choose another directory")
+
+
+def remove_partial_checkpoints(directory):
+    """After a failed save: TensorFlow's half-written ``<prefix>_temp...`` files and folders go,
+    so a full disk leaves only whole checkpoints behind."""
+    import shutil
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if "_temp" in name:
+            path = os.path.join(directory, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
 
 
 def check_resume_compatible(cfg, train_dir, backend=None):
@@ -358,6 +380,7 @@ class Checkpoints:
         try:
             self.manager.save(checkpoint_number=step)
         except (OSError, tf.errors.OpError) as exc:
+            remove_partial_checkpoints(self.manager.directory)
             raise RunError(f"cannot write a checkpoint to {self.manager.directory}: {describe(exc)}")
 
 

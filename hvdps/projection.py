@@ -512,7 +512,11 @@ def run_projection(args):
             not (cluster and cluster.get("latency_s")):
         try:
             data = json.loads(read_input(comm_json, "--comm-json", max_bytes=64 * MiB))
-            fits = fit_from_comm(data["results"], data.get("np", 2))
+            ranks = data.get("np", 2)
+            if not isinstance(ranks, int) or not 2 <= ranks <= 65536:
+                raise UsageError(f"--comm-json {comm_json}: np must be the measured ring's ranks, 2..65536, "
+                                 f"got {ranks!r}")
+            fits = fit_from_comm(data["results"], ranks)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UsageError(f"--comm-json {comm_json}: not a comm_bandwidth.py result file ({exc})")
     ring, ps = network(args, fits, comm_json, cluster)
@@ -583,6 +587,8 @@ def run_projection(args):
 @cli
 def main(argv=None):
     args = make_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out} exists and is not a directory")
     return run_projection(args)
 
 

@@ -289,6 +289,13 @@ def parse_args(argv):
         raise UsageError("--pin_workers pins cores of this machine; it does not apply with --hosts")
     if args.hosts:                   # every host starts in the repository: paths must not depend on the folder
         args.train_dir = os.path.abspath(args.train_dir)
+    else:                            # every task starts here and listens on --host
+        from ps_train.listen import bindable, resolve
+        ip = resolve(args.host)
+        if ip is None or not bindable(ip):
+            raise UsageError(f"--host {args.host}: " + ("cannot resolve it" if ip is None else
+                             f"{ip} is not an address of this machine") +
+                             "; the local launcher starts every task here (other machines: --hosts)")
     if args.max_restarts < 0:
         raise UsageError(f"--max_restarts must be >= 0, got {args.max_restarts}")
     check_finite("timeout", args.timeout)
@@ -296,6 +303,9 @@ def parse_args(argv):
         raise UsageError(f"--timeout must be >= 0, got {args.timeout}")
     cfg = from_args(args)
     check_ps_flags(args)
+    from common.data import num_examples      # the data checks and the batch, once, before a task starts
+    from common.plan import steps_per_epoch
+    steps_per_epoch(num_examples(cfg), args.num_workers, cfg.batch_size)
     if args.resume:              # refused here, before a task starts or launch.json is written
         from common.training import check_resume_compatible, check_train_dir
         v2 = args.ps_api == "v2"

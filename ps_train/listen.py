@@ -36,6 +36,10 @@ def choose_address(host, bind):
             raise UsageError(f"--bind {bind}: expected an IP address, 'auto' or 0.0.0.0")
         if not bindable(bind):
             raise UsageError(f"--bind {bind}: not an address of this machine")
+        own = resolve(host.strip("[]"))
+        if own and own != bind and (ipaddress.ip_address(own).is_loopback or bindable(own)):
+            raise UsageError(f"--bind {bind}: the cluster gives this task {host} ({own}), also an address of this "
+                             f"machine; its peers would connect there and find nothing listening")
         return bind, None
     ip = resolve(host.strip("[]"))
     if ip and (ipaddress.ip_address(ip).is_loopback or bindable(ip)):

@@ -37,7 +37,8 @@ from common.errors import RunError, UsageError, cli, describe
 from common.files import make_dirs
 from common.probe import compute_step_time
 from common.bookkeeper import Adapter, Bookkeeper
-from common.training import RunLog, Watchdog, check_resume_compatible, check_train_dir, refuse_finished
+from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir, refuse_finished,
+                             remove_partial_checkpoints)
 from ps_train import stop, v2
 from ps_train.stop import hard_exit
 from ps_train.backend import PSBackend, describe_placement, shard_bytes
@@ -311,6 +312,7 @@ class ChiefAdapter(Adapter):
         try:
             outside_hooks(self.sess, write, "chief: checkpoint")
         except (tf.errors.OpError, OSError) as exc:       # a full disk, say: one line, the old files kept
+            remove_partial_checkpoints(self.dir)
             raise RunError(f"chief: checkpoint: {describe(exc)}")
 
     def final_weights(self):

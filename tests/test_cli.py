@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -9,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from common.data import write_idx
+from common.config import Config
+from common.data import MNIST_FILES, write_idx
 from tests.conftest import BIN, REPO, env, run
 
 HVD = [sys.executable, os.path.join(REPO, "horovod_train", "main.py")]
@@ -121,6 +123,146 @@ CASES = [
     (PROJECT, [*BW, "--model-params", "1e305"], {}, "error: --model-params must be in [1, 1e+13], got 1e+305"),
     (PROJECT, [*BW, "--max-workers", "10000000000000000"], {}, "error: --gpus-per-server must be in [1, 1024] and "
                                                                "--max-workers in [1, 65536]"),
+    # ---- data that would train silently wrong, refused before any process joins a job (built-in and plug-in)
+    (HVD, ["--dataset", "{tmp}/plug.py:nan_data"], {}, "error: --dataset {tmp}/plug.py:nan_data: x_train has NaN or "
+                                                       "infinite values in 1 example(s), the first at index 3"),
+    (HVD, ["--dataset", "{tmp}/plug.py:inf_test"], {}, "error: --dataset {tmp}/plug.py:inf_test: x_test has NaN"),
+    (HVD, ["--dataset", "{tmp}/plug.py:wrapping_label"], {}, "error: --dataset {tmp}/plug.py:wrapping_label: y_train "
+                                                             "holds class ids 0..4294967297; expected 0..16777215"),
+    (HVD, ["--dataset", "{tmp}/plug.py:huge_label"], {}, "error: --dataset {tmp}/plug.py:huge_label: y_train holds "
+                                                         "class ids 0..2147483647"),
+    (HVD, ["--dataset", "{tmp}/plug.py:negative_label"], {}, "error: --dataset {tmp}/plug.py:negative_label: y_train "
+                                                             "holds class ids -1..2"),
+    (HVD, ["--dataset", "{tmp}/plug.py:complex_data"], {}, "error: --dataset {tmp}/plug.py:complex_data: x_train has "
+                                                           "dtype complex128; expected real numbers"),
+    (HVD, ["--dataset", "{tmp}/plug.py:text_data"], {}, "error: --dataset {tmp}/plug.py:text_data: x_train has dtype <U"),
+    (HVD, ["--dataset", "{tmp}/plug.py:no_columns"], {}, "error: --dataset {tmp}/plug.py:no_columns: x_train has "
+                                                         "shape (10, 0); each example needs at least one feature"),
+    (HVD, ["--dataset", "{tmp}/plug.py:float_labels"], {}, "error: --dataset {tmp}/plug.py:float_labels: y_train has "
+                                                           "shape (10,) and dtype float64"),
+    (HVD, ["--dataset", "{tmp}/plug.py:empty_train"], {}, "error: --dataset {tmp}/plug.py:empty_train: the train "
+                                                          "split is empty"),
+    (HVD, ["--dataset", "{tmp}/plug.py:short_labels"], {}, "error: --dataset {tmp}/plug.py:short_labels: y_train has "
+                                                           "shape (9,)"),
+    (HVD, ["--dataset", "{tmp}/plug.py:mixed_shapes"], {}, "error: --dataset {tmp}/plug.py:mixed_shapes: train "
+                                                           "examples are (4,), test examples (5,)"),
+    (HVD, ["--dataset", "{tmp}/plug.py:three_arrays"], {}, "error: --dataset {tmp}/plug.py:three_arrays: returned "
+                                                           "tuple, expected"),
+    (HVD, ["--dataset", "{tmp}/plug.py:exits"], {}, "error: --dataset {tmp}/plug.py:exits: the plug-in called "
+                                                    "sys.exit(0) instead of returning"),
+    (HVD, ["--dataset", "{tmp}/plug.py:raises"], {}, "error: --dataset {tmp}/plug.py:raises: the plug-in raised "
+                                                     "ValueError: no data here"),
+    (HVD, ["--dataset", "{tmp}/plug.py:missing"], {}, "error: --dataset {tmp}/plug.py:missing: {tmp}/plug.py has no "
+                                                      "attribute 'missing'"),
+    (HVD, ["--dataset", "{tmp}/exits_on_import.py:load"], {}, "error: --dataset {tmp}/exits_on_import.py:load: "
+                                                              "importing {tmp}/exits_on_import.py called sys.exit(3)"),
+    (HVD, ["--model", "{tmp}/plug.py:no_weights"], {}, "error: --model {tmp}/plug.py:no_weights: the model has no "
+                                                       "trainable weights"),
+    (HVD, ["--model", "{tmp}/plug.py:model_exits"], {}, "error: --model {tmp}/plug.py:model_exits: the plug-in called "
+                                                        "sys.exit(0)"),
+    (HVD, ["--model", "{tmp}/plug.py:three_logits"], {}, "error: --model {tmp}/plug.py:three_logits: the model outputs "
+                                                         "shape (1, 3) for one example; expected (1, 10) logits"),
+    (HVD, ["--model", "{tmp}/plug.py:not_a_model"], {}, "error: --model {tmp}/plug.py:not_a_model: returned dict"),
+    (PS, [*PS_FLAGS, "--dataset", "{tmp}/plug.py:nan_data"], {}, "error: --dataset {tmp}/plug.py:nan_data: x_train "
+                                                                 "has NaN"),
+    (MPI, ["--dataset", "{tmp}/plug.py:wrapping_label"], {}, "error: --dataset {tmp}/plug.py:wrapping_label: y_train"),
+    (LAUNCH, ["--dataset", "{tmp}/plug.py:complex_data"], {}, "error: --dataset {tmp}/plug.py:complex_data: x_train"),
+    (COMPARE, ["--dataset", "{tmp}/plug.py:nan_data"], {}, "error: --dataset {tmp}/plug.py:nan_data: x_train has NaN"),
+    (HVD, ["--dataset", "mnist", "--data_dir", "{tmp}/mnist_nan"], {}, "error: {tmp}/mnist_nan: x_train has NaN or "
+                                                                       "infinite values in 1 example(s), the first at "
+                                                                       "index 2"),
+    (HVD, ["--dataset", "mnist", "--data_dir", "{tmp}/mnist_float_labels"], {},
+     "error: {tmp}/mnist_float_labels/mnist.npz: train labels have dtype float64"),
+    (HVD, ["--dataset", "mnist", "--data_dir", "{tmp}/mnist_wrap"], {}, "error: {tmp}/mnist_wrap/mnist.npz: train "
+                                                                        "label out of range 0..9"),
+    (HVD, ["--dataset", "mnist", "--data_dir", "{tmp}/mnist_fifo"], {},
+     "error: {tmp}/mnist_fifo/train-images-idx3-ubyte: an IDX file is not a regular file"),
+    (HVD, ["--dataset", "mnist", "--data_dir", "{tmp}/npz_fifo"], {},
+     "error: {tmp}/npz_fifo/mnist.npz: an .npz file is not a regular file"),
+    # ---- sizes that cannot fit: refused with the estimate, not a MemoryError
+    (HVD, ["--hidden_units", "2000000000"], {}, "error: --hidden_units 2000000000: about "),
+    (HVD, ["--dataset", "synthetic", "--image_shape", "100000,100000,3"], {},
+     "error: --image_shape 100000,100000,3 x --synthetic_samples 2048: about "),
+    (LAUNCH, ["--model", "cnn", "--dataset", "synthetic", "--image_shape", "30000,30000,1",
+              "--synthetic_samples", "8"], {}, "error: --image_shape 30000,30000,1: about "),
+    (COMPARE, ["--hidden_units", "2000000000"], {}, "error: --hidden_units 2000000000: about "),
+    # ---- resume: exactly the job that wrote the checkpoint, or refused before any file changes
+    (HVD, ["--resume", "--train_dir", "{tmp}/hvd2run"], {}, "error: --resume: {tmp}/hvd2run was trained with workers "
+                                                            "2, this job has 1"),
+    (MPI, ["--resume", "--train_dir", "{tmp}/hvd2run"], {}, "error: --resume: {tmp}/hvd2run was trained with backend "
+                                                            "horovod, this job has mpi"),
+    (LAUNCH, ["--resume", "--train_dir", "{tmp}/hvd2run", "--num_workers", "2"], {},
+     "error: --resume: {tmp}/hvd2run was trained with backend horovod, this job has ps"),
+    (LAUNCH, ["--resume", "--train_dir", "{tmp}/ps1run", "--num_workers", "2"], {},
+     "error: --resume: {tmp}/ps1run was trained with workers 1, this job has 2"),
+    (LAUNCH, ["--resume", "--train_dir", "{tmp}/ps1run", "--num_workers", "1", "--sync"], {},
+     "error: --resume: {tmp}/ps1run was trained with mode async, this job has sync"),
+    (LAUNCH, ["--resume", "--train_dir", "{tmp}/ps1run", "--num_workers", "1", "--num_ps", "2"], {},
+     "error: --resume: {tmp}/ps1run was trained with PS tasks 1, this job has 2"),
+    (LAUNCH, ["--resume", "--train_dir", "{tmp}/ps1run", "--num_workers", "1", "--ps_api", "v2"], {},
+     "error: --resume: {tmp}/ps1run was trained with backend ps, this job has ps2"),
+    (PS, [*PS_FLAGS, "--resume", "--train_dir", "{tmp}/ps1run", "--sync"], {},
+     "error: --resume: {tmp}/ps1run was trained with mode async, this job has sync"),
+    (HVD, ["--resume", "--train_dir", "{tmp}/otherdata"], {}, "error: --resume: the training data differ from those "),
+    (HVD, ["--resume", "--train_dir", "{tmp}/hvd2run", "--batch_size", "16"], {},
+     "error: --resume: batch_size was 32 in {tmp}/hvd2run/config.json, now 16"),
+    (HVD, ["--resume", "--train_dir", "{tmp}/hvd2run", "--optimizer", "sgd"], {},
+     "error: --resume: optimizer was 'adam' in {tmp}/hvd2run/config.json, now 'sgd'"),
+    (COMPARE, ["--resume"], {}, "error: --resume does not apply to hvdps-compare"),
+    # ---- outputs: never through a planted link, never into something that is not a folder
+    (HVD, ["--train_dir", "{tmp}/linkrun"], {}, "error: {tmp}/linkrun/metrics.jsonl is a symbolic link (to "),
+    (PS, [*PS_FLAGS, "--train_dir", "{tmp}/linkrun"], {}, "error: {tmp}/linkrun/metrics.jsonl is a symbolic link"),
+    (HVD, ["--train_dir", "{tmp}/binary"], {}, "error: --train_dir {tmp}/binary exists and is not a directory"),
+    (COMPARE, ["--out", "{tmp}/binary"], {}, "error: --out {tmp}/binary exists and is not a directory"),
+    (COMPARE, ["--out", "/proc/hvdps-x"], {}, "error: --out /proc/hvdps-x is not writable"),
+    (COMPARE, ["--from", "{tmp}/okrun", "--out", "{tmp}/reported"], {}, "error: --out {tmp}/reported already holds a "
+                                                                         "report"),
+    (COMPARE, ["--batch_size", "5000"], {}, "error: batch 5000 x 2 workers exceeds the 1438 training examples"),
+    (PROJECT, [*BW, "--model-name", "vgg16", "--out", "{tmp}/binary"], {}, "error: --out {tmp}/binary exists and is "
+                                                                           "not a directory"),
+    # ---- inputs that would block or never end: FIFOs and devices are refused before a byte is read
+    (HOSTS, ["{tmp}/fifo"], {}, "error: {tmp}/fifo: hostfile is a FIFO, not a regular file"),
+    (HOSTS, ["/dev/zero"], {}, "error: /dev/zero: hostfile is a device or socket, not a regular file"),
+    (COMPARE, ["--from", "{tmp}/fiforun"], {}, "error: {tmp}/fiforun/metrics.jsonl: a metrics file is not a regular"),
+    (PROJECT, [*BW, "--from", "{tmp}/fiforun"], {}, "error: {tmp}/fiforun/metrics.jsonl: a metrics file is not a "),
+    (PS, ["--job_name=worker", "--cluster_spec", "{tmp}/fifo"], {}, "error: {tmp}/fifo: "),
+    (COMPARE, ["--links", "{tmp}/fifo"], {}, "error: {tmp}/fifo: --links is a FIFO, not a regular file"),
+    (PROJECT, ["--comm-json", "{tmp}/fifo", "--model-name", "vgg16"], {}, "error: {tmp}/fifo: --comm-json is a FIFO"),
+    (PROJECT, ["--comm-json", "{tmp}/np1.json", "--model-name", "vgg16"], {},
+     "error: --comm-json {tmp}/np1.json: np must be the measured ring's ranks, 2..65536, got 1"),
+    # ---- where tasks listen
+    (LAUNCH, ["--host", "nonexistent.invalid"], {}, "error: --host nonexistent.invalid: cannot resolve it"),
+    (LAUNCH, ["--host", "10.255.255.254"], {}, "error: --host 10.255.255.254: 10.255.255.254 is not an address of this"),
+    (PS, [*PS_FLAGS, "--bind", "127.0.0.2"], {}, "error: --bind 127.0.0.2: the cluster gives this task 127.0.0.1"),
+    # ---- more flags out of range, for every trainer
+    (HVD, ["--log_every", "0"], {}, "error: --log_every must be positive, got 0"),
+    (HVD, ["--num_classes", "0"], {}, "error: --num_classes must be positive, got 0"),
+    (HVD, ["--synthetic_samples", "-3"], {}, "error: --synthetic_samples must be positive, got -3"),
+    (HVD, ["--embedding_dim", "0"], {}, "error: --embedding_dim must be positive, got 0"),
+    (HVD, ["--momentum", "1"], {}, "error: --lr_warmup_epochs must be >= 0 and --momentum in [0, 1)"),
+    (HVD, ["--target_accuracy", "1.5"], {}, "error: --target_accuracy must be in (0, 1], got 1.5"),
+    (HVD, ["--warmup_steps", "-1"], {}, "error: --warmup_steps must be >= 0, got -1"),
+    (HVD, ["--checkpoint_steps", "-1"], {}, "error: --checkpoint_steps must be >= 0, got -1"),
+    (HVD, ["--train_steps", "-4"], {}, "error: --train_steps must be >= 0, got -4"),
+    (HVD, ["--image_shape", "a,b,c"], {}, "error: argument --image_shape: expected H,W,C such as 28,28,1"),
+    (HVD, ["--image_shape", "0,28,1", "--dataset", "synthetic"], {}, "error: --image_shape must be H,W,C with"),
+    (HVD, ["--model", "rec"], {}, "error: --model rec embeds categorical ids: it needs --dataset clicks"),
+    (HVD, ["--dataset", "clicks"], {}, "error: --dataset clicks holds categorical ids, not pixels"),
+    (HVD, ["--shuffle", "maybe"], {}, "error: argument --shuffle: expected true/false, got 'maybe'"),
+    (MPI, ["--hidden_units", "0"], {}, "error: --hidden_units must be positive, got 0"),
+    (MPI, ["--epochs", "-1"], {}, "error: --epochs must be >= 0, got -1"),
+    (MPI, ["--seed", "4294967296"], {}, "error: --seed must be in [0, 2**32), got 4294967296"),
+    (PS, [*PS_FLAGS, "--batch_size", "0"], {}, "error: --batch_size must be positive, got 0"),
+    (PS, [*PS_FLAGS, "--epochs", "0"], {}, "error: nothing to train"),
+    (PS, [], {"TF_CONFIG": "{not json"}, "error: TF_CONFIG is not valid JSON"),
+    (LAUNCH, ["--max_restarts", "-1"], {}, "error: --max_restarts must be >= 0, got -1"),
+    (LAUNCH, ["--momentum", "-0.5"], {}, "error: --lr_warmup_epochs must be >= 0 and --momentum in [0, 1)"),
+    (LAUNCH, ["--seed", "-7"], {}, "error: --seed must be in [0, 2**32), got -7"),
+    (COMPARE, ["--backends", ""], {}, "error: --backends"),
+    (COMPARE, ["--run_timeout", "nan"], {}, "error: --run_timeout must be a finite number, got nan"),
+    (PROJECT, ["--bandwidth-gbps", "25", "--latency-us", "-1", "--step-compute-ms", "100"], {}, "error: --latency-us"),
+    (PROJECT, [*BW, "--model-name", "vgg16", "--straggler-cv", "-1"], {}, "error: --cycle-time-ms and --fusion-threshold-mb "
+                                                                          "must be >= 0, --straggler-cv in [0, 1)"),
     # ---- under mpirun: one line for the whole job (rank 1 stays quiet), mpirun passes exit 2 on
     (MPIRUN, ["--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
     (MPIRUN, ["--learning_rate", "nan"], {}, "error: --learning_rate must be a finite number, got nan"),
@@ -144,11 +286,119 @@ def files(tmp_path):
     (tmp_path / "maxslots").write_text("a slots=4 max_slots=1\n")
     (tmp_path / "twoslots").write_text("a slots=2 slots=8\n")
     (tmp_path / "hugeslots").write_text("a slots=1000000000000\n")
+    (tmp_path / "plug.py").write_text(PLUGINS)
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(3)\n")
+    rng = np.random.RandomState(1)
+    mnist = dict(x_train=rng.randint(0, 255, (20, 28, 28)).astype(np.uint8), y_train=rng.randint(0, 10, 20),
+                 x_test=rng.randint(0, 255, (5, 28, 28)).astype(np.uint8), y_test=rng.randint(0, 10, 5))
+    variants = {"mnist_nan": dict(x_train=np.where(np.arange(20)[:, None, None] == 2, np.nan,
+                                                   mnist["x_train"].astype(np.float64))),
+                "mnist_float_labels": dict(y_train=mnist["y_train"].astype(np.float64)),
+                "mnist_wrap": dict(y_train=np.full(20, 2 ** 32 + 1, dtype=np.int64))}
+    for name, change in variants.items():
+        (tmp_path / name).mkdir()
+        np.savez(tmp_path / name / "mnist.npz", **{**mnist, **change})
+    (tmp_path / "mnist_fifo").mkdir()
+    for name in MNIST_FILES.values():
+        write_idx(str(tmp_path / "mnist_fifo" / name), mnist["x_train" if "images" in name else "y_train"])
+    os.remove(tmp_path / "mnist_fifo" / MNIST_FILES["x_train"])
+    os.mkfifo(tmp_path / "mnist_fifo" / MNIST_FILES["x_train"])
+    (tmp_path / "npz_fifo").mkdir()
+    os.mkfifo(tmp_path / "npz_fifo" / "mnist.npz")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "fiforun").mkdir()
+    os.mkfifo(tmp_path / "fiforun" / "metrics.jsonl")
+    for name, header in (("hvd2run", dict(backend="horovod", mode="sync", world_size=2, num_ps=0)),
+                         ("ps1run", dict(backend="ps", mode="async", world_size=1, num_ps=1)),
+                         ("otherdata", dict(backend="horovod", mode="sync", world_size=1, num_ps=0,
+                                            data_fingerprint="0" * 64))):
+        (tmp_path / name / "checkpoints").mkdir(parents=True)
+        (tmp_path / name / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-10"\n')
+        (tmp_path / name / "config.json").write_text(Config(train_dir=str(tmp_path / name)).to_json())
+        (tmp_path / name / "metrics.jsonl").write_text(json.dumps(dict(type="header", **header)) + "\n" +
+                                                       json.dumps(dict(type="step", global_step=10)) + "\n")
+    (tmp_path / "linkrun").mkdir()
+    os.symlink(tmp_path / "outside" / "target", tmp_path / "linkrun" / "metrics.jsonl")
+    (tmp_path / "okrun").mkdir()
+    (tmp_path / "okrun" / "metrics.jsonl").write_text(
+        json.dumps(dict(type="header", backend="horovod", mode="sync", world_size=1, num_ps=0)) + "\n" +
+        json.dumps(dict(type="summary", status="ok", throughput={"median": 10.0})) + "\n")
+    (tmp_path / "reported").mkdir()
+    (tmp_path / "reported" / "report.md").write_text("# an earlier report\n")
+    (tmp_path / "np1.json").write_text(json.dumps({"np": 1, "results": [
+        {"impl": "horovod", "bytes": b, "seconds": b / 1e9} for b in (1e3, 1e5, 1e7)]}))
     junk = tmp_path / "junkrun"
     junk.mkdir()
     (junk / "metrics.jsonl").write_bytes(b"\x00\xff garbage\n[1, 2, 3]\n{\"no\": \"type\"}\n"
                                          b"{\"type\": \"header\"}\n")
     return tmp_path
+
+
+PLUGINS = """
+import sys
+import numpy as np
+
+def _data(x=None, y=None, x_test=None, y_test=None):
+    rng = np.random.RandomState(0)
+    return (rng.rand(10, 4) if x is None else x, np.arange(10) % 3 if y is None else y,
+            rng.rand(6, 4) if x_test is None else x_test, np.arange(6) % 3 if y_test is None else y_test)
+
+def nan_data(cfg):
+    x = np.random.RandomState(0).rand(10, 4)
+    x[3, 1] = np.nan
+    return _data(x=x)
+
+def inf_test(cfg):
+    x = np.random.RandomState(0).rand(6, 4)
+    x[0, 0] = np.inf
+    return _data(x_test=x)
+
+wrapping_label = lambda cfg: _data(y=np.array([0] * 9 + [2 ** 32 + 1], dtype=np.int64))
+huge_label = lambda cfg: _data(y=np.array([0] * 9 + [2 ** 31 - 1], dtype=np.int64))
+negative_label = lambda cfg: _data(y=np.array([-1] + [2] * 9))
+complex_data = lambda cfg: _data(x=np.ones((10, 4)) * (1 + 2j))
+text_data = lambda cfg: _data(x=np.array([["a"] * 4] * 10))
+no_columns = lambda cfg: _data(x=np.ones((10, 0)), x_test=np.ones((6, 0)))
+float_labels = lambda cfg: _data(y=np.arange(10) / 3.0)
+empty_train = lambda cfg: _data(x=np.ones((0, 4)), y=np.zeros(0, dtype=int))
+short_labels = lambda cfg: _data(y=np.arange(9) % 3)
+mixed_shapes = lambda cfg: _data(x_test=np.ones((6, 5)))
+three_arrays = lambda cfg: _data()[:3]
+
+def exits(cfg):
+    sys.exit(0)
+
+def raises(cfg):
+    raise ValueError("no data here")
+
+def no_weights(cfg, input_shape, num_classes):
+    import tensorflow as tf
+    inputs = tf.keras.Input(input_shape)
+    return tf.keras.Model(inputs, tf.keras.layers.Flatten()(inputs)[:, :num_classes])
+
+def model_exits(cfg, input_shape, num_classes):
+    sys.exit(0)
+
+def three_logits(cfg, input_shape, num_classes):
+    import tensorflow as tf
+    return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(), tf.keras.layers.Dense(3)])
+
+not_a_model = lambda cfg, input_shape, num_classes: {"layers": 2}
+"""
+
+
+def snapshot(root):
+    """Every path below ``root`` (links not followed) with the bytes of each regular file: what a
+    refused command must leave exactly as it was, creating nothing outside its own run folder."""
+    out = {}
+    for folder, dirs, names in os.walk(root):
+        for name in dirs + names:
+            path = os.path.join(folder, name)
+            if os.path.relpath(path, root).split(os.sep)[0] == "run":
+                continue
+            st = os.lstat(path)
+            out[path] = open(path, "rb").read() if stat.S_ISREG(st.st_mode) else stat.S_IFMT(st.st_mode)
+    return out
 
 
 def _group_alive(pgid):
@@ -167,6 +417,7 @@ def test_bad_input(files, entry, args, extra_env, message):
     argv = [*entry, *[fill(a) for a in args]]
     if entry not in (COMPARE, PROJECT, HOSTS) and "--train_dir" not in args:
         argv += ["--train_dir", str(files / "run")]
+    before = snapshot(files)
     t0 = time.monotonic()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                          env=env(**extra_env), start_new_session=True)
@@ -188,6 +439,7 @@ def test_bad_input(files, entry, args, extra_env, message):
     assert len(errors) == 1 and errors[0].startswith(fill(message)), err[-3000:]
     assert "Traceback" not in out + err
     assert took < 30 and not leftover
+    assert snapshot(files) == before, "a refused command changed or created files"
 
 
 @pytest.mark.process
