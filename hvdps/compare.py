@@ -301,6 +301,25 @@ def absolute_paths(args):
             setattr(args, flag, f"{os.path.abspath(target)}:{attr}")
 
 
+def runs_configs(rows):
+    """{workload: config}, one per workload whose runs share a config (training flags: the worker
+    count and output folder aside); a workload whose runs differ gets one entry per run folder,
+    so runs of different settings never hide behind one config."""
+    by_model = {}
+    for r in rows:
+        config = (r.get("_curves") or {}).get("header", {}).get("config")
+        if config is not None:
+            by_model.setdefault(r.get("model") or r["run_dir"], []).append((r["run_dir"], config))
+    out = {}
+    for model, entries in by_model.items():
+        same = lambda c: {k: v for k, v in c.items() if k not in ("train_dir", "resume")}
+        if all(same(c) == same(entries[0][1]) for _, c in entries):
+            out[model] = entries[0][1]
+        else:
+            out.update({f"{model} ({run_dir})": c for run_dir, c in entries})
+    return out
+
+
 def check_out(out, from_dirs):
     """--out must be a writable folder that holds no report, unless the report is being rebuilt
     from runs inside it (``--from runs/cmp/runs --out runs/cmp``): checked before anything runs."""
@@ -374,9 +393,8 @@ def main(argv=None):
             runs = [r for r in runs if "returncode" in r]       # the report holds what ran
     rows = collect(runs)
     configs = cfg.to_dict()
-    if args.from_dirs:                  # the runs' own configs, one per workload, not this command's defaults
-        configs = {r.get("model") or r["run_dir"]: (r["_curves"].get("header") or {}).get("config")
-                   for r in rows if r.get("_curves")}
+    if args.from_dirs:                  # the runs' own configs, not this command's defaults
+        configs = runs_configs(rows)
     table = write_report(rows, args.out, configs, environment_of(rows))
     print(table)
     print(f"\nreport: {os.path.join(args.out, 'report.md')}")

@@ -205,3 +205,15 @@ def test_signal_mid_run_stops_every_job_and_reports_what_finished(tmp_path, back
     while _processes_mentioning(str(out)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_mentioning(str(out)) == []
+
+
+@pytest.mark.parametrize("configs, keys", [
+    ([("a", "mlp", {"batch_size": 32, "train_dir": "a"}), ("b", "mlp", {"batch_size": 32, "train_dir": "b"})], ["mlp"]),
+    ([("a", "mlp", {"batch_size": 32}), ("b", "mlp", {"batch_size": 64})], ["mlp (a)", "mlp (b)"]),
+    ([("a", "mlp", {"batch_size": 32}), ("b", "cnn", {"batch_size": 64})], ["mlp", "cnn"]),
+])
+def test_rebuilt_report_shows_every_distinct_config(configs, keys):
+    """--from runs of one model with different settings: one config per run, never one for all."""
+    from hvdps.compare import runs_configs
+    rows = [{"run_dir": d, "model": m, "_curves": {"header": {"config": c}}} for d, m, c in configs]
+    assert sorted(runs_configs(rows)) == sorted(keys)
