@@ -332,24 +332,10 @@ class ChiefAdapter(Adapter):
         return extra
 
     def blocked(self):
-        """Why a step blocked for --step_timeout, or None: the workers whose server is gone, else
-        (a stopped or hung process still holds its port) the workers whose applied-batch counter
-        is behind the others' (read from the PS with a bounded wait: the PS may be what is lost)."""
-        gone = self.tracker.gone(self.backend.task_addresses()[1:])
-        if gone:
-            return gone
-        import tensorflow as tf
-        opts = tf.compat.v1.RunOptions(timeout_in_ms=5000)
-        try:
-            counts = [int(c) for c in outside_hooks(
-                self.sess, lambda raw: raw.run(self.graph.worker_steps, options=opts), "reading the PS")]
-        except Exception:          # the PS itself is unreachable: the generic line says so
-            return None
-        behind = [self.tracker.names[i] for i, c in enumerate(counts) if c < max(counts)]
-        if not behind:
-            return None
-        return (f"{', '.join(behind)} made no step for {self.backend.step_timeout:.0f}s while the others did "
-                f"(stopped or far slower; sync mode needs every worker; --step_timeout): stopping")
+        """Why a step blocked for --step_timeout: the workers whose server is gone (or None).
+
+        Counters cannot tell: in lock-step every live worker waits at the same count."""
+        return self.tracker.gone(self.backend.task_addresses()[1:])
 
 
 def resume_point(cfg, plan):

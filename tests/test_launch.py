@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from common.config import Config
 from tests.conftest import REPO, env, py
 
 pytestmark = pytest.mark.process
@@ -178,13 +179,21 @@ def test_prefixes_and_chief_exit_code(tmp_path):
 
 
 def test_closing_line_says_why(tmp_path):
-    """The last line names what ended the job and repeats the failing role's own error."""
+    """The last line names what ended the job and repeats the failing role's own error: here the
+    chief's, on a run whose checkpoint index names a checkpoint that is not there (the launcher's
+    own checks, on the config and the job, pass)."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-10"\n')
+    (run_dir / "config.json").write_text(Config(train_dir=str(run_dir)).to_json())
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"type": "header", "backend": "ps", "mode": "async",
+                                                       "world_size": 2, "num_ps": 1}) + "\n")
     r = py("-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "2", "--resume",
-           "--train_dir", str(tmp_path / "none"), timeout=180)
+           "--train_dir", str(run_dir), timeout=180)
     assert r.returncode == 2
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("[launch] exit code 2 (worker:0 (chief) exited with code 2): error: --resume: "
-                           "no readable checkpoint directory"), last
+                           "no checkpoint in"), last
 
 
 @pytest.mark.parametrize("args, message", [

@@ -93,22 +93,6 @@ def test_sync_wait_names_the_worker_that_waited(tmp_path):
     assert sorted(w[0] for w in waits)[-2] < 0.25 * pause, waits
 
 
-def test_sync_step_timeout_names_a_stopped_worker(tmp_path):
-    """A stopped (SIGSTOP) worker still holds its port, so nothing looks gone: the chief names it
-    from the applied-batch counters on the PS, where it is the one behind."""
-    procs = _per_role(tmp_path, _cluster(1, 2), "--sync", extra=["--epochs", "200", "--step_timeout", "6"])
-    try:
-        _wait_for_steps(tmp_path / "run", 2)
-        os.kill(procs["worker:1"].pid, signal.SIGSTOP)
-        chief = procs["worker:0"].communicate(timeout=120)[0]
-    finally:
-        os.killpg(procs["worker:1"].pid, signal.SIGKILL)
-        outs = _finish(procs, timeout=60)
-    errors = [line for line in chief.splitlines() if line.startswith("error:")]
-    assert procs["worker:0"].returncode == 1 and len(errors) == 1, chief[-3000:]
-    assert errors[0].startswith("error: worker:1 made no step for 6s while the others did"), (errors, outs)
-
-
 EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs", "0", "--learning_rate", "0.1",
          "--train_steps", "15", "--eval_every_epoch", "false", "--log_every", "5"]
 
@@ -160,7 +144,7 @@ def test_async_survives_a_killed_worker(tmp_path):
 def test_sync_lost_worker_fails_clearly(tmp_path):
     cluster = _cluster()
     procs = _per_role(tmp_path, cluster, "--sync",
-                      extra=["--epochs", "30", "--batch_size", "8", "--step_timeout", "15"])
+                      extra=["--epochs", "300", "--batch_size", "8", "--step_timeout", "15"])
     try:
         _wait_for_steps(tmp_path / "run", 2)
         os.kill(procs["worker:1"].pid, signal.SIGKILL)
