@@ -62,7 +62,19 @@ def make_dirs(path):
     return path
 
 
-def write_atomic(path, content, binary=None):
+def writable_dir(path, flag):
+    """Create ``path`` (0755) and prove it writable by writing there: root passes ``os.access``
+    everywhere, so only trying tells (/proc, read-only mounts). A UsageError naming ``flag``."""
+    try:
+        make_dirs(path)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".hvdps-write-test-")
+        os.close(fd)
+        os.remove(probe)
+    except (OSError, WriteError) as exc:
+        raise UsageError(f"{flag} {path} is not writable: {getattr(exc, 'strerror', None) or exc}")
+
+
+def write_atomic(path, content):
     """Write ``content`` (str, bytes, or a function given the open binary file) to ``path``:
     whole or not at all, never through a link, mode 0644 & ~umask. Returns ``path``."""
     folder = os.path.dirname(os.path.abspath(path))

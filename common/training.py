@@ -5,7 +5,6 @@ loop apply the identical learning-rate rule and evaluation arithmetic.
 """
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -81,19 +80,13 @@ def check_train_dir(cfg, joining=False):
     ``joining``: this process joins a job already under way (elastic Horovod), so
     the run it finds in the directory is its own.
     """
-    from common.files import make_dirs, refuse_link
+    from common.files import refuse_link, writable_dir
     d = cfg.train_dir
     if os.path.exists(d) and not os.path.isdir(d):
         raise UsageError(f"--train_dir {d} exists and is not a directory")
     if cfg.resume and not os.path.isdir(d):      # refused without creating anything
         raise UsageError(f"--resume: no readable checkpoint directory at {os.path.join(d, 'checkpoints')}")
-    try:                         # root passes os.access everywhere; only trying tells (/proc, read-only mounts)
-        make_dirs(d)
-        fd, probe = tempfile.mkstemp(dir=d, prefix=".hvdps-write-test-")
-        os.close(fd)
-        os.remove(probe)
-    except (OSError, RunError) as exc:
-        raise UsageError(f"--train_dir {d} is not writable: {getattr(exc, 'strerror', None) or exc}")
+    writable_dir(d, "--train_dir")
     for name in RUN_OUTPUTS:     # TF's checkpoint and event writers would follow a planted link
         refuse_link(os.path.join(d, name), "a run's output")
     ckpt = os.path.join(d, "checkpoints")

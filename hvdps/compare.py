@@ -27,13 +27,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 from common.config import argv_of, build_parser, check_finite, from_args
 from common.data import num_examples
-from common.errors import RunError, UsageError, cli
-from common.files import MiB, make_dirs, open_new, read_input, write_atomic
+from common.errors import UsageError, cli
+from common.files import MiB, make_dirs, open_new, read_input, writable_dir, write_atomic
 from common.metrics import read_records
 from common.plan import steps_per_epoch
 from common.procs import REPO, child_env
@@ -325,13 +324,7 @@ def check_out(out, from_dirs):
     from runs inside it (``--from runs/cmp/runs --out runs/cmp``): checked before anything runs."""
     if os.path.lexists(out) and not os.path.isdir(out):
         raise UsageError(f"--out {out} exists and is not a directory")
-    try:
-        make_dirs(out)
-        fd, probe = tempfile.mkstemp(dir=out, prefix=".hvdps-write-test-")
-        os.close(fd)
-        os.remove(probe)
-    except (OSError, RunError) as exc:
-        raise UsageError(f"--out {out} is not writable: {getattr(exc, 'strerror', None) or exc}")
+    writable_dir(out, "--out")
     if not os.path.exists(os.path.join(out, "report.md")):
         return
     if from_dirs and any(os.path.commonpath([out, os.path.abspath(d)]) == out for d in from_dirs):
