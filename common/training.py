@@ -134,7 +134,7 @@ def check_resume_compatible(cfg, train_dir, backend=None):
     if not os.path.exists(path):
         raise UsageError(f"--resume: {path} is missing")
     old = load(path)
-    for key in ("model", "dataset", "data_dir", "batch_size", "hidden_units", "image_shape", "num_classes", "seed",
+    for key in ("model", "dataset", "batch_size", "hidden_units", "image_shape", "num_classes", "seed",
                 "synthetic_samples", "embedding_rows", "embedding_dim", "optimizer", "shuffle"):
         if getattr(old, key) != getattr(cfg, key):
             raise UsageError(f"--resume: {key} was {getattr(old, key)!r} in {path}, now "

@@ -1,5 +1,6 @@
 """Shared test helpers: run real processes with a bound on time and no leftovers."""
 import os
+import stat
 import signal
 import subprocess
 import sys
@@ -135,3 +136,17 @@ def kill_rank_mid_run(argv, out, script, rank=1):
     assert latest, "no checkpoint survived"
     assert tf.train.load_checkpoint(latest).get_variable_to_shape_map()   # readable, not half-written
     return took, p.returncode
+
+
+def snapshot(root):
+    """Every path below ``root`` (links not followed) with the bytes of each regular file: what a
+    refused command must leave exactly as it was, creating nothing outside its own run folder."""
+    out = {}
+    for folder, dirs, names in os.walk(root):
+        for name in dirs + names:
+            path = os.path.join(folder, name)
+            if os.path.relpath(path, root).split(os.sep)[0] == "run":
+                continue
+            st = os.lstat(path)
+            out[path] = open(path, "rb").read() if stat.S_ISREG(st.st_mode) else stat.S_IFMT(st.st_mode)
+    return out

@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ import pytest
 
 from common.config import Config
 from common.data import MNIST_FILES, write_idx
-from tests.conftest import BIN, REPO, env, run
+from tests.conftest import BIN, REPO, env, run, snapshot
 
 HVD = [sys.executable, os.path.join(REPO, "horovod_train", "main.py")]
 PS = [sys.executable, os.path.join(REPO, "ps_train", "main.py")]
@@ -385,20 +384,6 @@ def three_logits(cfg, input_shape, num_classes):
 
 not_a_model = lambda cfg, input_shape, num_classes: {"layers": 2}
 """
-
-
-def snapshot(root):
-    """Every path below ``root`` (links not followed) with the bytes of each regular file: what a
-    refused command must leave exactly as it was, creating nothing outside its own run folder."""
-    out = {}
-    for folder, dirs, names in os.walk(root):
-        for name in dirs + names:
-            path = os.path.join(folder, name)
-            if os.path.relpath(path, root).split(os.sep)[0] == "run":
-                continue
-            st = os.lstat(path)
-            out[path] = open(path, "rb").read() if stat.S_ISREG(st.st_mode) else stat.S_IFMT(st.st_mode)
-    return out
 
 
 def _group_alive(pgid):

@@ -12,8 +12,7 @@ from common.errors import UsageError
 from common.files import WriteError, check_regular, make_dirs, open_append, open_new, read_input, write_atomic
 from common.training import RUN_OUTPUTS
 from hvdps.report import collect, runs_from_dirs, write_report
-from tests.conftest import REPO, env, run
-from tests.test_cli import snapshot
+from tests.conftest import REPO, env, run, snapshot
 
 HVD = os.path.join(REPO, "horovod_train", "main.py")
 

@@ -5,8 +5,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, run
-from tests.test_cli import snapshot
+from tests.conftest import REPO, run, snapshot
 
 pytestmark = pytest.mark.process
 HVD = [sys.executable, os.path.join(REPO, "horovod_train", "main.py")]
