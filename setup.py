@@ -26,7 +26,7 @@ setup(
     extras_require={
         "gpu": ["tensorflow[and-cuda]==2.15.1"],
         "horovod": ["horovod==0.28.1"],
-        "test": ["pytest==8.3.3", "pytest-timeout==2.3.1"],
+        "test": ["pytest==8.3.3", "pytest-timeout==2.3.1", "jsonschema==4.23.0"],
     },
     entry_points={
         "console_scripts": [

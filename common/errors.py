@@ -56,6 +56,20 @@ def fail(message, code=EXIT_USAGE, quiet=False, hard_exit=False):
     sys.exit(code)
 
 
+def whole_lines():
+    """One write per line on stdout and stderr.
+
+    horovodrun sets PYTHONUNBUFFERED, so ``print(a, b)`` reaches the pipe as three writes, and
+    Open MPI's ``--tag-output`` (which horovodrun uses) tags every chunk it reads: a line comes
+    out as ``[1,0]<stdout>:step 10[1,0]<stdout>:``. Line buffering without write-through
+    hands the launcher each line whole."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+        except (AttributeError, ValueError, OSError):
+            pass        # replaced or closed streams (pytest's capture) keep their own buffering
+
+
 def cli(fn=None, *, hard_exit=False):
     """Decorate a ``main()`` so user errors end as one line, not a traceback.
 
@@ -71,6 +85,7 @@ def cli(fn=None, *, hard_exit=False):
         # Results, checkpoints and events (TensorFlow's included) come out 0644 / 0755 at most,
         # or stricter if the umask says so: never group- or world-writable on a shared file system.
         os.umask(os.umask(0) | 0o022)
+        whole_lines()
         try:
             return fn(*args, **kwargs)
         except UsageError as exc:

@@ -5,8 +5,9 @@ One process per GPU (or per CPU slot). Any of these launch lines works:
     horovodrun -np 4 python horovod_train/main.py --model cnn
     horovodrun --gloo -np 2 python horovod_train/main.py
     horovodrun --mpi -np 2 -H host1:1,host2:1 python horovod_train/main.py
-    mpirun -np 4 -bind-to none -map-by slot -x PATH -x LD_LIBRARY_PATH \\
+    mpirun -np 4 -bind-to none -map-by slot -x PATH \\
         python horovod_train/main.py            # add --allow-run-as-root as root
+                                                # (-x LD_LIBRARY_PATH too where it is set, e.g. CUDA)
     python horovod_train/main.py                # world size 1
 
 Lines marked ``# Horovod:`` are the only differences from single-process code.

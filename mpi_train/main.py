@@ -3,7 +3,7 @@
 The reference that shows what Horovod's machinery costs or saves. Launch it as
 any MPI program (one process per GPU or CPU slot):
 
-    mpirun -np 2 -bind-to none -map-by slot -x PATH -x PYTHONPATH \\
+    mpirun -np 2 -bind-to none -map-by slot -x PATH \\
         python mpi_train/main.py                # add --allow-run-as-root as root
     srun --mpi=pmix -n 8 python mpi_train/main.py
     python mpi_train/main.py                    # world size 1

@@ -1,4 +1,4 @@
-"""Scheduler scripts and Kubernetes manifests parse, and use flags the trainers accept."""
+"""Scheduler scripts and hostfiles parse and use flags the trainers accept (manifests: test_manifests.py)."""
 import glob
 import json
 import os
@@ -17,7 +17,6 @@ from tests.conftest import BIN, REPO, run
 
 HF = os.path.join(REPO, "hostfiles")
 SCRIPTS = sorted(glob.glob(os.path.join(HF, "slurm", "*")) + glob.glob(os.path.join(HF, "pbs", "*")))
-MANIFESTS = sorted(glob.glob(os.path.join(HF, "k8s", "*.yaml")))
 
 
 def parse_trainer(script, args):
@@ -44,26 +43,6 @@ def test_script_trainer_flags_are_accepted(path):
         args = [re.sub(r"\$\{[^}]+\}|\$\w+", "x", a) for a in args if a != "\\"]
         cfg_args = parse_trainer(script, args)
         assert cfg_args.batch_size > 0
-
-
-@pytest.mark.parametrize("path", MANIFESTS, ids=os.path.basename)
-def test_manifests_load_and_use_real_flags(path):
-    docs = list(yaml.safe_load_all(open(path)))
-    assert docs and all(d["apiVersion"].startswith("kubeflow.org/") for d in docs)
-    found = 0
-    for doc in docs:
-        specs = doc["spec"].get("tfReplicaSpecs") or doc["spec"].get("mpiReplicaSpecs")
-        for role, spec in specs.items():
-            for c in spec["template"]["spec"]["containers"]:
-                if doc["kind"] == "TFJob":
-                    assert c["name"] == "tensorflow"          # the operator injects TF_CONFIG only there
-                    assert c["ports"][0]["containerPort"] == 2222
-                cmd = c.get("command") or []
-                for i, a in enumerate(cmd):
-                    if a.endswith("_train/main.py"):
-                        parse_trainer(a, cmd[i + 1:])
-                        found += 1
-    assert found
 
 
 @pytest.mark.parametrize("manifest", ["tfjob.yaml", "tfjob_v2.yaml"])
