@@ -15,7 +15,7 @@ DEMO_CNN_EPOCHS ?= 10
 # The environment of the processes the project starts (Open MPI as root, quiet TF, the repo on
 # PYTHONPATH) is set in one place: common/procs.py:child_env, used by every launcher and the tests.
 
-.PHONY: setup demo test bench emulate clean-venv
+.PHONY: setup demo test bench emulate slurm clean-venv
 
 setup: $(STAMP)
 
@@ -24,6 +24,10 @@ $(STAMP): setup.py Makefile common/native/bind_to.c
 	  || { echo "== installing Open MPI from Debian"; \
 	       $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	       $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin iproute2 >/dev/null; }
+	@command -v slurmctld >/dev/null && command -v munged >/dev/null || { echo "== installing SLURM and munge from Debian (make slurm, tests/test_slurm.py)"; \
+	  { $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null; } \
+	  || echo "note: SLURM could not be installed; make slurm and the SLURM test need slurmctld slurmd slurm-client munge"; }
 	@[ -x $(BIN)/python ] || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "== installing TensorFlow and build tools"
 	@$(BIN)/pip install -q --upgrade pip setuptools wheel
@@ -80,6 +84,20 @@ emulate: setup
 	    --workers 1,2,3 --backends horovod,mpi,ps,ps2 --num_ps 1,2 --model mlp --hidden_units 1024 --batch_size 32 \
 	    --train_steps 40 --log_every 5 --warmup_steps 10 --eval_every_epoch false --checkpoint_every_epoch false \
 	    --no-progress
+
+# The shipped SLURM scripts and the comparison under a real SLURM (root): slurmctld and munged on the
+# emulated login node, one slurmd per emulated host; each script is submitted with sbatch (its runs and
+# output under OUT/sbatch), then hvdps-compare runs inside an allocation of every host (salloc,
+# --hosts slurm). SLURM_TRAIN_ARGS sizes the scripts' training (their HVDPS_TRAIN_ARGS).
+SLURM_HOSTS ?= 3
+SLURM_TRAIN_ARGS ?= --model mlp --epochs 3 --batch_size 32
+slurm: setup
+	$(SUDO) env HVDPS_TRAIN_ARGS="$(SLURM_TRAIN_ARGS)" $(BIN)/hvdps-emulate --slurm --hosts $(SLURM_HOSTS) --rate 1gbit \
+	    --out runs/slurm-$(shell date +%Y%m%d-%H%M%S) --sbatch hostfiles/slurm/horovod.sbatch \
+	    --sbatch "HVDPS_LAUNCH=mpirun hostfiles/slurm/horovod.sbatch" --sbatch "PS_MODE=async hostfiles/slurm/ps.sbatch" \
+	    --sbatch "PS_MODE=sync hostfiles/slurm/ps.sbatch" --sbatch "PS_MODE=v2 hostfiles/slurm/ps.sbatch" -- \
+	    --workers 1,2 --backends horovod,mpi,ps,ps:sync $(SLURM_TRAIN_ARGS) --eval_every_epoch false \
+	    --checkpoint_every_epoch false --no-progress
 
 test: setup
 	$(BIN)/python -m pytest -q --timeout 900 --durations=15 tests

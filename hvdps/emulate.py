@@ -2,6 +2,13 @@
 
     sudo hvdps-emulate --hosts 4 --rate 100mbit -- --workers 2,3 --backends horovod,ps
     sudo hvdps-emulate --cleanup          # remove what a killed run left behind
+    sudo hvdps-emulate --slurm --hosts 3 --sbatch hostfiles/slurm/ps.sbatch -- --workers 2 --backends horovod,ps
+
+With ``--slurm`` the hosts also run a real SLURM cluster (hvdps/slurm_lab.py: munged and slurmctld
+on the login node, ``slurmd -N hK`` on each host): each ``--sbatch`` script is submitted with
+``sbatch --wait`` and its runs land in OUT/sbatch, then the comparison runs inside an allocation
+of every host (``salloc``, ``hvdps-compare --hosts slurm``: MPI through SLURM's own launch, PS
+roles through srun).
 
 N hosts are network namespaces on one bridge (itself in a namespace of its own),
 each with its own address and its link shaped in both directions to --rate by a
@@ -25,6 +32,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -35,6 +43,7 @@ from common.config import Parser
 from common.errors import UsageError, cli
 from common.files import make_dirs, write_atomic
 from common.procs import REPO, child_env
+from hvdps.slurm_lab import CPUS_PER_NODE, SlurmLab, check_slurm_tools, host_names, remove_netns_etc
 
 STATE_DIR = "/run/hvdps-emulate"
 AGENT = os.path.join(REPO, "hvdps", "netns_agent.sh")
@@ -118,6 +127,8 @@ def cleanup_stale(out=sys.stdout):
         if pid != os.getpid() and _alive(pid):
             continue
         remove_namespaces(names)
+        remove_netns_etc(names)
+        shutil.rmtree(os.path.join(STATE_DIR, f"{pid}-slurm"), ignore_errors=True)
         removed += names
         try:
             os.unlink(os.path.join(STATE_DIR, f"{pid}.json"))
@@ -255,9 +266,10 @@ class EmulatedCluster:
                 pass
             server.wait(timeout=5)
 
-    def describe(self):
+    def describe(self, names=None):
+        """``names``: the hosts' names when the comparison knows them by name (SLURM's node names)."""
         return {"counters": f"/proc/{self.sleeper.pid}/net/dev",
-                "ports": {a: f"h{i + 1}" for i, a in enumerate(self.addrs)},
+                "ports": {(names[i] if names else a): f"h{i + 1}" for i, a in enumerate(self.addrs)},
                 "rate": self.rate, "rate_bps": self.rate_bps, "subnet": f"{self.subnet}.0/24",
                 "namespaces": dict(zip(self.addrs, self.hosts)), **self.latency}
 
@@ -287,6 +299,13 @@ def make_parser():
     p.add_argument("--rate", default="100mbit", help="each host's link, both directions, in tc's syntax")
     p.add_argument("--out", default=None, help="report folder (default runs/emulate-<date>)")
     p.add_argument("--cleanup", action="store_true", help="only remove what stopped runs left, then exit")
+    p.add_argument("--slurm", action="store_true",
+                   help="run SLURM (slurmctld, one slurmd per host) and the comparison inside an allocation")
+    p.add_argument("--sbatch", action="append", default=[], metavar="'[VAR=VALUE ...] SCRIPT'",
+                   help="with --slurm: submit this batch script (sbatch --wait, with these variables) before the "
+                        "comparison; repeatable. Only these run when no comparison flags follow --")
+    p.add_argument("--cpus-per-node", type=int, default=CPUS_PER_NODE,
+                   help="CPUs each SLURM node declares (the shapes the scripts ask for)")
     return p
 
 
@@ -296,6 +315,79 @@ def check_tools():
     for tool in ("ip", "tc"):
         if not shutil.which(tool):
             raise UsageError(f"hvdps-emulate needs '{tool}' (Debian: apt-get install iproute2)")
+
+
+def parse_sbatch(text):
+    """``'[VAR=VALUE ...] SCRIPT'`` -> (script, {VAR: VALUE}), as a shell reads such a line."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--sbatch {text!r}: {exc}")
+    env = {}
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    if len(words) != 1:
+        raise UsageError(f"--sbatch {text!r}: expected '[VAR=VALUE ...] SCRIPT'")
+    if not os.path.isfile(words[0]):
+        raise UsageError(f"--sbatch {words[0]}: no such file")
+    return words[0], env
+
+
+def submit_all(lab, scripts, out, timeout=3600):
+    """Submit each script from the repository (the scripts find .venv there) and wait for it to end
+    before the next, so every job has the cluster to itself; its runs go under OUT/sbatch
+    (``RUNS_DIR``), its output beside them; a line per job and OUT/sbatch/jobs.json. Returns 1 if any
+    job failed. The end is polled with ``scontrol show job`` every half second (``sbatch --wait``
+    backs off to half a minute between polls)."""
+    folder = make_dirs(os.path.join(out, "sbatch"))
+    jobs, code = [], 0
+    for script, variables in scripts:
+        name = os.path.splitext(os.path.basename(script))[0]
+        argv = ["sbatch", "--parsable", f"--output={folder}/{name}-%j.out", os.path.abspath(script)]
+        started = time.monotonic()
+        r = lab.run(argv, timeout=60, check=False, cwd=REPO, env=lab.env(child_env(RUNS_DIR=folder, **variables)))
+        job = r.stdout.strip().split(";")[0] if r.returncode == 0 and r.stdout.strip() else None
+        state, exit_code, error = ("NOT_SUBMITTED", 1, (r.stderr or r.stdout).strip()[-500:]) if job is None else \
+            wait_job(lab, job, timeout) + (None,)
+        shown = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in variables.items()), script])
+        output = f"{folder}/{name}-{job}.out" if job else None
+        jobs.append({"script": script, "variables": variables, "job": job, "state": state, "exit": exit_code,
+                     "seconds": round(time.monotonic() - started, 1), "output": output,
+                     "run_dir": run_dir_of(output) if output else None, "error": error})
+        state = "completed" if exit_code == 0 else f"{state.lower()} (exit {exit_code}{': ' + error if error else ''})"
+        print(f"sbatch {shown}: job {job} {state} in {jobs[-1]['seconds']:.0f}s; output {jobs[-1]['output']}",
+              flush=True)
+        code = code or (1 if exit_code else 0)
+    write_atomic(os.path.join(folder, "jobs.json"), json.dumps(jobs, indent=2))
+    return code
+
+
+def wait_job(lab, job, timeout):
+    """(final JobState, exit code) of a job, from ``scontrol show job``; cancelled at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = lab.run(["scontrol", "-o", "show", "job", job], timeout=30, check=False)
+        fields = dict(f.split("=", 1) for f in r.stdout.split() if "=" in f)
+        state = fields.get("JobState", "UNKNOWN")
+        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "UNKNOWN"):
+            code, _, signal_no = fields.get("ExitCode", "1:0").partition(":")
+            return state, int(code) or (128 + int(signal_no) if signal_no not in ("", "0") else
+                                        (0 if state == "COMPLETED" else 1))
+        if time.monotonic() > deadline:
+            lab.run(["scancel", job], timeout=30, check=False)
+            return "TIMEOUT", 124
+        time.sleep(0.5)
+
+
+def run_dir_of(output):
+    """The folder a job trained into: the --train_dir its trainer printed in the job's output, if any."""
+    try:
+        text = open(output, errors="replace").read()
+    except OSError:
+        return None
+    found = re.findall(r"--train_dir[ =](\S+)", text) or re.findall(r"^train_dir: (\S+)$", text, re.M)
+    return found[-1] if found else None
 
 
 @cli
@@ -310,6 +402,13 @@ def main(argv=None):
     if not 2 <= args.hosts <= 32:
         raise UsageError(f"--hosts must be 2-32, got {args.hosts}")
     parse_rate(args.rate)
+    if args.sbatch:
+        args.slurm = True
+    if args.slurm:
+        check_slurm_tools()
+        if not 1 <= args.cpus_per_node <= 256:
+            raise UsageError(f"--cpus-per-node must be 1-256, got {args.cpus_per_node}")
+    args.sbatch = [parse_sbatch(s) for s in args.sbatch]
     for flag in ("--hosts", "--rsh", "--links", "--network-interface", "--out", "--train_dir"):
         if any(a == flag or a.startswith(flag + "=") for a in rest):
             raise UsageError(f"{flag} is chosen by hvdps-emulate; give hvdps-emulate's own --out instead"
@@ -318,6 +417,7 @@ def main(argv=None):
     if os.path.exists(os.path.join(out, "report.md")):
         raise UsageError(f"--out {out} already holds a report; choose another directory")
     cluster = EmulatedCluster(args.hosts, args.rate)
+    lab = SlurmLab(cluster, args.cpus_per_node) if args.slurm else None
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
     def on_signal(signum, frame):
@@ -337,20 +437,34 @@ def main(argv=None):
             print(f"note: could not measure the links' latency ({exc}); hvdps-project will need --latency-us",
                   file=sys.stderr)
         make_dirs(out)
-        desc = write_atomic(os.path.join(out, "cluster.json"), json.dumps(cluster.describe(), indent=2))
+        names = host_names(args.hosts) if lab else None
+        desc = write_atomic(os.path.join(out, "cluster.json"), json.dumps(cluster.describe(names), indent=2))
         rtt = f"; round trip {cluster.latency['rtt_s'] * 1e6:.0f} us" if cluster.latency else ""
         print(f"emulated cluster: {args.hosts} hosts {', '.join(cluster.addrs)}, each link {args.rate} both ways; "
               f"login node {cluster.subnet}.254{rtt}", flush=True)
-        cmd = ["ip", "netns", "exec", cluster.login, sys.executable, "-m", "hvdps.compare",
-               "--hosts", ",".join(cluster.addrs), "--rsh", AGENT, "--network-interface", f"{cluster.subnet}.0/24",
-               "--links", desc, "--out", out, *rest]
-        p = subprocess.Popen(cmd, env=child_env(HVDPS_NETNS_MAP=cluster.netns_map()), cwd=REPO,
-                             start_new_session=True)
-        try:
-            code = p.wait()
-        except KeyboardInterrupt:
-            print("interrupted: stopping the comparison and removing the emulated cluster", file=sys.stderr)
-            code = 130
+        code = 0
+        if lab:
+            lab.up()
+            print(f"SLURM: slurmctld on the login node, slurmd on {', '.join(names)} "
+                  f"({args.cpus_per_node} CPUs each), partition lab", flush=True)
+            code = submit_all(lab, args.sbatch, out)
+        if rest or not args.sbatch:
+            compare = [sys.executable, "-m", "hvdps.compare", "--network-interface", f"{cluster.subnet}.0/24",
+                       "--links", desc, "--out", out, *rest]
+            if lab:      # the whole comparison inside one allocation of every host, as on a real cluster
+                cmd = ["salloc", "--quiet", f"--nodes={args.hosts}", "--ntasks-per-node=1",
+                       "--job-name=hvdps-compare", *compare[:3], "--hosts", "slurm", *compare[3:]]
+                p = lab.popen(cmd, cwd=REPO, env=lab.env(child_env()))
+            else:
+                cmd = ["ip", "netns", "exec", cluster.login, *compare[:3], "--hosts", ",".join(cluster.addrs),
+                       "--rsh", AGENT, *compare[3:]]
+                p = subprocess.Popen(cmd, env=child_env(HVDPS_NETNS_MAP=cluster.netns_map()), cwd=REPO,
+                                     start_new_session=True)
+            try:
+                code = p.wait() or code
+            except KeyboardInterrupt:
+                print("interrupted: stopping the comparison and removing the emulated cluster", file=sys.stderr)
+                code = 130
     except KeyboardInterrupt:
         code = 130
     finally:
@@ -358,6 +472,8 @@ def main(argv=None):
             signal.signal(s, h)
         signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second Ctrl-C must not interrupt the teardown
         left = cluster.down()
+        if lab:
+            lab.down()
         signal.signal(signal.SIGINT, previous[signal.SIGINT])
         if left:
             print(f"error: could not remove namespace(s) {', '.join(left)}; run hvdps-emulate --cleanup",

@@ -176,6 +176,10 @@ def test_what_a_killed_run_left_is_removed_at_the_next_start(tmp_path):
     (["--rate", "1bit"], "tc refused it"),
     (["--", "--hosts", "a,b"], "--hosts is chosen by hvdps-emulate"),
     (["--", "--out", "x"], "--out is chosen by hvdps-emulate"),
+    (["--sbatch", "hostfiles/slurm/none.sbatch"], "--sbatch hostfiles/slurm/none.sbatch: no such file"),
+    (["--sbatch", "PS_MODE=v2"], "expected '[VAR=VALUE ...] SCRIPT'"),
+    (["--sbatch", "'unclosed"], "No closing quotation"),
+    (["--slurm", "--cpus-per-node", "0"], "--cpus-per-node must be 1-256"),
 ])
 def test_bad_input_one_line_and_nothing_left(argv, message):
     p = subprocess.Popen([sys.executable, "-m", "hvdps.emulate", *argv], stdout=subprocess.PIPE,

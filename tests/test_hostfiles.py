@@ -32,17 +32,39 @@ def test_scripts_are_valid_bash(path):
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=os.path.basename)
 def test_script_trainer_flags_are_accepted(path):
+    """Each trainer line, with the script's default HVDPS_TRAIN_ARGS and every PS_MODE, parses."""
     text = open(path).read()
-    train = re.search(r'TRAIN_ARGS=\(?"?([^)\n"]*(?:"[^"\n]*"[^)\n"]*)*)', text)
+    defaults = re.search(r'\$\{HVDPS_TRAIN_ARGS:-([^}]*)\}', text)
+    assert defaults, "no HVDPS_TRAIN_ARGS default"
+    modes = [m.strip("()").split() for m in re.findall(r"MODE=(\([^)]*\))", text)] or [[]]
     calls = re.findall(r"python ((?:horovod|ps)_train/main\.py)([^\n]*)", text)
     assert calls, "no trainer call found"
     for script, rest in calls:
-        args = shlex.split(rest.replace('"${TRAIN_ARGS[@]}"', "").replace("$TRAIN_ARGS", ""))
-        if train and ("TRAIN_ARGS" in rest):
-            args += shlex.split(re.sub(r"\$\{[^}]+\}", "x", train.group(1)))
-        args = [re.sub(r"\$\{[^}]+\}|\$\w+", "x", a) for a in args if a != "\\"]
-        cfg_args = parse_trainer(script, args)
-        assert cfg_args.batch_size > 0
+        for mode in modes:
+            args = []
+            for word in shlex.split(rest):
+                if word == "${TRAIN_ARGS[@]}":
+                    args += defaults.group(1).split()
+                elif word == "${MODE[@]}":
+                    args += mode
+                elif word != "\\":
+                    args.append(re.sub(r"\$\{[^}]+\}|\$\w+", "x", word))
+            assert parse_trainer(script, args).batch_size > 0
+
+
+def test_scripts_share_one_shape():
+    """Every script reserves the same tasks: 2 nodes x 2 tasks (hostfiles/README.md, "One shape")."""
+    shapes = {}
+    for path in SCRIPTS:
+        text = open(path).read()
+        if path.endswith(".sbatch"):
+            nodes = re.search(r"^#SBATCH --nodes=(\d+)$", text, re.M)
+            per_node = re.search(r"^#SBATCH --ntasks-per-node=(\d+)$", text, re.M)
+        else:
+            nodes, per_node = re.search(r"^#PBS -l nodes=(\d+):ppn=(\d+)", text, re.M), None
+        assert nodes, path
+        shapes[os.path.basename(path)] = (int(nodes.group(1)), int((per_node or nodes).group(2 if not per_node else 1)))
+    assert set(shapes.values()) == {(2, 2)}, shapes
 
 
 @pytest.mark.parametrize("manifest", ["tfjob.yaml", "tfjob_v2.yaml"])
@@ -63,26 +85,39 @@ def test_example_files_parse():
     assert parse_cluster_spec(os.path.join(HF, "cluster.yaml"))["chief"] == ["node1:2224"]
 
 
-def test_slurm_ps_script_builds_tf_config(tmp_path):
-    """Run ps.sbatch with stand-ins for srun/scontrol/python: each task gets a valid, distinct TF_CONFIG."""
-    stubs = tmp_path / "bin"
-    stubs.mkdir()
-    (stubs / "scontrol").write_text("#!/bin/bash\nprintf 'nodeA\\nnodeB\\nnodeC\\n'\n")
-    (stubs / "srun").write_text("#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n"
-                                "for i in 0 1 2; do SLURM_PROCID=$i \"$@\" || exit 1; done\n")
-    (stubs / "python").write_text("#!/bin/bash\necho \"$TF_CONFIG\"\n")
-    for f in stubs.iterdir():
-        f.chmod(0o755)
-    (tmp_path / ".venv" / "bin").mkdir(parents=True)
-    (tmp_path / ".venv" / "bin" / "activate").write_text(f"export PATH={stubs}:$PATH\n")
-    env = dict(os.environ, SLURM_SUBMIT_DIR=str(tmp_path), SLURM_JOB_NODELIST="node[A-C]", SLURM_JOB_ID="7",
-               PATH=f"{stubs}:{os.environ['PATH']}")
-    r = subprocess.run(["bash", os.path.join(HF, "slurm", "ps.sbatch")], capture_output=True, text=True,
-                       env=env, timeout=30)
-    assert r.returncode == 0, r.stderr
-    configs = [parse_tf_config(line) for line in r.stdout.strip().splitlines()]
-    assert [(role, i) for _, role, i in configs] == [("ps", 0), ("worker", 0), ("worker", 1)]
-    assert configs[0][0] == {"ps": ["nodeA:2222"], "worker": ["nodeB:2222", "nodeC:2222"]}
+@pytest.mark.parametrize("procid,nodes,tasks,num_ps,chief,want", [
+    # the scripts' shape, 2 nodes x 2 tasks: several tasks per node, a port each
+    (0, "h[1-2]", "2(x2)", 1, False, ("ps", 0, {"ps": ["h1:2222"], "worker": ["h1:2223", "h2:2222", "h2:2223"]})),
+    (3, "h[1-2]", "2(x2)", 1, False, ("worker", 2, None)),
+    (1, "h[1-2]", "2(x2)", 2, False, ("ps", 1, {"ps": ["h1:2222", "h1:2223"], "worker": ["h2:2222", "h2:2223"]})),
+    # v2: the chief first (the resolver deals roles out by name), then the PS, then the workers
+    (0, "h[1-2]", "2(x2)", 1, True, ("chief", 0, {"chief": ["h1:2222"], "ps": ["h1:2223"],
+                                                  "worker": ["h2:2222", "h2:2223"]})),
+    (2, "node[01-03]", "1(x3)", 1, False, ("worker", 1, {"ps": ["node01:2222"], "worker": ["node02:2222", "node03:2222"]})),
+])
+def test_slurm_task_tf_config(procid, nodes, tasks, num_ps, chief, want):
+    """ps.sbatch's roles: TensorFlow's SlurmClusterResolver, as ps_train/slurm.py drives it."""
+    from ps_train.slurm import tf_config
+    env = {"SLURM_PROCID": str(procid), "SLURM_STEP_NODELIST": nodes, "SLURM_STEP_TASKS_PER_NODE": tasks}
+    config = json.loads(tf_config(num_ps, chief, 2222, env))
+    role, index, cluster = want
+    assert (config["task"]["type"], config["task"]["index"]) == (role, index)
+    if cluster:
+        assert config["cluster"] == cluster
+    assert parse_tf_config(json.dumps(config))[1] == role
+
+
+@pytest.mark.parametrize("env,num_ps,expect", [
+    ({}, 1, "not inside a SLURM job step"),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "h1", "SLURM_STEP_TASKS_PER_NODE": "1"}, 1, "at least one worker"),
+    ({"SLURM_PROCID": "0", "SLURM_STEP_NODELIST": "h[9-10]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}, 1,
+     "orders them by name"),
+])
+def test_slurm_task_tf_config_refusals(env, num_ps, expect):
+    from common.errors import UsageError
+    from ps_train.slurm import tf_config
+    with pytest.raises(UsageError, match=expect):
+        tf_config(num_ps, False, 2222, env)
 
 
 @pytest.mark.parametrize("name", ["hostfile.example"])
