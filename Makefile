@@ -9,6 +9,8 @@ BIN      := $(VENV)/bin
 STAMP    := $(VENV)/.hvdps-ready
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TF_PIN   := tensorflow-cpu==2.15.1
+# The interpreter set-up checks: the venv's once it exists, else the one it would be made from.
+SETUP_PY  = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 HVD_PIN  := horovod==0.28.1
 DEMO_MLP_EPOCHS ?= 150
 DEMO_CNN_EPOCHS ?= 10
@@ -20,6 +22,8 @@ DEMO_CNN_EPOCHS ?= 10
 setup: $(STAMP)
 
 $(STAMP): setup.py Makefile common/native/bind_to.c
+	@$(SETUP_PY) -c 'import sys; sys.exit(0 if (3, 9) <= sys.version_info[:2] <= (3, 11) else 1)' 2>/dev/null || { \
+	  echo "error: $(SETUP_PY) is $$($(SETUP_PY) -c 'import platform; print("Python", platform.python_version())' 2>/dev/null || echo 'not a Python interpreter'); tensorflow-cpu 2.15.1, which Horovod 0.28.1 is built against here, has wheels for Python 3.9-3.11 only: install python3.11 (Debian 12: apt-get install python3.11-venv; elsewhere: uv python install 3.11 or pyenv) and run make PYTHON=python3.11"; exit 1; }
 	@command -v mpirun >/dev/null && [ -e /usr/include/x86_64-linux-gnu/openmpi/include/mpi.h -o -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
 	  || { echo "== installing Open MPI from Debian"; \
 	       $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
