@@ -1,4 +1,4 @@
-# hvdps: one-command set-up on a fresh Debian machine (Python 3.11, root or sudo).
+# hvdps: one-command set-up on a fresh Debian machine (Python 3.9-3.12, root or sudo).
 #   make demo   set up everything, then run the side-by-side comparison on the bundled digits
 #   make test   set up everything, then run the test suite
 # Set-up is idempotent: a stamp file records a verified install, so later calls are fast.
@@ -6,9 +6,11 @@
 PYTHON   ?= python3
 VENV     ?= .venv
 BIN      := $(VENV)/bin
-STAMP    := $(VENV)/.hvdps-ready
+# TF picks the TensorFlow stack (hvdps/stack.py): auto (2.18.1 with tf-keras on Python 3.9-3.12), 2.18 or 2.15
+# (2.15.1, Python 3.9-3.11). The stamp names it, so another TF= sets up again (and rebuilds Horovod against it).
+TF       ?= auto
+STAMP    := $(VENV)/.hvdps-ready-tf$(TF)
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-TF_PIN   := tensorflow-cpu==2.15.1
 # The interpreter set-up checks: the venv's once it exists, else the one it would be made from.
 SETUP_PY  = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 HVD_PIN  := horovod==0.28.1
@@ -21,9 +23,9 @@ DEMO_CNN_EPOCHS ?= 10
 
 setup: $(STAMP)
 
-$(STAMP): setup.py Makefile common/native/bind_to.c
-	@$(SETUP_PY) -c 'import sys; sys.exit(0 if (3, 9) <= sys.version_info[:2] <= (3, 11) else 1)' 2>/dev/null || { \
-	  echo "error: $(SETUP_PY) is $$($(SETUP_PY) -c 'import platform; print("Python", platform.python_version())' 2>/dev/null || echo 'not a Python interpreter'); tensorflow-cpu 2.15.1, which Horovod 0.28.1 is built against here, has wheels for Python 3.9-3.11 only: install python3.11 (Debian 12: apt-get install python3.11-venv; elsewhere: uv python install 3.11 or pyenv) and run make PYTHON=python3.11"; exit 1; }
+$(STAMP): setup.py Makefile hvdps/stack.py common/native/bind_to.c
+	@out=$$($(SETUP_PY) hvdps/stack.py "$(TF)" 2>/dev/null) || { \
+	  echo "$${out:-error: $(SETUP_PY) is not a Python 3 interpreter: run make PYTHON=python3.12}"; exit 1; }
 	@command -v mpirun >/dev/null && [ -e /usr/include/x86_64-linux-gnu/openmpi/include/mpi.h -o -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
 	  || { echo "== installing Open MPI from Debian"; \
 	       $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
@@ -35,9 +37,10 @@ $(STAMP): setup.py Makefile common/native/bind_to.c
 	@[ -x $(BIN)/python ] || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "== installing TensorFlow and build tools"
 	@$(BIN)/pip install -q --upgrade pip setuptools wheel
-	@$(BIN)/pip install -q "$(TF_PIN)" "numpy<2" "cmake<4" packaging
-	@$(BIN)/python -c "import horovod.tensorflow" 2>/dev/null || { \
-	  echo "== building $(HVD_PIN) from source with TensorFlow + MPI + Gloo (about 3 minutes)"; \
+	@$(BIN)/pip install -q $$($(BIN)/python hvdps/stack.py "$(TF)") "numpy<2" "cmake<4" packaging
+	@$(BIN)/python hvdps/stack.py --built >/dev/null 2>&1 || { \
+	  echo "== building $(HVD_PIN) from source with TensorFlow + MPI + Gloo (about 4 minutes)"; \
+	  $(BIN)/pip uninstall -q -y horovod 2>/dev/null; \
 	  PATH="$(abspath $(BIN)):$$PATH" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
 	  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
 	  $(BIN)/pip install -q --no-build-isolation --no-cache-dir "$(HVD_PIN)"; }
@@ -64,7 +67,8 @@ $(STAMP): setup.py Makefile common/native/bind_to.c
 # verdicts' time to the target accuracy is measured. Raise DEMO_MLP_EPOCHS / DEMO_CNN_EPOCHS for steadier
 # figures.
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
-DEMO_COMMON := --workers 1,2 --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4
+DEMO_WORKERS ?= 1,2
+DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4
 DEMO_REC_EPOCHS ?= 2
 demo: setup
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,ps --eval_every_epoch false --model mlp \
@@ -81,30 +85,35 @@ demo: setup
 # EMU_RATE both ways, slow enough that the exchange dominates the MLP's step (1024 hidden units: M =
 # 307 kB of gradient per step). Ring (Horovod, bare MPI) against PS sync/async and TF2's PS with 1 and
 # 2 shards at 1-3 workers; the report shows the bytes each link carried against the formulas.
+# EMU_COMPARE is the comparison's own flags.
 EMU_HOSTS ?= 5
 EMU_RATE ?= 50mbit
+EMU_COMPARE ?= --workers 1,2,3 --backends horovod,mpi,ps,ps2 --num_ps 1,2 --model mlp --hidden_units 1024 \
+    --batch_size 32 --train_steps 40 --log_every 5 --warmup_steps 10
 emulate: setup
 	$(SUDO) $(BIN)/hvdps-emulate --hosts $(EMU_HOSTS) --rate $(EMU_RATE) --out runs/emulate-$(shell date +%Y%m%d-%H%M%S) -- \
-	    --workers 1,2,3 --backends horovod,mpi,ps,ps2 --num_ps 1,2 --model mlp --hidden_units 1024 --batch_size 32 \
-	    --train_steps 40 --log_every 5 --warmup_steps 10 --eval_every_epoch false --checkpoint_every_epoch false \
-	    --no-progress
+	    $(EMU_COMPARE) --eval_every_epoch false --checkpoint_every_epoch false --no-progress
 
 # The shipped SLURM scripts and the comparison under a real SLURM (root): slurmctld and munged on the
 # emulated login node, one slurmd per emulated host; each script is submitted with sbatch (its runs and
 # output under OUT/sbatch), then hvdps-compare runs inside an allocation of every host (salloc,
-# --hosts slurm). SLURM_TRAIN_ARGS sizes the scripts' training (their HVDPS_TRAIN_ARGS).
+# --hosts slurm). SLURM_TRAIN_ARGS sizes the scripts' training (their HVDPS_TRAIN_ARGS); SLURM_JOBS is the
+# scripts submitted (each --sbatch "[VAR=value ...] script"), SLURM_COMPARE the comparison's workers and backends.
 SLURM_HOSTS ?= 3
 SLURM_TRAIN_ARGS ?= --model mlp --epochs 3 --batch_size 32
+SLURM_JOBS ?= --sbatch hostfiles/slurm/horovod.sbatch --sbatch "HVDPS_LAUNCH=mpirun hostfiles/slurm/horovod.sbatch" \
+    --sbatch "PS_MODE=async hostfiles/slurm/ps.sbatch" --sbatch "PS_MODE=sync hostfiles/slurm/ps.sbatch" \
+    --sbatch "PS_MODE=v2 hostfiles/slurm/ps.sbatch"
+SLURM_COMPARE ?= --workers 1,2 --backends horovod,mpi,ps,ps:sync
 slurm: setup
 	$(SUDO) env HVDPS_TRAIN_ARGS="$(SLURM_TRAIN_ARGS)" $(BIN)/hvdps-emulate --slurm --hosts $(SLURM_HOSTS) --rate 1gbit \
-	    --out runs/slurm-$(shell date +%Y%m%d-%H%M%S) --sbatch hostfiles/slurm/horovod.sbatch \
-	    --sbatch "HVDPS_LAUNCH=mpirun hostfiles/slurm/horovod.sbatch" --sbatch "PS_MODE=async hostfiles/slurm/ps.sbatch" \
-	    --sbatch "PS_MODE=sync hostfiles/slurm/ps.sbatch" --sbatch "PS_MODE=v2 hostfiles/slurm/ps.sbatch" -- \
-	    --workers 1,2 --backends horovod,mpi,ps,ps:sync $(SLURM_TRAIN_ARGS) --eval_every_epoch false \
-	    --checkpoint_every_epoch false --no-progress
+	    --out runs/slurm-$(shell date +%Y%m%d-%H%M%S) $(SLURM_JOBS) -- \
+	    $(SLURM_COMPARE) $(SLURM_TRAIN_ARGS) --eval_every_epoch false --checkpoint_every_epoch false --no-progress
 
+# PYTEST_ARGS picks part of the suite: make test PYTEST_ARGS="-m unit tests".
+PYTEST_ARGS ?= tests
 test: setup
-	$(BIN)/python -m pytest -q --timeout 900 --durations=15 tests
+	$(BIN)/python -m pytest -q --timeout 900 --durations=15 $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py

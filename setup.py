@@ -10,12 +10,12 @@ setup(
     name="hvdps",
     version="0.1.0",
     description="Train one TensorFlow model two ways (Horovod all-reduce vs parameter servers) and compare",
-    python_requires=">=3.9,<3.12",
+    python_requires=">=3.9,<3.13",
     packages=find_packages(include=["common", "common.*", "horovod_train", "horovod_train.*",
                                     "ps_train", "ps_train.*", "mpi_train", "mpi_train.*", "hvdps", "hvdps.*"]),
     package_data={"hvdps": ["model_profiles.json"]},   # layer profiles of the benchmark models
     install_requires=[
-        "tensorflow-cpu==2.15.1",
+        "tensorflow-cpu>=2.15.1,<2.19",   # the stack is pinned by make setup (hvdps/stack.py)
         "numpy>=1.23,<2",
         "scikit-learn==1.5.2",
         "mpi4py==4.1.2",
@@ -24,7 +24,7 @@ setup(
         "PyYAML==6.0.2",
     ],
     extras_require={
-        "gpu": ["tensorflow[and-cuda]==2.15.1"],
+        "gpu": ["tensorflow[and-cuda]>=2.15.1,<2.19"],
         "horovod": ["horovod==0.28.1"],
         "test": ["pytest==8.3.3", "pytest-timeout==2.3.1", "jsonschema==4.23.0"],
     },

@@ -125,7 +125,25 @@ def _last_error(log_path):
     except OSError:
         return None
     errors = [l[l.index("error:"):] for l in lines if "error:" in l]
-    return errors[-1] if errors else (lines[-1][-300:] if lines else None)
+    if errors:
+        return errors[-1]
+    return _mpi_banner(lines) or (lines[-1][-300:] if lines else None)
+
+
+def _mpi_banner(lines):
+    """The opening sentence of the last message Open MPI framed in dashed lines ("There are not
+    enough slots available ..."), or None: the frame itself says nothing."""
+    rules = [i for i, l in enumerate(lines) if l.strip() and set(l.strip()) == {"-"} and len(l.strip()) > 20]
+    if len(rules) < 2:
+        return None
+    words = []
+    for line in lines[rules[-2] + 1:rules[-1]]:
+        if not line.strip():
+            if words:
+                break
+            continue
+        words.append(line.strip())
+    return " ".join(words)[:300] or None
 
 
 def dry_run_preamble():

@@ -21,7 +21,9 @@ from common.procs import REPO, loopback_only_env
 # Local Horovod runs: ranks talk over shared memory, Open MPI's out-of-band
 # channel over loopback only; mpirun's PMIx tool listener ignores every
 # interface setting, so the bind shim (HorovodLauncher.env) keeps it on loopback.
-LOCAL_MPI_FLAGS = ("--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo")
+# --oversubscribe: Open MPI gives a machine as many slots as it has physical cores and refuses more
+# ranks than that; hvdps runs them and marks the run oversubscribed in the report instead.
+LOCAL_MPI_FLAGS = ("--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo", "--oversubscribe")
 
 
 @dataclass(frozen=True)

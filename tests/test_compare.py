@@ -217,3 +217,40 @@ def test_rebuilt_report_shows_every_distinct_config(configs, keys):
     from hvdps.compare import runs_configs
     rows = [{"run_dir": d, "model": m, "_curves": {"header": {"config": c}}} for d, m, c in configs]
     assert sorted(runs_configs(rows)) == sorted(keys)
+
+
+MPI_SLOTS = """--------------------------------------------------------------------------
+There are not enough slots available in the system to satisfy the 4
+slots that were requested by the application:
+
+  /usr/bin/python3
+
+Either request fewer slots for your application, or make more slots
+--------------------------------------------------------------------------
+"""
+
+
+@pytest.mark.parametrize("log, expected", [
+    ("step 1\nerror: --batch_size 0 must be positive\nmpirun noticed ...\n", "error: --batch_size 0 must be positive"),
+    (MPI_SLOTS, "There are not enough slots available in the system to satisfy the 4 slots that were requested "
+                "by the application:"),
+    ("step 1\nSegmentation fault\n", "Segmentation fault"),
+    ("", None),
+])
+def test_a_failed_run_is_named_by_its_cause_not_a_frame(tmp_path, log, expected):
+    from hvdps.compare import _last_error
+    (tmp_path / "run.log").write_text(log)
+    assert _last_error(str(tmp_path / "run.log")) == expected
+
+
+@pytest.mark.process
+def test_local_mpi_runs_more_ranks_than_cores(tmp_path):
+    """Open MPI refuses more ranks than physical cores unless told: a local comparison at more workers
+    than cores still runs them (and marks the run oversubscribed in the report)."""
+    workers = (os.cpu_count() or 1) + 1
+    r = run([os.path.join(BIN, "hvdps-compare"), "--workers", str(workers), "--backends", "horovod",
+             "--train_steps", "3", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
+             "--no-progress", "--out", str(tmp_path / "out")], timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = json.load(open(tmp_path / "out" / "results.json"))["rows"]
+    assert [(row["workers"], row["status"], row["oversubscribed"]) for row in rows] == [(workers, "ok", True)]

@@ -1,0 +1,163 @@
+"""README.md's command blocks, run in order as a new user pastes them, on a fresh checkout.
+
+Every ```bash block of README.md runs, top to bottom, in one shell (``set -euo pipefail``, so
+``. .venv/bin/activate`` in one block holds for the next and any failing line fails the test), in a
+copy of the repository's tracked files: no runs/, no build products, no earlier output. Sizes come
+from the variables the Makefile reads from the environment (DEMO_*, PYTEST_ARGS, EMU_COMPARE,
+SLURM_*); the README's own trainer and comparison lines run exactly as written, except that the
+fixed ports of the one-role-per-process lines (localhost:2222 ...) are mapped to free ones.
+
+Set-up: the checkout gets a copy of this suite's venv (hard links; the paths in its scripts moved)
+without its set-up stamp, so ``make demo`` runs the whole set-up recipe for real and, as on any
+machine where it ran once, finds Horovod built against the pinned TensorFlow and skips only that
+compile. Set-up from nothing is what CI's own ``make test`` does on its fresh clone.
+
+Needs root (the README's emulated-cluster and SLURM lines); skipped with the reason elsewhere. As
+root on a machine without sudo, ``sudo`` is a shim that runs its command, which is what sudo does
+for root.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.root
+
+FENCE = re.compile(r"^( *)```(\w*)\s*$")
+COMMANDS = ("make ", "hvdps-", "python ", "horovodrun ", "mpirun ", "sudo ", "TF_CONFIG=")
+SIZES = {
+    "DEMO_MLP_EPOCHS": "3", "DEMO_CNN_EPOCHS": "1", "DEMO_REC_EPOCHS": "1", "DEMO_WORKERS": "2",
+    "PYTEST_ARGS": "-m unit tests/test_config.py",
+    "EMU_HOSTS": "3", "EMU_COMPARE": "--workers 2 --backends horovod,ps2 --model mlp --train_steps 20 --log_every 5 "
+                                     "--warmup_steps 5",
+    "SLURM_HOSTS": "2", "SLURM_JOBS": "--sbatch hostfiles/slurm/horovod.sbatch",
+    "SLURM_COMPARE": "--workers 2 --backends horovod", "SLURM_TRAIN_ARGS": "--model mlp --epochs 1 --batch_size 32",
+}
+
+
+def blocks(text):
+    """[(info string, [lines])] of every fenced block, indentation removed."""
+    out, cur, indent = [], None, 0
+    for line in text.splitlines():
+        m = FENCE.match(line)
+        if m and cur is None:
+            cur, indent, info = [], len(m.group(1)), m.group(2)
+        elif m:
+            out.append((info, cur))
+            cur = None
+        elif cur is not None:
+            cur.append(line[indent:] if line[:indent].strip() == "" else line)
+    assert cur is None, "README.md has an unclosed code fence"
+    return out
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fresh_checkout(dst):
+    """The repository's tracked files as they are in the working tree, nothing else."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for rel in filter(None, files.decode().split("\0")):
+        src = os.path.join(REPO, rel)
+        if os.path.lexists(src):
+            os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dst, rel), follow_symlinks=False)
+
+
+def copy_venv(src, dst):
+    """A working copy of a venv at another path: hard links, then every script naming the old path
+    rewritten (each rewrite is a new file, so the original is untouched)."""
+    subprocess.run(["cp", "-al", src, dst], check=True)
+    os.remove(os.path.join(dst, ".hvdps-ready"))
+    old, new = src.encode(), dst.encode()
+    for name in os.listdir(os.path.join(dst, "bin")):
+        path = os.path.join(dst, "bin", name)
+        if os.path.islink(path) or not os.path.isfile(path):
+            continue
+        data = open(path, "rb").read()
+        if old in data:
+            mode = os.stat(path).st_mode
+            os.remove(path)
+            with open(path, "wb") as f:
+                f.write(data.replace(old, new))
+            os.chmod(path, mode)
+
+
+def test_readme_blocks_are_bash_where_they_are_commands():
+    """A command in a block not marked bash would escape the run below."""
+    found = blocks(open(os.path.join(REPO, "README.md")).read())
+    assert sum(info == "bash" for info, _ in found) >= 5
+    for info, lines in found:
+        if info != "bash":
+            assert not any(l.startswith(COMMANDS) for l in lines), lines
+
+
+def test_every_readme_command_block_runs_in_order_on_a_fresh_checkout(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("README.md's emulated-cluster and SLURM lines need root")
+    checkout = str(tmp_path / "hvdps")
+    fresh_checkout(checkout)
+    copy_venv(os.path.join(REPO, ".venv"), os.path.join(checkout, ".venv"))
+
+    script = ["set -euo pipefail", "set -x"]
+    ports = {}
+    for n, (info, lines) in enumerate(blocks(open(os.path.join(checkout, "README.md")).read())):
+        if info != "bash":
+            continue
+        text = "\n".join(lines)
+        text = re.sub(r"localhost:(22\d\d)\b", lambda m: f"localhost:{ports.setdefault(m.group(1), free_port())}",
+                      text)
+        script += [f": README block {n}", text]
+    (tmp_path / "readme.sh").write_text("\n".join(script) + "\n")
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    if not shutil.which("sudo", path=path):
+        (bindir / "sudo").write_text('#!/bin/sh\nexec "$@"\n')
+        (bindir / "sudo").chmod(0o755)
+    env = {"PATH": f"{bindir}:{path}", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", **SIZES}
+    for keep in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TMPDIR"):
+        if keep in os.environ:
+            env[keep] = os.environ[keep]
+
+    log = tmp_path / "readme.log"
+    with open(log, "w") as out:
+        p = subprocess.Popen(["bash", str(tmp_path / "readme.sh")], cwd=checkout, env=env, stdout=out,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            rc = p.wait(timeout=1500)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    text = log.read_text()
+    assert rc == 0, f"exit {rc}\n" + text[-6000:]
+    assert re.search(r"^\d+ passed", text, re.M), "make test ran no test\n" + text[-3000:]
+
+    # make demo's compare lines may fail one workload and still merge the rest: every run must be ok
+    runs = os.path.join(checkout, "runs")
+    demo = [d for d in os.listdir(runs) if d.startswith("demo-")]
+    assert len(demo) == 1, os.listdir(runs)
+    rows = json.load(open(os.path.join(runs, demo[0], "results.json")))
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert sorted({r["model"] for r in rows}) == ["cnn", "mlp", "rec"] and all(r["status"] == "ok" for r in rows), rows
+    # nothing the README started is left: namespaces, SLURM daemons, trainers from the checkout
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith("hvdps-")]
+    left = subprocess.run(["pgrep", "-f", checkout], capture_output=True, text=True).stdout.split()
+    assert not left, left
