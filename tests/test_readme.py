@@ -79,7 +79,9 @@ def copy_venv(src, dst):
     """A working copy of a venv at another path: hard links, then every script naming the old path
     rewritten (each rewrite is a new file, so the original is untouched)."""
     subprocess.run(["cp", "-al", src, dst], check=True)
-    os.remove(os.path.join(dst, ".hvdps-ready"))
+    for name in os.listdir(dst):
+        if name.startswith(".hvdps-ready"):
+            os.remove(os.path.join(dst, name))
     old, new = src.encode(), dst.encode()
     for name in os.listdir(os.path.join(dst, "bin")):
         path = os.path.join(dst, "bin", name)
