@@ -316,7 +316,7 @@ def shard_iterators(backend, cfg, plan, start):
         from tensorflow.python.distribute.coordinator import values as coordinator_values
         workers = backend.coordinator._cluster.workers
     except (ImportError, AttributeError) as exc:
-        raise RunError(f"--ps_api v2 needs TensorFlow 2.15's ClusterCoordinator ({exc}); this is "
+        raise RunError(f"--ps_api v2 needs the ClusterCoordinator internals of TensorFlow 2.15-2.18 ({exc}); this is "
                        f"TensorFlow {tf.__version__}")
     skip = start // plan.workers                 # resume: every worker's stream where the run left it
 
