@@ -33,9 +33,9 @@ pytestmark = pytest.mark.root
 FENCE = re.compile(r"^( *)```(\w*)\s*$")
 COMMANDS = ("make ", "hvdps-", "python ", "horovodrun ", "mpirun ", "sudo ", "TF_CONFIG=")
 SIZES = {
-    "DEMO_MLP_EPOCHS": "3", "DEMO_CNN_EPOCHS": "1", "DEMO_REC_EPOCHS": "1", "DEMO_WORKERS": "2",
+    "DEMO_MLP_EPOCHS": "3", "DEMO_CNN_EPOCHS": "1", "DEMO_REC_EPOCHS": "1", "DEMO_WORKERS": "1",
     "PYTEST_ARGS": "-m unit tests/test_config.py",
-    "EMU_HOSTS": "3", "EMU_COMPARE": "--workers 2 --backends horovod,ps2 --model mlp --train_steps 20 --log_every 5 "
+    "EMU_HOSTS": "3", "EMU_COMPARE": "--workers 2 --backends ps2 --model mlp --train_steps 20 --log_every 5 "
                                      "--warmup_steps 5",
     "SLURM_HOSTS": "2", "SLURM_JOBS": "--sbatch hostfiles/slurm/horovod.sbatch",
     "SLURM_COMPARE": "--workers 2 --backends horovod", "SLURM_TRAIN_ARGS": "--model mlp --epochs 1 --batch_size 32",
