@@ -37,7 +37,8 @@ $(STAMP): setup.py Makefile hvdps/stack.py common/native/bind_to.c
 	@[ -x $(BIN)/python ] || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "== installing TensorFlow and build tools"
 	@$(BIN)/pip install -q --upgrade pip setuptools wheel
-	@$(BIN)/pip install -q $$($(BIN)/python hvdps/stack.py "$(TF)") "numpy<2" "cmake<4" packaging
+	@pins=$$($(BIN)/python hvdps/stack.py "$(TF)") && $(BIN)/pip install -q $$pins "numpy<2" "cmake<4" packaging && \
+	  case "$$pins" in *tf-keras*) ;; *) $(BIN)/pip uninstall -q -y tf-keras 2>/dev/null || true;; esac
 	@$(BIN)/python hvdps/stack.py --built >/dev/null 2>&1 || { \
 	  echo "== building $(HVD_PIN) from source with TensorFlow + MPI + Gloo (about 4 minutes)"; \
 	  $(BIN)/pip uninstall -q -y horovod 2>/dev/null; \
