@@ -97,8 +97,9 @@ def load_dataset(cfg):
 def build_model(cfg, input_shape, num_classes):
     """A model plug-in's model, checked: a Keras model taking ``input_shape`` and giving ``num_classes`` logits."""
     import tensorflow as tf
+    from common.models import seed_everything
     fn = load_callable(cfg.model, "--model")
-    tf.keras.utils.set_random_seed(cfg.seed)
+    seed_everything(tf, cfg.seed)
     model = call(fn, cfg.model, "--model", cfg, tuple(input_shape), num_classes)
     if not isinstance(model, tf.keras.Model):
         raise UsageError(f"--model {cfg.model}: returned {type(model).__name__}, expected an uncompiled "
