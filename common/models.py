@@ -10,17 +10,6 @@ import numpy as np
 from common.data import input_spec
 
 
-def seed_everything(tf, seed):
-    """What ``tf.keras.utils.set_random_seed`` does, less the seed generator it gives Keras'
-    initializers: tf-keras 2.18 draws from that generator with ``randint(1, 1e9)``, a float bound
-    Python 3.12 refuses (TypeError on the first layer built). Without it, initializers given no
-    seed draw theirs from the ``random`` module, seeded here, so a build is as reproducible."""
-    import random
-    random.seed(seed)
-    np.random.seed(seed)
-    tf.random.set_seed(seed)
-
-
 def _numpy_initializer(tf, seed, kind):
     class NumpyInit(tf.keras.initializers.Initializer):
         def __init__(self, seed, kind):
@@ -86,6 +75,7 @@ def build_model(cfg):
             L.Dense(classes, **init(2)),
         ], name="rec")
     if cfg.model in APPLICATIONS:
+        from common.plugins import seed_everything
         seed_everything(tf, cfg.seed)
         build = getattr(tf.keras.applications, APPLICATIONS[cfg.model])
         return build(weights=None, input_shape=shape, classes=classes, classifier_activation=None)

@@ -94,10 +94,20 @@ def load_dataset(cfg):
     return (*arrays["train"], *arrays["test"])
 
 
+def seed_everything(tf, seed):
+    """What ``tf.keras.utils.set_random_seed`` does, less the seed generator it gives Keras'
+    initializers: tf-keras 2.18 draws from that generator with ``randint(1, 1e9)``, a float bound
+    Python 3.12 refuses (TypeError on the first layer built). Without it, initializers given no
+    seed draw theirs from the ``random`` module, seeded here, so a build is as reproducible."""
+    import random
+    random.seed(seed)
+    np.random.seed(seed)
+    tf.random.set_seed(seed)
+
+
 def build_model(cfg, input_shape, num_classes):
     """A model plug-in's model, checked: a Keras model taking ``input_shape`` and giving ``num_classes`` logits."""
     import tensorflow as tf
-    from common.models import seed_everything
     fn = load_callable(cfg.model, "--model")
     seed_everything(tf, cfg.seed)
     model = call(fn, cfg.model, "--model", cfg, tuple(input_shape), num_classes)
