@@ -23,6 +23,7 @@ counters can be read (hvdps-emulate), the bytes each link carried.
 """
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -130,12 +131,21 @@ def _last_error(log_path):
     return _mpi_banner(lines) or (lines[-1][-300:] if lines else None)
 
 
+_EXCEPTION = re.compile(r"^(\[\d+,\d+\]<std\w+>:)?[A-Za-z_.]*(Error|Exception|Exit)\b.*:")
+
+
 def _mpi_banner(lines):
     """The opening sentence of the last message Open MPI framed in dashed lines ("There are not
     enough slots available ..."), or None: the frame itself says nothing."""
     rules = [i for i, l in enumerate(lines) if l.strip() and set(l.strip()) == {"-"} and len(l.strip()) > 20]
     if len(rules) < 2:
         return None
+    first = next((l.strip() for l in lines[rules[-2] + 1:rules[-1]] if l.strip()), "")
+    if first.startswith(("mpirun detected that one or more processes exited", "Primary job")):
+        # mpirun's closing frame only says a rank failed: the rank's own exception line says why
+        raised = [l.strip() for l in lines[:rules[-2]] if _EXCEPTION.match(l.strip())]
+        if raised:
+            return raised[-1][:300]
     words = []
     for line in lines[rules[-2] + 1:rules[-1]]:
         if not line.strip():

@@ -235,6 +235,10 @@ Either request fewer slots for your application, or make more slots
     (MPI_SLOTS, "There are not enough slots available in the system to satisfy the 4 slots that were requested "
                 "by the application:"),
     ("step 1\nSegmentation fault\n", "Segmentation fault"),
+    ("Traceback (most recent call last):\n  File \"main.py\"\nImportError: Keras cannot be imported.\n"
+     + "-" * 74 + "\nmpirun detected that one or more processes exited with non-zero status, thus causing\n"
+     "the job to be terminated. The first process to do so was:\n\n  Exit code: 1\n" + "-" * 74 + "\n",
+     "ImportError: Keras cannot be imported."),
     ("", None),
 ])
 def test_a_failed_run_is_named_by_its_cause_not_a_frame(tmp_path, log, expected):
