@@ -1,4 +1,4 @@
-# hvdps: one-command set-up on a fresh Debian machine (Python 3.9-3.12, root or sudo).
+# hvdps: one-command set-up on a fresh Debian machine (Python 3.9-3.13, root or sudo).
 #   make demo   set up everything, then run the side-by-side comparison on the bundled digits
 #   make test   set up everything, then run the test suite
 # Set-up is idempotent: a stamp file records a verified install, so later calls are fast.
@@ -6,14 +6,16 @@
 PYTHON   ?= python3
 VENV     ?= .venv
 BIN      := $(VENV)/bin
-# TF picks the TensorFlow stack (hvdps/stack.py): auto (2.18.1 with tf-keras on Python 3.9-3.12), 2.18 or 2.15
-# (2.15.1, Python 3.9-3.11). The stamp names it, so another TF= sets up again (and rebuilds Horovod against it).
+# TF picks the TensorFlow stack (hvdps/stack.py): auto (2.21.0 with tf-keras on Python 3.10-3.13, 2.18.1 on 3.9),
+# 2.21, 2.18 or 2.15 (2.15.1, Python 3.9-3.11). The stamp names it, so another TF= sets up again. Horovod
+# 0.28.1 is compiled against the stack with patches/horovod-0.28.1.patch (hvdps/horovod_build.py) and the
+# wheel cached by Horovod, TensorFlow, Python, MPI and patch in ~/.cache/hvdps (HVDPS_CACHE): a later
+# set-up on this machine, in any clone, installs it instead of compiling for 15 minutes.
 TF       ?= auto
 STAMP    := $(VENV)/.hvdps-ready-tf$(TF)
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The interpreter set-up checks: the venv's once it exists, else the one it would be made from.
 SETUP_PY  = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
-HVD_PIN  := horovod==0.28.1
 DEMO_MLP_EPOCHS ?= 150
 DEMO_CNN_EPOCHS ?= 10
 # The environment of the processes the project starts (Open MPI as root, quiet TF, the repo on
@@ -23,13 +25,13 @@ DEMO_CNN_EPOCHS ?= 10
 
 setup: $(STAMP)
 
-$(STAMP): setup.py Makefile hvdps/stack.py common/native/bind_to.c
+$(STAMP): setup.py Makefile hvdps/stack.py hvdps/horovod_build.py patches/horovod-0.28.1.patch common/native/bind_to.c
 	@out=$$($(SETUP_PY) hvdps/stack.py "$(TF)" 2>/dev/null) || { \
 	  echo "$${out:-error: $(SETUP_PY) is not a Python 3 interpreter: run make PYTHON=python3.12}"; exit 1; }
-	@command -v mpirun >/dev/null && [ -e /usr/include/x86_64-linux-gnu/openmpi/include/mpi.h -o -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
+	@command -v mpirun >/dev/null && command -v patch >/dev/null && [ -e /usr/include/x86_64-linux-gnu/openmpi/include/mpi.h -o -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
 	  || { echo "== installing Open MPI from Debian"; \
 	       $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	       $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin iproute2 >/dev/null; }
+	       $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin iproute2 patch >/dev/null; }
 	@command -v slurmctld >/dev/null && command -v munged >/dev/null || { echo "== installing SLURM and munge from Debian (make slurm, tests/test_slurm.py)"; \
 	  { $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null; } \
@@ -37,14 +39,12 @@ $(STAMP): setup.py Makefile hvdps/stack.py common/native/bind_to.c
 	@[ -x $(BIN)/python ] || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "== installing TensorFlow and build tools"
 	@$(BIN)/pip install -q --upgrade pip setuptools wheel
-	@pins=$$($(BIN)/python hvdps/stack.py "$(TF)") && $(BIN)/pip install -q $$pins "numpy<2" "cmake<4" packaging && \
+	@$(BIN)/pip uninstall -q -y tensorflow-cpu 2>/dev/null || true   # every stack is tensorflow (hvdps/stack.py)
+	@pins=$$($(BIN)/python hvdps/stack.py "$(TF)") && $(BIN)/pip install -q $$pins "cmake<4" packaging && \
 	  case "$$pins" in *tf-keras*) ;; *) $(BIN)/pip uninstall -q -y tf-keras 2>/dev/null || true;; esac
 	@$(BIN)/python hvdps/stack.py --built >/dev/null 2>&1 || { \
-	  echo "== building $(HVD_PIN) from source with TensorFlow + MPI + Gloo (about 4 minutes)"; \
-	  $(BIN)/pip uninstall -q -y horovod 2>/dev/null; \
-	  PATH="$(abspath $(BIN)):$$PATH" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-	  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-	  $(BIN)/pip install -q --no-build-isolation --no-cache-dir "$(HVD_PIN)"; }
+	  wheel=$$($(BIN)/python hvdps/horovod_build.py) || { echo "$$wheel"; exit 1; }; \
+	  $(BIN)/pip uninstall -q -y horovod 2>/dev/null; $(BIN)/pip install -q "$$wheel"; }
 	@echo "== installing hvdps and test tools"
 	@$(BIN)/pip install -q -e ".[test]"
 	@echo "== building the bind shim (local servers listen on loopback / their own address only)"

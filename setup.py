@@ -1,8 +1,9 @@
 """Packaging for hvdps.
 
 The Horovod wheel is deliberately *not* an install_requires: it must be compiled
-against the TensorFlow already in the environment (see the Makefile), and letting
-pip resolve it would build it in an isolated env against the wrong TensorFlow.
+against the TensorFlow already in the environment, with the project's patch
+(hvdps/horovod_build.py, patches/), and letting pip resolve it would build the
+unpatched release in an isolated env against the wrong TensorFlow.
 """
 from setuptools import find_packages, setup
 
@@ -10,21 +11,24 @@ setup(
     name="hvdps",
     version="0.1.0",
     description="Train one TensorFlow model two ways (Horovod all-reduce vs parameter servers) and compare",
-    python_requires=">=3.9,<3.13",
+    python_requires=">=3.9,<3.14",
     packages=find_packages(include=["common", "common.*", "horovod_train", "horovod_train.*",
                                     "ps_train", "ps_train.*", "mpi_train", "mpi_train.*", "hvdps", "hvdps.*"]),
     package_data={"hvdps": ["model_profiles.json"]},   # layer profiles of the benchmark models
     install_requires=[
-        "tensorflow-cpu>=2.15.1,<2.19",   # the stack is pinned by make setup (hvdps/stack.py)
-        "numpy>=1.23,<2",
+        # The stack is pinned by make setup (hvdps/stack.py): 2.21 (numpy 2) on Python 3.10-3.13, 2.18 and
+        # 2.15 (numpy 1) selectable. `tensorflow`, not `tensorflow-cpu`: tf-keras depends on the former.
+        "tensorflow>=2.15.1,<2.22",
+        "numpy>=1.23,<3",
         "scikit-learn==1.5.2",
         "mpi4py==4.1.2",
         "matplotlib==3.9.2",
         "tqdm==4.66.5",
         "PyYAML==6.0.2",
+        "tensorboard>=2.15",              # TensorFlow 2.21 no longer brings it; the runs write its events
     ],
     extras_require={
-        "gpu": ["tensorflow[and-cuda]>=2.15.1,<2.19"],
+        "gpu": ["tensorflow[and-cuda]>=2.15.1,<2.22"],
         "horovod": ["horovod==0.28.1"],
         "test": ["pytest==8.3.3", "pytest-timeout==2.3.1", "jsonschema==4.23.0"],
     },

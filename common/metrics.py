@@ -32,8 +32,8 @@ def library_versions():
     from importlib import metadata
     versions = {"python": platform.python_version()}
     for key, dist in (("tensorflow", "tensorflow-cpu"), ("horovod", "horovod"), ("numpy", "numpy"),
-                      ("mpi4py", "mpi4py")):
-        for name in (dist, key, "tensorflow"):
+                      ("mpi4py", "mpi4py"), ("tf_keras", "tf-keras"), ("keras", "keras")):
+        for name in (key, dist):
             try:
                 versions[key] = metadata.version(name)
                 break

@@ -83,6 +83,18 @@ def build_model(cfg):
     return build_plugin(cfg, shape, classes)     # Config has checked it is a plug-in
 
 
+def check_plugin_for_graph_mode(cfg):
+    """Before a classic-PS task joins its job (or the launcher starts any): build a model plug-in once
+    and refuse Keras 3 (common/keras3.py). In a graph of its own, thrown away: tf-keras names layers
+    per graph, so the trainer's own graph gets the same variable names as without this check."""
+    from common.keras3 import refuse_graph_mode
+    from common.plugins import is_plugin
+    if is_plugin(cfg.model):
+        import tensorflow as tf
+        with tf.Graph().as_default():
+            refuse_graph_mode(cfg, build_model(cfg))
+
+
 APPLICATIONS = {"resnet50": "ResNet50", "resnet101": "ResNet101", "inception_v3": "InceptionV3",
                 "vgg16": "VGG16", "mobilenet_v2": "MobileNetV2"}
 
@@ -99,6 +111,10 @@ def gradient_bytes(model):
 def has_sparse_gradients(model):
     """True for models with an embedding lookup: their table's gradient is tf.IndexedSlices."""
     import tensorflow as tf
+    from common.keras3 import is_wrapped
+    if is_wrapped(model):                        # a Keras 3 plug-in (common/keras3.py)
+        import keras
+        return any(isinstance(layer, keras.layers.Embedding) for layer in model.keras_layers)
     return any(isinstance(layer, tf.keras.layers.Embedding) for layer in model.submodules)
 
 

@@ -2,9 +2,10 @@
 
 The contract (docs/plugins.md):
 
-- model: ``build(cfg, input_shape, num_classes) -> tf.keras.Model``, uncompiled,
-  producing logits of shape (batch, num_classes). hvdps adds the optimizer, the
-  loss and the distribution.
+- model: ``build(cfg, input_shape, num_classes) -> tf.keras.Model`` or a Keras 3
+  ``keras.Model`` (``import keras``; common/keras3.py), uncompiled, producing
+  logits of shape (batch, num_classes). hvdps adds the optimizer, the loss and
+  the distribution.
 - dataset: ``load(cfg) -> (x_train, y_train, x_test, y_test)`` NumPy arrays:
   x of shape (N, ...) (N, H, W gets a channel axis), y integer class ids in
   0..num_classes-1. hvdps shards them exactly like the built-in data sets, so
@@ -108,12 +109,16 @@ def seed_everything(tf, seed):
 def build_model(cfg, input_shape, num_classes):
     """A model plug-in's model, checked: a Keras model taking ``input_shape`` and giving ``num_classes`` logits."""
     import tensorflow as tf
+    from common import keras3
     fn = load_callable(cfg.model, "--model")
     seed_everything(tf, cfg.seed)
+    keras3.seed_keras3(cfg.seed)
     model = call(fn, cfg.model, "--model", cfg, tuple(input_shape), num_classes)
+    if keras3.is_keras3_model(model) and not isinstance(model, tf.keras.Model):
+        model = keras3.wrap(model)          # Keras 3: trained through its tf.Variables (common/keras3.py)
     if not isinstance(model, tf.keras.Model):
         raise UsageError(f"--model {cfg.model}: returned {type(model).__name__}, expected an uncompiled "
-                         f"tf.keras.Model")
+                         f"Keras model (tf.keras, or Keras 3's keras.Model)")
     try:
         out = model(tf.zeros((1, *input_shape)), training=False)
     except Exception as exc:

@@ -69,7 +69,7 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
 
     train_ds = make_dataset(cfg, backend.rank, backend.world_size, start_step=start_step,
                             num_steps=plan.worker_steps)
-    log = RunLog(cfg, backend, plan, start_step=start_step,
+    log = RunLog(cfg, backend, plan, model, start_step=start_step,
                  extra_header={"loop": loop, "threads_per_worker": backend.threads, **(extra_header or {})})
     books = Bookkeeper(cfg, plan, backend, log, AllreduceAdapter(cfg, backend, model, optimizer, checkpoints),
                        start=start_step)

@@ -249,7 +249,7 @@ class RunLog:
     is worth in samples comes from the run plan, for every backend alike.
     """
 
-    def __init__(self, cfg, backend, plan, extra_header=None, start_step=0):
+    def __init__(self, cfg, backend, plan, model, extra_header=None, start_step=0):
         from common.metrics import MetricsWriter, ThroughputMeter
         self.cfg = cfg
         self.plan = plan
@@ -261,8 +261,9 @@ class RunLog:
         self.last_eval = (None, None)
         if self.enabled:
             cfg.save(cfg.train_dir)
+            from common.keras3 import keras_of
             self.metrics.header(cfg, backend.name, backend.mode, backend.world_size, backend.num_ps, plan,
-                                start_step=start_step, **(extra_header or {}))
+                                start_step=start_step, keras=keras_of(model), **(extra_header or {}))
 
     @classmethod
     def disabled(cls):

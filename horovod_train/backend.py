@@ -64,26 +64,6 @@ def tuning_env(args):
     return env
 
 
-def keras_2_for_horovod():
-    """Let Horovod 0.28.1's Keras callbacks find Keras 2 under the name they import it by.
-
-    horovod.tensorflow.keras takes its backend with ``from keras import backend as K`` on TensorFlow
-    2.6 and later; from 2.16 on the ``keras`` package is Keras 3, whose backend has none of the calls
-    the callbacks make (``MetricAverageCallback`` fails on ``K.constant`` at the first epoch's end),
-    while ``tf.keras``, the Keras the trainers and Horovod's DistributedOptimizer use, is Keras 2
-    (``tf-keras``, TF_USE_LEGACY_KERAS=1: common/__init__.py). So, on those stacks only, ``keras``
-    in a Horovod process names that same Keras 2. Horovod itself is not changed.
-    """
-    import sys
-    if os.environ.get("TF_USE_LEGACY_KERAS") != "1":
-        return
-    try:
-        import tf_keras
-    except ImportError:
-        return
-    sys.modules["keras"] = tf_keras
-
-
 class HorovodBackend(AllreduceBackend):
     name = "horovod"
     mode = "sync"
@@ -102,7 +82,6 @@ class HorovodBackend(AllreduceBackend):
     def setup(self, cfg):
         os.environ.update(self.env)
         yield_when_idle()                                # MPI: a waiting rank gives its core back
-        keras_2_for_horovod()
         import horovod.tensorflow.keras as hvd
         hvd.init()                                       # Horovod: join the ring
         self.hvd = hvd

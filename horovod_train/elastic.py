@@ -50,7 +50,7 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
         if not backend.is_chief:
             return RunLog.disabled()
         if chief_log is None:
-            chief_log = RunLog(cfg, backend, plan_now(), start_step=state.updates,
+            chief_log = RunLog(cfg, backend, plan_now(), model, start_step=state.updates,
                                extra_header={"elastic": True, "commit_steps": args.commit_steps})
         return chief_log
 

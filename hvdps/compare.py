@@ -379,6 +379,10 @@ def main(argv=None):
     if args.resume:
         raise UsageError("--resume does not apply to hvdps-compare: it starts fresh runs in --out; continue "
                          "one run with its trainer's command (the first line of runs/<name>.log) and --resume")
+    if not args.dry_run and not args.from_dirs and any(get_launcher(b).graph_mode
+                                                       for b, _ in parse_variants(args.backends)):
+        from common.models import check_plugin_for_graph_mode
+        check_plugin_for_graph_mode(cfg)           # a Keras 3 plug-in under the classic PS: refused here
     if not args.dry_run:
         check_out(args.out, args.from_dirs)
     interrupted = None

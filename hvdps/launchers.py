@@ -61,6 +61,7 @@ class Launcher:
     name = "base"
     modes = ("sync",)            # what 'name:mode' may pick
     default_modes = None         # what 'name' alone runs (None: every mode)
+    graph_mode = False           # trains TF1 graphs: no Keras 3 plug-in (common/keras3.py)
 
     def __init__(self, mpi_yield=False):
         # mpi_yield_when_idle: a rank waiting in MPI yields its core instead of spinning on it
@@ -127,6 +128,7 @@ class MPILauncher(HorovodLauncher):
 class PSLauncher(Launcher):
     name = "ps"
     modes = ("async", "sync")
+    graph_mode = True
 
     def server_tasks(self, num_ps):
         return num_ps
@@ -148,6 +150,7 @@ class PS2Launcher(PSLauncher):
     only, and one more process, the chief that coordinates (it does not train)."""
     name = "ps2"
     modes = ("async",)
+    graph_mode = False
 
     def server_tasks(self, num_ps):
         return num_ps + 1

@@ -579,6 +579,15 @@ def environment_of(rows):
     header = next(((r.get("_curves") or {}).get("header") for r in rows if (r.get("_curves") or {}).get("header")), {})
     env = {"host": header.get("host", platform.node()), "cores": os.cpu_count()}
     env.update({k: v for k, v in (header.get("versions") or {}).items()})
+    by_keras = {}                    # which Keras built each run's model (common/keras3.py: keras_of)
+    for r in rows:
+        kind = ((r.get("_curves") or {}).get("header") or {}).get("keras")
+        if kind:
+            by_keras.setdefault(kind, []).append(os.path.basename(r.get("run_dir") or "?"))
+    if len(by_keras) == 1:
+        env["model built with"] = f"{next(iter(by_keras))} (every run)"
+    elif by_keras:
+        env["model built with"] = "; ".join(f"{k}: {', '.join(names)}" for k, names in sorted(by_keras.items()))
     return env
 
 

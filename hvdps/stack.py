@@ -1,25 +1,29 @@
 """The TensorFlow stacks set-up installs, and which one fits this Python (standard library only).
 
-    python hvdps/stack.py [auto|2.15|2.18]    # prints the pip requirements, or one error line and exit 1
-    python hvdps/stack.py --built             # exit 0 if Horovod was compiled against the TensorFlow installed
+    python hvdps/stack.py [auto|2.21|2.18|2.15]   # prints the pip requirements, or one error line and exit 1
+    python hvdps/stack.py --built                 # exit 0 if the patched Horovod was compiled against the
+                                                  # TensorFlow installed
 
 ``make setup`` runs this with the interpreter the venv is made from, before anything is installed,
-so it imports nothing of the project. Horovod 0.28.1 (its last release) is compiled against the
-TensorFlow installed first; it builds against 2.18 at the newest: from 2.19 on the wheels no longer
-ship ``tensorflow/compiler/xla/client/xla_builder.h``, which its ``xla_mpi_ops.cc`` includes, and
-hvdps does not patch Horovod. From 2.16 on ``tf.keras`` is Keras 3, which ``horovod.tensorflow.keras``
-cannot drive: those stacks add ``tf-keras`` (Keras 2), selected by ``TF_USE_LEGACY_KERAS=1``, which
-``common/__init__.py`` sets before anything imports TensorFlow.
+so it imports nothing of the project. Horovod 0.28.1 (its last release) is then compiled against
+the TensorFlow installed, with hvdps's patch (patches/horovod-0.28.1.patch, hvdps/horovod_build.py),
+which carries it to TensorFlow 2.19-2.21 and to Keras 3 variables in DistributedGradientTape.
+From 2.16 on ``tf.keras`` is Keras 3; those stacks add ``tf-keras`` (Keras 2), which the trainers'
+built-in models and ``horovod.tensorflow.keras`` drive, selected by ``TF_USE_LEGACY_KERAS=1``
+(``common/__init__.py``); a plug-in written with ``import keras`` trains as Keras 3 (docs/plugins.md).
+Every stack installs ``tensorflow``, not ``tensorflow-cpu``: ``tf-keras`` depends on the former, and
+the two in one environment overwrite each other's files. The full wheel runs on the CPU as well.
 """
 import sys
 
 # name -> (pip requirements, the Pythons its wheels exist for, inclusive)
 STACKS = {
-    "2.15": (["tensorflow-cpu==2.15.1"], (3, 9), (3, 11)),
-    "2.18": (["tensorflow-cpu==2.18.1", "tf-keras==2.18.0"], (3, 9), (3, 12)),
+    "2.15": (["tensorflow==2.15.1", "numpy<2"], (3, 9), (3, 11)),
+    "2.18": (["tensorflow==2.18.1", "tf-keras==2.18.0", "numpy<2"], (3, 9), (3, 12)),
+    "2.21": (["tensorflow==2.21.0", "tf-keras==2.21.0", "numpy>=2,<3"], (3, 10), (3, 13)),
 }
-# auto: the stack the suite was run on for each Python (BENCHMARKS.md, "The TensorFlow stack")
-DEFAULT = {(3, 9): "2.18", (3, 10): "2.18", (3, 11): "2.18", (3, 12): "2.18"}
+# auto: the newest stack with wheels for the Python (BENCHMARKS.md, "The TensorFlow stack")
+DEFAULT = {(3, 9): "2.18", (3, 10): "2.21", (3, 11): "2.21", (3, 12): "2.21", (3, 13): "2.21"}
 
 
 def _name(v):
@@ -33,8 +37,8 @@ def pick(choice, version):
         if version not in DEFAULT:
             works = sorted(DEFAULT)
             raise ValueError(
-                f"Python {_name(version)} has no TensorFlow that Horovod 0.28.1 builds against (it builds up to "
-                f"TensorFlow 2.18, whose wheels cover Python {_name(works[0])}-{_name(works[-1])}): install "
+                f"Python {_name(version)} has no TensorFlow stack here (TensorFlow 2.21's wheels cover "
+                f"Python {_name((3, 10))}-{_name(works[-1])}, 2.18's {_name(works[0])}-3.12): install "
                 f"python3.12 or python3.11 (Debian 12: apt-get install python3.11-venv; elsewhere: uv python "
                 f"install 3.12 or pyenv) and run make PYTHON=python3.12")
         choice = DEFAULT[version]
@@ -57,6 +61,7 @@ def horovod_built_against_installed_tf():
     if meta.get("tensorflow") != tf.__version__:
         return False
     import horovod.tensorflow  # noqa: F401  (loads the compiled ops)
+    from horovod.tensorflow.util import var_ref  # noqa: F401  (the patch is in)
     return True
 
 

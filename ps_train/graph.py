@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from common.data import make_dataset
+from common.keras3 import refuse_graph_mode
 from common.models import build_model, eval_batch_sums, make_optimizer, state_updates, total_loss
 from common.training import make_lr_schedule
 
@@ -41,6 +42,7 @@ def build_graph(cfg, backend, plan):
     with v1.device(backend.device_setter()):     # PS: variables on the PS tasks, round-robin
         global_step = v1.train.get_or_create_global_step()
         model = build_model(cfg)
+        refuse_graph_mode(cfg, model)            # a Keras 3 plug-in: one line (common/keras3.py)
         # An async worker may have to cover a lost peer's share, hence the longer stream.
         # Where this worker's data stream starts is known once the session runs (0, or the
         # restored position on --resume): fed to data_init as data_skip.

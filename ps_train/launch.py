@@ -306,6 +306,9 @@ def parse_args(argv):
     from common.data import num_examples      # the data checks and the batch, once, before a task starts
     from common.plan import steps_per_epoch
     steps_per_epoch(num_examples(cfg), args.num_workers, cfg.batch_size)
+    if args.ps_api == "v1":
+        from common.models import check_plugin_for_graph_mode
+        check_plugin_for_graph_mode(cfg)         # a Keras 3 plug-in: refused before a task starts
     if args.resume:              # refused here, before a task starts or launch.json is written
         from common.training import check_resume_compatible, check_train_dir
         v2 = args.ps_api == "v2"

@@ -35,6 +35,7 @@ from common.config import build_parser, from_args
 from common.data import num_examples
 from common.errors import RunError, UsageError, cli, describe
 from common.files import make_dirs
+from common.models import check_plugin_for_graph_mode
 from common.probe import compute_step_time
 from common.bookkeeper import Adapter, Bookkeeper
 from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir, refuse_finished,
@@ -69,6 +70,8 @@ def main(argv=None):
     if argv is None:                             # PS: listen on this task's address only (ps_train/listen.py)
         listen_only_on(backend, args.bind)
     num_train = 0 if backend.is_ps else num_examples(cfg)
+    if not backend.is_ps:                        # a Keras 3 plug-in: one line before joining (common/keras3.py)
+        check_plugin_for_graph_mode(cfg)
     backend.setup(cfg)                           # PS: start this task's gRPC server
     if backend.is_ps:                            # PS: serve variables until the chief says stop
         print(f"ps:{index} serving on {backend.address}", flush=True)
@@ -130,7 +133,7 @@ def run_worker(cfg, backend, num_train):
             # PS: the trainer's clock starts once the session exists (variables initialised or
             # restored on the PS), as the Horovod trainer's starts after its initial broadcast;
             # what came before is in the report's start-up column, not in the run's warm-up.
-            return RunLog(cfg, backend, plan, start_step=start_update, extra_header={
+            return RunLog(cfg, backend, plan, graph.model, start_step=start_update, extra_header={
                 "cluster": backend.cluster, "replicas_to_aggregate": backend.replicas_to_aggregate,
                 "placement": describe_placement(tf.compat.v1.global_variables()),
                 "ps_shard_bytes": shard_bytes(tf.compat.v1.trainable_variables()),

@@ -151,7 +151,7 @@ def coordinate(cfg, backend, num_train):
     start = refuse_finished(cfg, checkpoints.restore(cfg), plan.total_updates)
     iterators = shard_iterators(backend, cfg, plan, start)   # PS: worker i reads shard i, on the worker
     train_step = make_train_step(backend.strategy, model, optimizer)
-    log = RunLog(cfg, backend, plan, start_step=start, extra_header={
+    log = RunLog(cfg, backend, plan, model, start_step=start, extra_header={
         "ps_api": "v2", "cluster": backend.cluster, "placement": describe_placement(model.weights, _sharded(model)),
         "ps_shard_bytes": shard_bytes(model.trainable_weights),
         "loss_source": "the logged step's own batch"})
@@ -316,7 +316,7 @@ def shard_iterators(backend, cfg, plan, start):
         from tensorflow.python.distribute.coordinator import values as coordinator_values
         workers = backend.coordinator._cluster.workers
     except (ImportError, AttributeError) as exc:
-        raise RunError(f"--ps_api v2 needs the ClusterCoordinator internals of TensorFlow 2.15-2.18 ({exc}); this is "
+        raise RunError(f"--ps_api v2 needs the ClusterCoordinator internals of TensorFlow 2.15-2.21 ({exc}); this is "
                        f"TensorFlow {tf.__version__}")
     skip = start // plan.workers                 # resume: every worker's stream where the run left it
 
@@ -338,9 +338,11 @@ def _sharded(model):
     whole = {}
     for layer in [model, *model.submodules]:
         for value in vars(layer).values():
-            if isinstance(value, ShardedVariable):
-                for shard in value.variables:
-                    whole[id(shard)] = value
+            # a list attribute too: a Keras 3 plug-in's variables (common/keras3.py)
+            for item in (value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(item, ShardedVariable):
+                    for shard in item.variables:
+                        whole[id(shard)] = item
     return whole
 
 

@@ -113,7 +113,7 @@ BROKEN = {
     ("--model", "{d}/raises.py:build", "error: --model {d}/raises.py:build: the plug-in raised ValueError: "
                                        "no GPU here"),
     ("--model", "{d}/notmodel.py:build", "error: --model {d}/notmodel.py:build: returned int, expected an "
-                                         "uncompiled tf.keras.Model"),
+                                         "uncompiled Keras model (tf.keras, or Keras 3's keras.Model)"),
     ("--model", "{d}/badout.py:build", "error: --model {d}/badout.py:build: the model outputs shape (1, 3) for "
                                        "one example; expected (1, 10) logits"),
     ("--model", "{d}/badin.py:build", "error: --model {d}/badin.py:build: the model does not take inputs of "

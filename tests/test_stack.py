@@ -10,23 +10,27 @@ import pytest
 from hvdps.stack import STACKS, pick
 from tests.conftest import REPO
 
-NEW = ["tensorflow-cpu==2.18.1", "tf-keras==2.18.0"]
-OLD = ["tensorflow-cpu==2.15.1"]
+NEWEST = ["tensorflow==2.21.0", "tf-keras==2.21.0", "numpy>=2,<3"]
+NEW = ["tensorflow==2.18.1", "tf-keras==2.18.0", "numpy<2"]
+OLD = ["tensorflow==2.15.1", "numpy<2"]
 
 
 @pytest.mark.parametrize("choice, version, pins", [
-    ("auto", (3, 9), NEW), ("auto", (3, 11), NEW), ("auto", (3, 12), NEW),
-    ("2.15", (3, 9), OLD), ("2.15", (3, 11), OLD), ("2.18", (3, 12), NEW),
+    ("auto", (3, 9), NEW), ("auto", (3, 10), NEWEST), ("auto", (3, 11), NEWEST), ("auto", (3, 12), NEWEST),
+    ("auto", (3, 13), NEWEST), ("2.21", (3, 11), NEWEST), ("2.18", (3, 11), NEW), ("2.18", (3, 12), NEW),
+    ("2.15", (3, 9), OLD), ("2.15", (3, 11), OLD),
 ])
 def test_stack_for_python(choice, version, pins):
     assert pick(choice, version) == pins
 
 
 @pytest.mark.parametrize("choice, version, message", [
-    ("auto", (3, 13), "Python 3.13 has no TensorFlow that Horovod 0.28.1 builds against"),
-    ("auto", (3, 8), "Python 3.8 has no TensorFlow"),
-    ("2.15", (3, 12), "TF=2.15: tensorflow-cpu==2.15.1 has wheels for Python 3.9-3.11, not 3.12"),
-    ("2.21", (3, 11), "TF=2.21: expected auto or one of 2.15, 2.18"),
+    ("auto", (3, 14), "Python 3.14 has no TensorFlow stack here"),
+    ("auto", (3, 8), "Python 3.8 has no TensorFlow stack here"),
+    ("2.15", (3, 12), "TF=2.15: tensorflow==2.15.1 has wheels for Python 3.9-3.11, not 3.12"),
+    ("2.18", (3, 13), "TF=2.18: tensorflow==2.18.1 has wheels for Python 3.9-3.12, not 3.13"),
+    ("2.21", (3, 9), "TF=2.21: tensorflow==2.21.0 has wheels for Python 3.10-3.13, not 3.9"),
+    ("2.20", (3, 11), "TF=2.20: expected auto or one of 2.15, 2.18, 2.21"),
 ])
 def test_stack_refused(choice, version, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
@@ -34,9 +38,11 @@ def test_stack_refused(choice, version, message):
 
 
 def test_every_stack_names_tensorflow_first():
-    """make setup installs the pins before Horovod is compiled against the first of them."""
+    """make setup installs the pins before Horovod is compiled against the first of them; never
+    tensorflow-cpu, whose files tf-keras's own dependency (tensorflow) would overwrite."""
     for pins, low, high in STACKS.values():
-        assert pins[0].startswith("tensorflow-cpu==") and low <= high
+        assert pins[0].startswith("tensorflow==") and low <= high
+        assert not any(p.startswith("tensorflow-cpu") for p in pins)
 
 
 def _make_setup(tmp_path, python, tf="auto"):
@@ -47,7 +53,7 @@ def _make_setup(tmp_path, python, tf="auto"):
 @pytest.mark.process
 @pytest.mark.parametrize("python, tf, message", [
     ("/nonexistent/python3", "auto", "is not a Python 3 interpreter: run make PYTHON=python3.12"),
-    (sys.executable, "2.21", "TF=2.21: expected auto or one of 2.15, 2.18"),
+    (sys.executable, "2.20", "TF=2.20: expected auto or one of 2.15, 2.18, 2.21"),
 ])
 def test_make_setup_refuses_in_one_line(tmp_path, python, tf, message):
     r = _make_setup(tmp_path, python, tf)
@@ -58,12 +64,14 @@ def test_make_setup_refuses_in_one_line(tmp_path, python, tf, message):
 
 @pytest.mark.process
 def test_make_setup_on_a_python_without_tensorflow_says_what_to_install(tmp_path):
-    newer = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[3-9]*/bin/python3")) +
-                   glob.glob("/usr/bin/python3.1[3-9]"))
-    if not newer:
-        pytest.skip("no Python 3.13 or newer on this machine")
-    r = _make_setup(tmp_path, newer[0])
+    """A Python no stack has wheels for: 3.8 (pyenv's, or a venv made with uv or Debian's)."""
+    older = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3")) +
+                   glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[4-9]*/bin/python3")) +
+                   glob.glob("/usr/bin/python3.8") + glob.glob("/usr/bin/python3.1[4-9]"))
+    if not older:
+        pytest.skip("no Python 3.8 or 3.14+ on this machine")
+    r = _make_setup(tmp_path, older[0])
     lines = [l for l in r.stdout.splitlines() + r.stderr.splitlines() if not re.match(r"make(\[\d+\])?: ", l)]
     assert r.returncode != 0 and len(lines) == 1, r
-    assert lines[0].startswith("error: Python 3.1") and "make PYTHON=python3.12" in lines[0], lines
+    assert re.match(r"error: Python 3\.(8|1[4-9]) has no TensorFlow stack", lines[0]) and "make PYTHON=python3.12" in lines[0], lines
     assert not (tmp_path / "venv").exists()
