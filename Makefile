@@ -42,9 +42,10 @@ $(STAMP): setup.py Makefile hvdps/stack.py hvdps/horovod_build.py patches/horovo
 	@$(BIN)/pip uninstall -q -y tensorflow-cpu 2>/dev/null || true   # every stack is tensorflow (hvdps/stack.py)
 	@pins=$$($(BIN)/python hvdps/stack.py "$(TF)") && $(BIN)/pip install -q $$pins "cmake<4" packaging && \
 	  case "$$pins" in *tf-keras*) ;; *) $(BIN)/pip uninstall -q -y tf-keras 2>/dev/null || true;; esac
-	@$(BIN)/python hvdps/stack.py --built >/dev/null 2>&1 || { \
+	@$(BIN)/python hvdps/horovod_build.py --check >/dev/null 2>&1 || { \
 	  wheel=$$($(BIN)/python hvdps/horovod_build.py) || { echo "$$wheel"; exit 1; }; \
-	  $(BIN)/pip uninstall -q -y horovod 2>/dev/null; $(BIN)/pip install -q "$$wheel"; }
+	  $(BIN)/pip uninstall -q -y horovod 2>/dev/null; $(BIN)/pip install -q "$$wheel" && \
+	  $(BIN)/python hvdps/horovod_build.py --record; }
 	@echo "== installing hvdps and test tools"
 	@$(BIN)/pip install -q -e ".[test]"
 	@echo "== building the bind shim (local servers listen on loopback / their own address only)"

@@ -2,11 +2,13 @@
 
     python hvdps/horovod_build.py            # prints the wheel's path (built now, or from the cache)
     python hvdps/horovod_build.py --key      # prints the cache key only
+    python hvdps/horovod_build.py --record   # after installing the wheel: note its key in the venv
+    python hvdps/horovod_build.py --check    # exit 0 if the Horovod installed is the one --key names
 
 ``make setup`` runs this with the venv's interpreter after TensorFlow is installed, then installs the
 wheel it prints. Horovod's last release predates TensorFlow 2.19 and Keras 3, so the sdist from PyPI
 (checked against its SHA-256) gets ``patches/horovod-0.28.1.patch`` before it is compiled with
-TensorFlow, MPI and Gloo (about 15 minutes on 2 cores). The wheel is only valid for the TensorFlow,
+TensorFlow, MPI and Gloo (about 3 minutes on 2 cores here). The wheel is only valid for the TensorFlow,
 Python and MPI it was compiled against, and for the patch: those four name its cache folder
 (``$HVDPS_CACHE``, default ``~/.cache/hvdps`` as for the bind shim), so a later set-up on the same machine (another
 clone, CI) installs it in seconds, and a change of any of them builds again. Standard library only:
@@ -114,19 +116,47 @@ def build(folder):
     return cached_wheel(folder)
 
 
+def _recorded():
+    return os.path.join(sys.prefix, ".hvdps-horovod-key")
+
+
+def installed_is_current():
+    """Horovod imports with its compiled ops and was installed from the wheel of this key: the same
+    TensorFlow, Python, MPI and patch (a changed patch means a new wheel, not a stale install)."""
+    try:
+        with open(_recorded()) as f:
+            if f.read().strip() != cache_key():
+                return False
+    except OSError:
+        return False
+    code = ("import json, os, horovod, tensorflow as tf\n"
+            "meta = json.load(open(os.path.join(os.path.dirname(horovod.__file__), 'metadata.json')))\n"
+            "assert meta.get('tensorflow') == tf.__version__\n"
+            "import horovod.tensorflow\nfrom horovod.tensorflow.util import var_ref\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return out.returncode == 0
+
+
 def main(argv):
     try:
         if argv == ["--key"]:
             print(cache_key())
             return 0
+        if argv == ["--check"]:
+            return 0 if installed_is_current() else 1
+        if argv == ["--record"]:
+            with open(_recorded(), "w") as f:
+                f.write(cache_key() + "\n")
+            return 0
         if argv:
-            print("error: usage: python hvdps/horovod_build.py [--key]")
+            print("error: usage: python hvdps/horovod_build.py [--key | --check | --record]")
             return 2
         folder = cache_dir()
         wheel = cached_wheel(folder)
         if wheel is None:
             print(f"== compiling horovod {HOROVOD} with {os.path.relpath(PATCH)} against this TensorFlow "
-                  f"(about 15 minutes on 2 cores; cached in {folder})", file=sys.stderr)
+                  f"(about 3 minutes on 2 cores; cached in {folder})", file=sys.stderr)
             wheel = build(folder)
         else:
             print(f"== horovod {HOROVOD} from the cache: {wheel}", file=sys.stderr)

@@ -1,8 +1,6 @@
 """The TensorFlow stacks set-up installs, and which one fits this Python (standard library only).
 
     python hvdps/stack.py [auto|2.21|2.18|2.15]   # prints the pip requirements, or one error line and exit 1
-    python hvdps/stack.py --built                 # exit 0 if the patched Horovod was compiled against the
-                                                  # TensorFlow installed
 
 ``make setup`` runs this with the interpreter the venv is made from, before anything is installed,
 so it imports nothing of the project. Horovod 0.28.1 (its last release) is then compiled against
@@ -51,26 +49,7 @@ def pick(choice, version):
     return pins
 
 
-def horovod_built_against_installed_tf():
-    """Horovod imports and its metadata.json names the TensorFlow installed now (else: rebuild it)."""
-    import json
-    import os
-    import horovod
-    import tensorflow as tf
-    meta = json.load(open(os.path.join(os.path.dirname(horovod.__file__), "metadata.json")))
-    if meta.get("tensorflow") != tf.__version__:
-        return False
-    import horovod.tensorflow  # noqa: F401  (loads the compiled ops)
-    from horovod.tensorflow.util import var_ref  # noqa: F401  (the patch is in)
-    return True
-
-
 def main(argv):
-    if argv == ["--built"]:
-        try:
-            return 0 if horovod_built_against_installed_tf() else 1
-        except Exception:
-            return 1
     try:
         print(" ".join(pick(argv[0] if argv else "auto", sys.version_info)))
     except ValueError as exc:

@@ -75,3 +75,47 @@ def test_make_setup_on_a_python_without_tensorflow_says_what_to_install(tmp_path
     assert r.returncode != 0 and len(lines) == 1, r
     assert re.match(r"error: Python 3\.(8|1[4-9]) has no TensorFlow stack", lines[0]) and "make PYTHON=python3.12" in lines[0], lines
     assert not (tmp_path / "venv").exists()
+
+
+def test_horovod_wheel_cache_key_names_what_it_was_compiled_against(monkeypatch, tmp_path):
+    """A change of TensorFlow, Python, MPI or the patch is another folder: a stale wheel is never reused."""
+    from hvdps import horovod_build as hb
+    monkeypatch.setattr(hb, "tensorflow_version", lambda: "2.21.0")
+    monkeypatch.setattr(hb, "mpi_version", lambda: "4.1.4")
+    monkeypatch.setenv("HVDPS_CACHE", str(tmp_path))
+    key = hb.cache_key()
+    py = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    assert key.startswith(f"horovod-0.28.1-tf2.21.0-{py}-ompi4.1.4-patch") and len(key.rsplit("patch", 1)[1]) == 12
+    assert hb.cache_dir() == os.path.join(str(tmp_path), "horovod-wheels", key)
+    monkeypatch.setattr(hb, "tensorflow_version", lambda: "2.18.1")
+    assert hb.cache_key() != key
+
+
+def test_horovod_wheel_from_the_cache_is_not_built_again(monkeypatch, tmp_path, capsys):
+    from hvdps import horovod_build as hb
+    monkeypatch.setattr(hb, "tensorflow_version", lambda: "2.21.0")
+    monkeypatch.setattr(hb, "mpi_version", lambda: "4.1.4")
+    monkeypatch.setenv("HVDPS_CACHE", str(tmp_path))
+    monkeypatch.setattr(hb, "build", lambda folder: pytest.fail("built although cached"))
+    os.makedirs(hb.cache_dir())
+    wheel = os.path.join(hb.cache_dir(), "horovod-0.28.1-cp311-cp311-linux_x86_64.whl")
+    open(wheel, "w").close()
+    assert hb.main([]) == 0 and capsys.readouterr().out.strip() == wheel
+
+
+def test_horovod_patch_hunks_name_their_tensorflow_change():
+    """Every hunk of the patch adds a line that says which TensorFlow change it answers."""
+    from hvdps.horovod_build import PATCH
+    text = open(PATCH).read()
+    hunks = text.split("\n@@ ")[1:]
+    assert len(hunks) >= 6
+    for hunk in hunks:
+        added = [l for l in hunk.splitlines() if l.startswith("+") and not l.startswith("+++")]
+        assert any("hvdps patch" in l and "TF" in l for l in added), hunk
+
+
+def test_horovod_build_refuses_unknown_flags(capsys):
+    from hvdps.horovod_build import main
+    assert main(["--bogus"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("error: usage:")
