@@ -194,3 +194,14 @@ def test_horovods_own_tape_takes_keras3_variables(tmp_path, controller):
                 str(script)], timeout=300))
     spreads = [float(s) for s in re.findall(r"rank \d max spread ([0-9.e+-]+)", r.stdout)]
     assert len(spreads) == 2 and max(spreads) < 1e-6, r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("kinds, expected", [
+    (["tf-keras 2.21.0", "tf-keras 2.21.0"], "tf-keras 2.21.0 (every run)"),
+    (["keras 3.15.1", "tf-keras 2.21.0"], "keras 3.15.1: run0; tf-keras 2.21.0: run1"),
+])
+def test_report_says_which_keras_built_each_run(kinds, expected):
+    from hvdps.report import environment_of
+    rows = [{"run_dir": f"/x/runs/run{i}", "_curves": {"header": {"keras": k, "versions": {"keras": "3.15.1"}}}}
+            for i, k in enumerate(kinds)]
+    assert environment_of(rows)["model built with"] == expected
