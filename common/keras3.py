@@ -9,8 +9,10 @@ the gradient tape (Horovod's included), the optimizers, checkpoints, ``get_weigh
 ``model.fit`` see ordinary variables, and the Keras 3 model's layers still do the computing; there is
 no second copy of any weight. The run records which Keras built its model (``keras_of``).
 
-Not possible: the classic TF1 PS (``ps_train/graph.py``) builds its model in graph mode inside
-``replica_device_setter``, where Keras 3 layers do not run; ``refuse_graph_mode`` says so in one line.
+Not offered: the classic TF1 PS (``ps_train/graph.py``) builds its model in a TF1 graph inside
+``replica_device_setter`` and runs it in ``MonitoredTrainingSession``, which Keras 3 does not support
+(its state updates, seed generators and variable creation assume eager or ``tf.function``);
+``refuse_graph_mode`` says so in one line, with what to use instead.
 """
 from common.errors import UsageError
 
