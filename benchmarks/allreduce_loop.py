@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from common.metrics import load_run  # noqa: E402
 from common.procs import child_env  # noqa: E402
-from hvdps.launchers import get_launcher  # noqa: E402
+from hvdps.methods import get_launcher  # noqa: E402
 from results_file import save  # noqa: E402
 
 YIELD = ("--mca", "mpi_yield_when_idle", "1")

@@ -84,7 +84,7 @@ def interval_rates(times, first_step, every, samples_per_step):
 
 def launch(np_, argv):
     from common.procs import child_env
-    from hvdps.launchers import get_launcher
+    from hvdps.methods import get_launcher
     launcher = get_launcher("horovod")
     cmd = launcher.command(np_, [])
     main_at = cmd.index(os.path.join(os.path.dirname(HERE), "horovod_train", "main.py"))

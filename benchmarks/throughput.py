@@ -25,7 +25,7 @@ sys.path.insert(0, REPO)
 
 from common.metrics import load_run  # noqa: E402
 from common.procs import child_env  # noqa: E402
-from hvdps.launchers import get_launcher  # noqa: E402
+from hvdps.methods import get_launcher  # noqa: E402
 
 MODELS = {   # synthetic data shape, classes, per-worker batch, steps (global-batch steps), warm-up
     "mlp": (["--image_shape", "28,28,1", "--num_classes", "10"], 64, 400, 20),

@@ -115,6 +115,13 @@ class AllreduceBackend(Backend):
         return {}
 
 
+def ring_share(n):
+    """Of every byte all-reduced, what each of n ranks sends (and receives) on a ring: 2(n-1)/n
+    (a reduce-scatter and an all-gather of n-1 chunks of 1/n each). The one place the ring's
+    volume is written: the trainers' wire rule, the per-link prediction and the time model use it."""
+    return 2.0 * (n - 1) / n if n > 1 else 0.0
+
+
 def ring_wire(sizes, workers, sparse="dense", scale=1.0):
     """Ring all-reduce: each worker sends (and receives) 2(n-1)/n of every dense tensor per step.
 
@@ -124,7 +131,7 @@ def ring_wire(sizes, workers, sparse="dense", scale=1.0):
     tf.IndexedSlices): a ring all-gather makes each worker send n-1 workers' slices.
     ``scale``: bytes per gradient byte on the wire (0.5 with fp16 compression)."""
     n = workers
-    ring = 2 * (n - 1) / n
+    ring = ring_share(n)
     dense = sizes["dense_bytes"] + (sizes["sparse_table_bytes"] if sparse == "dense" else 0)
     total = ring * dense + (n - 1) * sizes["sparse_bytes"] * (sparse == "allgather")
     rule = "ring all-reduce: 2(n-1)/n x gradient bytes per worker"

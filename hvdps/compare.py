@@ -37,7 +37,8 @@ from common.files import MiB, make_dirs, open_new, read_input, writable_dir, wri
 from common.metrics import read_records
 from common.plan import steps_per_epoch
 from common.procs import REPO, child_env
-from hvdps.launchers import Remote, get_launcher, parse_variants
+from hvdps.launchers import Remote
+from hvdps.methods import get_launcher, parse_variants
 from hvdps.report import RUN_RECORD, collect, environment_of, runs_from_dirs, write_report
 
 
@@ -101,13 +102,8 @@ def plan_runs(args, trainer_args, cores, remote=None):
 
 
 def remote_task_lines(run):
-    """What a PS launcher line across hosts starts on each host: [(task, command line)]."""
-    if not run.get("roles") or run["cmd"][1:4] != ["-u", "-m", "ps_train.launch"]:
-        return []
-    from ps_train.launch import LAUNCHER_FLAGS, build_remote_tasks, parse_args
-    args, parser = parse_args(run["cmd"][4:])
-    tasks, _ = build_remote_tasks(args, argv_of(args, parser, skip=LAUNCHER_FLAGS), chief=args.ps_api == "v2")
-    return [(name, shlex.join(argv)) for name, argv, _ in tasks]
+    """What a launcher line across hosts starts on each host: [(task, command line)]."""
+    return get_launcher(run["backend"]).task_lines(run["cmd"]) if run.get("roles") else []
 
 
 def load_links(path):

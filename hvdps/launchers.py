@@ -1,9 +1,10 @@
-"""How to start a whole job of each backend, on this machine or on --hosts: the one place that maps names.
+"""How to start a whole job of each method, on this machine or on --hosts.
 
 The comparison and the benchmarks start every run through these, with the
 real launchers (``mpirun`` for Horovod and bare MPI, ``python -m ps_train.launch`` for PS),
-so what they measure is what a user's launch line does. Only ``get_launcher``
-branches on a backend's name; an unknown name lists the valid ones.
+so what they measure is what a user's launch line does. Which launcher a method
+name starts is the method registry's (hvdps/methods.py: ``get_launcher``); these
+classes know how to launch, not what they are called.
 
 Given ``remote`` (a ``Remote``: hosts, remote shell, network), the same
 launchers start the job across hosts: ``mpirun -H`` with Open MPI's own
@@ -58,9 +59,6 @@ def remote_mpi_flags(remote):
 
 
 class Launcher:
-    name = "base"
-    modes = ("sync",)            # what 'name:mode' may pick
-    default_modes = None         # what 'name' alone runs (None: every mode)
     graph_mode = False           # trains TF1 graphs: no Keras 3 plug-in (common/keras3.py)
 
     def __init__(self, mpi_yield=False):
@@ -86,14 +84,16 @@ class Launcher:
         """
         raise NotImplementedError
 
+    def task_lines(self, cmd):
+        """[(task, command line)] that ``cmd`` (this launcher's, across hosts) starts on each host,
+        for the dry run; [] where one launcher line starts everything (mpirun)."""
+        return []
+
 
 class HorovodLauncher(Launcher):
     """Horovod; the mode ``sparse_as_dense`` (only when asked for, 'horovod:sparse_as_dense')
     all-reduces embedding gradients as whole tables instead of all-gathering their slices."""
-    name = "horovod"
     main = ("horovod_train", "main.py")
-    modes = ("sync", "sparse_as_dense")
-    default_modes = ("sync",)
 
     def env(self, remote=None):
         return {} if remote else loopback_only_env()   # across hosts MPI binds the network it is given
@@ -119,15 +119,10 @@ class HorovodLauncher(Launcher):
 
 class MPILauncher(HorovodLauncher):
     """The bare-MPI reference (mpi_train): the same mpirun line, another main."""
-    name = "mpi"
     main = ("mpi_train", "main.py")
-    modes = ("sync",)
-    default_modes = None
 
 
 class PSLauncher(Launcher):
-    name = "ps"
-    modes = ("async", "sync")
     graph_mode = True
 
     def server_tasks(self, num_ps):
@@ -144,12 +139,19 @@ class PSLauncher(Launcher):
         return [python, "-u", "-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(workers),
                 f"--{mode}", *pin, *where, *trainer_argv]
 
+    def task_lines(self, cmd):
+        """ps_train.launch --hosts starts each task through the remote shell: one line per task."""
+        from common.config import argv_of
+        from ps_train.launch import LAUNCHER_FLAGS, build_remote_tasks, parse_args
+        args, parser = parse_args(cmd[4:])
+        tasks, _ = build_remote_tasks(args, argv_of(args, parser, skip=LAUNCHER_FLAGS),
+                                      chief=self.server_tasks(args.num_ps) > args.num_ps)
+        return [(name, shlex.join(argv)) for name, argv, _ in tasks]
+
 
 class PS2Launcher(PSLauncher):
     """TensorFlow 2's ParameterServerStrategy: the same launcher with ``--ps_api v2``; asynchronous
     only, and one more process, the chief that coordinates (it does not train)."""
-    name = "ps2"
-    modes = ("async",)
     graph_mode = False
 
     def server_tasks(self, num_ps):
@@ -158,28 +160,3 @@ class PS2Launcher(PSLauncher):
     def command(self, workers, trainer_argv, mode="async", num_ps=1, pin_cores=False, python=sys.executable,
                 remote=None):
         return super().command(workers, ["--ps_api", "v2", *trainer_argv], mode, num_ps, pin_cores, python, remote)
-
-
-LAUNCHERS = {"horovod": HorovodLauncher, "mpi": MPILauncher, "ps": PSLauncher, "ps2": PS2Launcher}
-
-
-def get_launcher(name, **options):
-    if name not in LAUNCHERS:
-        raise UsageError(f"unknown backend '{name}' (valid: {', '.join(sorted(LAUNCHERS))})")
-    return LAUNCHERS[name](**options)
-
-
-def parse_variants(text):
-    """'horovod,ps,ps2' -> [(backend, mode)], PS in both modes; 'ps:sync' picks one mode,
-    'horovod:sparse_as_dense' Horovod's dense all-reduce of embedding gradients."""
-    out = []
-    for item in [s.strip() for s in text.split(",") if s.strip()]:
-        name, _, mode = item.partition(":")
-        launcher = get_launcher(name)              # unknown names list the valid ones
-        modes = launcher.modes
-        if mode and mode not in modes:
-            raise UsageError(f"backend {name} has no mode '{mode}' (valid: {', '.join(modes)})")
-        out += [(name, m) for m in ([mode] if mode else launcher.default_modes or modes)]
-    if not out:
-        raise UsageError("--backends is empty")
-    return out

@@ -126,40 +126,14 @@ def measured(links, interval, rounds):
 
 
 def predicted(backend, mode, roles, gradient, shard_bytes=None):
-    """{host: {"in": bytes per round, "out": ...}} by the method's algorithm; None when the run's
-    placement or sizes are unknown. ``roles``: {task name: host} (``worker:i``, ``rank:i``, ``ps:i``)."""
-    if not roles or not gradient:
+    """{host: {"in": bytes per round, "out": ...}} by the method's algorithm (its cost model in
+    hvdps/methods.py); None when the run's placement, sizes or method are unknown, or the method
+    has no per-link rule for them. ``roles``: {task name: host} (``worker:i``, ``rank:i``, ``ps:i``)."""
+    from hvdps import methods
+    method = methods.lookup(backend)
+    if not roles or not gradient or method is None:
         return None
-    dense, sparse, table = (gradient.get(k) or 0 for k in ("dense_bytes", "sparse_bytes", "sparse_table_bytes"))
-    hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}
-    if backend in ("horovod", "mpi"):
-        ranks = [h for t, h in roles.items() if t.startswith("rank:")]
-        n = len(ranks)
-        if sparse and not (backend == "mpi" or mode == "sparse_as_dense"):
-            return None                         # all-gathered slices: not the ring's rule
-        ring = 2 * (n - 1) / n * (dense + table) if n else 0.0
-        used = set(ranks)
-        for h in hosts:
-            if h in used and len(used) > 1:
-                hosts[h] = {"in": ring, "out": ring}
-        return hosts
-    if backend in ("ps", "ps2"):
-        workers = [h for t, h in roles.items() if t.startswith("worker:")]
-        ps = {t: h for t, h in roles.items() if t.startswith("ps:")}
-        model = dense + sparse
-        total = sum((shard_bytes or {}).values())
-        for task, ph in ps.items():
-            share = (shard_bytes[task] / total) if total and task in (shard_bytes or {}) else 1 / len(ps)
-            for wh in workers:
-                if wh == ph:
-                    continue
-                moved = share * model
-                hosts[wh]["out"] += moved
-                hosts[wh]["in"] += moved
-                hosts[ph]["in"] += moved
-                hosts[ph]["out"] += moved
-        return hosts
-    return None
+    return method.cost.predict_links(mode, roles, gradient, shard_bytes)
 
 
 def link_rows(run, row, curves, links, interval):

@@ -27,19 +27,8 @@ from common.files import MiB, make_dirs, read_input, write_atomic
 from common.metrics import load_run
 from common.procs import REPO
 
-from hvdps import schedule
-
-
-def ring_allreduce_time(n, nbytes, bandwidth, alpha):
-    if n <= 1:
-        return 0.0
-    return 2.0 * (n - 1) / n * nbytes / bandwidth + 2.0 * (n - 1) * alpha
-
-
-def ps_time(n, nbytes, bandwidth, alpha, shards=1, per_server=1, ps_bandwidth=None):
-    ps_bw = ps_bandwidth or bandwidth
-    per_dir = max(n * nbytes / (shards * ps_bw), min(per_server, n) * nbytes / bandwidth)
-    return 2.0 * per_dir + 2.0 * alpha
+from hvdps import methods, schedule
+from hvdps.schedule import ps_time, ring_allreduce_time  # noqa: F401  (the projection's formulas)
 
 
 def efficiency(compute, comm, overlap=0.0):
@@ -253,17 +242,13 @@ def find_runs(path):
 
 
 def run_exchange_s(row, ring, ps):
-    """The run's exchange time per step: measured where the backend times it, else the alpha-beta cost."""
-    grad, n = row.get("grad_bytes_per_step"), row.get("workers") or 1
+    """The run's exchange time per step: measured where the backend times it, else the alpha-beta
+    cost of its method (hvdps/methods.py)."""
     if row.get("exchange_s"):
         return row["exchange_s"], "measured"
-    if not grad or n < 2 and row.get("backend") in ("horovod", "mpi"):
-        return None, None
-    if row.get("backend") in ("horovod", "mpi"):
-        return (ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"]), "alpha-beta") if ring else (None, None)
-    if not ps:
-        return None, None
-    return ps_time(n, grad, ps["bandwidth"], ps["alpha"], row.get("num_ps") or 1), "alpha-beta"
+    method = methods.lookup(row.get("backend"))
+    t = method.cost.exchange_s(row, ring, ps) if method else None
+    return (t, "alpha-beta") if t is not None else (None, None)
 
 
 def measured_overlap(row, exchange_s):
@@ -306,13 +291,14 @@ def from_runs(path, ring, ps):
         layers = single_layer(timed[0]["grad_bytes_per_step"])
     measured, notes = {}, []
     for r in timed:
-        if (r.get("workers") or 1) < 2 and r.get("backend") in ("horovod", "mpi"):
+        method = methods.lookup(r.get("backend"))
+        if method is None or (r.get("workers") or 1) < 2 and method.cost.collective:
             continue
         t, how = run_exchange_s(r, ring, ps)
         ov = measured_overlap(r, t)
         if ov is None:
             continue
-        label = ("ring" if r["backend"] in ("horovod", "mpi") else "PS k=1") + f" (overlap of {r['backend']}"
+        label = method.cost.arch + f" (overlap of {r['backend']}"
         label += f" {r.get('mode') or ''} x{r['workers']}: {ov:.0%})".replace("  ", " ")
         measured[label] = ov
         notes.append(f"{os.path.basename(r['run_dir'])}: compute {1e3 * r['compute_s']:.2f} ms, step "
@@ -353,33 +339,12 @@ def cluster_of(path):
 
 def projected_step(row, header, layers, ring, ps, fusion_bytes, cycle_s):
     """(the step time the network model gives this run, how): its own compute, its gradient M, its
-    worker count n and, for PS, the bytes its busiest PS task holds (header ``ps_shard_bytes``).
-    PS tasks are taken to be on hosts of their own (hvdps-compare's ``--ps_placement own``).
-
-    - Horovod: the wait-free schedule of the model's layers over a ring (schedule.ring_step);
-    - bare MPI: one ring Allreduce of the whole gradient after back-propagation;
-    - PS sync: every worker pushes, then every worker pulls, through the busiest PS link
-      (n·S/B each way) or its own (M/B), whichever is slower: compute + 2·(max(nS, M)/B + alpha);
-    - PS async (both APIs): a worker pushes and pulls on its own link while the others do the
-      same; the busiest PS link carries n·S each way per round: max(compute + 2·(M/B + alpha),
-      n·S/B + alpha).
-    """
-    n, compute, grad = row["workers"], row["compute_s"], row.get("grad_bytes_per_step")
-    if row["backend"] == "horovod":
-        return schedule.ring_step(layers, compute, n, ring["bandwidth"], ring["alpha"], fusion_bytes,
-                                  cycle_s)["step_s"], "ring, wait-free schedule of the layers"
-    if not grad:
+    worker count n and, for PS, the bytes its busiest PS task holds (header ``ps_shard_bytes``), by
+    its method's step model (hvdps/methods.py); (None, None) for a method this version lacks."""
+    method = methods.lookup(row.get("backend"))
+    if method is None:
         return None, None
-    if row["backend"] == "mpi":
-        return compute + ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"]), \
-            "ring Allreduce after back-propagation"
-    shards = (header.get("ps_shard_bytes") or {}).values()
-    shard = max(shards) if shards else grad / (row.get("num_ps") or 1)
-    bw, alpha = ps["bandwidth"], ps["alpha"]
-    busiest = n * shard / bw
-    if row.get("mode") == "sync":
-        return compute + 2 * (max(busiest, grad / bw) + alpha), "push all, then pull all"
-    return max(compute + 2 * (grad / bw + alpha), busiest + alpha), "own link or busiest PS link"
+    return method.cost.projected_step(row, header, layers, ring, ps, fusion_bytes, cycle_s)
 
 
 def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s):

@@ -12,36 +12,7 @@ import os
 from common.errors import UsageError
 from common.files import make_dirs, write_atomic
 from common.metrics import load_run, read_records
-
-# What a step's distribution overhead consists of, per method: the sentence's second half.
-OVERHEAD_IS = {
-    ("horovod", "sync"): "Horovod's negotiation, fusion and ring all-reduce of the gradients, and waiting "
-                         "for the slower rank",
-    ("horovod", "sparse_as_dense"): "Horovod's negotiation, fusion and ring all-reduce of the gradients "
-                                    "(embedding tables whole), and waiting for the slower rank",
-    ("mpi", "sync"): "the MPI_Allreduce of the gradients and waiting for the slower rank",
-    ("ps", "async"): "pushing gradients to and pulling weights from the parameter servers",
-    ("ps", "sync"): "the PS round trip and waiting for the slower workers' gradients before each update",
-    ("ps2", "async"): "the coordinator's dispatch and the PS round trip",
-}
-# Where a backend measures its wait for the other workers (breakdown ``wait_s``): the overhead in
-# two parts, (the wait, the rest).
-WAIT_IS = {
-    ("ps", "sync"): ("waiting for the other workers' gradients and the update (measured at the token queue)",
-                     "the PS round trip and the rest"),
-}
-
-# At one worker nothing is exchanged and nobody is waited for: the all-reduce trainers' overhead is
-# their machinery around a step that has no peer, and the sync PS wait is the update itself.
-ALONE_IS = {
-    ("horovod", "sync"): "Horovod's machinery with no peer to exchange with (one worker: no all-reduce "
-                         "traffic, no slower rank)",
-    ("horovod", "sparse_as_dense"): "Horovod's machinery with no peer to exchange with (one worker: no "
-                                    "all-reduce traffic, no slower rank)",
-    ("mpi", "sync"): "the MPI calls with no peer to exchange with (one worker: no traffic, no slower rank)",
-}
-WAIT_ALONE_IS = ("the update on the PS before the token comes back (one worker: no one else to wait for)",
-                 "the PS round trip and the rest")
+from hvdps import methods
 
 COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_per_sec_median",
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
@@ -52,8 +23,7 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "ps_cpu_s", "ps_cpu_share", "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
            "round_s", "link_utilisation", "link_rate_bps", "error", "run_dir")
 RUN_RECORD = "compare_run.json"    # written by hvdps-compare next to each run: its wall time from launch
-NAMES = {("horovod", "sync"): "Horovod", ("horovod", "sparse_as_dense"): "Horovod (sparse as dense)", ("mpi", "sync"): "bare MPI", ("ps", "async"): "PS async", ("ps", "sync"): "PS sync",
-         ("ps2", "async"): "PS v2 (TF2 strategy)"}
+
 
 
 def collect(runs):
@@ -281,7 +251,7 @@ def write_report(rows, out, cfg_dict, environment):
 
 
 def name_of(r):
-    name = NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
+    name = methods.label(r["backend"], r["mode"])
     return name + (f" ({r['num_ps']} PS)" if (r.get("num_ps") or 0) > 1 else "")
 
 
@@ -404,7 +374,7 @@ def explanations(rows):
     for r in rows:
         if r.get("status") != "ok" or r.get("step_s") is None or r.get("compute_s") is None:
             continue
-        name = NAMES.get((r["backend"], r["mode"]), f"{r['backend']} {r['mode']}")
+        name = methods.label(r["backend"], r["mode"])
         head = f"- {r.get('model') or '-'}, {name}, {r['workers']} worker(s): "
         out.append(head + _step_sentence(r) + _details(r) + ".")
     return out
@@ -413,16 +383,14 @@ def explanations(rows):
 def step_parts(r):
     """[(what, seconds)] that add up to the measured step: compute, then the overhead, split into
     the measured wait for the other workers and the rest where the run measured the wait.
-    At one worker there is no peer: what the overhead is named says so (ALONE_IS)."""
-    key = (r["backend"], r["mode"])
-    alone = r.get("workers") == 1
-    what = (ALONE_IS.get(key) if alone else None) or OVERHEAD_IS.get(key, "distribution")
+    At one worker there is no peer: what the overhead is named says so (the method's wording,
+    hvdps/methods.py)."""
+    method, wait = methods.lookup(r["backend"]), r.get("wait_s")
+    names = method.overhead_parts(r["mode"], r.get("workers") == 1, wait is not None) if method else ["distribution"]
     parts = [("compute", r["compute_s"])]
-    wait = r.get("wait_s")
-    if wait is not None and key in WAIT_IS:
-        waiting, rest = WAIT_ALONE_IS if alone else WAIT_IS[key]
-        return parts + [(waiting, wait), (rest, r["overhead_s"] - wait)]
-    return parts + [(what, r["overhead_s"])]
+    if len(names) == 2:
+        return parts + [(names[0], wait), (names[1], r["overhead_s"] - wait)]
+    return parts + [(names[0], r["overhead_s"])]
 
 
 def _step_sentence(r):

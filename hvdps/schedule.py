@@ -25,13 +25,25 @@ Step time = forward + backward + the exposed exchange; efficiency = compute /
 step, as tf_cnn_benchmarks' scaling figures are (per-GPU throughput at n over
 the single-GPU throughput).
 """
+from common.backend import ring_share
+
 FORWARD_SHARE = 1.0 / 3.0
 
 
-def _ring(n, nbytes, bandwidth, alpha):
+def ring_allreduce_time(n, nbytes, bandwidth, alpha):
+    """One ring all-reduce of ``nbytes`` among n ranks: 2(n-1)/n M/B + 2(n-1) alpha."""
     if n <= 1:
         return 0.0
-    return 2.0 * (n - 1) / n * nbytes / bandwidth + 2.0 * (n - 1) * alpha
+    return ring_share(n) * nbytes / bandwidth + 2.0 * (n - 1) * alpha
+
+
+def ps_time(n, nbytes, bandwidth, alpha, shards=1, per_server=1, ps_bandwidth=None):
+    """One push and one pull of ``nbytes`` by each of n workers through ``shards`` PS tasks: each
+    direction takes the busier of a PS link (n M / k at ``ps_bandwidth``) and a server's own link
+    (its ``per_server`` workers' M), plus one alpha."""
+    ps_bw = ps_bandwidth or bandwidth
+    per_dir = max(n * nbytes / (shards * ps_bw), min(per_server, n) * nbytes / bandwidth)
+    return 2.0 * per_dir + 2.0 * alpha
 
 
 def backward_ready_times(layers, backward_s):
@@ -67,7 +79,7 @@ def ring_step(layers, compute_s, n, bandwidth, alpha, fusion_bytes=64 << 20, cyc
             batch.append(ready[i][1])
             i += 1
         for size in _fuse(batch, fusion_bytes):
-            t = _ring(n, size, bandwidth, alpha)
+            t = ring_allreduce_time(n, size, bandwidth, alpha)
             now += t
             comm += t
             buffers += 1

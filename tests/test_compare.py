@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from common.plan import make_plan
-from hvdps.launchers import parse_variants
+from hvdps.methods import parse_variants
 from hvdps.report import collect, write_report
 from common.config import make_config
 from common.errors import UsageError

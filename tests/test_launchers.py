@@ -1,4 +1,4 @@
-"""The application tier's launchers: the one name -> launcher map, and what a local job exposes."""
+"""The application tier's launchers: the registry's name -> launcher lookup, and what a local job exposes."""
 import os
 import signal
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 
 from common.errors import UsageError
 from common.procs import child_env
-from hvdps.launchers import LAUNCHERS, get_launcher
+from hvdps.methods import METHODS, get_launcher
 from tests.conftest import REPO, descendants
 
 LONG = ["--epochs", "300", "--batch_size", "8", "--log_every", "5"]
@@ -17,7 +17,7 @@ LONG = ["--epochs", "300", "--batch_size", "8", "--log_every", "5"]
 def test_unknown_backend_lists_the_valid_ones():
     with pytest.raises(UsageError, match=r"unknown backend 'mxnet' \(valid: horovod, mpi, ps, ps2\)"):
         get_launcher("mxnet")
-    assert sorted(LAUNCHERS) == ["horovod", "mpi", "ps", "ps2"]
+    assert sorted(METHODS) == ["horovod", "mpi", "ps", "ps2"]
 
 
 @pytest.mark.parametrize("name, mode, pinned, expect", [

@@ -1,0 +1,212 @@
+"""Every distribution method hvdps compares, one entry each: the only module that knows their names.
+
+A method is what ``--backends`` names (``horovod``, ``mpi``, ``ps``, ``ps2``) with its modes
+(``ps:sync``, ``horovod:sparse_as_dense``). Its entry holds all that hvdps knows of it:
+
+- the names and labels: its modes, the ones the bare name runs, the report's label per mode;
+- its launcher (hvdps/launchers.py), locally and across hosts;
+- its cost model: what each host's link carries per round (checked against the emulated
+  cluster's counters), the exchange's alpha-beta time, and the step the projection expects;
+- the report's wording for its distribution overhead, alone and with peers, and its waits.
+
+The per-worker wire rule the trainers record (``common.backend.ring_wire`` / ``ps_wire``) and the
+formulas here share their pieces (``common.backend.ring_share``, ``hvdps.schedule``), so each
+formula is written once. Everything else asks this module (``get``, ``lookup``,
+``parse_variants``) and never compares a method's name; an unknown name is refused with the
+valid ones listed, as Model Garden's ``get_distribution_strategy`` does.
+"""
+from dataclasses import dataclass, field
+
+from common.backend import ring_share
+from common.errors import UsageError
+from hvdps import launchers, schedule
+
+
+# ------------------------------------------------------------------ cost models
+class Ring:
+    """Ring all-reduce: every rank sends and receives 2(n-1)/n of each dense tensor per step,
+    rank to rank (no server). ``dense_modes``: the modes that all-reduce embedding tables whole
+    (otherwise their slices are all-gathered, which is not the ring's rule: no link prediction).
+    ``wait_free``: the exchange starts while back-propagation runs (Horovod's background thread and
+    fusion, played out by schedule.ring_step); otherwise one all-reduce after it."""
+    collective = True       # no server tasks; one worker alone exchanges nothing
+    arch = "ring"           # the projection's architecture this method is measured against
+
+    def __init__(self, dense_modes=("sync",), wait_free=False, how=None):
+        self.dense_modes, self.wait_free = tuple(dense_modes), wait_free
+        self.how = how or ("ring, wait-free schedule of the layers" if wait_free
+                           else "ring Allreduce after back-propagation")
+
+    def predict_links(self, mode, roles, gradient, shard_bytes=None):
+        """{host: {"in", "out"}} bytes per round: each host with a rank carries the ring's share of
+        the dense gradient (tables whole) both ways; a job on one host crosses no link."""
+        dense, sparse, table = (gradient.get(k) or 0 for k in ("dense_bytes", "sparse_bytes", "sparse_table_bytes"))
+        if sparse and mode not in self.dense_modes:
+            return None
+        hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}
+        ranks = [h for t, h in roles.items() if t.startswith("rank:")]
+        ring = ring_share(len(ranks)) * (dense + table)
+        used = set(ranks)
+        for h in hosts:
+            if h in used and len(used) > 1:
+                hosts[h] = {"in": ring, "out": ring}
+        return hosts
+
+    def exchange_s(self, row, ring, ps):
+        """The alpha-beta time of one step's exchange with the ring's fitted network."""
+        grad, n = row.get("grad_bytes_per_step"), row.get("workers") or 1
+        if not grad or n < 2 or not ring:
+            return None
+        return schedule.ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"])
+
+    def projected_step(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
+        n, compute, grad = row["workers"], row["compute_s"], row.get("grad_bytes_per_step")
+        if self.wait_free:
+            return schedule.ring_step(layers, compute, n, ring["bandwidth"], ring["alpha"], fusion_bytes,
+                                      cycle_s)["step_s"], self.how
+        if not grad:
+            return None, None
+        return compute + schedule.ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"]), self.how
+
+
+class ParameterServers:
+    """Parameter servers: each worker pushes its gradient and pulls the weights every batch; a PS
+    task carries its share of every worker's bytes (by the bytes it holds, header ``ps_shard_bytes``,
+    else evenly). Synchronous: every worker pushes, then every worker pulls; asynchronous: each
+    worker at its own pace, the busiest PS link shared by all."""
+    collective = False
+    arch = "PS k=1"
+
+    def predict_links(self, mode, roles, gradient, shard_bytes=None):
+        dense, sparse = (gradient.get(k) or 0 for k in ("dense_bytes", "sparse_bytes"))
+        hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}
+        workers = [h for t, h in roles.items() if t.startswith("worker:")]
+        ps = {t: h for t, h in roles.items() if t.startswith("ps:")}
+        model = dense + sparse
+        total = sum((shard_bytes or {}).values())
+        for task, ph in ps.items():
+            share = (shard_bytes[task] / total) if total and task in (shard_bytes or {}) else 1 / len(ps)
+            for wh in workers:
+                if wh == ph:
+                    continue
+                moved = share * model
+                for h in (wh, ph):
+                    hosts[h]["out"] += moved
+                    hosts[h]["in"] += moved
+        return hosts
+
+    def exchange_s(self, row, ring, ps):
+        grad, n = row.get("grad_bytes_per_step"), row.get("workers") or 1
+        if not grad or not ps:
+            return None
+        return schedule.ps_time(n, grad, ps["bandwidth"], ps["alpha"], row.get("num_ps") or 1)
+
+    def projected_step(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
+        """PS tasks on hosts of their own (hvdps-compare's ``--ps_placement own``). Sync: push all,
+        then pull all, through the busiest PS link (n·S/B each way) or a worker's own (M/B),
+        whichever is slower: compute + 2·(max(nS, M)/B + alpha). Async: a worker pushes and pulls
+        on its own link while the others do the same; the busiest PS link carries n·S each way
+        per round: max(compute + 2·(M/B + alpha), n·S/B + alpha)."""
+        n, compute, grad = row["workers"], row["compute_s"], row.get("grad_bytes_per_step")
+        if not grad:
+            return None, None
+        shards = (header.get("ps_shard_bytes") or {}).values()
+        shard = max(shards) if shards else grad / (row.get("num_ps") or 1)
+        bw, alpha = ps["bandwidth"], ps["alpha"]
+        busiest = n * shard / bw
+        if row.get("mode") == "sync":
+            return compute + 2 * (max(busiest, grad / bw) + alpha), "push all, then pull all"
+        return max(compute + 2 * (grad / bw + alpha), busiest + alpha), "own link or busiest PS link"
+
+
+# ------------------------------------------------------------------ the registry
+@dataclass(frozen=True)
+class Method:
+    """One distribution method: see the module's docstring."""
+    name: str
+    labels: dict                     # mode -> the report's label; its keys are the modes, in order
+    launcher: type                   # hvdps.launchers.Launcher subclass
+    cost: object                     # Ring or ParameterServers
+    overhead: dict                   # mode -> what a step's distribution overhead consists of
+    default_modes: tuple = ()        # what the bare name runs (empty: every mode)
+    alone: dict = field(default_factory=dict)   # mode -> the overhead's name at one worker
+    waits: dict = field(default_factory=dict)   # mode -> (the measured wait, the rest), n >= 2
+    waits_alone: tuple = ()          # the same at one worker
+
+    @property
+    def modes(self):
+        return tuple(self.labels)
+
+    def label(self, mode):
+        return self.labels.get(mode, f"{self.name} {mode}")
+
+    def overhead_parts(self, mode, alone, measured_wait):
+        """What the report calls the overhead: [name] or, where the run measured its wait for
+        the other workers, [the wait, the rest]."""
+        if measured_wait and mode in self.waits:
+            return list(self.waits_alone if alone and self.waits_alone else self.waits[mode])
+        return [(self.alone.get(mode) if alone else None) or self.overhead.get(mode, "distribution")]
+
+
+_HVD_ALONE = ("Horovod's machinery with no peer to exchange with (one worker: no all-reduce traffic, no "
+              "slower rank)")
+
+METHODS = {m.name: m for m in (
+    Method("horovod", {"sync": "Horovod", "sparse_as_dense": "Horovod (sparse as dense)"},
+           launchers.HorovodLauncher, Ring(dense_modes=("sparse_as_dense",), wait_free=True),
+           overhead={"sync": "Horovod's negotiation, fusion and ring all-reduce of the gradients, and "
+                             "waiting for the slower rank",
+                     "sparse_as_dense": "Horovod's negotiation, fusion and ring all-reduce of the gradients "
+                                        "(embedding tables whole), and waiting for the slower rank"},
+           default_modes=("sync",), alone={"sync": _HVD_ALONE, "sparse_as_dense": _HVD_ALONE}),
+    Method("mpi", {"sync": "bare MPI"}, launchers.MPILauncher, Ring(dense_modes=("sync",)),
+           overhead={"sync": "the MPI_Allreduce of the gradients and waiting for the slower rank"},
+           alone={"sync": "the MPI calls with no peer to exchange with (one worker: no traffic, no slower rank)"}),
+    Method("ps", {"async": "PS async", "sync": "PS sync"}, launchers.PSLauncher, ParameterServers(),
+           overhead={"async": "pushing gradients to and pulling weights from the parameter servers",
+                     "sync": "the PS round trip and waiting for the slower workers' gradients before each update"},
+           waits={"sync": ("waiting for the other workers' gradients and the update (measured at the token queue)",
+                           "the PS round trip and the rest")},
+           waits_alone=("the update on the PS before the token comes back (one worker: no one else to wait for)",
+                        "the PS round trip and the rest")),
+    Method("ps2", {"async": "PS v2 (TF2 strategy)"}, launchers.PS2Launcher, ParameterServers(),
+           overhead={"async": "the coordinator's dispatch and the PS round trip"}),
+)}
+
+
+def lookup(name):
+    """The method called ``name``, or None (a run recorded by a method this version does not know)."""
+    return METHODS.get(name)
+
+
+def get(name):
+    """The method called ``name``; an unknown name is a usage error listing the valid ones."""
+    if name not in METHODS:
+        raise UsageError(f"unknown backend '{name}' (valid: {', '.join(sorted(METHODS))})")
+    return METHODS[name]
+
+
+def get_launcher(name, **options):
+    """The launcher of method ``name`` (options: the launcher's, e.g. ``mpi_yield``)."""
+    return get(name).launcher(**options)
+
+
+def label(backend, mode):
+    """The report's name of a run's method and mode."""
+    method = lookup(backend)
+    return method.label(mode) if method else f"{backend} {mode}"
+
+
+def parse_variants(text):
+    """'horovod,ps,ps2' -> [(backend, mode)], PS in both modes; 'ps:sync' picks one mode,
+    'horovod:sparse_as_dense' Horovod's dense all-reduce of embedding gradients."""
+    out = []
+    for item in [s.strip() for s in text.split(",") if s.strip()]:
+        name, _, mode = item.partition(":")
+        method = get(name)                         # unknown names list the valid ones
+        if mode and mode not in method.modes:
+            raise UsageError(f"backend {name} has no mode '{mode}' (valid: {', '.join(method.modes)})")
+        out += [(name, m) for m in ([mode] if mode else method.default_modes or method.modes)]
+    if not out:
+        raise UsageError("--backends is empty")
+    return out

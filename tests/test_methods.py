@@ -1,0 +1,109 @@
+"""The method registry (hvdps/methods.py): one entry per method, and nobody else branching on names."""
+import ast
+import glob
+import os
+
+import pytest
+
+from common.errors import UsageError
+from hvdps import launchers, methods
+from tests.conftest import REPO
+
+NAMES = set(methods.METHODS)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("horovod", [("horovod", "sync")]),
+    ("horovod:sparse_as_dense", [("horovod", "sparse_as_dense")]),
+    ("ps", [("ps", "async"), ("ps", "sync")]),
+    ("ps:sync, mpi", [("ps", "sync"), ("mpi", "sync")]),
+    ("ps2", [("ps2", "async")]),
+])
+def test_variants(text, expected):
+    assert methods.parse_variants(text) == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("mxnet", r"unknown backend 'mxnet' \(valid: horovod, mpi, ps, ps2\)"),
+    ("ps:bulk", r"backend ps has no mode 'bulk' \(valid: async, sync\)"),
+    (",", r"--backends is empty"),
+])
+def test_bad_variants_are_usage_errors(text, message):
+    with pytest.raises(UsageError, match=message):
+        methods.parse_variants(text)
+
+
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_every_entry_is_whole(name):
+    """Each mode of each method has a label and overhead wording; the launcher launches and the
+    cost model answers for every mode; collective methods start no server tasks."""
+    m = methods.get(name)
+    assert m.modes and set(m.default_modes or m.modes) <= set(m.modes)
+    assert issubclass(m.launcher, launchers.Launcher)
+    for mode in m.modes:
+        assert m.label(mode) != f"{name} {mode}" and m.overhead[mode]
+        assert m.overhead_parts(mode, alone=False, measured_wait=False)[0]
+    assert (m.launcher().server_tasks(2) == 0) == m.cost.collective
+
+
+@pytest.mark.parametrize("backend, mode, roles, expect", [
+    # a 2-rank ring across two hosts: each carries 2(n-1)/n = 1 x the gradient both ways
+    ("mpi", "sync", {"rank:0": "a", "rank:1": "b"}, {"a": 1000.0, "b": 1000.0}),
+    ("horovod", "sync", {"rank:0": "a", "rank:1": "a"}, {"a": 0.0}),        # one host: no link crossed
+    # one PS on its own host, two workers: the PS link carries both workers' M each way
+    ("ps", "sync", {"ps:0": "p", "worker:0": "a", "worker:1": "b"}, {"p": 2000.0, "a": 1000.0, "b": 1000.0}),
+])
+def test_link_prediction_per_method(backend, mode, roles, expect):
+    got = methods.get(backend).cost.predict_links(mode, roles, {"dense_bytes": 1000})
+    assert {h: v["in"] for h, v in got.items()} == expect
+    assert all(v["in"] == v["out"] for v in got.values())
+
+
+def test_unknown_method_in_a_report_keeps_its_own_name():
+    """Runs recorded by a method this version does not know still get a row, under their own name."""
+    assert methods.lookup("byteps") is None and methods.label("byteps", "sync") == "byteps sync"
+
+
+def _names_compared(tree):
+    """(line, constant) of every comparison against a method's name, or dict key naming one."""
+    def named(node):
+        if isinstance(node, ast.Constant) and node.value in NAMES:
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in NAMES]
+        return []
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            hits = [v for side in sides for v in named(side)]
+            # "ps" is also a TF cluster role ("ps", "worker", "chief"): it counts only beside a backend
+            text = " ".join(ast.unparse(side) for side in sides)
+            if [v for v in hits if v != "ps"] or (hits and "backend" in text):
+                found.append((node.lineno, hits))
+        elif isinstance(node, ast.Dict):
+            for key in node.keys:
+                if isinstance(key, ast.Tuple) and key.elts and named(key.elts[0]):
+                    found.append((key.lineno, named(key.elts[0])))
+    return found
+
+
+def test_no_module_branches_on_a_method_name():
+    """Only the registry knows the methods' names: the application and common tiers ask it. (The
+    trainers' own packages and the CLI's help texts may name themselves.)"""
+    offenders = []
+    for path in sorted(glob.glob(os.path.join(REPO, "hvdps", "*.py")) + glob.glob(os.path.join(REPO, "common", "*.py"))):
+        if os.path.basename(path) == "methods.py":
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        offenders += [f"{os.path.relpath(path, REPO)}:{line} {names}" for line, names in _names_compared(tree)]
+    assert not offenders, offenders
+
+
+def test_the_check_sees_a_branch():
+    """The scan above finds the patterns it forbids (a check that cannot fail proves nothing)."""
+    code = ('if row["backend"] == "ps": pass\nif backend in ("horovod", "mpi"): pass\n'
+            'NAMES = {("ps2", "async"): "x"}\nfor role in ("ps", "worker"): pass\nif role == "ps": pass\n')
+    assert [line for line, _ in _names_compared(ast.parse(code))] == [1, 2, 3]
