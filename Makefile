@@ -73,9 +73,9 @@ DEMO_WORKERS ?= 1,2
 DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4
 DEMO_REC_EPOCHS ?= 2
 demo: setup
-	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,ps --eval_every_epoch false --model mlp \
+	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --eval_every_epoch false --model mlp \
 	    --batch_size 32 --epochs $(DEMO_MLP_EPOCHS) --out $(DEMO_OUT)/mlp
-	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,ps --model cnn --dataset examples/digits28.py:load \
+	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --model cnn --dataset examples/digits28.py:load \
 	    --batch_size 64 --epochs $(DEMO_CNN_EPOCHS) --out $(DEMO_OUT)/cnn
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,horovod:sparse_as_dense,mpi,ps --model rec \
 	    --dataset clicks --batch_size 64 --epochs $(DEMO_REC_EPOCHS) --target_accuracy 0.75 --out $(DEMO_OUT)/rec

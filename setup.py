@@ -10,10 +10,11 @@ from setuptools import find_packages, setup
 setup(
     name="hvdps",
     version="0.1.0",
-    description="Train one TensorFlow model two ways (Horovod all-reduce vs parameter servers) and compare",
+    description="Train one TensorFlow model several ways (Horovod or TensorFlow all-reduce vs parameter servers) and compare",
     python_requires=">=3.9,<3.14",
     packages=find_packages(include=["common", "common.*", "horovod_train", "horovod_train.*",
-                                    "ps_train", "ps_train.*", "mpi_train", "mpi_train.*", "hvdps", "hvdps.*"]),
+                                    "ps_train", "ps_train.*", "mpi_train", "mpi_train.*", "mwms_train", "mwms_train.*",
+                                    "hvdps", "hvdps.*"]),
     package_data={"hvdps": ["model_profiles.json"]},   # layer profiles of the benchmark models
     install_requires=[
         # The stack is pinned by make setup (hvdps/stack.py): 2.21 (numpy 2) on Python 3.10-3.13, 2.18 and
@@ -36,6 +37,8 @@ setup(
         "console_scripts": [
             "hvdps-horovod=horovod_train.main:main",
             "hvdps-mpi=mpi_train.main:main",
+            "hvdps-mwms=mwms_train.main:main",
+            "hvdps-mwms-launch=mwms_train.launch:main",
             "hvdps-ps=ps_train.main:main",
             "hvdps-ps-launch=ps_train.launch:main",
             "hvdps-compare=hvdps.compare:main",

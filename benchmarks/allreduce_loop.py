@@ -1,15 +1,16 @@
-"""The Horovod trainer against the bare-MPI reference, inside the same training loop.
+"""The all-reduce trainers against the bare-MPI reference, inside the same training loop.
 
-    python benchmarks/allreduce_loop.py [--variants default,yield,...] [--repeats 3]
+    python benchmarks/allreduce_loop.py [--backends mpi,horovod,mwms] [--variants default,yield,...] [--repeats 3]
 
-Both trainers run ``common/sync_loop.py`` with the same model, batch, data and
-threads; only the gradient exchange differs (Horovod's DistributedGradientTape
-vs one mpi4py ``Allreduce`` on one fused buffer). Each repeat runs, for every
-variant, the bare-MPI job and then the Horovod job right after it, so each
-ratio compares two runs of the same minute on this noisy machine; the figure
-quoted is the median of those pairwise ratios. A variant is a set of Open MPI
-parameters, Horovod environment variables and trainer flags applied to both
-jobs (Horovod variables only matter to the Horovod job).
+Every trainer runs ``common/sync_loop.py`` with the same model, batch, data and
+threads; only the gradient exchange differs (Horovod's DistributedGradientTape,
+TensorFlow's MultiWorkerMirroredStrategy's collective all-reduce in
+apply_gradients, or one mpi4py ``Allreduce`` on one fused buffer). Each repeat
+runs, for every variant, the first backend's job (bare MPI) and then the others'
+right after it, so each ratio compares runs of the same minute on this noisy
+machine; the figure quoted is the median of those pairwise ratios. A variant is
+a set of Open MPI parameters, Horovod environment variables and trainer flags
+(Open MPI's apply to the mpirun-launched jobs, Horovod's to the Horovod job).
 
 Result: results/allreduce_loop.json with the exact commands.
 """
@@ -60,8 +61,9 @@ def run_job(backend, variant, args, out_dir):
                "--train_dir", out_dir, *args.trainer_args.split()]
     launcher = get_launcher(backend)
     argv = launcher.command(args.workers, trainer, pin_cores=pin)
-    at = argv.index("-x")
-    argv = argv[:at] + list(mca) + argv[at:]
+    if "-x" in argv:                  # an mpirun line: the variant's Open MPI parameters go before -x
+        at = argv.index("-x")
+        argv = argv[:at] + list(mca) + argv[at:]
     env = child_env()
     env.update(launcher.env())
     env.update(env_extra)
@@ -83,6 +85,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="default,yield,cycle5,yield+cycle5",
                     help=f"comma-separated, from: {', '.join(VARIANTS)}")
+    ap.add_argument("--backends", default="mpi,horovod",
+                    help="all-reduce backends, the first the reference the others' ratios are taken against")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--model", default="cnn")
@@ -96,12 +100,13 @@ def main():
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"error: unknown variant(s) {', '.join(unknown)} (valid: {', '.join(VARIANTS)})")
-    runs = {v: {"mpi": [], "horovod": []} for v in variants}
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    runs = {v: {b: [] for b in backends} for v in variants}
     scratch = tempfile.mkdtemp(prefix="allreduce_loop.")
     try:
         for rep in range(args.repeats):
             for v in variants:
-                for backend in ("mpi", "horovod"):
+                for backend in backends:
                     out_dir = os.path.join(scratch, f"{v}-{backend}-{rep}")
                     r = run_job(backend, v, args, out_dir)
                     runs[v][backend].append(r)
@@ -110,17 +115,21 @@ def main():
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     table = {}
+    med = lambda rs, k: statistics.median(r[k] for r in rs)      # noqa: E731
+    ref = backends[0]
     for v in variants:
-        m, h = runs[v]["mpi"], runs[v]["horovod"]
-        ratios = [b["samples_per_sec"] / a["samples_per_sec"] for a, b in zip(m, h)]
-        med = lambda rs, k: statistics.median(r[k] for r in rs)
-        table[v] = {"mpi_samples_per_sec": med(m, "samples_per_sec"), "horovod_samples_per_sec":
-                    med(h, "samples_per_sec"), "ratio_median": statistics.median(ratios), "ratios": ratios,
-                    "mpi_step_ms": med(m, "step_ms"), "mpi_compute_ms": med(m, "compute_ms"),
-                    "horovod_step_ms": med(h, "step_ms"), "horovod_compute_ms": med(h, "compute_ms")}
+        table[v] = {}
+        for b in backends:
+            table[v][f"{b}_samples_per_sec"] = med(runs[v][b], "samples_per_sec")
+            table[v][f"{b}_step_ms"] = med(runs[v][b], "step_ms")
+            table[v][f"{b}_compute_ms"] = med(runs[v][b], "compute_ms")
+            if b != ref:
+                ratios = [y["samples_per_sec"] / x["samples_per_sec"] for x, y in zip(runs[v][ref], runs[v][b])]
+                table[v][f"{b}_ratio_median"], table[v][f"{b}_ratios"] = statistics.median(ratios), ratios
         t = table[v]
-        print(f"{v:>20}: bare MPI {t['mpi_samples_per_sec']:8.0f}  Horovod {t['horovod_samples_per_sec']:8.0f}  "
-              f"Horovod/MPI {t['ratio_median']:.2f}x (pairs {', '.join(f'{r:.2f}' for r in ratios)})")
+        print(f"{v:>20}: " + "  ".join(f"{b} {t[f'{b}_samples_per_sec']:8.0f}" for b in backends) + "  " +
+              "  ".join(f"{b}/{ref} {t[f'{b}_ratio_median']:.2f}x (pairs "
+                        f"{', '.join(f'{r:.2f}' for r in t[f'{b}_ratios'])})" for b in backends[1:]))
     save(args.out, args, table=table, runs=runs)
 
 

@@ -82,13 +82,24 @@ class Backend:
 
 class AllreduceBackend(Backend):
     """A method where every rank trains and gradients are averaged over all of them each step
-    (Horovod, bare MPI). ``threads`` is what ``place_rank`` gave this rank."""
+    (Horovod, bare MPI, TensorFlow's MultiWorkerMirroredStrategy). ``threads`` is what
+    ``place_rank`` gave this rank."""
     mode = "sync"
     threads = 0
 
     def wrap_tape(self, tape):
         """The GradientTape whose ``gradient()`` returns gradients averaged over the ranks."""
         raise NotImplementedError
+
+    def scope(self):
+        """Where the model, optimizer and slots are created: a strategy's scope for a method whose
+        variables the strategy owns (MultiWorkerMirroredStrategy), else nothing."""
+        import contextlib
+        return contextlib.nullcontext()
+
+    def distribute(self, step):
+        """How one train step runs on this rank: as it is, or through a strategy's ``run``."""
+        return step
 
     def allreduce(self, value, name="metric", op="mean"):
         """A host value (float or array) averaged (``op="mean"``) or summed over the ranks."""

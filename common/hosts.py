@@ -104,8 +104,9 @@ def parse_address(addr, where):
     return host, int(port)
 
 
-def validate_cluster(cluster, source="cluster spec"):
-    """A TF cluster dict {role: [host:port, ...]} with known roles and unique addresses."""
+def validate_cluster(cluster, source="cluster spec", need_ps=True):
+    """A TF cluster dict {role: [host:port, ...]} with known roles and unique addresses;
+    ``need_ps``: a parameter-server cluster (an all-reduce cluster has workers only)."""
     if not isinstance(cluster, dict) or not cluster:
         raise UsageError(f"{source}: expected an object mapping roles to host:port lists")
     seen = {}
@@ -120,7 +121,7 @@ def validate_cluster(cluster, source="cluster spec"):
             if addr in seen:
                 raise UsageError(f"{where}: address {addr} also used by {seen[addr]}")
             seen[addr] = f"{role}[{i}]"
-    if "ps" not in cluster:
+    if need_ps and "ps" not in cluster:
         raise UsageError(f"{source}: no 'ps' tasks listed")
     if "worker" not in cluster and "chief" not in cluster:
         raise UsageError(f"{source}: no 'worker' or 'chief' tasks listed")
@@ -146,7 +147,7 @@ def parse_cluster_spec(path):
     return validate_cluster(data, path)
 
 
-def parse_tf_config(text, source="TF_CONFIG"):
+def parse_tf_config(text, source="TF_CONFIG", need_ps=True):
     """Kubeflow TFJob's TF_CONFIG -> (cluster, role, index)."""
     try:
         data = json.loads(text)
@@ -154,7 +155,7 @@ def parse_tf_config(text, source="TF_CONFIG"):
         raise UsageError(f"{source} is not valid JSON: {exc}")
     if not isinstance(data, dict) or "cluster" not in data or "task" not in data:
         raise UsageError(f"{source} must have 'cluster' and 'task' keys")
-    cluster = validate_cluster(data["cluster"], source)
+    cluster = validate_cluster(data["cluster"], source, need_ps)
     task = data["task"]
     if not isinstance(task, dict) or "type" not in task:
         raise UsageError(f"{source}: task needs 'type' and 'index'")

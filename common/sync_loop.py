@@ -8,6 +8,7 @@ differences from single-process code.
 """
 from common.bookkeeper import Adapter, Bookkeeper
 from common.data import make_dataset
+from common.errors import RunError, describe
 from common.models import build_model, loss_fn, make_optimizer, train_step_fn
 from common.probe import compute_step_time
 from common.training import (Checkpoints, RunLog, check_resume_compatible, create_slots, eval_sums, finish_eval,
@@ -55,11 +56,12 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
     if cfg.resume:                               # all-reduce: every rank refuses a changed world alike
         check_resume_compatible(cfg, cfg.train_dir, backend)
     plan = backend.plan(cfg, num_train)          # all-reduce: each rank runs 1/size of an epoch's steps
-    model = build_model(cfg)
-    optimizer = make_optimizer(cfg, make_lr_schedule(cfg, plan))   # all-reduce: lr scaled by the workers
-    if loop == "fit":
-        optimizer = backend.wrap_optimizer(optimizer)   # all-reduce: inside Keras' train step
-    create_slots(model, optimizer)               # all-reduce: every rank has the slots rank 0 restores
+    with backend.scope():                        # all-reduce: a strategy's variables are made in its scope
+        model = build_model(cfg)
+        optimizer = make_optimizer(cfg, make_lr_schedule(cfg, plan))   # all-reduce: lr scaled by the workers
+        if loop == "fit":
+            optimizer = backend.wrap_optimizer(optimizer)   # all-reduce: inside Keras' train step
+        create_slots(model, optimizer)           # all-reduce: every rank has the slots rank 0 restores
 
     checkpoints = Checkpoints(cfg, model, optimizer)
     start_step = checkpoints.restore(cfg) if backend.is_chief else 0   # all-reduce: rank 0 reads
@@ -84,10 +86,13 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
 
 def run_custom(backend, model, optimizer, train_ds, start_step, books):
     import tensorflow as tf
-    train_step = tf.function(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape))  # all-reduce
+    train_step = tf.function(backend.distribute(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape)))  # all-reduce
     step = start_step
     for x, y in train_ds:
-        loss = float(train_step(x, y))
+        try:
+            loss = float(train_step(x, y))
+        except tf.errors.OpError as exc:         # a lost peer, a collective's timeout: one line, not a trace
+            raise RunError(f"rank {backend.rank}: training step {step + 1} failed: {describe(exc)}")
         step += 1
         books.after_update(step, loss)
 

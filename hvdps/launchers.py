@@ -160,3 +160,16 @@ class PS2Launcher(PSLauncher):
     def command(self, workers, trainer_argv, mode="async", num_ps=1, pin_cores=False, python=sys.executable,
                 remote=None):
         return super().command(workers, ["--ps_api", "v2", *trainer_argv], mode, num_ps, pin_cores, python, remote)
+
+
+class MWMSLauncher(Launcher):
+    """TensorFlow's MultiWorkerMirroredStrategy: one task per worker, each told the cluster by
+    TF_CONFIG (``python -m mwms_train.launch``); its all-reduce is TensorFlow's collective ops."""
+
+    def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable,
+                remote=None):
+        if remote:
+            raise UsageError("backend mwms runs on this machine only for now: start its tasks on your hosts "
+                             "with TF_CONFIG (mwms_train/main.py) or drop it from --backends")
+        pin = ["--pin_workers", "--threads_per_worker", "1"] if pin_cores else []
+        return [python, "-u", "-m", "mwms_train.launch", "--num_workers", str(workers), *pin, *trainer_argv]

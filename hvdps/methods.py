@@ -1,6 +1,6 @@
 """Every distribution method hvdps compares, one entry each: the only module that knows their names.
 
-A method is what ``--backends`` names (``horovod``, ``mpi``, ``ps``, ``ps2``) with its modes
+A method is what ``--backends`` names (``horovod``, ``mpi``, ``mwms``, ``ps``, ``ps2``) with its modes
 (``ps:sync``, ``horovod:sparse_as_dense``). Its entry holds all that hvdps knows of it:
 
 - the names and labels: its modes, the ones the bare name runs, the report's label per mode;
@@ -162,6 +162,12 @@ METHODS = {m.name: m for m in (
     Method("mpi", {"sync": "bare MPI"}, launchers.MPILauncher, Ring(dense_modes=("sync",)),
            overhead={"sync": "the MPI_Allreduce of the gradients and waiting for the slower rank"},
            alone={"sync": "the MPI calls with no peer to exchange with (one worker: no traffic, no slower rank)"}),
+    Method("mwms", {"sync": "TF all-reduce (MultiWorkerMirrored)"}, launchers.MWMSLauncher,
+           Ring(dense_modes=()),
+           overhead={"sync": "TensorFlow's collective all-reduce of the gradients (after back-propagation, in "
+                             "apply_gradients) and waiting for the slower worker"},
+           alone={"sync": "the strategy's machinery with no peer to exchange with (one worker: no all-reduce "
+                          "traffic, no slower rank)"}),
     Method("ps", {"async": "PS async", "sync": "PS sync"}, launchers.PSLauncher, ParameterServers(),
            overhead={"async": "pushing gradients to and pulling weights from the parameter servers",
                      "sync": "the PS round trip and waiting for the slower workers' gradients before each update"},

@@ -1,4 +1,5 @@
 """Shared test helpers: run real processes with a bound on time and no leftovers."""
+import json
 import os
 import stat
 import signal
@@ -66,6 +67,9 @@ def rank_pid(root, rank, script):
             continue
         for var in (b"HOROVOD_RANK=", b"OMPI_COMM_WORLD_RANK="):
             if any(e == var + str(rank).encode() for e in environ):
+                return pid
+        for e in environ:                              # a task told its index by TF_CONFIG
+            if e.startswith(b"TF_CONFIG=") and json.loads(e[len(b"TF_CONFIG="):])["task"]["index"] == rank:
                 return pid
     return None
 

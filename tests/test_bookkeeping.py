@@ -141,6 +141,8 @@ LAUNCH = {
                                     "--train_dir", out, timeout=300),
     "ps2": lambda tmp, out: py("-m", "ps_train.launch", "--ps_api", "v2", "--num_workers", "2", *FLAGS,
                                "--train_dir", out, timeout=300),
+    "mwms": lambda tmp, out: py("-m", "mwms_train.launch", "--num_workers", "2", *FLAGS, "--train_dir", out,
+                                timeout=300),
 }
 
 

@@ -94,7 +94,7 @@ CASES = [
     (LAUNCH, ["--rsh", "ssh"], {}, "error: --rsh, --ps_placement and --port apply only with --hosts"),
     (LAUNCH, [], {"TF_CONFIG": LIST_TYPE}, "error: TF_CONFIG is set: the launcher chooses the cluster"),
     # ---- comparison, projection, hosts
-    (COMPARE, ["--backends", "mxnet"], {}, "error: unknown backend 'mxnet' (valid: horovod, mpi, ps, ps2)"),
+    (COMPARE, ["--backends", "mxnet"], {}, "error: unknown backend 'mxnet' (valid: horovod, mpi, mwms, ps, ps2)"),
     (COMPARE, ["--backends", "ps:lazy"], {}, "error: backend ps has no mode 'lazy' (valid: async, sync)"),
     (COMPARE, ["--workers", "0"], {}, "error: --workers expects positive numbers"),
     (COMPARE, ["--workers", "a,b"], {}, "error: --workers expects numbers like 1,2,4"),

@@ -72,7 +72,7 @@ def test_variants(text, expected):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("nccl", "unknown backend 'nccl' (valid: horovod, mpi, ps, ps2)"),
+    ("nccl", "unknown backend 'nccl' (valid: horovod, mpi, mwms, ps, ps2)"),
     ("ps:lazy", "backend ps has no mode 'lazy' (valid: async, sync)"),
 ])
 def test_bad_variants(text, message):

@@ -1,6 +1,7 @@
 """Defaults that train: every built-in small model, with its default optimizer and learning rate
 (common.config.MODEL_DEFAULTS), reaches >= 0.90 test accuracy on MNIST-format 28x28 files within
-EPOCHS epochs at 1, 2 and 4 workers, under Horovod, PS async and PS sync (ASYNC_EPOCHS for PS async).
+EPOCHS epochs at 1, 2 and 4 workers, under Horovod, TensorFlow's MultiWorkerMirroredStrategy, PS async
+and PS sync (ASYNC_EPOCHS for PS async).
 
 The files are written here from scikit-learn's bundled digits (upscaled 3x and padded to 28x28),
 read through the real IDX loader. Only the batch (16) and the epoch budget are set; 4 workers are
@@ -53,11 +54,13 @@ def _launch(backend, workers, flags, timeout=420):
             return run([sys.executable, os.path.join(REPO, "horovod_train", "main.py"), *flags], timeout=timeout)
         return run([os.path.join(BIN, "horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
                     sys.executable, os.path.join(REPO, "horovod_train", "main.py"), *flags], timeout=timeout)
+    if backend == "mwms":
+        return py("-m", "mwms_train.launch", "--num_workers", str(workers), *flags, timeout=timeout)
     mode = backend.split(":")[1]
     return py("-m", "ps_train.launch", "--num_workers", str(workers), f"--{mode}", *flags, timeout=timeout)
 
 
-BACKENDS = ["horovod", "ps:async", "ps:sync"]
+BACKENDS = ["horovod", "mwms", "ps:async", "ps:sync"]
 # 8x8 digits: the MLP at 1 and 2 workers with defaults is already held to 0.90 by test_horovod/test_ps.
 DIGITS = [(m, b, w) for m in ("mlp", "cnn") for b in BACKENDS for w in (1, 2, 4) if m == "cnn" or w == 4]
 

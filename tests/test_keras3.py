@@ -115,6 +115,15 @@ def test_keras3_plugin_under_bare_mpi(tmp_path):
 
 
 @pytest.mark.process
+def test_keras3_plugin_under_tf_all_reduce(tmp_path):
+    """MultiWorkerMirroredStrategy mirrors the Keras 3 layers' variables on every worker."""
+    ok(py("-m", "mwms_train.launch", "--num_workers", "2", *PLUGIN, "--train_dir", str(tmp_path / "run"),
+          timeout=300))
+    _trained(str(tmp_path / "run"), 2)
+    assert load_run(str(tmp_path / "run"))[1]["summary"]["max_weight_divergence"] == 0.0
+
+
+@pytest.mark.process
 def test_keras3_plugin_under_tf2_parameter_servers(tmp_path):
     """ParameterServerStrategy places the Keras 3 layers' variables on the PS tasks."""
     ok(py("-m", "ps_train.launch", "--ps_api", "v2", "--num_ps", "2", "--num_workers", "2", *PLUGIN,

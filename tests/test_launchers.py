@@ -15,9 +15,9 @@ LONG = ["--epochs", "300", "--batch_size", "8", "--log_every", "5"]
 
 
 def test_unknown_backend_lists_the_valid_ones():
-    with pytest.raises(UsageError, match=r"unknown backend 'mxnet' \(valid: horovod, mpi, ps, ps2\)"):
+    with pytest.raises(UsageError, match=r"unknown backend 'mxnet' \(valid: horovod, mpi, mwms, ps, ps2\)"):
         get_launcher("mxnet")
-    assert sorted(METHODS) == ["horovod", "mpi", "ps", "ps2"]
+    assert sorted(METHODS) == ["horovod", "mpi", "mwms", "ps", "ps2"]
 
 
 @pytest.mark.parametrize("name, mode, pinned, expect", [
@@ -41,7 +41,7 @@ def _listening(pids):
     return [line.split()[3] for line in text.splitlines() if any(f"pid={pid}," in line for pid in pids)]
 
 
-@pytest.mark.parametrize("name", ["horovod", "mpi", "ps"])
+@pytest.mark.parametrize("name", ["horovod", "mpi", "mwms", "ps"])
 @pytest.mark.process
 def test_local_job_listens_on_loopback_only(tmp_path, name):
     """Everything a local comparison run starts (mpirun and its PMIx listener included) is

@@ -20,6 +20,7 @@ import yaml
 from common.config import build_parser
 from common.errors import UsageError
 from horovod_train.backend import add_horovod_args
+from mwms_train.backend import add_mwms_args
 from ps_train.main import make_parser as ps_parser
 from tests.conftest import REPO
 
@@ -65,7 +66,7 @@ def containers(doc):
 
 def trainer_args(cmd):
     for i, a in enumerate(cmd):
-        if re.search(r"(horovod|ps|mpi)_train/main\.py$", a):
+        if re.search(r"(horovod|ps|mpi|mwms)_train/main\.py$", a):
             return a, cmd[i + 1:]
     return None, None
 
@@ -93,7 +94,8 @@ def rule_errors(doc):
         script, args = trainer_args(cmd)
         if script is None:
             continue
-        parser = add_horovod_args(build_parser("t")) if "horovod_train" in script else ps_parser()
+        parser = (add_horovod_args(build_parser("t")) if "horovod_train" in script else
+                  add_mwms_args(build_parser("t")) if "mwms_train" in script else ps_parser())
         try:
             train_dir = parser.parse_args(args).train_dir
         except (SystemExit, UsageError):
@@ -168,6 +170,7 @@ def _set(doc, path, value):
 MPI_WORKER = ["spec", "mpiReplicaSpecs", "Worker", "template", "spec"]
 MPI_LAUNCHER = ["spec", "mpiReplicaSpecs", "Launcher", "template", "spec"]
 TF_CHIEF = ["spec", "tfReplicaSpecs", "Chief", "template", "spec"]
+TF_WORKER = ["spec", "tfReplicaSpecs", "Worker", "template", "spec"]
 
 
 @pytest.mark.parametrize("manifest,path,value,layer,expect", [
@@ -197,6 +200,9 @@ TF_CHIEF = ["spec", "tfReplicaSpecs", "Chief", "template", "spec"]
     ("tfjob.yaml", TF_CHIEF + ["containers", 0, "ports", 0, "containerPort"], "2222", "schema",
      "is not of type 'integer'"),
     ("tfjob_v2.yaml", TF_CHIEF + ["containers", 0, "command", 9], "v3", "rule", "does not accept"),
+    ("tfjob_mwms.yaml", TF_WORKER + ["containers", 0, "command", 9], "gloo", "rule", "does not accept"),
+    ("tfjob_mwms.yaml", TF_WORKER + ["containers", 0, "command", -1], "/tmp/x", "rule",
+     "not on a persistent volume claim"),
     ("tfjob_v2.yaml", TF_CHIEF + ["volumes", 0, "persistentVolumeClaim", "claimName"], "other", "rule",
      "not on a persistent volume claim"),
     ("results-pvc.yaml", ["spec", "accessModes"], ["ReadWriteAll"], "schema", "is not one of"),

@@ -24,7 +24,7 @@ def test_variants(text, expected):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("mxnet", r"unknown backend 'mxnet' \(valid: horovod, mpi, ps, ps2\)"),
+    ("mxnet", r"unknown backend 'mxnet' \(valid: horovod, mpi, mwms, ps, ps2\)"),
     ("ps:bulk", r"backend ps has no mode 'bulk' \(valid: async, sync\)"),
     (",", r"--backends is empty"),
 ])

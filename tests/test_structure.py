@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import REPO
 
-PACKAGES = ("common", "hvdps", "horovod_train", "mpi_train", "ps_train")
+PACKAGES = ("common", "hvdps", "horovod_train", "mpi_train", "mwms_train", "ps_train")
 
 
 def project_imports():

@@ -1,0 +1,120 @@
+"""Start every MultiWorkerMirroredStrategy worker task on this machine, each told the cluster by TF_CONFIG.
+
+    python -m mwms_train.launch --num_workers 2 [--implementation ring] [trainer flags...]
+
+What a TFJob or a batch script does per host, done here per process: every task gets a free
+port on --host (loopback by default, and it listens there only) and a TF_CONFIG naming the
+whole cluster and its own index. Output lines carry the task's name (``[worker:1]``); the exit
+code is worker 0's. A worker that fails or is killed ends the job at once (synchronous
+training cannot go on without it), and Ctrl-C, SIGTERM or --timeout tear every task down;
+the tasks also die with the launcher. The process machinery is the PS launcher's
+(ps_train/launch.py: Cluster, supervise).
+"""
+import json
+import os
+import signal
+import sys
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common.config import argv_of
+from common.errors import UsageError, cli
+from common.procs import child_env, free_ports, loopback_only_env
+
+LAUNCHER_FLAGS = ("num_workers", "host", "pin_workers", "timeout")
+CHOSEN_BY_LAUNCHER = ("worker_hosts", "task_index")
+
+
+def make_parser():
+    """The trainer's own parser plus the launcher's flags: one parse validates everything."""
+    from common.config import build_parser
+    from mwms_train.backend import add_mwms_args
+    p = add_mwms_args(build_parser(__doc__.splitlines()[0], prog="python -m mwms_train.launch"))
+    g = p.add_argument_group("local launcher")
+    g.add_argument("--num_workers", type=int, default=2)
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address every task listens on and is reached at (loopback: nothing else can connect)")
+    g.add_argument("--pin_workers", action="store_true",
+                   help="pin worker i to core i (equal core budget per worker, for scaling benchmarks)")
+    g.add_argument("--timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
+    return p
+
+
+def parse_args(argv):
+    from common.config import check_finite, from_args
+    from mwms_train.backend import check_mwms_flags
+    p = make_parser()
+    args = p.parse_args(argv)
+    for name in CHOSEN_BY_LAUNCHER:
+        if getattr(args, name) is not None:
+            raise UsageError(f"--{name} is chosen by the launcher; do not pass it")
+    if os.environ.get("TF_CONFIG", "").strip():
+        raise UsageError("TF_CONFIG is set: the launcher chooses the cluster itself; unset it")
+    if not 1 <= args.num_workers <= 1024:
+        raise UsageError(f"--num_workers must be in [1, 1024], got {args.num_workers}")
+    check_finite("timeout", args.timeout)
+    if args.timeout < 0:
+        raise UsageError(f"--timeout must be >= 0, got {args.timeout}")
+    from ps_train.listen import bindable, resolve
+    ip = resolve(args.host)
+    if ip is None or not bindable(ip):
+        raise UsageError(f"--host {args.host}: " + ("cannot resolve it" if ip is None else
+                         f"{ip} is not an address of this machine") + "; the local launcher starts every task here")
+    args.host_ip = ip
+    check_mwms_flags(args)
+    cfg = from_args(args)
+    from common.data import num_examples      # the data checks and the batch, once, before a task starts
+    from common.plan import steps_per_epoch
+    steps_per_epoch(num_examples(cfg), args.num_workers, cfg.batch_size)
+    return args, p
+
+
+def build_tasks(num_workers, host, ip, python=sys.executable, pin=False):
+    """(name, argv, extra env) per worker: a free port each, TF_CONFIG naming the cluster and the
+    task, and the bind shim keeping its gRPC server on ``ip``."""
+    fmt = f"[{host}]" if ":" in host else host
+    cluster = {"worker": [f"{fmt}:{p}" for p in free_ports(num_workers, ip)]}
+    listen = dict(loopback_only_env(), HVDPS_BIND_ADDR=ip)
+    tasks = []
+    for i in range(num_workers):
+        env = dict(listen, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}))
+        if pin:
+            env["HVDPS_PIN_CPU"] = str(i % (os.cpu_count() or 1))
+        tasks.append((f"worker:{i}", [python, "-u", "-m", "mwms_train.main"], env))
+    return tasks
+
+
+@cli
+def main(argv=None):
+    from ps_train.launch import Cluster, supervise
+    args, parser = parse_args(sys.argv[1:] if argv is None else argv)
+    trainer_argv = argv_of(args, parser, skip=LAUNCHER_FLAGS)
+    cluster = Cluster(build_tasks(args.num_workers, args.host, args.host_ip, pin=args.pin_workers),
+                      trainer_argv, env=child_env())
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        cluster.start()
+        cluster.say("started " + ", ".join(f"{n} (pid {pid})" for n, pid in cluster.pids().items()))
+        code, ended_by, _ = supervise(cluster, sync=True, timeout=args.timeout or None, chief_name="worker:0")
+    except KeyboardInterrupt:
+        cluster.say("interrupted: stopping the cluster")
+        code, ended_by = 130, "interrupted"
+    finally:
+        cluster.stop()
+        for s, h in previous.items():
+            signal.signal(s, h)
+    # The one line a user reads last: what ended the job and, if a task said why, its own words.
+    why = (cluster.errors.get("worker:0") or next(iter(cluster.errors.values()), None)) if code not in (0, 130) else None
+    cluster.say(f"exit code {code} ({ended_by})" + (f": {why}" if why else ""))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
