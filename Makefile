@@ -85,12 +85,12 @@ demo: setup
 
 # The comparison on an emulated cluster (root: network namespaces, tc tbf): EMU_HOSTS hosts, each link
 # EMU_RATE both ways, slow enough that the exchange dominates the MLP's step (1024 hidden units: M =
-# 307 kB of gradient per step). Ring (Horovod, bare MPI) against PS sync/async and TF2's PS with 1 and
+# 307 kB of gradient per step). Ring (Horovod, bare MPI, TF's MultiWorkerMirrored) against PS sync/async and TF2's PS with 1 and
 # 2 shards at 1-3 workers; the report shows the bytes each link carried against the formulas.
 # EMU_COMPARE is the comparison's own flags.
 EMU_HOSTS ?= 5
 EMU_RATE ?= 50mbit
-EMU_COMPARE ?= --workers 1,2,3 --backends horovod,mpi,ps,ps2 --num_ps 1,2 --model mlp --hidden_units 1024 \
+EMU_COMPARE ?= --workers 1,2,3 --backends horovod,mpi,mwms,ps,ps2 --num_ps 1,2 --model mlp --hidden_units 1024 \
     --batch_size 32 --train_steps 40 --log_every 5 --warmup_steps 10
 emulate: setup
 	$(SUDO) $(BIN)/hvdps-emulate --hosts $(EMU_HOSTS) --rate $(EMU_RATE) --out runs/emulate-$(shell date +%Y%m%d-%H%M%S) -- \

@@ -14,6 +14,9 @@ with no training in the way, and removes every namespace again, also on failure:
   uses (TCP on the cluster's subnet, Open MPI's ring algorithm): bare MPI (mpi4py
   ``Allreduce``) and ``hvd.allreduce`` with the MPI controller. Bus bandwidth =
   2(w-1)/w x bytes / time, the bytes each link carries per direction;
+- **TensorFlow's ring**, MultiWorkerMirroredStrategy with ``RING`` collectives, w tasks on w
+  hosts, each told the cluster by TF_CONFIG: the strategy's own ``all_reduce`` (gRPC), the
+  same bus bandwidth as above;
 - **PS push and pull** between a worker on h1 and a TensorFlow PS task on h2 (gRPC):
   goodput = bytes / time on the one link they share.
 
@@ -69,6 +72,32 @@ print(json.dumps(statistics.median(times)))
 """
 
 
+# One MultiWorkerMirroredStrategy task (TF_CONFIG in its environment): the strategy's all_reduce of
+# each size, timed; task 0 prints the medians.
+MWMS_TASK = """
+import json, os, statistics, sys, time
+import tensorflow as tf
+impl = tf.distribute.experimental.CommunicationImplementation.RING
+strategy = tf.distribute.MultiWorkerMirroredStrategy(
+    communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+sizes, repeats, warmup = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+for label, nbytes in sizes:
+    x = tf.ones([nbytes // 4], tf.float32)
+    step = tf.function(lambda: strategy.run(
+        lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.identity(x))))
+    times = []
+    for i in range(warmup + repeats):
+        t = time.perf_counter()
+        float(strategy.experimental_local_results(step())[0][0])
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    if task == 0:
+        print("RESULT " + json.dumps({"label": label, "bytes": nbytes, "impl": "mwms",
+                                      "seconds": statistics.median(times)}), flush=True)
+"""
+
+
 def _stop(proc):
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -118,6 +147,32 @@ def ring(cluster, workers, sizes, repeats, warmup, impl):
     return got
 
 
+def tf_ring(cluster, workers, sizes, repeats, warmup):
+    """One MultiWorkerMirroredStrategy task on each of the first ``workers`` hosts, its gRPC server
+    bound to its host's own address (the bind shim), not every interface."""
+    from common.procs import free_ports, shim_library
+    port = free_ports(1)[0]     # a port free here; the hosts' namespaces have nothing bound
+    spec = {"worker": [f"{a}:{port}" for a in cluster.addrs[:workers]]}
+    procs = []
+    try:
+        for i, (ns, addr) in enumerate(zip(cluster.hosts[:workers], cluster.addrs[:workers])):
+            env = child_env(TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "worker", "index": i}}),
+                            LD_PRELOAD=shim_library() or "", HVDPS_BIND_ADDR=addr, HVDPS_BIND_PORT=str(port))
+            procs.append(subprocess.Popen(in_ns(ns, [sys.executable, "-c", MWMS_TASK, json.dumps(sizes), str(repeats),
+                                                     str(warmup)]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          stdin=subprocess.DEVNULL, text=True, env=env, cwd=REPO,
+                                          start_new_session=True))
+        out, err = procs[0].communicate(timeout=1800)
+        got = results_of(out)
+        if not got:
+            raise RuntimeError(f"TensorFlow ring over {workers} hosts failed ({procs[0].returncode}): "
+                               f"{(err.strip().splitlines() or ['no output'])[-1]}")
+        return got
+    finally:
+        for p in procs:
+            _stop(p)
+
+
 def ps(cluster, sizes, repeats, warmup):
     """A PS task on h2, the worker on h1: push (worker -> PS) and pull (PS -> worker)."""
     from common.procs import free_ports
@@ -145,12 +200,13 @@ def ps(cluster, sizes, repeats, warmup):
 def link_bytes(rec):
     """Bytes each link carries one way for this exchange: the ring's 2(w-1)/w x M, else M."""
     w = rec.get("workers", 1)
-    return rec["bytes"] * (2 * (w - 1) / w if rec["impl"] in ("mpi4py", "horovod-mpi") else 1)
+    return rec["bytes"] * (2 * (w - 1) / w if rec["impl"] in ("mpi4py", "horovod-mpi", "mwms") else 1)
 
 
 def table(results, rate_bps):
     names = {"tcp": "TCP, one stream", "mpi4py": "bare MPI ring (mpi4py Allreduce)",
-             "horovod-mpi": "Horovod ring (hvd.allreduce, MPI)", "ps-push": "PS push (worker -> PS)",
+             "horovod-mpi": "Horovod ring (hvd.allreduce, MPI)",
+             "mwms": "TensorFlow ring (MultiWorkerMirrored, gRPC)", "ps-push": "PS push (worker -> PS)",
              "ps-pull": "PS pull (PS -> worker)"}
     lines = ["| exchange | hosts | size | median time | bytes per link, one way | link goodput | x link rate |",
              "|---|---|---|---|---|---|---|"]
@@ -196,6 +252,7 @@ def main():
             for impl in ("mpi4py", "mpi"):
                 for r in ring(cluster, w, sizes, args.repeats, args.warmup, impl):
                     results.append(dict(r, workers=w))
+            results += [dict(r, workers=w) for r in tf_ring(cluster, w, sizes, args.repeats, args.warmup)]
         results += [dict(r, workers=2) for r in ps(cluster, sizes, args.repeats, args.warmup)]
     except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)

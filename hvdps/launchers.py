@@ -163,13 +163,24 @@ class PS2Launcher(PSLauncher):
 
 
 class MWMSLauncher(Launcher):
-    """TensorFlow's MultiWorkerMirroredStrategy: one task per worker, each told the cluster by
-    TF_CONFIG (``python -m mwms_train.launch``); its all-reduce is TensorFlow's collective ops."""
+    """TensorFlow's MultiWorkerMirroredStrategy: one task per worker, each told the cluster and its
+    index (``python -m mwms_train.launch``, locally or --hosts through the remote shell); its
+    all-reduce is TensorFlow's collective ops over gRPC."""
 
     def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable,
                 remote=None):
-        if remote:
-            raise UsageError("backend mwms runs on this machine only for now: start its tasks on your hosts "
-                             "with TF_CONFIG (mwms_train/main.py) or drop it from --backends")
         pin = ["--pin_workers", "--threads_per_worker", "1"] if pin_cores else []
-        return [python, "-u", "-m", "mwms_train.launch", "--num_workers", str(workers), *pin, *trainer_argv]
+        where = []
+        if remote:
+            where = ["--hosts", remote.hosts_text, "--port", str(remote.port)]
+            if remote.rsh_given:
+                where += ["--rsh", shlex.join(remote.agent)]
+        return [python, "-u", "-m", "mwms_train.launch", "--num_workers", str(workers), *pin, *where, *trainer_argv]
+
+    def task_lines(self, cmd):
+        """mwms_train.launch --hosts starts each worker through the remote shell: one line per worker."""
+        from common.config import argv_of
+        from mwms_train.launch import LAUNCHER_FLAGS, build_remote_tasks, parse_args
+        args, parser = parse_args(cmd[4:])
+        return [(name, shlex.join(argv)) for name, argv, _ in
+                build_remote_tasks(args, argv_of(args, parser, skip=LAUNCHER_FLAGS))]

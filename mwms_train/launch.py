@@ -1,6 +1,7 @@
-"""Start every MultiWorkerMirroredStrategy worker task on this machine, each told the cluster by TF_CONFIG.
+"""Start every MultiWorkerMirroredStrategy worker task, each told the cluster and its index.
 
     python -m mwms_train.launch --num_workers 2 [--implementation ring] [trainer flags...]
+    python -m mwms_train.launch --num_workers 4 --hosts h1:2,h2:2 [--rsh AGENT] [--port 2222] [...]
 
 What a TFJob or a batch script does per host, done here per process: every task gets a free
 port on --host (loopback by default, and it listens there only) and a TF_CONFIG naming the
@@ -9,6 +10,11 @@ code is worker 0's. A worker that fails or is killed ends the job at once (synch
 training cannot go on without it), and Ctrl-C, SIGTERM or --timeout tear every task down;
 the tasks also die with the launcher. The process machinery is the PS launcher's
 (ps_train/launch.py: Cluster, supervise).
+
+With --hosts the workers fill the hosts' slots in order (as mpirun places ranks), each started
+through the remote shell (ssh, srun's agent under --hosts slurm, or --rsh) with --worker_hosts and
+--task_index in its command line, listening on its host's own address at --port and up, and
+tethered to its connection (common/tether.py), so the same teardown reaches every host.
 """
 import json
 import os
@@ -22,7 +28,7 @@ from common.config import argv_of
 from common.errors import UsageError, cli
 from common.procs import child_env, free_ports, loopback_only_env
 
-LAUNCHER_FLAGS = ("num_workers", "host", "pin_workers", "timeout")
+LAUNCHER_FLAGS = ("num_workers", "host", "pin_workers", "timeout", "hosts", "rsh", "port")
 CHOSEN_BY_LAUNCHER = ("worker_hosts", "task_index")
 
 
@@ -38,6 +44,11 @@ def make_parser():
     g.add_argument("--pin_workers", action="store_true",
                    help="pin worker i to core i (equal core budget per worker, for scaling benchmarks)")
     g.add_argument("--timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
+    g.add_argument("--hosts", default=None,
+                   help="start the workers on these hosts instead: hostfile, h1:2,h2:2 or 'slurm' (the allocation)")
+    g.add_argument("--rsh", default=None, help="with --hosts: remote shell called as 'AGENT HOST COMMAND' "
+                   "(default: ssh; srun's agent under --hosts slurm)")
+    g.add_argument("--port", type=int, default=2222, help="with --hosts: first port on each host (Kubeflow: 2222)")
     return p
 
 
@@ -56,12 +67,23 @@ def parse_args(argv):
     check_finite("timeout", args.timeout)
     if args.timeout < 0:
         raise UsageError(f"--timeout must be >= 0, got {args.timeout}")
-    from ps_train.listen import bindable, resolve
-    ip = resolve(args.host)
-    if ip is None or not bindable(ip):
-        raise UsageError(f"--host {args.host}: " + ("cannot resolve it" if ip is None else
-                         f"{ip} is not an address of this machine") + "; the local launcher starts every task here")
-    args.host_ip = ip
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be 1-65535, got {args.port}")
+    if not args.hosts and (args.rsh or args.port != 2222):
+        raise UsageError("--rsh and --port apply only with --hosts")
+    if args.hosts and args.pin_workers:
+        raise UsageError("--pin_workers pins cores of this machine; it does not apply with --hosts")
+    if args.hosts:                   # every host starts in the repository: paths must not depend on the folder
+        args.train_dir = os.path.abspath(args.train_dir)
+        args.host_ip = None
+    else:
+        from ps_train.listen import bindable, resolve
+        ip = resolve(args.host)
+        if ip is None or not bindable(ip):
+            raise UsageError(f"--host {args.host}: " + ("cannot resolve it" if ip is None else
+                             f"{ip} is not an address of this machine") + "; the local launcher starts every "
+                             "task here (other machines: --hosts)")
+        args.host_ip = ip
     check_mwms_flags(args)
     cfg = from_args(args)
     from common.data import num_examples      # the data checks and the batch, once, before a task starts
@@ -85,13 +107,33 @@ def build_tasks(num_workers, host, ip, python=sys.executable, pin=False):
     return tasks
 
 
+def build_remote_tasks(args, trainer_argv):
+    """(name, argv, extra env) per worker placed on --hosts' slots in order, each started through
+    the remote shell with the cluster and its index in its command line."""
+    from common import remote
+    hosts = remote.resolve_hosts(args.hosts)
+    placed = [h for h, s in remote.take_slots(hosts, args.num_workers) for _ in range(s)]
+    cluster = remote.cluster_addresses({"worker": placed}, args.port)
+    agent = remote.rsh_argv(args.rsh, args.hosts)
+    tasks = []
+    for i, host in enumerate(placed):
+        line = remote.remote_command([sys.executable, "-u", "-m", "mwms_train.main",
+                                      f"--worker_hosts={','.join(cluster['worker'])}", f"--task_index={i}",
+                                      *trainer_argv], tether=True)
+        tasks.append((f"worker:{i}", [*agent, host, line], {}))
+    return tasks
+
+
 @cli
 def main(argv=None):
     from ps_train.launch import Cluster, supervise
     args, parser = parse_args(sys.argv[1:] if argv is None else argv)
     trainer_argv = argv_of(args, parser, skip=LAUNCHER_FLAGS)
-    cluster = Cluster(build_tasks(args.num_workers, args.host, args.host_ip, pin=args.pin_workers),
-                      trainer_argv, env=child_env())
+    if args.hosts:
+        cluster = Cluster(build_remote_tasks(args, trainer_argv), [], env=child_env())
+    else:
+        cluster = Cluster(build_tasks(args.num_workers, args.host, args.host_ip, pin=args.pin_workers),
+                          trainer_argv, env=child_env())
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def on_signal(signum, frame):

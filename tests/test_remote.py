@@ -124,6 +124,18 @@ def test_dry_run_shows_each_host_and_its_command(capsys):
         assert f"/bin/true {host} " in line and "-m common.tether" in line and "--ps_hosts=h1:2222" in line
 
 
+def test_dry_run_shows_each_mwms_worker_on_its_slot(capsys):
+    """TF's all-reduce across hosts: workers fill the slots in order (as mpirun's ranks), ports count
+    up on a host, and every worker's line names the whole cluster and its own index."""
+    assert call([*DRY, "--workers", "3", "--hosts", "h1:2,h2", "--backends", "mwms", "--rsh", "/bin/true"]) == 0
+    out = capsys.readouterr().out
+    assert "# mwms-sync-w3: rank:0 on h1, rank:1 on h1, rank:2 on h2" in out
+    for i, host in enumerate(("h1", "h1", "h2")):
+        line = next(l for l in out.splitlines() if l.startswith(f"#   worker:{i}:"))
+        assert f"/bin/true {host} " in line and "-m common.tether" in line and "-m mwms_train.main" in line
+        assert "--worker_hosts=h1:2222,h1:2223,h2:2222" in line and f"--task_index={i}" in line
+
+
 def test_unreachable_host_is_named_before_anything_runs(tmp_path, capsys):
     agent = tmp_path / "agent"
     agent.write_text('#!/bin/sh\n[ "$1" = h2 ] && { echo "ssh: connect to host h2 port 22: No route to host" >&2; '
