@@ -105,8 +105,8 @@ SLURM_HOSTS ?= 3
 SLURM_TRAIN_ARGS ?= --model mlp --epochs 3 --batch_size 32
 SLURM_JOBS ?= --sbatch hostfiles/slurm/horovod.sbatch --sbatch "HVDPS_LAUNCH=mpirun hostfiles/slurm/horovod.sbatch" \
     --sbatch "PS_MODE=async hostfiles/slurm/ps.sbatch" --sbatch "PS_MODE=sync hostfiles/slurm/ps.sbatch" \
-    --sbatch "PS_MODE=v2 hostfiles/slurm/ps.sbatch"
-SLURM_COMPARE ?= --workers 1,2 --backends horovod,mpi,ps,ps:sync
+    --sbatch "PS_MODE=v2 hostfiles/slurm/ps.sbatch" --sbatch hostfiles/slurm/mwms.sbatch
+SLURM_COMPARE ?= --workers 1,2 --backends horovod,mpi,mwms,ps,ps:sync
 slurm: setup
 	$(SUDO) env HVDPS_TRAIN_ARGS="$(SLURM_TRAIN_ARGS)" $(BIN)/hvdps-emulate --slurm --hosts $(SLURM_HOSTS) --rate 1gbit \
 	    --out runs/slurm-$(shell date +%Y%m%d-%H%M%S) $(SLURM_JOBS) -- \

@@ -11,6 +11,7 @@ import yaml
 
 from common.hosts import parse_cluster_spec, parse_hostfile, parse_tf_config
 from horovod_train.backend import add_horovod_args
+from mwms_train.backend import add_mwms_args
 from ps_train.main import make_parser as ps_parser
 from common.config import build_parser
 from tests.conftest import BIN, REPO, run
@@ -20,7 +21,8 @@ SCRIPTS = sorted(glob.glob(os.path.join(HF, "slurm", "*")) + glob.glob(os.path.j
 
 
 def parse_trainer(script, args):
-    parser = add_horovod_args(build_parser("t")) if "horovod_train" in script else ps_parser()
+    parser = (add_horovod_args(build_parser("t")) if "horovod_train" in script else
+              add_mwms_args(build_parser("t")) if "mwms_train" in script else ps_parser())
     return parser.parse_args(args)
 
 
@@ -37,7 +39,9 @@ def test_script_trainer_flags_are_accepted(path):
     defaults = re.search(r'\$\{HVDPS_TRAIN_ARGS:-([^}]*)\}', text)
     assert defaults, "no HVDPS_TRAIN_ARGS default"
     modes = [m.strip("()").split() for m in re.findall(r"MODE=(\([^)]*\))", text)] or [[]]
-    calls = re.findall(r"python ((?:horovod|ps)_train/main\.py)([^\n]*)", text)
+    calls = re.findall(r"python ((?:horovod|ps|mwms)_train/main\.py)([^\n]*)", text)
+    # a variable the script gives a default (VAR=${VAR:-value}) stands for that value, any other for "x"
+    given = dict(re.findall(r"^(\w+)=\$\{\1:-([^}]*)\}", text, re.M))
     assert calls, "no trainer call found"
     for script, rest in calls:
         for mode in modes:
@@ -48,7 +52,7 @@ def test_script_trainer_flags_are_accepted(path):
                 elif word == "${MODE[@]}":
                     args += mode
                 elif word != "\\":
-                    args.append(re.sub(r"\$\{[^}]+\}|\$\w+", "x", word))
+                    args.append(re.sub(r"\$\{[^}]+\}|\$(\w+)", lambda m: given.get(m.group(1) or "", "x"), word))
             assert parse_trainer(script, args).batch_size > 0
 
 
@@ -105,6 +109,20 @@ def test_slurm_task_tf_config(procid, nodes, tasks, num_ps, chief, want):
     if cluster:
         assert config["cluster"] == cluster
     assert parse_tf_config(json.dumps(config))[1] == role
+
+
+@pytest.mark.parametrize("procid,nodes,tasks,index,cluster", [
+    (0, "h[1-2]", "2(x2)", 0, ["h1:2222", "h1:2223", "h2:2222", "h2:2223"]),
+    (3, "h[1-2]", "2(x2)", 3, ["h1:2222", "h1:2223", "h2:2222", "h2:2223"]),
+    (1, "node[01-03]", "1(x3)", 1, ["node01:2222", "node02:2222", "node03:2222"]),
+])
+def test_slurm_task_tf_config_for_all_reduce(procid, nodes, tasks, index, cluster):
+    """mwms.sbatch: every task a worker, in SLURM's task order, which the trainer's cluster reader takes."""
+    from common.slurm import slurm_tf_config
+    env = {"SLURM_PROCID": str(procid), "SLURM_STEP_NODELIST": nodes, "SLURM_STEP_TASKS_PER_NODE": tasks}
+    config = json.loads(slurm_tf_config(lambda total: {"worker": total}, 2222, env))
+    assert config == {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
+    assert parse_tf_config(json.dumps(config), need_ps=False)[2] == index
 
 
 @pytest.mark.parametrize("env,num_ps,expect", [

@@ -59,7 +59,9 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
             "sync": [sys.executable, "-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "3", "--sync", *TRAIN,
                      "--train_dir", str(local / "sync")],
             "v2": [sys.executable, "-m", "ps_train.launch", "--ps_api", "v2", "--num_ps", "1", "--num_workers", "2",
-                   *TRAIN, "--train_dir", str(local / "v2")]}
+                   *TRAIN, "--train_dir", str(local / "v2")],
+            "mwms": [sys.executable, "-m", "mwms_train.launch", "--num_workers", "4", *TRAIN,
+                     "--train_dir", str(local / "mwms")]}
     for name, argv in refs.items():
         r = run(argv, timeout=300)
         assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-2000:])
@@ -68,8 +70,8 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
     p = subprocess.Popen(
         [sys.executable, "-m", "hvdps.emulate", "--slurm", "--hosts", "3", "--rate", "1gbit", "--out", str(out),
          "--sbatch", "hostfiles/slurm/horovod.sbatch", "--sbatch", "PS_MODE=sync hostfiles/slurm/ps.sbatch",
-         "--sbatch", "PS_MODE=v2 hostfiles/slurm/ps.sbatch", "--",
-         "--workers", "2", "--backends", "horovod,ps:sync", *TRAIN, "--eval_every_epoch", "false",
+         "--sbatch", "PS_MODE=v2 hostfiles/slurm/ps.sbatch", "--sbatch", "hostfiles/slurm/mwms.sbatch", "--",
+         "--workers", "2", "--backends", "horovod,mwms,ps:sync", *TRAIN, "--eval_every_epoch", "false",
          "--checkpoint_every_epoch", "false", "--no-progress", "--run_timeout", "240"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         env=child_env(HVDPS_TRAIN_ARGS=" ".join(TRAIN)))
@@ -87,11 +89,12 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
     assert [(j["script"], j["variables"].get("PS_MODE"), j["state"], j["exit"]) for j in jobs] == [
         ("hostfiles/slurm/horovod.sbatch", None, "COMPLETED", 0),
         ("hostfiles/slurm/ps.sbatch", "sync", "COMPLETED", 0),
-        ("hostfiles/slurm/ps.sbatch", "v2", "COMPLETED", 0)], jobs
-    for job, ref, tolerance in zip(jobs, ("horovod", "sync", "v2"), (0.02, 0.02, 0.05)):
+        ("hostfiles/slurm/ps.sbatch", "v2", "COMPLETED", 0),
+        ("hostfiles/slurm/mwms.sbatch", None, "COMPLETED", 0)], jobs
+    for job, ref, tolerance in zip(jobs, ("horovod", "sync", "v2", "mwms"), (0.02, 0.02, 0.05, 0.02)):
         header = next(r for r in read_records(os.path.join(job["run_dir"], "metrics.jsonl")) if r["type"] == "header")
         # the scripts' shape, 2 nodes x 2 tasks: 4 ranks; PS: one task is a PS (and v2's chief does not train)
-        assert header["world_size"] == {"horovod": 4, "sync": 3, "v2": 2}[ref], (ref, header)
+        assert header["world_size"] == {"horovod": 4, "sync": 3, "v2": 2, "mwms": 4}[ref], (ref, header)
         got, want = final_accuracy(job["run_dir"]), final_accuracy(local / ref)
         assert abs(got - want) <= tolerance, (ref, got, want)
         assert got >= 0.85, (ref, got)
@@ -99,6 +102,6 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
     # the comparison ran inside the allocation: its hosts are SLURM's node names, its runs succeeded
     results = json.load(open(out / "results.json"))
     rows = results["rows"] if isinstance(results, dict) else results
-    assert sorted((r["backend"], r["status"]) for r in rows) == [("horovod", "ok"), ("ps", "ok")], rows
+    assert sorted((r["backend"], r["status"]) for r in rows) == [("horovod", "ok"), ("mwms", "ok"), ("ps", "ok")], rows
     report = open(out / "report.md").read()
     assert "| h1 | rank:0 |" in report and "| h1 | ps:0 |" in report, report[-3000:]
