@@ -16,7 +16,6 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-from common.errors import UsageError
 from common.procs import REPO, loopback_only_env
 
 # Local Horovod runs: ranks talk over shared memory, Open MPI's out-of-band

@@ -2,8 +2,8 @@
 
     srun python -m mwms_train.slurm [--port 2222] -- python mwms_train/main.py [flags]
 
-Every task of the job step is a worker (common/slurm.py: the step's nodes in order, ports counted up
-on each node); the command runs in place of this process with ``TF_CONFIG`` set, as on Kubeflow.
+Every task of the job step is a worker (ps_train/slurm.py's ``slurm_tf_config``: the step's nodes in
+order, ports counted up on each node); the command runs in place of this process with ``TF_CONFIG`` set, as on Kubeflow.
 """
 import os
 import sys
@@ -13,7 +13,7 @@ if __package__ in (None, ""):
 
 from common.config import Parser
 from common.errors import UsageError, cli
-from common.slurm import exec_with_tf_config, slurm_tf_config
+from ps_train.slurm import exec_with_tf_config, slurm_tf_config
 
 
 @cli
