@@ -18,7 +18,6 @@ tethered to its connection (common/tether.py), so the same teardown reaches ever
 """
 import json
 import os
-import signal
 import sys
 
 if __package__ in (None, ""):
@@ -126,7 +125,7 @@ def build_remote_tasks(args, trainer_argv):
 
 @cli
 def main(argv=None):
-    from ps_train.launch import Cluster, supervise
+    from ps_train.launch import Cluster, run_cluster
     args, parser = parse_args(sys.argv[1:] if argv is None else argv)
     trainer_argv = argv_of(args, parser, skip=LAUNCHER_FLAGS)
     if args.hosts:
@@ -134,24 +133,7 @@ def main(argv=None):
     else:
         cluster = Cluster(build_tasks(args.num_workers, args.host, args.host_ip, pin=args.pin_workers),
                           trainer_argv, env=child_env())
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        cluster.start()
-        cluster.say("started " + ", ".join(f"{n} (pid {pid})" for n, pid in cluster.pids().items()))
-        code, ended_by, _ = supervise(cluster, sync=True, timeout=args.timeout or None, chief_name="worker:0")
-    except KeyboardInterrupt:
-        cluster.say("interrupted: stopping the cluster")
-        code, ended_by = 130, "interrupted"
-    finally:
-        cluster.stop()
-        for s, h in previous.items():
-            signal.signal(s, h)
+    code, ended_by, _ = run_cluster(cluster, sync=True, timeout=args.timeout or None, chief_name="worker:0")
     # The one line a user reads last: what ended the job and, if a task said why, its own words.
     why = (cluster.errors.get("worker:0") or next(iter(cluster.errors.values()), None)) if code not in (0, 130) else None
     cluster.say(f"exit code {code} ({ended_by})" + (f": {why}" if why else ""))

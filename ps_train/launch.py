@@ -237,6 +237,32 @@ def supervise(cluster, sync, timeout=None, chief_name="worker:0"):
     return (code if code >= 0 else 1), describe_exit(who, code), chief_name
 
 
+def run_cluster(cluster, sync, timeout=None, chief_name="worker:0"):
+    """Start ``cluster``, supervise it (``supervise``) and stop every task, also on Ctrl-C or SIGTERM:
+    (exit code, what ended the job, the role that ended it). The PS and the MultiWorkerMirrored
+    launchers (mwms_train/launch.py) run their tasks through it."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+
+    # Both explicitly: a launcher started in the background by a non-interactive shell inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler of its own.
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        cluster.start()
+        cluster.say("started " + ", ".join(f"{n} (pid {pid})" for n, pid in cluster.pids().items()))
+        return supervise(cluster, sync, timeout, chief_name=chief_name)
+    except KeyboardInterrupt:
+        cluster.say("interrupted: stopping the cluster")
+        return 130, "interrupted", None
+    finally:
+        cluster.stop()
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 def make_parser():
     """The trainer's own parser plus the launcher's flags: one parse validates everything."""
     from ps_train.main import make_parser as trainer_parser
@@ -328,27 +354,8 @@ def run_once(args, trainer_argv):
     else:
         cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host, pin=args.pin_workers, chief=v2),
                           trainer_argv, env=child_env())
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt
-
-    # Both explicitly: a launcher started in the background by a non-interactive shell inherits
-    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler of its own.
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        cluster.start()
-        cluster.say("started " + ", ".join(f"{n} (pid {pid})" for n, pid in cluster.pids().items()))
-        code, ended_by, role = supervise(cluster, args.sync, args.timeout or None,
-                                         chief_name="chief:0" if v2 else "worker:0")
-    except KeyboardInterrupt:
-        cluster.say("interrupted: stopping the cluster")
-        code, ended_by, role = 130, "interrupted", None
-    finally:
-        cluster.stop()
-        for s, h in previous.items():
-            signal.signal(s, h)
+    code, ended_by, role = run_cluster(cluster, args.sync, args.timeout or None,
+                                       chief_name="chief:0" if v2 else "worker:0")
     cluster.say("cpu seconds: " + ", ".join(f"{n} {c:.1f}" for n, c in sorted(cluster.cpu.items())))
     cluster.ended_by_role = role
     return code, ended_by, cluster
