@@ -23,6 +23,16 @@ class FakeOpError(Exception):
                  "  (1) CANCELLED: Cancelled\n0 successful operations."),
      "UNAVAILABLE: /job:worker/replica:0/task:1: Socket closed"),
     (FakeOpError("3 root error(s) found.\nno numbered cause"), "3 root error(s) found."),
+    # TensorFlow 2.21's graph-mode message, as a session.run on a closed queue raises it
+    (FakeOpError("Graph execution error:\n\nDetected at node 'fifo_queue_Dequeue' defined at (most recent call last):\n"
+                 "    File \"<stdin>\", line 8, in <module>\nNode: 'fifo_queue_Dequeue'\n"
+                 "FIFOQueue '_0_fifo_queue' is closed and has insufficient elements (requested 1, current size 0)\n"
+                 "\t [[{{node fifo_queue_Dequeue}}]]"),
+     "FIFOQueue '_0_fifo_queue' is closed and has insufficient elements (requested 1, current size 0)"),
+    (FakeOpError("Graph execution error:\n\nDetected at node 'x' defined at (most recent call last):\n"
+                 "    File \"t.py\", line 1, in <module>\nNode: 'x'\n2 root error(s) found.\n"
+                 "  (0) CANCELLED: Step was cancelled\n  (1) ABORTED: aborted\n0 successful operations."),
+     "CANCELLED: Step was cancelled"),
 ])
 def test_describe(exc, expected):
     assert describe(exc) == expected
