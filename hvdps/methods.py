@@ -162,7 +162,7 @@ METHODS = {m.name: m for m in (
     Method("mpi", {"sync": "bare MPI"}, launchers.MPILauncher, Ring(dense_modes=("sync",)),
            overhead={"sync": "the MPI_Allreduce of the gradients and waiting for the slower rank"},
            alone={"sync": "the MPI calls with no peer to exchange with (one worker: no traffic, no slower rank)"}),
-    Method("mwms", {"sync": "TF all-reduce (MultiWorkerMirrored)"}, launchers.MWMSLauncher,
+    Method("mwms", {"sync": "TF all-reduce (MWMS)"}, launchers.MWMSLauncher,
            Ring(dense_modes=()),
            overhead={"sync": "TensorFlow's collective all-reduce of the gradients (after back-propagation, in "
                              "apply_gradients) and waiting for the slower worker"},

@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import textwrap
 
 from common.errors import UsageError
 from common.files import make_dirs, write_atomic
@@ -453,11 +454,13 @@ def write_breakdown_plot(rows, out):
     if not runs:
         return None
     groups = _workloads(runs)
-    fig, axes = plt.subplots(len(groups), 1, figsize=(max(6, 0.9 * max(map(len, groups.values())) + 3),
+    fig, axes = plt.subplots(len(groups), 1, figsize=(max(6, 1.1 * max(map(len, groups.values())) + 3),
                                                      3.6 * len(groups)), squeeze=False)
     for (model, group), (ax,) in zip(groups.items(), axes):
         group = sorted(group, key=lambda r: (_label(r), r["workers"]))
-        labels = [f"{_label(r)}\n{r['workers']} worker(s)" for r in group]
+        # a bar is 1.1 inch wide: a method's name wraps at word boundaries so its neighbours' stay legible
+        labels = [textwrap.fill(_label(r), 16, break_long_words=False) + f"\n{r['workers']} worker(s)"
+                  for r in group]
         compute = [1000 * min(r["compute_s"], r["step_s"]) for r in group]
         overhead = [1000 * max(r["step_s"] - r["compute_s"], 0.0) for r in group]
         wait = [min(1000 * max(r.get("wait_s") or 0.0, 0.0), o) for r, o in zip(group, overhead)]

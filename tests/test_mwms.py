@@ -162,5 +162,5 @@ def test_compare_reports_tf_all_reduce_beside_horovod(tmp_path):
     ok(run([os.path.join(BIN, "hvdps-compare"), "--backends", "mwms,horovod", "--workers", "1,2", "--model", "mlp",
             "--epochs", "2", "--batch_size", "32", "--no-progress", "--out", out], timeout=600))
     report = open(os.path.join(out, "report.md")).read()
-    assert report.count("TF all-reduce (MultiWorkerMirrored)") >= 2, report[:3000]
+    assert report.count("TF all-reduce (MWMS)") >= 2, report[:3000]
     assert "TensorFlow's collective all-reduce of the gradients" in report   # the 2-worker run's overhead
