@@ -9,6 +9,9 @@ writes benchmarks/results/comm.json plus a markdown table:
   in the *same* mpirun job, so both see identical conditions;
 - ``hvd.allreduce`` under ``horovodrun --gloo``;
 - Horovod again with tuning (fusion threshold, cycle time) given by --tuned-env;
+- TensorFlow's own all-reduce: --np MultiWorkerMirroredStrategy tasks on loopback, each told
+  the cluster by TF_CONFIG, timing the strategy's ``all_reduce`` (``RING``, gRPC): the measurement
+  hvdps-project fits TensorFlow's ring from (``mwms``);
 - PS push (worker -> PS ``assign_add``) and pull (PS -> worker read) over
   TensorFlow's gRPC runtime, 1 worker and 1 PS task, on the same sizes.
 
@@ -162,6 +165,57 @@ def worker_ps(args):
     os._exit(0)
 
 
+# One MultiWorkerMirroredStrategy task (TF_CONFIG in its environment): the strategy's all_reduce of
+# each size, timed; task 0 prints the medians.
+MWMS_TASK = """
+import json, os, statistics, sys, time
+import tensorflow as tf
+impl = tf.distribute.experimental.CommunicationImplementation.RING
+strategy = tf.distribute.MultiWorkerMirroredStrategy(
+    communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+sizes, repeats, warmup = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+for label, nbytes in sizes:
+    x = tf.ones([nbytes // 4], tf.float32)
+    step = tf.function(lambda: strategy.run(
+        lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.identity(x))))
+    times = []
+    for i in range(warmup + repeats):
+        t = time.perf_counter()
+        float(strategy.experimental_local_results(step())[0][0])
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    if task == 0:
+        print("RESULT " + json.dumps({"label": label, "bytes": nbytes, "impl": "mwms",
+                                      "seconds": statistics.median(times)}), flush=True)
+"""
+
+
+def run_mwms(np_, sizes, repeats, warmup, timeout=1200):
+    """``np_`` MultiWorkerMirroredStrategy tasks on loopback ports (the bind shim keeps their gRPC
+    servers there); task 0's RESULT lines."""
+    from common.procs import child_env, free_ports, loopback_only_env
+    spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(np_)]}
+    procs = []
+    try:
+        for i in range(np_):
+            env = child_env(**loopback_only_env(),
+                            TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "worker", "index": i}}))
+            procs.append(subprocess.Popen([sys.executable, "-c", MWMS_TASK, json.dumps(sizes), str(repeats),
+                                           str(warmup)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          env=env, cwd=REPO, start_new_session=True))
+        out, err = procs[0].communicate(timeout=timeout)
+        results = [json.loads(l.split("RESULT ", 1)[1]) for l in out.splitlines() if "RESULT " in l]
+        if not results:
+            print(f"FAILED ({procs[0].returncode}): MultiWorkerMirroredStrategy tasks\n{err[-2000:]}", file=sys.stderr)
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+
 # ---------------------------------------------------------------- driver
 def run_job(argv, env, timeout=1200):
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
@@ -214,6 +268,7 @@ def main():
     results += run_job([os.path.join(bindir, "horovodrun"), "--gloo", "-np", str(args.np), "-H",
                         f"localhost:{args.np}"] + me + ["--worker", "allreduce", "--impl", "gloo-tuned"] + common,
                        dict(env, **tuned))
+    results += run_mwms(args.np, sizes, args.repeats, args.warmup)
     results += run_job(me + ["--worker", "ps"] + common, env)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

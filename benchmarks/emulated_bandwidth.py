@@ -40,7 +40,7 @@ sys.path.insert(0, REPO)
 from hvdps import emulate                                    # noqa: E402
 from hvdps.launchers import Remote, remote_mpi_flags     # noqa: E402
 from common.procs import child_env                           # noqa: E402
-from comm_bandwidth import PS_TASK                           # noqa: E402  (this folder is on sys.path)
+from comm_bandwidth import MWMS_TASK, PS_TASK                # noqa: E402  (this folder is on sys.path)
 
 COMM = os.path.join(HERE, "comm_bandwidth.py")
 
@@ -69,32 +69,6 @@ for i in range(warmup + repeats):
     if i >= warmup:
         times.append(time.perf_counter() - t)
 print(json.dumps(statistics.median(times)))
-"""
-
-
-# One MultiWorkerMirroredStrategy task (TF_CONFIG in its environment): the strategy's all_reduce of
-# each size, timed; task 0 prints the medians.
-MWMS_TASK = """
-import json, os, statistics, sys, time
-import tensorflow as tf
-impl = tf.distribute.experimental.CommunicationImplementation.RING
-strategy = tf.distribute.MultiWorkerMirroredStrategy(
-    communication_options=tf.distribute.experimental.CommunicationOptions(implementation=impl))
-task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-sizes, repeats, warmup = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-for label, nbytes in sizes:
-    x = tf.ones([nbytes // 4], tf.float32)
-    step = tf.function(lambda: strategy.run(
-        lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.identity(x))))
-    times = []
-    for i in range(warmup + repeats):
-        t = time.perf_counter()
-        float(strategy.experimental_local_results(step())[0][0])
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-    if task == 0:
-        print("RESULT " + json.dumps({"label": label, "bytes": nbytes, "impl": "mwms",
-                                      "seconds": statistics.median(times)}), flush=True)
 """
 
 

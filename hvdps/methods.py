@@ -28,12 +28,15 @@ class Ring:
     rank to rank (no server). ``dense_modes``: the modes that all-reduce embedding tables whole
     (otherwise their slices are all-gathered, which is not the ring's rule: no link prediction).
     ``wait_free``: the exchange starts while back-propagation runs (Horovod's background thread and
-    fusion, played out by schedule.ring_step); otherwise one all-reduce after it."""
+    fusion, played out by schedule.ring_step); otherwise one all-reduce after it. ``network``: the
+    fit of latency and bandwidth the projection costs it with (hvdps/projection.py: ``allreduce``,
+    fitted from Horovod's measured collectives, or a family of its own such as TensorFlow's ring),
+    where no flag or emulated cluster gives every method the same network."""
     collective = True       # no server tasks; one worker alone exchanges nothing
     arch = "ring"           # the projection's architecture this method is measured against
 
-    def __init__(self, dense_modes=("sync",), wait_free=False, how=None):
-        self.dense_modes, self.wait_free = tuple(dense_modes), wait_free
+    def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network="allreduce"):
+        self.dense_modes, self.wait_free, self.network = tuple(dense_modes), wait_free, network
         self.how = how or ("ring, wait-free schedule of the layers" if wait_free
                            else "ring Allreduce after back-propagation")
 
@@ -76,6 +79,7 @@ class ParameterServers:
     worker at its own pace, the busiest PS link shared by all."""
     collective = False
     arch = "PS k=1"
+    network = "ps"
 
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
         dense, sparse = (gradient.get(k) or 0 for k in ("dense_bytes", "sparse_bytes"))
@@ -163,7 +167,7 @@ METHODS = {m.name: m for m in (
            overhead={"sync": "the MPI_Allreduce of the gradients and waiting for the slower rank"},
            alone={"sync": "the MPI calls with no peer to exchange with (one worker: no traffic, no slower rank)"}),
     Method("mwms", {"sync": "TF all-reduce (MWMS)"}, launchers.MWMSLauncher,
-           Ring(dense_modes=()),
+           Ring(dense_modes=(), network="mwms"),
            overhead={"sync": "TensorFlow's collective all-reduce of the gradients (after back-propagation, in "
                              "apply_gradients) and waiting for the slower worker"},
            alone={"sync": "the strategy's machinery with no peer to exchange with (one worker: no all-reduce "

@@ -64,7 +64,8 @@ def fit_alpha_beta(points):
 
 
 def fit_from_comm(comm_results, np_=2):
-    """alpha/B for ring all-reduce (Horovod rows) and PS push/pull from comm.json results.
+    """alpha/B for ring all-reduce (Horovod rows: ``allreduce``; TensorFlow's MultiWorkerMirrored
+    rows: ``mwms``) and PS push/pull from comm.json results.
 
     The 2-rank ring moves M/B and pays 2 alphas, so t = 2*alpha + M/B; push and
     pull each pay one alpha and move M once. A family whose points cannot be fitted
@@ -73,18 +74,22 @@ def fit_from_comm(comm_results, np_=2):
     def pts(prefix):
         return [(r["bytes"], r["seconds"]) for r in comm_results if r["impl"].startswith(prefix)]
 
-    fits = {}
-    hv = [r for r in comm_results if r["impl"].startswith("horovod")]
-    if hv:
+    def ring_fit(rows, what):
         best = {}
-        for r in hv:   # best Horovod setting per size: what a tuned trainer gets
+        for r in rows:   # the best setting per size: what a tuned trainer gets
             best[r["bytes"]] = min(best.get(r["bytes"], float("inf")), r["seconds"])
         try:
             a, b = fit_alpha_beta(best.items())
-            scale = 2.0 * (np_ - 1) / np_
-            fits["allreduce"] = {"alpha": a / (2 * (np_ - 1)), "bandwidth": b * scale}
         except Unmeasurable as exc:
-            fits["allreduce"] = {"error": f"ring all-reduce: {exc}"}
+            return {"error": f"{what}: {exc}"}
+        return {"alpha": a / (2 * (np_ - 1)), "bandwidth": b * 2.0 * (np_ - 1) / np_}
+
+    fits = {}
+    for key, prefix, what in (("allreduce", "horovod", "ring all-reduce"),
+                              ("mwms", "mwms", "TensorFlow's ring all-reduce")):
+        rows = [r for r in comm_results if r["impl"].startswith(prefix)]
+        if rows:
+            fits[key] = ring_fit(rows, what)
     for impl in ("ps-push", "ps-pull"):
         p = pts(impl)
         if p:
@@ -121,8 +126,12 @@ def single_layer(grad_bytes):
 
 
 def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, cycle_s=1e-3,
-            fusion_bytes=128 << 20, straggler_cv=0.0, placement="round_robin", measured=None, ps_towers=1):
+            fusion_bytes=128 << 20, straggler_cv=0.0, placement="round_robin", measured=None, ps_towers=1,
+            own=None):
     """Rows of projected step time and efficiency for each worker count and architecture.
+
+    ``own``: {label: (method, fit)} for collective methods measured with a network of their own
+    (TensorFlow's ring): each adds rows by its method's step model (hvdps/methods.py) on that fit.
 
     PS rows: a fixed number of shards each (``shards``), and one PS per server
     (k = n / per_server), the layout that grows with the cluster; ``ps_towers``
@@ -153,6 +162,12 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
             res = schedule.ring_step(layers, compute_s, n, ring["bandwidth"] * scale, ring["alpha"],
                                      fusion_bytes, cycle_s)
             add(n, label, res)
+        for label, (method, net) in (own or {}).items():
+            row = {"workers": n, "compute_s": compute_s, "grad_bytes_per_step": grad, "mode": method.modes[0]}
+            step, _ = method.cost.projected_step(row, {}, layers, net, ps, fusion_bytes, cycle_s)
+            t = method.cost.exchange_s(row, net, ps) or 0.0
+            add(n, label, {"step_s": step, "comm_s": t,
+                           "overlap": max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0})
         for label, overlap in (measured or {}).items():
             if label.startswith("ring"):
                 t = ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"])
@@ -241,13 +256,19 @@ def find_runs(path):
     return sorted(found)
 
 
-def run_exchange_s(row, ring, ps):
+def ring_of(method, ring, nets):
+    """The latency and bandwidth ``method``'s ring is costed with: its own fit (``nets``, by the
+    cost model's ``network``) where there is one, else the ring's."""
+    return (nets or {}).get(getattr(method.cost, "network", None)) or ring
+
+
+def run_exchange_s(row, ring, ps, nets=None):
     """The run's exchange time per step: measured where the backend times it, else the alpha-beta
     cost of its method (hvdps/methods.py)."""
     if row.get("exchange_s"):
         return row["exchange_s"], "measured"
     method = methods.lookup(row.get("backend"))
-    t = method.cost.exchange_s(row, ring, ps) if method else None
+    t = method.cost.exchange_s(row, ring_of(method, ring, nets), ps) if method else None
     return (t, "alpha-beta") if t is not None else (None, None)
 
 
@@ -269,7 +290,7 @@ def model_layers_of(run_dir):
     return layer_profile(build_model(cfg))
 
 
-def from_runs(path, ring, ps):
+def from_runs(path, ring, ps, nets=None):
     """compute_s, layers, grad bytes and per-backend measured overlaps from the runs under ``path``."""
     dirs = find_runs(path)
     if not dirs:
@@ -294,7 +315,7 @@ def from_runs(path, ring, ps):
         method = methods.lookup(r.get("backend"))
         if method is None or (r.get("workers") or 1) < 2 and method.cost.collective:
             continue
-        t, how = run_exchange_s(r, ring, ps)
+        t, how = run_exchange_s(r, ring, ps, nets)
         ov = measured_overlap(r, t)
         if ov is None:
             continue
@@ -337,24 +358,25 @@ def cluster_of(path):
     return None
 
 
-def projected_step(row, header, layers, ring, ps, fusion_bytes, cycle_s):
+def projected_step(row, header, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
     """(the step time the network model gives this run, how): its own compute, its gradient M, its
     worker count n and, for PS, the bytes its busiest PS task holds (header ``ps_shard_bytes``), by
     its method's step model (hvdps/methods.py); (None, None) for a method this version lacks."""
     method = methods.lookup(row.get("backend"))
     if method is None:
         return None, None
-    return method.cost.projected_step(row, header, layers, ring, ps, fusion_bytes, cycle_s)
+    return method.cost.projected_step(row, header, layers, ring_of(method, ring, nets), ps, fusion_bytes, cycle_s)
 
 
-def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s):
+def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
     """A row per multi-worker run under ``path``: measured step time beside the projected one."""
     rows = []
     for d in find_runs(path):
         row, curves = load_run(d)
         if (row.get("workers") or 1) < 2 or not row.get("step_s") or not row.get("compute_s"):
             continue
-        projected, how = projected_step(row, curves.get("header") or {}, layers, ring, ps, fusion_bytes, cycle_s)
+        projected, how = projected_step(row, curves.get("header") or {}, layers, ring, ps, fusion_bytes, cycle_s,
+                                        nets)
         if projected is None:
             continue
         rows.append({"run": os.path.basename(d), "backend": row["backend"], "mode": row.get("mode"),
@@ -445,6 +467,19 @@ def network(args, fits, source="--comm-json", cluster=None):
     return ring, ps
 
 
+def networks(args, fits, ring, ps, cluster=None):
+    """{network: alpha/B} for the cost models (hvdps/methods.py, ``network``): the ring's and the PS's
+    as ``network`` chose them, plus each family comm.json measured on its own (TensorFlow's ring,
+    ``mwms``) unless flags or an emulated cluster's links give every method the same network."""
+    nets = {"allreduce": ring, "ps": ps}
+    shared = bool(cluster and cluster.get("latency_s")) or args.bandwidth_gbps is not None or \
+        args.latency_us is not None
+    for key, fit in fits.items():
+        if key not in nets and not shared and "error" not in fit:
+            nets[key] = fit
+    return nets
+
+
 def run_projection(args):
     """The projection from measurements and/or given hardware."""
     from common.config import check_finite
@@ -488,6 +523,9 @@ def run_projection(args):
     if not ring or not ps:
         raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
                          f"and no --bandwidth-gbps/--latency-us given")
+    nets = networks(args, fits, ring, ps, cluster)
+    own = {method.label(method.modes[0]): (method, nets[method.cost.network]) for method in methods.METHODS.values()
+           if method.cost.collective and nets.get(method.cost.network) not in (None, ring)}
     profiles = known_models()
     if args.model_name and args.model_name not in profiles:
         raise UsageError(f"unknown --model-name '{args.model_name}' (valid: {', '.join(profiles)})")
@@ -497,7 +535,7 @@ def run_projection(args):
     compute = args.step_compute_ms / 1e3 if args.step_compute_ms else None
     measured, notes = {}, []
     if args.from_dir:
-        run_compute, run_layers, measured, notes = from_runs(args.from_dir, ring, ps)
+        run_compute, run_layers, measured, notes = from_runs(args.from_dir, ring, ps, nets)
         compute = compute or run_compute
         layers = layers or run_layers
     if not layers or not compute:
@@ -508,7 +546,7 @@ def run_projection(args):
     rows = project(layers, compute, workers, ring, ps,
                    per_server=args.gpus_per_server, cycle_s=args.cycle_time_ms / 1e3,
                    fusion_bytes=int(args.fusion_threshold_mb * (1 << 20)), straggler_cv=args.straggler_cv,
-                   placement=args.ps_placement, measured=measured, ps_towers=args.ps_gpus_per_worker)
+                   placement=args.ps_placement, measured=measured, ps_towers=args.ps_gpus_per_worker, own=own)
     make_dirs(args.out)
     text = (f"# Scaling projection\n\ngradient {_size(grad)} in {len(layers)} layer(s), compute "
             f"{compute * 1e3:.1f} ms/step, ring: {ring['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
@@ -517,13 +555,16 @@ def run_projection(args):
             f"{args.ps_gpus_per_worker} GPU(s) per PS worker task; Horovod cycle "
             f"{args.cycle_time_ms:g} ms, fusion {args.fusion_threshold_mb:g} MiB; PS placement "
             f"{args.ps_placement}; straggler cv {args.straggler_cv:g}\n\n")
+    for label, (_, net) in own.items():
+        text += (f"{label}: its own fit from {comm_json}, {net['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
+                 f"{net['alpha'] * 1e6:.1f} us.\n\n")
     if cluster and cluster.get("latency_s") and (args.bandwidth_gbps is None or args.latency_us is None):
         text += (f"Network: the emulated cluster's links ({cluster['rate']}, carrying {TCP_GOODPUT:.1%} of it as "
                  f"TCP payload; latency {cluster['latency_s'] * 1e6:.0f} us, half the measured round trip).\n\n")
     if notes:
         text += "Measured in the runs:\n\n" + "\n".join(f"- {x}" for x in notes) + "\n\n"
     checked = check_runs(args.from_dir, layers, ring, ps, int(args.fusion_threshold_mb * (1 << 20)),
-                         args.cycle_time_ms / 1e3) if args.from_dir else []
+                         args.cycle_time_ms / 1e3, nets) if args.from_dir else []
     if checked:
         ratios = sorted(r["ratio"] for r in checked)
         text += ("## Projected against measured\n\nEach multi-worker run's median step beside what the model "
@@ -539,6 +580,7 @@ def run_projection(args):
     write_atomic(os.path.join(args.out, "projection.md"), text + "\n![projection](projection.png)\n")
     write_atomic(os.path.join(args.out, "projection.json"), dumps({
                        "grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": ps,
+                       "own_fits": {label: net for label, (_, net) in own.items()},
                        "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
                        "ps_placement": args.ps_placement, "ps_gpus_per_worker": args.ps_gpus_per_worker,

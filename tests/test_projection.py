@@ -330,3 +330,51 @@ def test_network_from_the_cluster_is_its_rate_at_tcp_goodput_and_its_latency():
     Args.bandwidth_gbps, Args.latency_us = 1.0, 10.0            # given flags win
     ring, _ = pj.network(Args(), {}, cluster={"rate_bps": 5e7, "latency_s": 4e-5})
     assert ring == {"bandwidth": 1e9 / 8, "alpha": pytest.approx(1e-5)}
+
+
+def test_tf_ring_is_fitted_from_its_own_measurements():
+    """comm_bandwidth.py's mwms rows (TensorFlow's ring) get a fit of their own, by the ring's formula."""
+    res = [{"impl": "horovod-mpi", "bytes": b, "seconds": 2e-5 + b / 1e9} for b in (1e6, 1e7, 1e8)]
+    res += [{"impl": "mwms", "bytes": b, "seconds": 6e-4 + b / 8e8} for b in (1e6, 1e7, 1e8)]
+    fits = pj.fit_from_comm(res, 2)
+    assert fits["mwms"]["alpha"] == pytest.approx(3e-4) and fits["mwms"]["bandwidth"] == pytest.approx(8e8)
+    assert fits["allreduce"]["alpha"] == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize("flags, cluster, own", [
+    ({}, None, True),                                              # measured alone: each method its own fit
+    ({"bandwidth_gbps": 10.0, "latency_us": 5.0}, None, False),    # given hardware: the same for every method
+    ({}, {"rate_bps": 5e7, "latency_s": 4e-5}, False),             # an emulated cluster's links: likewise
+])
+def test_a_method_is_costed_with_its_own_fit_only_where_the_network_is_measured(flags, cluster, own):
+    class Args:
+        bandwidth_gbps = flags.get("bandwidth_gbps")
+        latency_us = flags.get("latency_us")
+        ps_bandwidth_gbps = None
+    ring, ps, tf_ring = {"bandwidth": B, "alpha": A}, {"bandwidth": B, "alpha": A}, {"bandwidth": B / 2, "alpha": 3 * A}
+    nets = pj.networks(Args(), {"allreduce": ring, "mwms": tf_ring}, ring, ps, cluster)
+    row = {"backend": "mwms", "mode": "sync", "workers": 3, "compute_s": C, "grad_bytes_per_step": M}
+    step, _ = pj.projected_step(row, {}, pj.single_layer(M), ring, ps, 128 << 20, 1e-3, nets)
+    net = tf_ring if own else ring
+    assert step == pytest.approx(C + pj.ring_allreduce_time(3, M, net["bandwidth"], net["alpha"]), rel=1e-9)
+    # bare MPI's ring is the shared one either way
+    step, _ = pj.projected_step(dict(row, backend="mpi"), {}, pj.single_layer(M), ring, ps, 128 << 20, 1e-3, nets)
+    assert step == pytest.approx(C + pj.ring_allreduce_time(3, M, B, A), rel=1e-9)
+
+
+def test_projection_lines_for_tf_ring_from_a_comm_file(tmp_path):
+    """A comm file with TensorFlow's ring measured: the projection adds its line, on its own fit."""
+    res = [{"impl": "horovod-mpi", "bytes": b, "seconds": 2e-5 + b / 1e9} for b in (1e6, 1e7, 1e8)]
+    res += [{"impl": "mwms", "bytes": b, "seconds": 6e-4 + b / 8e8} for b in (1e6, 1e7, 1e8)]
+    res += [{"impl": p, "bytes": b, "seconds": 1e-4 + b / 5e8} for p in ("ps-push", "ps-pull") for b in (1e6, 1e8)]
+    comm = tmp_path / "comm.json"
+    comm.write_text(json.dumps({"np": 2, "results": res}))
+    out = tmp_path / "p"
+    assert pj.main(["--comm-json", str(comm), "--model-name", "resnet101", "--step-compute-ms", "500",
+                    "--max-workers", "64", "--straggler-cv", "0", "--out", str(out)]) == 0
+    data = json.load(open(out / "projection.json"))
+    (label, fit), = data["own_fits"].items()
+    assert fit["alpha"] == pytest.approx(3e-4) and "MWMS" in label
+    tf64 = next(r for r in data["rows"] if r["workers"] == 64 and r["arch"] == label)
+    assert tf64["step_s"] == pytest.approx(0.5 + pj.ring_allreduce_time(64, data["grad_bytes"], 8e8, 3e-4), rel=1e-6)
+    assert label in open(out / "projection.md").read()
