@@ -54,13 +54,10 @@ def make_parser():
 def parse_args(argv):
     from common.config import check_finite, from_args
     from mwms_train.backend import check_mwms_flags
+    from ps_train.launch import refuse_chosen
     p = make_parser()
     args = p.parse_args(argv)
-    for name in CHOSEN_BY_LAUNCHER:
-        if getattr(args, name) is not None:
-            raise UsageError(f"--{name} is chosen by the launcher; do not pass it")
-    if os.environ.get("TF_CONFIG", "").strip():
-        raise UsageError("TF_CONFIG is set: the launcher chooses the cluster itself; unset it")
+    refuse_chosen(args, CHOSEN_BY_LAUNCHER)
     if not 1 <= args.num_workers <= 1024:
         raise UsageError(f"--num_workers must be in [1, 1024], got {args.num_workers}")
     check_finite("timeout", args.timeout)

@@ -294,17 +294,22 @@ LAUNCHER_FLAGS = ("num_ps", "num_workers", "host", "pin_workers", "timeout", "ma
                   "ps_placement", "port")
 
 
+def refuse_chosen(args, chosen):
+    """A launcher places every task itself: a task's own cluster flags or TF_CONFIG are usage errors."""
+    for name in chosen:
+        if getattr(args, name) is not None:
+            raise UsageError(f"--{name} is chosen by the launcher; do not pass it")
+    if os.environ.get("TF_CONFIG", "").strip():
+        raise UsageError("TF_CONFIG is set: the launcher chooses the cluster itself; unset it")
+
+
 def parse_args(argv):
     """(launcher + trainer args, the parser): the trainer flags validated once, here."""
     from common.config import check_finite, from_args
     from ps_train.cluster import check_ps_flags
     p = make_parser()
     args = p.parse_args(argv)
-    for name in CHOSEN_BY_LAUNCHER:
-        if getattr(args, name) is not None:
-            raise UsageError(f"--{name} is chosen by the launcher; do not pass it")
-    if os.environ.get("TF_CONFIG", "").strip():
-        raise UsageError("TF_CONFIG is set: the launcher chooses the cluster itself; unset it")
+    refuse_chosen(args, CHOSEN_BY_LAUNCHER)
     if args.num_ps < 1 or args.num_workers < 1:
         raise UsageError("--num_ps and --num_workers must be at least 1")
     if not 0 < args.port < 65536:
