@@ -30,6 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from results_file import save  # noqa: E402
+from common.schemas import read_result  # noqa: E402
 
 
 def bare_worker(args):
@@ -110,7 +111,7 @@ def run_bare(args, scratch, rep):
             str(args.batch_size), "--steps", str(args.steps), "--lr", str(args.lr)]
     cmd, env = launch(args.np, argv)
     t0, t1 = run(cmd, env, args.timeout)
-    rec = json.load(open(result))
+    rec = read_result(result)
     times = rec["times"]
     rates = interval_rates(times, args.warmup, args.interval, args.np * args.batch_size)
     return {"samples_per_sec": statistics.median(rates), "startup_s": times[args.warmup - 1] - t0,

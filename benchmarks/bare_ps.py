@@ -285,11 +285,13 @@ def table(results, modes, impls):
 
 def pooled(paths):
     """The runs of earlier invocations together; a pair stays within its own invocation."""
+    from common.errors import UsageError
+    from common.schemas import read_result
     results = []
     for k, path in enumerate(paths):
         try:
-            runs = json.load(open(path))["results"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            runs = read_result(path)["results"]
+        except (UsageError, KeyError, TypeError) as exc:
             raise ValueError(f"--pool {path}: not a bare_ps.py result file ({exc})")
         results += [dict(r, repeat=(k, r["repeat"])) for r in runs]
     modes = list(dict.fromkeys(r["mode"] for r in results))

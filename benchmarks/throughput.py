@@ -25,6 +25,7 @@ sys.path.insert(0, REPO)
 
 from common.metrics import load_run  # noqa: E402
 from common.procs import child_env  # noqa: E402
+from common.schemas import read_launch_record  # noqa: E402
 from hvdps.methods import get_launcher  # noqa: E402
 
 MODELS = {   # synthetic data shape, classes, per-worker batch, steps (global-batch steps), warm-up
@@ -83,7 +84,7 @@ def main():
                                        exchange_ms=_ms(r["exchange_s"]))
                             launch = os.path.join(out, "launch.json")
                             if os.path.exists(launch):
-                                row["cpu_seconds"] = json.load(open(launch))["cpu_seconds"]
+                                row["cpu_seconds"] = read_launch_record(launch).cpu_seconds
                         else:
                             row["error"] = (p.stderr or p.stdout)[-500:]
                         rows.append(row)

@@ -94,10 +94,6 @@ class Config:
             d["image_shape"] = tuple(d["image_shape"])
         return cls(**d)
 
-    @classmethod
-    def from_json(cls, text):
-        return cls.from_dict(json.loads(text))
-
     def save(self, directory, name="config.json"):
         """Write atomically so a crash never leaves a half-written config."""
         from common.files import make_dirs, write_atomic
@@ -130,6 +126,8 @@ def check_finite(name, value):
 def validate(cfg):
     for f in dataclasses.fields(cfg):
         check_finite(f.name, getattr(cfg, f.name))
+        if isinstance(getattr(cfg, f.name), str) and not getattr(cfg, f.name).strip():
+            raise UsageError(f"--{f.name} must not be empty")
     _known_or_plugin("model", cfg.model, MODELS)
     _known_or_plugin("dataset", cfg.dataset, DATASETS)
     _one_of("optimizer", cfg.optimizer, OPTIMIZERS)
@@ -237,13 +235,60 @@ def _bool(text):
     raise argparse.ArgumentTypeError(f"expected true/false, got '{text}'")
 
 
+# What no flag of any entry point may be: numbers past these are typos or overflow, not settings
+# (2**48 steps, bytes or seconds; a float above 1e15 is past every rate, size or time hvdps takes).
+FLAG_INT_MAX = 2 ** 48
+FLAG_FLOAT_MAX = 1e15
+
+
+def check_flag_value(flag, value, low=0, high=None):
+    """The rule every parsed flag value meets, whatever the entry point: no empty or blank string
+    (an empty --train_dir would mean "here", an empty --hosts "locally"), no NaN or infinity (they
+    pass every < and > check), no number below ``low`` (0 unless the flag says) or past the
+    bounds above. Per-flag meaning (a port's range, a known model name) is checked after this."""
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            check_flag_value(flag, v, low)
+        return
+    if isinstance(value, str):
+        if not value.strip():
+            raise UsageError(f"{flag} must not be empty")
+        if "\0" in value:
+            raise UsageError(f"{flag} must not contain a NUL byte")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"{flag} must be a finite number, got {value}")
+    if high is None:
+        high = FLAG_INT_MAX if isinstance(value, int) else FLAG_FLOAT_MAX
+    if not low <= value <= high:
+        raise UsageError(f"{flag} must be in [{low:g}, {high:g}], got {value!r}")
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse that fails with one ``error:`` line and exit 2 (no usage dump), and takes
-    flags only by their full names (``--model`` must not silently mean ``--model-name``)."""
+    """argparse that fails with one ``error:`` line and exit 2 (no usage dump), takes flags only by
+    their full names (``--model`` must not silently mean ``--model-name``), and holds every value
+    to ``check_flag_value``: one validation for every entry point. A flag with a range of its own
+    (below 0, or narrower) declares it with ``bound(dest, low, high)``."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self._bounds = {}
+
+    def bound(self, dest, low, high=None):
+        self._bounds[dest] = (low, high)
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            if not action.option_strings or action.dest in ("help", argparse.SUPPRESS):
+                continue
+            value = getattr(ns, action.dest, None)
+            if value is not None and value is not action.default:
+                check_flag_value(action.option_strings[0], value, *self._bounds.get(action.dest, (0, None)))
+        return ns, rest
 
     def error(self, message):
         raise UsageError(message)
@@ -351,11 +396,3 @@ def make_config(**kw):
         kw["image_shape"] = tuple(kw["image_shape"])
     return Config(**kw)
 
-
-def load(path):
-    from common.files import MiB, read_input
-    text = read_input(path, "config", max_bytes=16 * MiB)
-    try:
-        return Config.from_json(text)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: cannot read config: {exc}")

@@ -236,6 +236,14 @@ def check_arrays(arrays, source, num_classes=None, ids=False):
             if bad.any():
                 raise DataError(f"{source}: x_{split} has NaN or infinite values in {int(bad.sum())} example(s), "
                                 f"the first at index {int(np.argmax(bad))}")
+        if not ids and x.dtype.kind in "iuf" and x.dtype.itemsize > 4:
+            # float64 (or int64) features are trained as float32: past 3.4e38 they become inf, and the
+            # error would come steps later, blaming the learning rate
+            big = (np.abs(x.reshape(len(x), -1)) > np.finfo(np.float32).max).any(axis=1)
+            if big.any():
+                raise DataError(f"{source}: x_{split} has values beyond float32's range (|x| > 3.4e38) in "
+                                f"{int(big.sum())} example(s), the first at index {int(np.argmax(big))}: they "
+                                f"would train as infinity; scale the features")
         if y.dtype.kind not in "iu" or y.ndim != 1 or len(y) != len(x):
             raise DataError(f"{source}: y_{split} has shape {y.shape} and dtype {y.dtype}; expected {len(x)} "
                             f"integer class ids")

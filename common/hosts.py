@@ -138,7 +138,10 @@ def parse_cluster_spec(path):
             import yaml
             data = yaml.safe_load(text)
         else:
-            data = json.loads(text)
+            from common.schemas import parse_json
+            data = parse_json(text, path)
+    except UsageError:
+        raise
     except Exception as exc:  # json/yaml raise different types; one message
         raise UsageError(f"{path}: not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}: "
                          f"{str(exc).splitlines()[0]}")
@@ -149,10 +152,8 @@ def parse_cluster_spec(path):
 
 def parse_tf_config(text, source="TF_CONFIG", need_ps=True):
     """Kubeflow TFJob's TF_CONFIG -> (cluster, role, index)."""
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"{source} is not valid JSON: {exc}")
+    from common.schemas import parse_json
+    data = parse_json(text, source)
     if not isinstance(data, dict) or "cluster" not in data or "task" not in data:
         raise UsageError(f"{source} must have 'cluster' and 'task' keys")
     cluster = validate_cluster(data["cluster"], source, need_ps)

@@ -85,8 +85,8 @@ def build_profile(name, classes=1000):
 
 
 def load_profiles(path=PROFILES):
-    with open(path) as f:
-        return json.load(f)
+    from common.schemas import read_profiles
+    return read_profiles(path)
 
 
 def main(argv=None):

@@ -172,53 +172,10 @@ def _num(x):
 
 
 # ---------------------------------------------------------------- reading back
-_NUMBER = (int, float)
-# What a field must be for the report to use it; a record written by hand or another tool with
-# "throughput": "fast" loses that field (shown as missing), never crashes the report.
-FIELD_TYPES = {
-    "global_step": _NUMBER, "samples_seen": _NUMBER, "wall_time": _NUMBER, "loss": _NUMBER,
-    "samples_per_sec": _NUMBER, "accuracy": _NUMBER, "epoch": _NUMBER, "world_size": int, "num_ps": int,
-    "backend": str, "mode": str, "model": str, "dataset": str, "status": str, "start_time": _NUMBER,
-    "batch_size_per_worker": int, "global_batch_size": int, "plan": dict, "config": dict,
-    "throughput": dict, "final_test_accuracy": _NUMBER, "final_test_loss": _NUMBER,
-    "time_to_target": _NUMBER, "total_time": _NUMBER, "grad_bytes_per_step": _NUMBER, "steps": _NUMBER,
-    "breakdown": dict, "wire": dict,
-}
-REQUIRED = {"step": ("global_step",), "eval": ("global_step",)}
-
-
-def _typed(rec):
-    out = {k: v for k, v in rec.items() if k not in FIELD_TYPES or v is None or
-           (isinstance(v, FIELD_TYPES[k]) and not (isinstance(v, float) and not math.isfinite(v)))}
-    if "throughput" in out:
-        out["throughput"] = {k: v for k, v in out["throughput"].items() if isinstance(v, _NUMBER)}
-    return out
-
-
 def read_records(path):
-    """All complete records of a metrics file; a torn last line (crash) and lines that are
-    not records (binary junk, arrays, objects without a known ``type``) are skipped."""
-    records = []
-    if os.path.exists(path):     # a FIFO or device in a run directory would block for good
-        from common.files import check_regular
-        check_regular(path, "a metrics file", 8 << 30)
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.endswith("\n"):
-                    break
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(rec, dict) and rec.get("type") in RECORD_TYPES:
-                    rec = _typed(rec)
-                    if all(k in rec for k in REQUIRED.get(rec["type"], ())):
-                        records.append(rec)
-    except OSError as exc:
-        from common.errors import UsageError
-        raise UsageError(f"{path}: cannot read: {exc.strerror}")
-    return records
+    """All complete records of a metrics file, each held to its schema (common/schemas.py)."""
+    from common.schemas import read_metrics
+    return read_metrics(path)
 
 
 def measured_interval(header, steps):
@@ -248,21 +205,15 @@ def _ps_cpu_seconds(run_dir, interval):
     (launch.json's cpu_series); None when the run was not started by it or the samples do not
     cover the interval. Whole-process totals would count start-up and imports against a
     training-only time."""
-    try:
-        with open(os.path.join(run_dir, "launch.json")) as f:
-            series = json.load(f).get("cpu_series") or {}
-    except (OSError, ValueError, AttributeError):
+    from common.schemas import read_launch_record
+    path = os.path.join(run_dir, "launch.json")
+    if not interval or not os.path.lexists(path):
         return None
-    if not interval or not isinstance(series, dict):
-        return None
+    series = read_launch_record(path).cpu_series
     total = 0.0
     for name, points in series.items():
-        if not str(name).startswith("ps:") or not isinstance(points, list):
+        if not name.startswith("ps:"):
             continue
-        try:
-            points = [(float(t), float(c)) for t, c in points]
-        except (TypeError, ValueError):
-            return None
         a, b = _cpu_at(points, interval[0]), _cpu_at(points, interval[1])
         if a is None or b is None:
             return None

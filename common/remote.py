@@ -170,25 +170,44 @@ def check_hosts(hosts, agent, out_dir, timeout=30):
         os.unlink(token)
 
 
-def local_network_of(host):
-    """The CIDR of this machine's interface that routes to ``host`` (``ip route get``): the network
-    MPI's traffic is kept on when the user names none."""
+def _address_of(host):
     try:
-        addr = str(ipaddress.ip_address(host))
+        return str(ipaddress.ip_address(host))
     except ValueError:
         import socket
         try:
-            addr = socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
+            return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
         except (socket.gaierror, IndexError, UnicodeError):
             raise UsageError(f"host {host}: cannot resolve its address; name the network with --network-interface")
+
+
+def _ip(argv):
+    return subprocess.run(["ip", "-o", *argv], capture_output=True, text=True, timeout=10).stdout
+
+
+def local_network_of(host):
+    """The network of this machine's interface that reaches ``host``: the route's device
+    (``ip route get``) and that device's IPv4 network. A host that is this machine routes through
+    ``lo`` even when it is named by its cluster address; then the network is that of the interface
+    holding the address (never 127.0.0.0/8, which would keep Open MPI's daemons from calling back
+    from the other hosts). Only a loopback address gives the loopback network."""
+    addr = _address_of(host)
     try:
-        route = subprocess.run(["ip", "-o", "route", "get", addr], capture_output=True, text=True, timeout=10)
-        dev = re.search(r"\bdev (\S+)", route.stdout).group(1)
-        shown = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", dev], capture_output=True, text=True,
-                               timeout=10).stdout
-        cidr = re.search(r"inet (\S+)", shown).group(1)
+        dev = re.search(r"\bdev (\S+)", _ip(["route", "get", addr])).group(1)
+        if dev == "lo":
+            if ipaddress.ip_address(addr).is_loopback:
+                return "127.0.0.0/8"
+            held = re.search(rf"\binet ({re.escape(addr)}/\d+)", _ip(["-4", "addr", "show"]))
+            return str(ipaddress.ip_interface(held.group(1)).network)
+        cidr = re.search(r"inet (\S+)", _ip(["-4", "addr", "show", "dev", dev])).group(1)
     except (OSError, subprocess.SubprocessError, AttributeError):
         raise UsageError(f"host {host}: cannot tell which network reaches it; name it with --network-interface")
-    if dev == "lo":
-        return "127.0.0.0/8"
     return str(ipaddress.ip_interface(cidr).network)
+
+
+def mpi_network(hosts):
+    """The network Open MPI's traffic is kept on for a job on ``hosts`` [(host, slots)]: the one
+    that reaches the first host other than this machine (the launching machine is usually one of
+    the hosts: a head node, the first node of a batch job), else this machine's own."""
+    nets = [local_network_of(h) for h, _ in hosts]
+    return next((n for n in nets if n != "127.0.0.0/8"), nets[0])

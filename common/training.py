@@ -129,11 +129,11 @@ def check_resume_compatible(cfg, train_dir, backend=None):
     the data order at the wrong position, rescale the learning rate and mis-count the samples
     of every update already taken; hvdps does not convert a checkpoint, it refuses.
     ``backend``: the job being resumed into, once known (every rank can check: no exchange)."""
-    from common.config import load
+    from common.schemas import read_config
     path = os.path.join(train_dir, "config.json")
     if not os.path.exists(path):
         raise UsageError(f"--resume: {path} is missing")
-    old = load(path)
+    old = read_config(path)
     for key in ("model", "dataset", "batch_size", "hidden_units", "image_shape", "num_classes", "seed",
                 "synthetic_samples", "embedding_rows", "embedding_dim", "optimizer", "shuffle"):
         if getattr(old, key) != getattr(cfg, key):
@@ -165,8 +165,8 @@ def save_weights_npz(weights, path):
 
 
 def load_weights_npz(path):
-    with np.load(path) as z:
-        return [z[f"arr_{i}"] for i in range(len(z.files))]
+    from common.schemas import read_weights
+    return read_weights(path)
 
 
 class Progress:

@@ -181,10 +181,9 @@ def elastic_job_id():
 def joining_elastic_job(train_dir):
     """True if ``train_dir`` already belongs to the elastic job this process joins."""
     job = elastic_job_id()
-    try:
-        return job is not None and open(os.path.join(train_dir, "elastic_job")).read().strip() == job
-    except OSError:
-        return False
+    from common.schemas import read_text
+    path = os.path.join(train_dir, "elastic_job")
+    return job is not None and os.path.lexists(path) and read_text(path, "the elastic job id").strip() == job
 
 
 def mark_elastic_job(train_dir):

@@ -33,7 +33,7 @@ import time
 from common.config import argv_of, build_parser, check_finite, from_args
 from common.data import num_examples
 from common.errors import UsageError, cli
-from common.files import MiB, make_dirs, open_new, read_input, writable_dir, write_atomic
+from common.files import make_dirs, open_new, writable_dir, write_atomic
 from common.metrics import read_records
 from common.plan import steps_per_epoch
 from common.procs import REPO, child_env
@@ -66,7 +66,7 @@ def make_remote(args):
         raise UsageError(f"--port must be 1-65535, got {port}")
     hosts = remote.resolve_hosts(args.hosts)
     agent = remote.rsh_argv(args.rsh, args.hosts)
-    network = args.network_interface or remote.local_network_of(hosts[0][0])
+    network = args.network_interface or remote.mpi_network(hosts)
     return Remote(args.hosts, tuple(hosts), tuple(agent), bool(args.rsh), network, args.ps_placement or "own", port)
 
 
@@ -108,12 +108,8 @@ def remote_task_lines(run):
 
 def load_links(path):
     """The emulated cluster's description (written by hvdps-emulate): where its link counters are."""
-    try:
-        links = json.loads(read_input(path, "--links", max_bytes=16 * MiB))
-        assert isinstance(links.get("ports"), dict) and isinstance(links.get("counters"), str)
-        return links
-    except (OSError, ValueError, AssertionError, AttributeError):
-        raise UsageError(f"--links {path}: not a cluster description written by hvdps-emulate")
+    from common.schemas import read_links_spec
+    return read_links_spec(path)
 
 
 def _last_error(log_path):

@@ -23,9 +23,10 @@ import os
 import sys
 
 from common.errors import UsageError, cli
-from common.files import MiB, make_dirs, read_input, write_atomic
+from common.files import make_dirs, write_atomic
 from common.metrics import load_run
 from common.procs import REPO
+from common.schemas import read_cluster_description, read_comm
 
 from hvdps import methods, schedule
 from hvdps.schedule import ps_time, ring_allreduce_time  # noqa: F401  (the projection's formulas)
@@ -282,12 +283,10 @@ def measured_overlap(row, exchange_s):
 def model_layers_of(run_dir):
     """The run's model, rebuilt from its config.json, as per-layer gradient sizes and FLOPs."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ start-up chatter stays out
-    from common.config import Config
     from common.layer_profile import layer_profile
     from common.models import build_model
-    with open(os.path.join(run_dir, "config.json")) as f:
-        cfg = Config.from_json(f.read())
-    return layer_profile(build_model(cfg))
+    from common.schemas import read_config
+    return layer_profile(build_model(read_config(os.path.join(run_dir, "config.json"))))
 
 
 def from_runs(path, ring, ps, nets=None):
@@ -346,13 +345,9 @@ def cluster_of(path):
     here = os.path.abspath(path)
     for _ in range(3):
         candidate = os.path.join(here, "cluster.json")
-        if os.path.exists(candidate):
-            try:
-                with open(candidate) as f:
-                    desc = json.load(f)
-            except (OSError, ValueError) as exc:
-                raise UsageError(f"{candidate}: not an hvdps-emulate cluster description ({exc})")
-            if isinstance(desc, dict) and desc.get("rate_bps"):
+        if os.path.lexists(candidate):
+            desc = read_cluster_description(candidate)
+            if desc.get("rate_bps"):
                 return desc
         here = os.path.dirname(here)
     return None
@@ -439,6 +434,8 @@ def make_parser():
                         "when that is below the link's --bandwidth-gbps")
     p.add_argument("--overlap", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--max-workers", dest="max_workers", type=int, default=512)
+    for name, (low, high) in INPUT_RANGES.items():
+        p.bound(name, low, high)
     p.add_argument("--out", default="runs/projection", help="where projection.md/json/png go")
     return p
 
@@ -510,15 +507,8 @@ def run_projection(args):
     fits = {}
     if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None) and \
             not (cluster and cluster.get("latency_s")):
-        try:
-            data = json.loads(read_input(comm_json, "--comm-json", max_bytes=64 * MiB))
-            ranks = data.get("np", 2)
-            if not isinstance(ranks, int) or not 2 <= ranks <= 65536:
-                raise UsageError(f"--comm-json {comm_json}: np must be the measured ring's ranks, 2..65536, "
-                                 f"got {ranks!r}")
-            fits = fit_from_comm(data["results"], ranks)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"--comm-json {comm_json}: not a comm_bandwidth.py result file ({exc})")
+        comm = read_comm(comm_json)
+        fits = fit_from_comm([r.model_dump() for r in comm.results], comm.np)
     ring, ps = network(args, fits, comm_json, cluster)
     if not ring or not ps:
         raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "

@@ -52,11 +52,9 @@ def collect(runs):
 
 
 def _run_record(run_dir):
-    try:
-        record = json.load(open(os.path.join(run_dir, RUN_RECORD)))
-        return record if isinstance(record, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    from common.schemas import read_run_record
+    path = os.path.join(run_dir, RUN_RECORD)
+    return read_run_record(path) if os.path.lexists(path) else {}
 
 
 def add_startup(row, curves, run_seconds, launched_at=None):
@@ -90,13 +88,11 @@ def add_links(row, curves, roles):
     from common.metrics import measured_interval
     from hvdps.links import LINKS_FILE, link_rows
     row["roles"] = roles or None
-    try:
-        with open(os.path.join(row["run_dir"], LINKS_FILE)) as f:
-            links = json.load(f)
-    except (OSError, ValueError):
+    from common.schemas import read_links
+    path = os.path.join(row["run_dir"], LINKS_FILE)
+    if not os.path.lexists(path) or not curves:
         return
-    if not isinstance(links, dict) or not curves:
-        return
+    links = read_links(path)
     interval = measured_interval(curves.get("header") or {}, curves.get("steps") or [])
     table = link_rows(None, row, curves, links, interval)
     if not table:

@@ -368,10 +368,11 @@ def run_once(args, trainer_argv):
 
 def checkpoint_step(train_dir):
     """Global step of the latest checkpoint, from TensorFlow's 'checkpoint' index (no TF import)."""
-    try:
-        text = open(os.path.join(train_dir, "checkpoints", "checkpoint")).read()
-    except OSError:
+    from common.schemas import read_text
+    path = os.path.join(train_dir, "checkpoints", "checkpoint")
+    if not os.path.lexists(path):
         return None
+    text = read_text(path, "TensorFlow's checkpoint index")
     for line in text.splitlines():
         if line.startswith("model_checkpoint_path:"):
             tail = line.split(":", 1)[1].strip().strip('"').rsplit("-", 1)[-1]

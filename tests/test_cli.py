@@ -253,7 +253,7 @@ CASES = [
     (MPI, ["--seed", "4294967296"], {}, "error: --seed must be in [0, 2**32), got 4294967296"),
     (PS, [*PS_FLAGS, "--batch_size", "0"], {}, "error: --batch_size must be positive, got 0"),
     (PS, [*PS_FLAGS, "--epochs", "0"], {}, "error: nothing to train"),
-    (PS, [], {"TF_CONFIG": "{not json"}, "error: TF_CONFIG is not valid JSON"),
+    (PS, [], {"TF_CONFIG": "{not json"}, "error: TF_CONFIG: not valid JSON"),
     (LAUNCH, ["--max_restarts", "-1"], {}, "error: --max_restarts must be >= 0, got -1"),
     (LAUNCH, ["--momentum", "-0.5"], {}, "error: --lr_warmup_epochs must be >= 0 and --momentum in [0, 1)"),
     (LAUNCH, ["--seed", "-7"], {}, "error: --seed must be in [0, 2**32), got -7"),

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from common.config import Config, build_parser, from_args, load, make_config
+from common.config import Config, build_parser, from_args, make_config
+from common.schemas import read_config as load
 from common.errors import UsageError
 
 

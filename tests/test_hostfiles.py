@@ -14,6 +14,7 @@ from horovod_train.backend import add_horovod_args
 from mwms_train.backend import add_mwms_args
 from ps_train.main import make_parser as ps_parser
 from common.config import build_parser
+from hvdps.compare import make_parser as compare_make_parser
 from tests.conftest import BIN, REPO, run
 
 HF = os.path.join(REPO, "hostfiles")
@@ -42,7 +43,13 @@ def test_script_trainer_flags_are_accepted(path):
     calls = re.findall(r"python ((?:horovod|ps|mwms)_train/main\.py)([^\n]*)", text)
     # a variable the script gives a default (VAR=${VAR:-value}) stands for that value, any other for "x"
     given = dict(re.findall(r"^(\w+)=\$\{\1:-([^}]*)\}", text, re.M))
-    assert calls, "no trainer call found"
+    compare = re.findall(r"^hvdps-compare ([^\n]*)", text, re.M)
+    assert calls or compare, "no trainer or comparison call found"
+    for rest in compare:          # the comparison with the script's default flags
+        words = [w for w in shlex.split(rest) if w not in ("${COMPARE_ARGS[@]}", "${TRAIN_ARGS[@]}")]
+        compare_args = re.search(r'\$\{HVDPS_COMPARE_ARGS:-([^}]*)\}', text).group(1).split()
+        args = compare_make_parser().parse_args([*words, *compare_args, *defaults.group(1).split()])
+        assert args.batch_size > 0 and args.hosts == "slurm"
     for script, rest in calls:
         for mode in modes:
             args = []

@@ -67,7 +67,7 @@ def test_cluster_spec_bad(tmp_path, cluster, message):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("{not json", "TF_CONFIG is not valid JSON"),
+    ("{not json", "TF_CONFIG: not valid JSON"),
     ('{"cluster": {"ps": ["p:1"], "worker": ["w:1"]}}', "must have 'cluster' and 'task'"),
     ('{"cluster": {"ps": ["p:1"], "worker": ["w:1"]}, "task": {"type": "chief", "index": 0}}',
      "task type 'chief' is not in the cluster"),

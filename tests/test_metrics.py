@@ -2,6 +2,8 @@ import json
 
 import pytest
 
+from common.errors import UsageError
+
 from common.config import make_config
 from common.plan import make_plan
 from common.metrics import (MetricsWriter, ThroughputMeter, load_run, read_records, throughput_stats)
@@ -117,7 +119,7 @@ SERIES = {"ps:0": [[T0 - 5, 3.0], [T0 + 2, 4.0], [T0 + 4, 5.0], [T0 + 6, 6.0], [
     # samples that stop before the interval ends: no figure rather than a short one
     ({"cpu_series": {"ps:0": [[T0 - 5, 3.0], [T0 + 3, 4.0]]}}, None),
     ({"cpu_seconds": {"worker:0": 9.0}, "cpu_series": {}}, None),              # no PS in the run
-    ("not json", None),                                                      # damaged: no figure
+    ("not json", "launch.json: not valid JSON"),                            # damaged: refused, not guessed
     (None, None),                                                            # not started by the launcher
 ])
 def test_ps_cpu_over_the_measured_interval_only(tmp_path, launch, cpu):
@@ -131,6 +133,10 @@ def test_ps_cpu_over_the_measured_interval_only(tmp_path, launch, cpu):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if launch is not None:
         (tmp_path / "launch.json").write_text(launch if isinstance(launch, str) else json.dumps(launch))
+    if isinstance(cpu, str):
+        with pytest.raises(UsageError, match=cpu):
+            load_run(str(tmp_path))
+        return
     row, _ = load_run(str(tmp_path))
     assert row["ps_cpu_s"] == (None if cpu is None else pytest.approx(cpu))
     assert row["compute_s"] == 0.05 and row["overhead_share"] == 0.375

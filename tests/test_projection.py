@@ -221,7 +221,7 @@ def test_project_from_runs(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--bandwidth-gbps", "-3", "--latency-us", "10"], "--bandwidth-gbps must be in [1e-06, 1e+06], got -3.0"),
-    (["--comm-json", "{bad}"], "not a comm_bandwidth.py result file"),
+    (["--comm-json", "{bad}"], "bad.json: not valid JSON"),
     (["--comm-json", "/no/such.json"], "--comm-json /no/such.json: no such file"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--overlap", "0.5"], "--overlap is gone"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--from", "/no/runs"], "--from /no/runs: no such directory"),
