@@ -21,7 +21,7 @@ DEMO_CNN_EPOCHS ?= 10
 # The environment of the processes the project starts (Open MPI as root, quiet TF, the repo on
 # PYTHONPATH) is set in one place: common/procs.py:child_env, used by every launcher and the tests.
 
-.PHONY: setup demo test bench emulate slurm clean-venv
+.PHONY: setup demo test fuzz bench emulate slurm clean-venv
 
 setup: $(STAMP)
 
@@ -116,6 +116,13 @@ slurm: setup
 PYTEST_ARGS ?= tests
 test: setup
 	$(BIN)/python -m pytest -q --timeout 900 --durations=15 $(PYTEST_ARGS)
+
+# The property-based suites (tests/test_fuzz.py) at length: FUZZ_EXAMPLES per property, a new seed each
+# run, with Hypothesis' statistics (examples run, taken, refused). The unit tier runs them derandomized.
+FUZZ_EXAMPLES ?= 2000
+fuzz: setup
+	HVDPS_FUZZ=1 HVDPS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider -p no:warnings \
+	    --hypothesis-show-statistics tests/test_fuzz.py
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py

@@ -123,6 +123,10 @@ def check_finite(name, value):
         raise UsageError(f"--{name} must be a finite number, got {value}")
 
 
+POSITIVE = ("batch_size", "learning_rate", "hidden_units", "log_every", "num_classes", "synthetic_samples",
+            "embedding_rows", "embedding_dim")
+
+
 def validate(cfg):
     for f in dataclasses.fields(cfg):
         check_finite(f.name, getattr(cfg, f.name))
@@ -131,9 +135,7 @@ def validate(cfg):
     _known_or_plugin("model", cfg.model, MODELS)
     _known_or_plugin("dataset", cfg.dataset, DATASETS)
     _one_of("optimizer", cfg.optimizer, OPTIMIZERS)
-    positive = ("batch_size", "learning_rate", "hidden_units", "log_every", "num_classes",
-                "synthetic_samples", "embedding_rows", "embedding_dim")
-    for name in positive:
+    for name in POSITIVE:
         if getattr(cfg, name) <= 0:
             raise UsageError(f"--{name} must be positive, got {getattr(cfg, name)}")
     for name in ("epochs", "train_steps", "warmup_steps", "threads_per_worker", "checkpoint_steps", "probe_steps"):
@@ -241,7 +243,7 @@ FLAG_INT_MAX = 2 ** 48
 FLAG_FLOAT_MAX = 1e15
 
 
-def check_flag_value(flag, value, low=0, high=None):
+def check_flag_value(flag, value, low=0, high=None, positive=False):
     """The rule every parsed flag value meets, whatever the entry point: no empty or blank string
     (an empty --train_dir would mean "here", an empty --hosts "locally"), no NaN or infinity (they
     pass every < and > check), no number below ``low`` (0 unless the flag says) or past the
@@ -260,10 +262,20 @@ def check_flag_value(flag, value, low=0, high=None):
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise UsageError(f"{flag} must be a finite number, got {value}")
-    if high is None:
-        high = FLAG_INT_MAX if isinstance(value, int) else FLAG_FLOAT_MAX
-    if not low <= value <= high:
-        raise UsageError(f"{flag} must be in [{low:g}, {high:g}], got {value!r}")
+    if high is not None and not ((low < value if positive else low <= value) and value <= high):
+        raise UsageError(f"{flag} must be in {'(' if positive else '['}{_n(low)}, {_n(high)}], got {value!r}")
+    if positive and value <= 0:
+        raise UsageError(f"{flag} must be positive, got {value!r}")
+    if value < low:
+        raise UsageError(f"{flag} must be >= {_n(low)}, got {value!r}")
+    limit = FLAG_INT_MAX if isinstance(value, int) else FLAG_FLOAT_MAX
+    if value > limit:
+        raise UsageError(f"{flag} must be at most {_n(limit)}, got {value!r}")
+
+
+def _n(x):
+    """A bound as a user writes it: 604800, 4294967295, 1e-06, 0.5."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
 
 
 class Parser(argparse.ArgumentParser):
@@ -277,8 +289,8 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._bounds = {}
 
-    def bound(self, dest, low, high=None):
-        self._bounds[dest] = (low, high)
+    def bound(self, dest, low=0, high=None, positive=False):
+        self._bounds[dest] = (low, high, positive)
 
     def parse_known_args(self, args=None, namespace=None):
         ns, rest = super().parse_known_args(args, namespace)
@@ -287,7 +299,7 @@ class Parser(argparse.ArgumentParser):
                 continue
             value = getattr(ns, action.dest, None)
             if value is not None and value is not action.default:
-                check_flag_value(action.option_strings[0], value, *self._bounds.get(action.dest, (0, None)))
+                check_flag_value(action.option_strings[0], value, *self._bounds.get(action.dest, (0, None, False)))
         return ns, rest
 
     def error(self, message):
@@ -353,6 +365,11 @@ def build_parser(description, prog=None):
                    help="after training, the chief times this many steps of the same model, batch, input "
                         "pipeline and threads with no exchange at all: the compute part of the per-step "
                         "breakdown (docs/metrics.md); 0: no breakdown")
+    for name in POSITIVE:
+        p.bound(name, positive=True)
+    p.bound("seed", 0, 2 ** 32 - 1)          # numpy's RandomState takes 32 bits
+    p.bound("momentum", 0, 1)
+    p.bound("target_accuracy", 0, 1, positive=True)
     return p
 
 

@@ -14,14 +14,58 @@ The contract (docs/plugins.md):
 Anything wrong with a plug-in is a one-line usage error that names what was
 expected, raised before any process joins a job.
 """
+import contextlib
 import importlib
 import importlib.util
 import os
+import signal
 import sys
+import threading
+import time
 
 import numpy as np
 
 from common.errors import UsageError
+
+_budget = None       # (deadline on the monotonic clock, seconds, the flag that set them)
+
+
+class _Expired(BaseException):
+    """Raised in a plug-in's frame when its time is up: a BaseException, so the plug-in's own
+    ``except Exception`` cannot swallow it."""
+
+
+def bound_plugins(seconds, flag):
+    """From here on, every plug-in import and call in this process shares ``seconds`` (the run's
+    --run_timeout or --timeout): a plug-in that never returns is stopped and named in one line,
+    not left to hang the launcher before any job starts. 0 or None: unbounded."""
+    global _budget
+    _budget = (time.monotonic() + seconds, seconds, flag) if seconds else None
+
+
+@contextlib.contextmanager
+def _within_budget(spec, flag, what):
+    if _budget is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    deadline, seconds, budget_flag = _budget
+    late = UsageError(f"{flag} {spec}: {what} did not return within {seconds:g} s ({budget_flag}); "
+                      f"a plug-in must not wait on anything that may never come")
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise late
+
+    def expire(*_):
+        raise _Expired()
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, left)
+    try:
+        yield
+    except _Expired:
+        raise late from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def is_plugin(spec):
@@ -41,14 +85,20 @@ def load_callable(spec, flag):
             module_spec = importlib.util.spec_from_file_location(name, os.path.abspath(target))
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[name] = module
-            module_spec.loader.exec_module(module)
+            with _within_budget(spec, flag, f"importing {target}"):
+                module_spec.loader.exec_module(module)
+        except UsageError:
+            raise
         except SystemExit as exc:
             raise UsageError(f"{flag} {spec}: importing {target} called sys.exit({exc.code!r})")
         except Exception as exc:   # the user's file: any error is theirs to fix, said in one line
             raise UsageError(f"{flag} {spec}: importing {target} failed: {type(exc).__name__}: {exc}")
     else:
         try:
-            module = importlib.import_module(target)
+            with _within_budget(spec, flag, f"importing {target}"):
+                module = importlib.import_module(target)
+        except UsageError:
+            raise
         except ModuleNotFoundError as exc:
             raise UsageError(f"{flag} {spec}: no module named {exc.name!r} (is it on PYTHONPATH?)")
         except Exception as exc:
@@ -63,7 +113,8 @@ def load_callable(spec, flag):
 
 def call(fn, spec, flag, *args):
     try:
-        return fn(*args)
+        with _within_budget(spec, flag, "the plug-in"):
+            return fn(*args)
     except UsageError:
         raise
     except SystemExit as exc:    # exit 0 from a plug-in would end the job "successfully" with no run

@@ -237,10 +237,17 @@ def parse_json(text, source):
     return data
 
 
+def _key(part):
+    """A key as the error line shows it: as written when printable, quoted when not (a key holding a
+    newline must not break the one line)."""
+    text = str(part)
+    return text if text.isprintable() and text.strip() == text and text else repr(text)
+
+
 def _where(loc):
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{_key(part)}" if out else _key(part))
     return out or "(top level)"
 
 
@@ -293,7 +300,7 @@ def read_profiles(path):
     data = parse_json(read_input(path, "model profiles", max_bytes=MAX_JSON), path)
     if not isinstance(data, dict):
         raise SchemaError(f"{path}: expected an object of model profiles")
-    return {name: _plain(validate(Profile, prof, f"{path}: {name}")) for name, prof in data.items()}
+    return {name: _plain(validate(Profile, prof, f"{path}: {_key(name)}")) for name, prof in data.items()}
 
 
 def read_config(path):
@@ -353,7 +360,7 @@ def read_metrics(path):
                 raise SchemaError(f"{path}:{lineno}: a record with a number JSON does not allow "
                                   f"(NaN, Infinity or past float range) or not valid JSON")
             continue
-        if not isinstance(rec, dict) or rec.get("type") not in RECORDS:
+        if not isinstance(rec, dict) or not isinstance(rec.get("type"), str) or rec["type"] not in RECORDS:
             continue
         if _depth(rec) > MAX_DEPTH:
             raise SchemaError(f"{path}:{lineno}: nested deeper than {MAX_DEPTH} levels")

@@ -36,6 +36,7 @@ from common.errors import UsageError, cli
 from common.files import make_dirs, open_new, writable_dir, write_atomic
 from common.metrics import read_records
 from common.plan import steps_per_epoch
+from common.plugins import bound_plugins
 from common.procs import REPO, child_env
 from hvdps.launchers import Remote
 from hvdps.methods import get_launcher, parse_variants
@@ -117,12 +118,23 @@ def _last_error(log_path):
         lines = open(log_path, errors="replace").read().splitlines()
     except OSError:
         return None
+    killed = [m for m in map(_RANK_SIGNAL.search, lines) if m]
+    if killed:           # a rank that died by a signal is the cause; the others' errors follow from it
+        rank, node, signum = int(killed[0].group(1)), killed[0].group(2), int(killed[0].group(3))
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return f"rank {rank} killed by {name}" + (f" on {node}" if node else "")
     errors = [l[l.index("error:"):] for l in lines if "error:" in l]
     if errors:
         return errors[-1]
     return _mpi_banner(lines) or (lines[-1][-300:] if lines else None)
 
 
+# Open MPI's word for a rank that died by a signal: "mpirun noticed that process rank 1 with PID 4242
+# on node n1 exited on signal 9 (Killed)."
+_RANK_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ (?:on node (\S+) )?exited on signal (\d+)")
 _EXCEPTION = re.compile(r"^(\[\d+,\d+\]<std\w+>:)?[A-Za-z_.]*(Error|Exception|Exit)\b.*:")
 
 
@@ -200,7 +212,9 @@ def execute(runs, timeout, progress=True, links=None):
         if stopped_by:
             bar.close()
             raise stopped_by
-        if code != 0:
+        if run.get("timed_out"):
+            run["error"] = f"stopped by --run_timeout after {timeout:g} s"
+        elif code != 0:
             run["error"] = _last_error(log_path) or f"exit code {code}"
             bar.write(f"{run['name']}: FAILED ({run['error']})")
         else:
@@ -225,6 +239,7 @@ def _wait(p, run, timeout, bar):
             if head and last:
                 bar.set_postfix_str(f"{run['name']} step {last['global_step']}/{(head.get('plan') or {}).get('total_updates')}")
         if time.monotonic() > deadline:
+            run["timed_out"] = True
             stop_job(p)
             return 124
 
@@ -302,6 +317,7 @@ def make_parser():
     h.add_argument("--links", default=None,
                    help="an emulated cluster's description (hvdps-emulate writes it): sample its link counters")
     p.set_defaults(train_dir="runs/compare")
+    p.bound("run_timeout", positive=True)
     return p
 
 
@@ -362,6 +378,7 @@ def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
     absolute_paths(args)             # every run starts in the repository, not in the user's folder
+    bound_plugins(args.run_timeout, "--run_timeout")     # the checks below import and call plug-ins
     cfg = from_args(args)
     args.out = cfg.train_dir
     parse_workers(args.num_ps, "--num_ps")
@@ -375,14 +392,14 @@ def main(argv=None):
                                                        for b, _ in parse_variants(args.backends)):
         from common.models import check_plugin_for_graph_mode
         check_plugin_for_graph_mode(cfg)           # a Keras 3 plug-in under the classic PS: refused here
+    if not args.dry_run and not args.from_dirs:    # the same refusal every run would meet, once, before any starts
+        steps_per_epoch(num_examples(cfg), max(parse_workers(args.workers)), cfg.batch_size)
     if not args.dry_run:
         check_out(args.out, args.from_dirs)
     interrupted = None
     if args.from_dirs:
         runs = runs_from_dirs(args.from_dirs)
     else:
-        if not args.dry_run:             # the same refusal every run would meet, once, before any starts
-            steps_per_epoch(num_examples(cfg), max(parse_workers(args.workers)), cfg.batch_size)
         trainer_args = argv_of(args, parser, skip=COMPARE_FLAGS)
         remote = make_remote(args)
         links = load_links(args.links) if args.links else None

@@ -436,6 +436,9 @@ def make_parser():
     p.add_argument("--max-workers", dest="max_workers", type=int, default=512)
     for name, (low, high) in INPUT_RANGES.items():
         p.bound(name, low, high)
+    p.bound("straggler_cv", 0, 1)
+    p.bound("gpus_per_server", 1, 1024)
+    p.bound("max_workers", 1, MAX_WORKERS)
     p.add_argument("--out", default="runs/projection", help="where projection.md/json/png go")
     return p
 

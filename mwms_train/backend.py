@@ -215,6 +215,9 @@ def add_mwms_args(parser):
     g.add_argument("--bind", default="auto",
                    help="address this task's gRPC server listens on: auto = its own cluster address when that is "
                         "an address of this machine, else every interface; an IP; or 0.0.0.0")
+    for name in ("startup_timeout", "step_timeout"):
+        parser.bound(name, 0, MAX_TIMEOUT_S, positive=True)
+    parser.bound("pack_size_mb", 0, 1 << 20)
     return parser
 
 

@@ -81,6 +81,8 @@ def parse_args(argv):
                              "task here (other machines: --hosts)")
         args.host_ip = ip
     check_mwms_flags(args)
+    from common.plugins import bound_plugins
+    bound_plugins(args.timeout, "--timeout")      # the checks below import and call plug-ins
     cfg = from_args(args)
     from common.data import num_examples      # the data checks and the batch, once, before a task starts
     from common.plan import steps_per_epoch
@@ -122,7 +124,7 @@ def build_remote_tasks(args, trainer_argv):
 
 @cli
 def main(argv=None):
-    from ps_train.launch import Cluster, run_cluster
+    from ps_train.launch import Cluster, last_words, run_cluster
     args, parser = parse_args(sys.argv[1:] if argv is None else argv)
     trainer_argv = argv_of(args, parser, skip=LAUNCHER_FLAGS)
     if args.hosts:
@@ -131,10 +133,7 @@ def main(argv=None):
         cluster = Cluster(build_tasks(args.num_workers, args.host, args.host_ip, pin=args.pin_workers),
                           trainer_argv, env=child_env())
     code, ended_by, _ = run_cluster(cluster, sync=True, timeout=args.timeout or None, chief_name="worker:0")
-    # The one line a user reads last: what ended the job and, if a task said why, its own words.
-    why = (cluster.errors.get("worker:0") or next(iter(cluster.errors.values()), None)) if code not in (0, 130) else None
-    cluster.say(f"exit code {code} ({ended_by})" + (f": {why}" if why else ""))
-    return code
+    return last_words(cluster, code, ended_by, cluster.errors.get("worker:0") or next(iter(cluster.errors.values()), None))
 
 
 if __name__ == "__main__":

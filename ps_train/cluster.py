@@ -39,6 +39,8 @@ def add_ps_args(parser):
                    help="address this task's gRPC server listens on: auto = its own cluster address when that "
                         "is an address of this machine (loopback for local runs), else every interface; an IP; "
                         "or 0.0.0.0 for every interface. TensorFlow's gRPC has no authentication: keep it narrow")
+    for name in ("startup_timeout", "step_timeout"):     # TF takes them in int64 milliseconds
+        parser.bound(name, 0, MAX_TIMEOUT_S, positive=True)
     return parser
 
 

@@ -303,6 +303,9 @@ def refuse_chosen(args, chosen):
         raise UsageError("TF_CONFIG is set: the launcher chooses the cluster itself; unset it")
 
 
+MAX_LOCAL_TASKS = 1024
+
+
 def parse_args(argv):
     """(launcher + trainer args, the parser): the trainer flags validated once, here."""
     from common.config import check_finite, from_args
@@ -332,6 +335,12 @@ def parse_args(argv):
     check_finite("timeout", args.timeout)
     if args.timeout < 0:
         raise UsageError(f"--timeout must be >= 0, got {args.timeout}")
+    if not args.hosts and args.num_ps + args.num_workers > MAX_LOCAL_TASKS:
+        raise UsageError(f"--num_ps {args.num_ps} and --num_workers {args.num_workers}: {args.num_ps + args.num_workers} "
+                         f"tasks on this machine, more than the {MAX_LOCAL_TASKS} the local launcher starts "
+                         f"(a port, a process and a TensorFlow runtime each); other machines: --hosts")
+    from common.plugins import bound_plugins
+    bound_plugins(args.timeout, "--timeout")      # the checks below import and call plug-ins
     cfg = from_args(args)
     check_ps_flags(args)
     from common.data import num_examples      # the data checks and the batch, once, before a task starts
@@ -427,9 +436,15 @@ def main(argv=None):
         write_atomic(path, json.dumps({"cpu_seconds": cluster.cpu, "cpu_series": cluster.cpu_series,
                                        "exit_code": code, "ended_by": ended_by, "restarts": restarts,
                                        "pids": cluster.pids()}, indent=2))
-    # The one line a user reads last: what ended the job and, if a role said why, its own words.
-    why = cluster.errors.get(cluster.ended_by_role) if code not in (0, 130) else None
-    cluster.say(f"exit code {code} ({ended_by})" + (f": {why}" if why else ""))
+    return last_words(cluster, code, ended_by, cluster.errors.get(cluster.ended_by_role))
+
+
+def last_words(cluster, code, ended_by, why):
+    """What a user reads last: what ended the job, then, if a task said why, its own ``error:`` line
+    passed through whole on stderr (not wrapped in the launcher's line), as if the task were run alone."""
+    cluster.say(f"exit code {code} ({ended_by})")
+    if why and code not in (0, 130):
+        print(why, file=sys.stderr, flush=True)
     return code
 
 

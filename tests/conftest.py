@@ -9,6 +9,19 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Hypothesis (tests/test_fuzz.py): the unit tier's profile is derandomized, so a run of CI sees the
+# same examples as the last; ``make fuzz`` (HVDPS_FUZZ=1) draws thousands with a new seed. No example
+# database: nothing is written into the checkout.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large,
+            HealthCheck.filter_too_much]
+settings.register_profile("unit", max_examples=50, derandomize=True, deadline=None, database=None,
+                          suppress_health_check=_SLOW_OK, print_blob=True)
+settings.register_profile("fuzz", max_examples=int(os.environ.get("HVDPS_FUZZ_EXAMPLES", "1000")), deadline=None,
+                          database=None, suppress_health_check=_SLOW_OK, print_blob=True)
+settings.load_profile("fuzz" if os.environ.get("HVDPS_FUZZ") == "1" else "unit")
 BIN = os.path.dirname(sys.executable)
 
 

@@ -18,6 +18,7 @@ PS = [sys.executable, os.path.join(REPO, "ps_train", "main.py")]
 MPI = [sys.executable, os.path.join(REPO, "mpi_train", "main.py")]
 PS_FLAGS = ["--job_name=worker", "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2"]
 LAUNCH = [sys.executable, "-m", "ps_train.launch"]
+MWMS_LAUNCH = [sys.executable, "-m", "mwms_train.launch"]
 COMPARE = [os.path.join(BIN, "hvdps-compare")]
 PROJECT = [os.path.join(BIN, "hvdps-project")]
 HOSTS = [os.path.join(BIN, "hvdps-hosts")]
@@ -65,13 +66,13 @@ CASES = [
     # ---- PS trainer, one role
     (PS, [*PS_FLAGS, "--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
     (PS, [*PS_FLAGS, "--optimizer", "lamb"], {}, "error: unknown optimizer 'lamb' (valid: sgd, momentum, adam)"),
-    (PS, [*PS_FLAGS, "--startup_timeout", "-1"], {}, "error: --startup_timeout must be in (0, 604800] seconds"),
-    (PS, [*PS_FLAGS, "--step_timeout", "1e17"], {}, "error: --step_timeout must be in (0, 604800] seconds (a week), "
+    (PS, [*PS_FLAGS, "--startup_timeout", "-1"], {}, "error: --startup_timeout must be in (0, 604800], got -1.0"),
+    (PS, [*PS_FLAGS, "--step_timeout", "1e17"], {}, "error: --step_timeout must be in (0, 604800], "
                                                     "got 1e+17"),
     (PS, [*PS_FLAGS, "--replicas_to_aggregate", "2"], {}, "error: --replicas_to_aggregate applies to synchronous"),
     (LAUNCH, ["--replicas_to_aggregate", "2"], {}, "error: --replicas_to_aggregate applies to synchronous"),
-    (HVD, ["--seed", "-1"], {}, "error: --seed must be in [0, 2**32), got -1"),
-    (COMPARE, ["--seed", "4294967296"], {}, "error: --seed must be in [0, 2**32), got 4294967296"),
+    (HVD, ["--seed", "-1"], {}, "error: --seed must be in [0, 4294967295], got -1"),
+    (COMPARE, ["--seed", "4294967296"], {}, "error: --seed must be in [0, 4294967295], got 4294967296"),
     (PS, [*PS_FLAGS, "--startup_timeout", "nan"], {}, "error: --startup_timeout must be a finite number, got nan"),
     (PS, [*PS_FLAGS, "--step_timeout", "inf"], {}, "error: --step_timeout must be a finite number, got inf"),
     (PS, [*PS_FLAGS, "--sync", "--replicas_to_aggregate", "-1"], {}, "error: --replicas_to_aggregate must be >= 0"),
@@ -106,7 +107,7 @@ CASES = [
     (PROJECT, ["--bandwidth-gbps", "nan", "--latency-us", "10"], {}, "error: --bandwidth-gbps must be a finite"),
     (PROJECT, [*BW, "--model-name", "alexnet"], {}, "error: unknown --model-name 'alexnet'"),
     (PROJECT, [*BW, "--model-name", "vgg16", "--overlap", "0.5"], {}, "error: --overlap is gone: the overlap now"),
-    (PROJECT, [*BW, "--model-name", "vgg16", "--cycle-time-ms", "-1"], {}, "error: --cycle-time-ms and"),
+    (PROJECT, [*BW, "--model-name", "vgg16", "--cycle-time-ms", "-1"], {}, "error: --cycle-time-ms must be >= 0, got -1.0"),
     (PROJECT, [*BW, "--from", "{tmp}/junkrun"], {}, "error: --from {tmp}/junkrun: no run has a per-step breakdown"),
     (PROJECT, ["--comm-json", "/nope"], {}, "error: --comm-json /nope: no such file"),
     (COMPARE, ["--project", "--model", "cnn"], {}, "error: unrecognized arguments: --model cnn"),
@@ -120,9 +121,23 @@ CASES = [
     (PROJECT, ["--bandwidth-gbps", "1e-320", "--latency-us", "10"], {},
      "error: --bandwidth-gbps must be in [1e-06, 1e+06], got 1e-320"),
     (PROJECT, [*BW, "--model-params", "1e305"], {}, "error: --model-params must be in [1, 1e+13], got 1e+305"),
-    (PROJECT, [*BW, "--max-workers", "10000000000000000"], {}, "error: --gpus-per-server must be in [1, 1024] and "
-                                                               "--max-workers in [1, 65536]"),
+    (PROJECT, [*BW, "--max-workers", "10000000000000000"], {}, "error: --max-workers must be in [1, 65536], "
+                                                               "got 10000000000000000"),
     # ---- data that would train silently wrong, refused before any process joins a job (built-in and plug-in)
+    # ---- a plug-in that never returns: stopped by the run's own time budget, and named
+    (COMPARE, ["--model", "{tmp}/hangs_on_import.py:build", "--run_timeout", "3", "--dry-run"], {},
+     "error: --model {tmp}/hangs_on_import.py:build: importing {tmp}/hangs_on_import.py did not return within 3 s "
+     "(--run_timeout)"),
+    (COMPARE, ["--dataset", "{tmp}/plug.py:never_returns", "--run_timeout", "3", "--out", "{tmp}/out"], {},
+     "error: --dataset {tmp}/plug.py:never_returns: the plug-in did not return within 3 s (--run_timeout)"),
+    (LAUNCH, ["--dataset", "{tmp}/plug.py:spins", "--timeout", "3"], {},
+     "error: --dataset {tmp}/plug.py:spins: the plug-in did not return within 3 s (--timeout)"),
+    (MWMS_LAUNCH, ["--dataset", "{tmp}/plug.py:swallows_everything", "--timeout", "3"], {},
+     "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--timeout)"),
+    (LAUNCH, ["--num_ps", "100000"], {}, "error: --num_ps 100000 and --num_workers 2: 100002 tasks on this machine"),
+    (COMPARE, ["--train_dir", ""], {}, "error: --train_dir must not be empty"),
+    (COMPARE, ["--hosts", ""], {}, "error: --hosts must not be empty"),
+    (HVD, ["--train_dir", " "], {}, "error: --train_dir must not be empty"),
     (HVD, ["--dataset", "{tmp}/plug.py:nan_data"], {}, "error: --dataset {tmp}/plug.py:nan_data: x_train has NaN or "
                                                        "infinite values in 1 example(s), the first at index 3"),
     (HVD, ["--dataset", "{tmp}/plug.py:inf_test"], {}, "error: --dataset {tmp}/plug.py:inf_test: x_test has NaN"),
@@ -222,13 +237,13 @@ CASES = [
     # ---- inputs that would block or never end: FIFOs and devices are refused before a byte is read
     (HOSTS, ["{tmp}/fifo"], {}, "error: {tmp}/fifo: hostfile is a FIFO, not a regular file"),
     (HOSTS, ["/dev/zero"], {}, "error: /dev/zero: hostfile is a device or socket, not a regular file"),
-    (COMPARE, ["--from", "{tmp}/fiforun"], {}, "error: {tmp}/fiforun/metrics.jsonl: a metrics file is not a regular"),
-    (PROJECT, [*BW, "--from", "{tmp}/fiforun"], {}, "error: {tmp}/fiforun/metrics.jsonl: a metrics file is not a "),
+    (COMPARE, ["--from", "{tmp}/fiforun"], {}, "error: {tmp}/fiforun/metrics.jsonl: a metrics file is a FIFO, not a regular"),
+    (PROJECT, [*BW, "--from", "{tmp}/fiforun"], {}, "error: {tmp}/fiforun/metrics.jsonl: a metrics file is a FIFO, not a "),
     (PS, ["--job_name=worker", "--cluster_spec", "{tmp}/fifo"], {}, "error: {tmp}/fifo: "),
-    (COMPARE, ["--links", "{tmp}/fifo"], {}, "error: {tmp}/fifo: --links is a FIFO, not a regular file"),
-    (PROJECT, ["--comm-json", "{tmp}/fifo", "--model-name", "vgg16"], {}, "error: {tmp}/fifo: --comm-json is a FIFO"),
+    (COMPARE, ["--links", "{tmp}/fifo"], {}, "error: {tmp}/fifo: an hvdps-emulate cluster description is a FIFO, not a regular file"),
+    (PROJECT, ["--comm-json", "{tmp}/fifo", "--model-name", "vgg16"], {}, "error: {tmp}/fifo: a comm_bandwidth.py result file is a FIFO"),
     (PROJECT, ["--comm-json", "{tmp}/np1.json", "--model-name", "vgg16"], {},
-     "error: --comm-json {tmp}/np1.json: np must be the measured ring's ranks, 2..65536, got 1"),
+     "error: {tmp}/np1.json: np: input should be greater than or equal to 2 (got 1)"),
     # ---- where tasks listen
     (LAUNCH, ["--host", "nonexistent.invalid"], {}, "error: --host nonexistent.invalid: cannot resolve it"),
     (LAUNCH, ["--host", "10.255.255.254"], {}, "error: --host 10.255.255.254: 10.255.255.254 is not an address of this"),
@@ -250,18 +265,18 @@ CASES = [
     (HVD, ["--shuffle", "maybe"], {}, "error: argument --shuffle: expected true/false, got 'maybe'"),
     (MPI, ["--hidden_units", "0"], {}, "error: --hidden_units must be positive, got 0"),
     (MPI, ["--epochs", "-1"], {}, "error: --epochs must be >= 0, got -1"),
-    (MPI, ["--seed", "4294967296"], {}, "error: --seed must be in [0, 2**32), got 4294967296"),
+    (MPI, ["--seed", "4294967296"], {}, "error: --seed must be in [0, 4294967295], got 4294967296"),
     (PS, [*PS_FLAGS, "--batch_size", "0"], {}, "error: --batch_size must be positive, got 0"),
     (PS, [*PS_FLAGS, "--epochs", "0"], {}, "error: nothing to train"),
     (PS, [], {"TF_CONFIG": "{not json"}, "error: TF_CONFIG: not valid JSON"),
     (LAUNCH, ["--max_restarts", "-1"], {}, "error: --max_restarts must be >= 0, got -1"),
-    (LAUNCH, ["--momentum", "-0.5"], {}, "error: --lr_warmup_epochs must be >= 0 and --momentum in [0, 1)"),
-    (LAUNCH, ["--seed", "-7"], {}, "error: --seed must be in [0, 2**32), got -7"),
+    (LAUNCH, ["--momentum", "-0.5"], {}, "error: --momentum must be in [0, 1], got -0.5"),
+    (LAUNCH, ["--seed", "-7"], {}, "error: --seed must be in [0, 4294967295], got -7"),
     (COMPARE, ["--backends", ""], {}, "error: --backends"),
     (COMPARE, ["--run_timeout", "nan"], {}, "error: --run_timeout must be a finite number, got nan"),
     (PROJECT, ["--bandwidth-gbps", "25", "--latency-us", "-1", "--step-compute-ms", "100"], {}, "error: --latency-us"),
-    (PROJECT, [*BW, "--model-name", "vgg16", "--straggler-cv", "-1"], {}, "error: --cycle-time-ms and --fusion-threshold-mb "
-                                                                          "must be >= 0, --straggler-cv in [0, 1)"),
+    (PROJECT, [*BW, "--model-name", "vgg16", "--straggler-cv", "-1"], {}, "error: --straggler-cv must be in [0, 1], "
+                                                                          "got -1.0"),
     # ---- under mpirun: one line for the whole job (rank 1 stays quiet), mpirun passes exit 2 on
     (MPIRUN, ["--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
     (MPIRUN, ["--learning_rate", "nan"], {}, "error: --learning_rate must be a finite number, got nan"),
@@ -287,6 +302,7 @@ def files(tmp_path):
     (tmp_path / "hugeslots").write_text("a slots=1000000000000\n")
     (tmp_path / "plug.py").write_text(PLUGINS)
     (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(3)\n")
+    (tmp_path / "hangs_on_import.py").write_text("import time\nwhile True:\n    time.sleep(1)\n")
     rng = np.random.RandomState(1)
     mnist = dict(x_train=rng.randint(0, 255, (20, 28, 28)).astype(np.uint8), y_train=rng.randint(0, 10, 20),
                  x_test=rng.randint(0, 255, (5, 28, 28)).astype(np.uint8), y_test=rng.randint(0, 10, 5))
@@ -335,7 +351,23 @@ def files(tmp_path):
 
 PLUGINS = """
 import sys
+import time
 import numpy as np
+
+def never_returns(cfg):
+    while True:
+        time.sleep(1)
+
+def spins(cfg):
+    while True:
+        pass
+
+def swallows_everything(cfg):
+    while True:
+        try:
+            time.sleep(1)
+        except Exception:
+            pass
 
 def _data(x=None, y=None, x_test=None, y_test=None):
     rng = np.random.RandomState(0)

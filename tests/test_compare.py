@@ -174,7 +174,7 @@ def test_signal_mid_run_stops_every_job_and_reports_what_finished(tmp_path, back
     out = tmp_path / "cmp"
     p = subprocess.Popen([os.path.join(BIN, "hvdps-compare"), "--workers", "1,2", "--backends", backend,
                           "--train_steps", "100000", "--batch_size", "16", "--log_every", "5", "--probe_steps", "0",
-                          "--no-progress", "--run_timeout", "15", "--out", str(out)],
+                          "--no-progress", "--run_timeout", "30", "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                          env=__import__("tests.conftest", fromlist=["env"]).env(), start_new_session=True)
     try:

@@ -1,0 +1,343 @@
+"""Property-based tests: generated files and flag values, the promise asserted on each.
+
+Tables list the inputs somebody thought of; these generate the rest: truncated, wrong-typed,
+huge, deeply nested and non-finite files for every reader, and flag values drawn from each
+entry point's own parser for every parser. On each input the promise is: it is taken, or it is
+refused with one ``error:`` line (exit 2), never a traceback; within a bounded time; and no
+file outside the test's own folder is written.
+
+The unit tier runs the ``unit`` profile (derandomized: the same examples every run, a few dozen
+per property); ``make fuzz`` runs the ``fuzz`` profile (thousands, a new seed each time) and
+prints Hypothesis' statistics. The profiles are registered in tests/conftest.py.
+"""
+import contextlib
+import io
+import json
+import math
+import os
+import signal
+import string
+
+import pytest
+from hypothesis import assume, event, given
+from hypothesis import strategies as st
+
+from common import schemas
+from common.errors import UsageError
+
+# ------------------------------------------------------------------ bounded time
+SECONDS = 20        # one example; an infinite loop (a NaN in a schedule) fails here, not at CI's limit
+
+
+@contextlib.contextmanager
+def bounded(seconds=SECONDS):
+    def stop(*_):
+        raise TimeoutError(f"an example ran past {seconds} s")
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def one_line(exc):
+    text = str(exc)
+    assert text and "\n" not in text and "Traceback" not in text, repr(text)
+    event("refused")
+
+
+def run_main(main, argv):
+    """An entry point's main() in-process: (exit code, stderr). Its @cli turns a UsageError into one
+    line and exit 2; anything else escapes and fails the example with its traceback."""
+    err = io.StringIO()
+    with bounded(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv) or 0
+        except SystemExit as exc:
+            code = exc.code
+    lines = [l for l in err.getvalue().splitlines() if l.strip() and not l.startswith(("note:", "warning:"))]
+    event("refused" if code else "taken")
+    if code:
+        assert code == 2, (code, err.getvalue())
+        assert len(lines) == 1 and lines[0].startswith("error: "), err.getvalue()
+    assert "Traceback" not in err.getvalue(), err.getvalue()
+    return code, err.getvalue()
+
+
+# ------------------------------------------------------------------ values
+NASTY_NUMBERS = st.sampled_from([0, -1, -0.0, 1e-300, 1e300, 2 ** 63, -(2 ** 63), 2 ** 70, 1e16, 0.5, 7.5, 65536,
+                                 float("nan"), float("inf"), -float("inf")])
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2 ** 80, max_value=2 ** 80),
+                    st.floats(allow_nan=True, allow_infinity=True), NASTY_NUMBERS,
+                    st.text(max_size=12), st.sampled_from(["", " ", "nan", "1e999", "3", "-1", "fast"]))
+JSON = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                      st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                    max_leaves=20)
+
+
+def dumps(value):
+    """JSON text; non-finite floats come out as NaN / Infinity / 1e999, as other tools write them."""
+    text = json.dumps(value, allow_nan=True)
+    return text.replace("-Infinity", "-1e999") if "Infinity" in text and "-Infinity" in text else text
+
+
+def paths(doc, prefix=()):
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from paths(v, prefix + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from paths(v, prefix + (i,))
+
+
+def replaced(doc, path, value):
+    if not path:
+        return value
+    doc = json.loads(json.dumps(doc))
+    node = doc
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return doc
+
+
+@st.composite
+def broken(draw, valid):
+    """A valid document with one part replaced, dropped, or the text cut short / nested / doubled."""
+    how = draw(st.sampled_from(["replace", "replace", "replace", "drop", "truncate", "nest", "junk"]))
+    if how == "junk":
+        return draw(st.one_of(st.binary(max_size=64), JSON.map(dumps)))
+    if how == "nest":
+        depth = draw(st.integers(min_value=1, max_value=3000))
+        return "[" * depth + json.dumps(valid) + "]" * depth
+    if how == "truncate":
+        text = json.dumps(valid)
+        return text[:draw(st.integers(min_value=0, max_value=len(text) - 1))]
+    path = draw(st.sampled_from(list(paths(valid))))
+    if how == "drop" and path:
+        parent = json.loads(json.dumps(valid))
+        node = parent
+        for p in path[:-1]:
+            node = node[p]
+        del node[path[-1]]
+        return dumps(parent)
+    return dumps(replaced(valid, path, draw(JSON)))
+
+
+def write(folder, name, content):
+    path = os.path.join(folder, name)
+    with open(path, "wb") as f:
+        f.write(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
+    return path
+
+
+# ------------------------------------------------------------------ every reader
+from tests.test_schemas import CLUSTER, COMM, LAUNCH, LINKS, METRIC, PROFILES, RUN  # noqa: E402
+
+READERS = [(schemas.read_comm, COMM), (schemas.read_cluster_description, CLUSTER),
+           (schemas.read_links_spec, CLUSTER), (schemas.read_links, LINKS), (schemas.read_run_record, RUN),
+           (schemas.read_launch_record, LAUNCH), (schemas.read_profiles, PROFILES)]
+
+
+@pytest.mark.parametrize("reader, valid", READERS, ids=lambda x: getattr(x, "__name__", ""))
+@given(data=st.data())
+def test_every_reader_takes_or_refuses_in_one_line(tmp_path_factory, reader, valid, data):
+    folder = str(tmp_path_factory.mktemp("r"))
+    content = data.draw(broken(valid))
+    path = write(folder, "f.json", content)
+    with bounded():
+        try:
+            reader(path)
+        except UsageError as exc:
+            one_line(exc)
+            assert str(exc).startswith(path), exc
+
+
+@given(index=st.integers(min_value=0, max_value=len(METRIC) - 1), data=st.data())
+def test_metrics_reader_takes_or_refuses_each_record(tmp_path_factory, index, data):
+    folder = str(tmp_path_factory.mktemp("m"))
+    records = [json.dumps(r) for r in METRIC]
+    records[index] = data.draw(broken(METRIC[index]))
+    records[index] = records[index].decode("latin-1") if isinstance(records[index], bytes) else records[index]
+    path = write(folder, "metrics.jsonl", "\n".join(r.replace("\n", " ") for r in records) + "\n")
+    with bounded():
+        try:
+            got = schemas.read_metrics(path)
+        except UsageError as exc:
+            one_line(exc)
+            return
+    for rec in got:       # what passes is what the schema says: finite, in range
+        for key in ("accuracy", "final_test_accuracy"):
+            assert rec.get(key) is None or 0 <= rec[key] <= 1
+        assert all(not isinstance(v, float) or math.isfinite(v) for v in rec.values())
+
+
+@given(data=st.data())
+def test_config_reader_takes_or_refuses(tmp_path_factory, data):
+    from common.config import make_config
+    folder = str(tmp_path_factory.mktemp("c"))
+    valid = make_config(batch_size=16).to_dict()
+    path = write(folder, "config.json", data.draw(broken(valid)))
+    with bounded():
+        try:
+            schemas.read_config(path)
+        except UsageError as exc:
+            one_line(exc)
+
+
+HOSTFILE_LINE = st.one_of(st.text(max_size=30), st.sampled_from(
+    ["node1 slots=2", "node2", "node1 slots=0", "n slots=99999", "n max_slots=1 slots=2", "[::1] slots=1",
+     "a..b", "-bad", "n slots=2 slots=3", "n foo=1", "# comment", "n\tslots=4"]))
+
+
+@given(lines=st.lists(HOSTFILE_LINE, max_size=6))
+def test_hostfile_reader_takes_or_refuses(tmp_path_factory, lines):
+    from common.hosts import parse_hostfile
+    path = write(str(tmp_path_factory.mktemp("h")), "hostfile", "\n".join(lines))
+    with bounded():
+        try:
+            hosts = parse_hostfile(path)
+        except UsageError as exc:
+            one_line(exc)
+            return
+    assert hosts and all(1 <= s <= 4096 for _, s in hosts)
+
+
+@given(data=st.data())
+def test_cluster_spec_and_tf_config_take_or_refuse(tmp_path_factory, data):
+    from common.hosts import parse_cluster_spec, parse_tf_config
+    valid = {"cluster": {"ps": ["h1:2222"], "worker": ["h2:2222", "h3:2222"]}, "task": {"type": "worker", "index": 1}}
+    text = data.draw(broken(valid))
+    text = text.decode("latin-1") if isinstance(text, bytes) else text
+    path = write(str(tmp_path_factory.mktemp("s")), data.draw(st.sampled_from(["c.json", "c.yaml"])), text)
+    with bounded():
+        for read in (lambda: parse_cluster_spec(path), lambda: parse_tf_config(text)):
+            try:
+                read()
+            except UsageError as exc:
+                one_line(exc)
+
+
+@given(value=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e39, -1e300, 3.4e38])),
+       at=st.integers(min_value=0, max_value=15))
+def test_data_arrays_beyond_float32_are_refused_at_load(value, at):
+    import numpy as np
+    from common.data import check_arrays
+    x = np.zeros((4, 4))
+    x.flat[at] = value
+    y = np.zeros(4, dtype=np.int64)
+    try:
+        out = check_arrays((x, y, x, y), "plugin")
+    except UsageError as exc:
+        one_line(exc)
+        assert not math.isfinite(value) or abs(value) > np.finfo(np.float32).max
+        return
+    assert np.isfinite(out[0]).all()
+
+
+# ------------------------------------------------------------------ every entry point's parser
+TEXT = st.text(alphabet=string.ascii_letters + string.digits + ",._- ", max_size=12)   # no "/" or ":": stays here
+VALUE = st.one_of(TEXT, st.sampled_from(["", " ", "nan", "inf", "-inf", "1e999", "-1", "0", "-0", "1e15", "2e15",
+                                         "99999999999999999999", "3", "0.5", "1,2", "true", "nosuchmodule:f"]),
+                  st.integers(min_value=-10, max_value=10 ** 7).map(str),
+                  st.floats(allow_nan=True, allow_infinity=True).map(repr))
+# Flags that reach beyond this process (hosts, shells, other runs' folders) or replace the whole run:
+# their values are exercised by the tables in tests/test_cli.py.
+AWAY = {"--hosts", "--rsh", "--links", "--from", "--project", "--resume", "--help", "--data_dir", "--comm-json",
+        "--out", "--train_dir", "--dry-run", "--cleanup", "--sbatch", "--compute-from"}
+
+
+def flag_argv(parser, data):
+    """Flags of ``parser`` with generated values: a choice or a valid-looking value half the time."""
+    actions = [a for a in parser._actions if a.option_strings and not set(a.option_strings) & AWAY]
+    chosen = data.draw(st.lists(st.sampled_from(actions), max_size=4, unique_by=id))
+    argv = []
+    for action in chosen:
+        flag = action.option_strings[-1]
+        if action.nargs == 0:
+            argv.append(flag)
+        elif action.choices:
+            argv += [flag, data.draw(st.one_of(st.sampled_from(list(action.choices)), VALUE))]
+        else:
+            argv += [flag, data.draw(VALUE)]
+    return argv
+
+
+def trainer_parsers():
+    from common.config import build_parser
+    from horovod_train.backend import add_horovod_args
+    from mwms_train.backend import add_mwms_args
+    from ps_train.main import make_parser as ps_parser
+    return {"horovod": lambda: add_horovod_args(build_parser("t")), "mpi": lambda: build_parser("t"),
+            "mwms": lambda: add_mwms_args(build_parser("t")), "ps": ps_parser}
+
+
+@pytest.mark.parametrize("name", ["horovod", "mpi", "mwms", "ps"])
+@given(data=st.data())
+def test_trainer_flags_are_taken_or_refused_in_one_line(name, data):
+    from common.config import from_args
+    parser = trainer_parsers()[name]()
+    argv = flag_argv(parser, data)
+    with bounded():
+        try:
+            from_args(parser.parse_args(argv))
+        except UsageError as exc:
+            one_line(exc)
+
+
+@pytest.mark.parametrize("module", ["ps_train.launch", "mwms_train.launch", "hvdps.emulate"])
+@given(data=st.data())
+def test_launcher_flags_are_taken_or_refused_in_one_line(module, data):
+    import importlib
+    mod = importlib.import_module(module)
+    argv = flag_argv(mod.make_parser(), data)
+    with bounded():
+        try:
+            (mod.parse_args if hasattr(mod, "parse_args") else mod.make_parser().parse_args)(argv)
+        except UsageError as exc:
+            one_line(exc)
+
+
+@given(data=st.data())
+def test_compare_dry_run_takes_or_refuses_every_flag(tmp_path_factory, monkeypatch, data):
+    from hvdps import compare
+    folder = str(tmp_path_factory.mktemp("cmp"))
+    monkeypatch.chdir(folder)
+    argv = flag_argv(compare.make_parser(), data)
+    assume("--workers" not in argv or len(argv) < 8)
+    before = set(os.listdir(folder))
+    run_main(compare.main, [*argv, "--dry-run", "--out", os.path.join(folder, "out")])
+    assert set(os.listdir(folder)) <= before | {"out"}
+
+
+@given(data=st.data())
+def test_projection_takes_or_refuses_every_flag(tmp_path_factory, data):
+    from hvdps import projection
+    folder = str(tmp_path_factory.mktemp("prj"))
+    base = ["--bandwidth-gbps", "10", "--latency-us", "20", "--model-params", "25", "--step-compute-ms", "100",
+            "--max-workers", "64"]
+    argv = flag_argv(projection.make_parser(), data)
+    code, _ = run_main(projection.main, [*base, *argv, "--out", os.path.join(folder, "p")])
+    assert set(os.listdir(folder)) <= {"p"}
+    if code == 0:
+        rows = schemas.parse_json(open(os.path.join(folder, "p", "projection.json")).read(), "projection.json")
+        assert rows
+
+
+@given(data=st.data())
+def test_projection_from_any_comm_file_ends_in_time(tmp_path_factory, data):
+    """A comm.json that passes its schema still has to give an answer or one line, in bounded time:
+    fits from extreme but finite times must not loop or overflow."""
+    from hvdps import projection
+    folder = str(tmp_path_factory.mktemp("cj"))
+    rows = data.draw(st.lists(st.fixed_dictionaries({
+        "impl": st.sampled_from(["horovod-mpi", "mwms", "ps-push", "ps-pull"]),
+        "bytes": st.one_of(st.integers(min_value=1, max_value=2 ** 40), st.floats(min_value=1, max_value=2.0 ** 50)),
+        "seconds": st.floats(min_value=1e-9, max_value=1e6)}), min_size=1, max_size=8))
+    comm = write(folder, "comm.json", json.dumps({"np": data.draw(st.integers(min_value=2, max_value=65536)),
+                                                  "results": rows}))
+    run_main(projection.main, ["--comm-json", comm, "--model-params", "25", "--step-compute-ms", "100",
+                               "--max-workers", "64", "--out", os.path.join(folder, "p")])
