@@ -130,3 +130,31 @@ def host_cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def run_bounded(argv, timeout, **kw):
+    """``subprocess.run`` that ends within ``timeout`` with everything it started: the command runs
+    in a process group of its own, which is killed whole on time-out (a remote shell's own children
+    included, and with them the pipes they hold, which would keep ``communicate`` waiting). Returns
+    the CompletedProcess, or raises ``subprocess.TimeoutExpired`` once the group is gone."""
+    import signal
+    import subprocess
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         text=True, start_new_session=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        try:
+            p.communicate(timeout=5)
+        except subprocess.TimeoutExpired:     # a child that left the group still holds a pipe
+            for stream in (p.stdout, p.stderr):
+                stream.close()
+            p.wait()
+        raise subprocess.TimeoutExpired(argv, timeout)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)    # whatever the command left behind in its group
+        except (ProcessLookupError, PermissionError):
+            pass
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)

@@ -18,7 +18,7 @@ import sys
 from common.errors import UsageError
 from common.files import make_dirs, write_atomic
 from common.hosts import parse_host_list, parse_hostfile
-from common.procs import REPO
+from common.procs import REPO, run_bounded
 
 SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 SRUN_AGENT = os.path.join(REPO, "hvdps", "srun_agent.sh")
@@ -158,8 +158,7 @@ def check_hosts(hosts, agent, out_dir, timeout=30):
                  f"filesystem every host shares)'; exit 3; }}; echo hvdps-ok")
         for host in dict.fromkeys(h for h, _ in hosts):
             try:
-                r = subprocess.run([*agent, host, probe], capture_output=True, text=True, timeout=timeout,
-                                   stdin=subprocess.DEVNULL)
+                r = run_bounded([*agent, host, probe], timeout)
             except subprocess.TimeoutExpired:
                 raise UsageError(f"host {host}: no answer through {agent[0]} within {timeout}s")
             if "hvdps-ok" not in r.stdout:

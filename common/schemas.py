@@ -334,6 +334,21 @@ def read_weights(path):
     return arrays
 
 
+def read_checkpoint_index(path):
+    """TensorFlow's ``checkpoint`` index (a text proto) -> the latest checkpoint's prefix, or None
+    when the index names none (empty, or every line damaged). Read without TensorFlow, which
+    raises a bare ValueError on such an index from inside CheckpointManager."""
+    import re
+    latest = None
+    for line in read_text(path, "TensorFlow's checkpoint index").splitlines():
+        m = re.match(r'\s*model_checkpoint_path:\s*"((?:[^"\\]|\\.)+)"\s*$', line)
+        if m:
+            latest = m.group(1)
+    if latest is None:
+        return None
+    return latest if os.path.isabs(latest) else os.path.join(os.path.dirname(path), latest)
+
+
 def read_text(path, what, max_bytes=1 * MiB):
     """A small text file hvdps wrote itself (a checkpoint index, an elastic job id)."""
     return read_input(path, what, max_bytes=max_bytes, binary=False)
@@ -413,6 +428,7 @@ READERS = {
     "cluster spec (JSON/YAML)": "common.hosts.parse_cluster_spec",
     "TF_CONFIG": "common.hosts.parse_tf_config",
     "weights.npz": "common.schemas.read_weights",
+    "checkpoint (TensorFlow's index)": "common.schemas.read_checkpoint_index",
     "IDX": "common.data.read_idx",
     "NPZ": "common.data.load_mnist",
 }

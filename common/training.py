@@ -129,7 +129,10 @@ def check_resume_compatible(cfg, train_dir, backend=None):
     the data order at the wrong position, rescale the learning rate and mis-count the samples
     of every update already taken; hvdps does not convert a checkpoint, it refuses.
     ``backend``: the job being resumed into, once known (every rank can check: no exchange)."""
-    from common.schemas import read_config
+    from common.schemas import read_checkpoint_index, read_config
+    index = os.path.join(train_dir, "checkpoints", "checkpoint")
+    if os.path.lexists(index) and read_checkpoint_index(index) is None:    # TensorFlow: a bare ValueError
+        raise UsageError(f"--resume: no checkpoint in {os.path.dirname(index)} (its 'checkpoint' index names none)")
     path = os.path.join(train_dir, "config.json")
     if not os.path.exists(path):
         raise UsageError(f"--resume: {path} is missing")

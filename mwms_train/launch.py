@@ -87,6 +87,12 @@ def parse_args(argv):
     from common.data import num_examples      # the data checks and the batch, once, before a task starts
     from common.plan import steps_per_epoch
     steps_per_epoch(num_examples(cfg), args.num_workers, cfg.batch_size)
+    if args.resume:              # refused here, before a task starts
+        import types
+        from common.training import check_resume_compatible, check_train_dir
+        check_train_dir(cfg)
+        check_resume_compatible(cfg, args.train_dir, types.SimpleNamespace(
+            name="mwms", mode="sync", world_size=args.num_workers, num_ps=0))
     return args, p
 
 

@@ -377,16 +377,11 @@ def run_once(args, trainer_argv):
 
 def checkpoint_step(train_dir):
     """Global step of the latest checkpoint, from TensorFlow's 'checkpoint' index (no TF import)."""
-    from common.schemas import read_text
+    from common.schemas import read_checkpoint_index
     path = os.path.join(train_dir, "checkpoints", "checkpoint")
-    if not os.path.lexists(path):
-        return None
-    text = read_text(path, "TensorFlow's checkpoint index")
-    for line in text.splitlines():
-        if line.startswith("model_checkpoint_path:"):
-            tail = line.split(":", 1)[1].strip().strip('"').rsplit("-", 1)[-1]
-            return int(tail) if tail.isdigit() else None
-    return None
+    latest = read_checkpoint_index(path) if os.path.lexists(path) else None
+    tail = latest.rsplit("-", 1)[-1] if latest else ""
+    return int(tail) if tail.isdigit() else None
 
 
 def last_logged_step(train_dir):

@@ -136,6 +136,13 @@ CASES = [
      "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--timeout)"),
     (LAUNCH, ["--num_ps", "100000"], {}, "error: --num_ps 100000 and --num_workers 2: 100002 tasks on this machine"),
     (COMPARE, ["--train_dir", ""], {}, "error: --train_dir must not be empty"),
+    # ---- a resume with an empty checkpoint index: refused before a task starts or a file changes
+    (HVD, ["--resume", "--train_dir", "{tmp}/emptyidx"], {},
+     "error: --resume: no checkpoint in {tmp}/emptyidx/checkpoints (its 'checkpoint' index names none)"),
+    (LAUNCH, ["--resume", "--train_dir", "{tmp}/emptyidx"], {},
+     "error: --resume: no checkpoint in {tmp}/emptyidx/checkpoints (its 'checkpoint' index names none)"),
+    (MWMS_LAUNCH, ["--resume", "--train_dir", "{tmp}/emptyidx"], {},
+     "error: --resume: no checkpoint in {tmp}/emptyidx/checkpoints (its 'checkpoint' index names none)"),
     (COMPARE, ["--hosts", ""], {}, "error: --hosts must not be empty"),
     (HVD, ["--train_dir", " "], {}, "error: --train_dir must not be empty"),
     (HVD, ["--dataset", "{tmp}/plug.py:nan_data"], {}, "error: --dataset {tmp}/plug.py:nan_data: x_train has NaN or "
@@ -303,6 +310,9 @@ def files(tmp_path):
     (tmp_path / "plug.py").write_text(PLUGINS)
     (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(3)\n")
     (tmp_path / "hangs_on_import.py").write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    (tmp_path / "emptyidx" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "emptyidx" / "checkpoints" / "checkpoint").write_text("")
+    (tmp_path / "emptyidx" / "launch.json").write_text('{"cpu_seconds": {}}')     # an earlier run's: kept
     rng = np.random.RandomState(1)
     mnist = dict(x_train=rng.randint(0, 255, (20, 28, 28)).astype(np.uint8), y_train=rng.randint(0, 10, 20),
                  x_test=rng.randint(0, 255, (5, 28, 28)).astype(np.uint8), y_test=rng.randint(0, 10, 5))

@@ -239,6 +239,8 @@ Either request fewer slots for your application, or make more slots
      + "-" * 74 + "\nmpirun detected that one or more processes exited with non-zero status, thus causing\n"
      "the job to be terminated. The first process to do so was:\n\n  Exit code: 1\n" + "-" * 74 + "\n",
      "ImportError: Keras cannot be imported."),
+    ("[horovod] step 5/100\nerror: lost a peer\n" + "-" * 74 + "\nmpirun noticed that process rank 1 with PID 0 on node "
+     "n2 exited on signal 9 (Killed).\n" + "-" * 74 + "\n", "rank 1 killed by SIGKILL on n2"),
     ("", None),
 ])
 def test_a_failed_run_is_named_by_its_cause_not_a_frame(tmp_path, log, expected):
@@ -258,3 +260,36 @@ def test_local_mpi_runs_more_ranks_than_cores(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = json.load(open(tmp_path / "out" / "results.json"))["rows"]
     assert [(row["workers"], row["status"], row["oversubscribed"]) for row in rows] == [(workers, "ok", True)]
+
+
+@pytest.mark.process
+def test_a_rank_killed_under_mpirun_is_named_by_rank_and_signal(tmp_path):
+    """kill -9 of one Horovod rank mid-run: the comparison names the rank and the signal (Open MPI's own
+    notice), not mpirun's banner or a line of TensorFlow's start-up chatter."""
+    import signal as sig
+    import time
+    from tests.conftest import env, rank_pid
+    out = tmp_path / "cmp"
+    p = subprocess.Popen([os.path.join(BIN, "hvdps-compare"), "--workers", "2", "--backends", "horovod",
+                          "--train_steps", "100000", "--batch_size", "16", "--log_every", "5", "--probe_steps", "0",
+                          "--no-progress", "--run_timeout", "240", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env(),
+                         start_new_session=True)
+    try:
+        victim, deadline = None, time.monotonic() + 180
+        while victim is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            logs = list((out / "runs").glob("*/metrics.jsonl")) if (out / "runs").exists() else []
+            if any('"step"' in log.read_text() for log in logs):
+                victim = rank_pid(p.pid, 1, "horovod_train/main.py")
+        assert victim, "training never started"
+        os.kill(victim, sig.SIGKILL)
+        stdout, stderr = p.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(p.pid, sig.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert p.returncode == 1, stderr[-2000:]
+    assert "horovod-sync-w2: FAILED (rank 1 killed by SIGKILL" in stdout + stderr, (stdout + stderr)[-2000:]
+    assert "failed: rank 1 killed by SIGKILL" in (out / "report.md").read_text()

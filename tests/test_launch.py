@@ -180,11 +180,13 @@ def test_prefixes_and_chief_exit_code(tmp_path):
 
 def test_closing_line_says_why(tmp_path):
     """The last line names what ended the job and repeats the failing role's own error: here the
-    chief's, on a run whose checkpoint index names a checkpoint that is not there (the launcher's
-    own checks, on the config and the job, pass)."""
+    chief's, on a run whose checkpoint is damaged (the launcher's own checks, on the index, the config
+    and the job, pass; only restoring it tells). The chief's line comes through whole, not wrapped."""
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-10"\n')
+    (run_dir / "checkpoints" / "model.ckpt-10.index").write_bytes(b"not a checkpoint")
+    (run_dir / "checkpoints" / "model.ckpt-10.data-00000-of-00001").write_bytes(b"\0" * 64)
     (run_dir / "config.json").write_text(Config(train_dir=str(run_dir)).to_json())
     (run_dir / "metrics.jsonl").write_text(json.dumps({"type": "header", "backend": "ps", "mode": "async",
                                                        "world_size": 2, "num_ps": 1}) + "\n")
@@ -193,7 +195,8 @@ def test_closing_line_says_why(tmp_path):
     assert r.returncode == 2
     assert r.stdout.strip().splitlines()[-1] == "[launch] exit code 2 (worker:0 (chief) exited with code 2)"
     last = r.stderr.strip().splitlines()[-1]       # the task's own line, passed through whole
-    assert last.startswith("error: --resume: no checkpoint in"), last
+    assert last.startswith("error: --resume: cannot restore "), last
+    assert sum(line.startswith("error:") for line in r.stderr.splitlines()) == 1, r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("args, message", [

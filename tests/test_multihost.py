@@ -9,6 +9,7 @@ Topology (created here, removed at the end, also on failure):
 The addresses exist only inside these namespaces, so no packet can leave them.
 Skipped (with the reason) only where namespaces cannot be created (not root).
 """
+import json
 import os
 import random
 import signal
@@ -135,3 +136,42 @@ def test_horovod_mpirun_across_two_hosts(hosts, tmp_path):
     row, curves = load_run(str(tmp_path / "run"))
     assert row["workers"] == 2 and row["final_test_accuracy"] >= 0.9
     assert curves["summary"]["max_weight_divergence"] == 0.0
+
+
+def test_compare_launched_from_one_of_the_hosts(hosts, tmp_path):
+    """The everyday cluster case: the comparison runs on a host that is itself one of --hosts (a head node,
+    the first node of a batch job). This machine's own address routes through lo there; Open MPI's traffic
+    must still be kept on the hosts' network (found from the interface holding the address), or the
+    daemon on the other host cannot call back. No --network-interface given: the launch finds it."""
+    out = tmp_path / "cmp"
+    argv = [os.path.join(os.path.dirname(sys.executable), "hvdps-compare"), "--hosts",
+            f"{hosts.addrs[0]}:1,{hosts.addrs[1]}:1", "--rsh", AGENT, "--backends", "horovod", "--workers", "2",
+            "--epochs", "2", "--batch_size", "32", "--probe_steps", "0", "--no-progress", "--run_timeout", "240",
+            "--out", str(out)]
+    p = hosts.popen(0, argv, HVDPS_NETNS_MAP=",".join(f"{a}={n}" for a, n in zip(hosts.addrs, hosts.names)))
+    text = finish([p], 300)[0]
+    assert p.returncode == 0, text[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    rows = results["rows"] if isinstance(results, dict) else results
+    assert [(r["backend"], r["workers"], r["status"]) for r in rows] == [("horovod", 2, "ok")], rows
+    command = json.loads(next((out / "runs").glob("horovod-*/compare_run.json")).read_text())["command"]
+    flag = command.index("oob_tcp_if_include")
+    assert command[flag + 1] == f"{hosts.subnet}.0/24", command
+    assert row_host_count(out) == 2
+
+
+def row_host_count(out):
+    """How many hosts the run's ranks were placed on, from its record."""
+    record = json.loads(next((out / "runs").glob("horovod-*/compare_run.json")).read_text())
+    return len(set((record.get("roles") or {}).values()))
+
+
+def test_own_address_gives_the_hosts_network_not_loopback(hosts):
+    """On a host, its own cluster address routes through lo; the network is the interface's that holds it."""
+    code = ("from common.remote import local_network_of, mpi_network; "
+            f"print(local_network_of('{hosts.addrs[0]}'), local_network_of('127.0.0.1'), "
+            f"mpi_network([('{hosts.addrs[0]}', 1)]))")
+    p = hosts.popen(0, [sys.executable, "-c", code])
+    text = finish([p], 60)[0]
+    assert p.returncode == 0, text
+    assert text.split()[-3:] == [f"{hosts.subnet}.0/24", "127.0.0.0/8", f"{hosts.subnet}.0/24"], text

@@ -3,7 +3,7 @@
 Every ```bash block of README.md runs, top to bottom, in one shell (``set -euo pipefail``, so
 ``. .venv/bin/activate`` in one block holds for the next and any failing line fails the test), in a
 copy of the repository's tracked files: no runs/, no build products, no earlier output. Sizes come
-from the variables the Makefile reads from the environment (DEMO_*, PYTEST_ARGS, EMU_COMPARE,
+from the variables the Makefile reads from the environment (DEMO_*, PYTEST_ARGS, FUZZ_EXAMPLES, EMU_COMPARE,
 SLURM_*); the README's own trainer and comparison lines run exactly as written, except that the
 fixed ports of the one-role-per-process lines (localhost:2222 ...) are mapped to free ones.
 
@@ -34,7 +34,7 @@ FENCE = re.compile(r"^( *)```(\w*)\s*$")
 COMMANDS = ("make ", "hvdps-", "python ", "horovodrun ", "mpirun ", "sudo ", "TF_CONFIG=")
 SIZES = {
     "DEMO_MLP_EPOCHS": "3", "DEMO_CNN_EPOCHS": "1", "DEMO_REC_EPOCHS": "1", "DEMO_WORKERS": "1",
-    "PYTEST_ARGS": "-m unit tests/test_config.py",
+    "PYTEST_ARGS": "-m unit tests/test_config.py", "FUZZ_EXAMPLES": "5",
     "EMU_HOSTS": "3", "EMU_COMPARE": "--workers 2 --backends ps2 --model mlp --train_steps 20 --log_every 5 "
                                      "--warmup_steps 5",
     "SLURM_HOSTS": "2", "SLURM_JOBS": "--sbatch hostfiles/slurm/horovod.sbatch",

@@ -160,6 +160,23 @@ def test_host_without_the_shared_run_directory_is_named(tmp_path, capsys):
     assert code == 2 and err == ["error: host h3: cannot see the run directory"], err
 
 
+def test_a_hung_remote_shell_is_refused_in_time_and_leaves_nothing(tmp_path):
+    """An agent that never answers (and started a child that holds its output open): the probe is
+    refused after its time-out, and the agent's whole process group goes with it."""
+    marker = f"hvdps-hung-agent-{os.getpid()}"
+    agent = tmp_path / "agent"
+    wait = f'{sys.executable} -c "import time; time.sleep(300)" {marker}'
+    agent.write_text(f"#!/bin/sh\n{wait} &\nexec {wait}\n")
+    agent.chmod(0o755)
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match=r"host h1: no answer through .*agent within 2s"):
+        remote.check_hosts([("h1", 1)], [str(agent)], str(tmp_path / "out"), timeout=2)
+    assert time.monotonic() - t0 < 10
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert left == [], left
+    assert os.listdir(tmp_path / "out") == []          # the probe's token is gone too
+
+
 GRADIENT = {"dense_bytes": 1000, "sparse_bytes": 0, "sparse_table_bytes": 0}
 
 

@@ -70,7 +70,9 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
     p = subprocess.Popen(
         [sys.executable, "-m", "hvdps.emulate", "--slurm", "--hosts", "3", "--rate", "1gbit", "--out", str(out),
          "--sbatch", "hostfiles/slurm/horovod.sbatch", "--sbatch", "PS_MODE=sync hostfiles/slurm/ps.sbatch",
-         "--sbatch", "PS_MODE=v2 hostfiles/slurm/ps.sbatch", "--sbatch", "hostfiles/slurm/mwms.sbatch", "--",
+         "--sbatch", "PS_MODE=v2 hostfiles/slurm/ps.sbatch", "--sbatch", "hostfiles/slurm/mwms.sbatch",
+         # the comparison as a batch job: it runs on the first node, itself one of the hosts
+         "--sbatch", "HVDPS_COMPARE_ARGS='--backends horovod --workers 4' hostfiles/slurm/compare.sbatch", "--",
          "--workers", "2", "--backends", "horovod,mwms,ps:sync", *TRAIN, "--eval_every_epoch", "false",
          "--checkpoint_every_epoch", "false", "--no-progress", "--run_timeout", "240"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
@@ -90,7 +92,12 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
         ("hostfiles/slurm/horovod.sbatch", None, "COMPLETED", 0),
         ("hostfiles/slurm/ps.sbatch", "sync", "COMPLETED", 0),
         ("hostfiles/slurm/ps.sbatch", "v2", "COMPLETED", 0),
-        ("hostfiles/slurm/mwms.sbatch", None, "COMPLETED", 0)], jobs
+        ("hostfiles/slurm/mwms.sbatch", None, "COMPLETED", 0),
+        ("hostfiles/slurm/compare.sbatch", None, "COMPLETED", 0)], jobs
+    batch = json.load(open(os.path.join(jobs[-1]["run_dir"], "results.json")))
+    batch = batch["rows"] if isinstance(batch, dict) else batch
+    assert [(r["backend"], r["workers"], r["status"]) for r in batch] == [("horovod", 4, "ok")], batch
+    assert len(set((batch[0].get("roles") or {}).values())) == 2, batch[0].get("roles")   # across both nodes
     for job, ref, tolerance in zip(jobs, ("horovod", "sync", "v2", "mwms"), (0.02, 0.02, 0.05, 0.02)):
         header = next(r for r in read_records(os.path.join(job["run_dir"], "metrics.jsonl")) if r["type"] == "header")
         # the scripts' shape, 2 nodes x 2 tasks: 4 ranks; PS: one task is a PS (and v2's chief does not train)
