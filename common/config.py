@@ -169,13 +169,6 @@ def validate(cfg):
         raise UsageError(f"--model {cfg.model} needs --image_shape of at least {side},{side},3")
 
 
-def machine_memory():
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def memory_estimate(cfg):
     """[(flags, bytes, what)]: the least one process holds for the built-in models and data, from
     the config alone (no TensorFlow): float32 weights with their gradient, two optimizer slots and
@@ -211,6 +204,7 @@ def memory_estimate(cfg):
 def check_memory(cfg):
     """A model or data set that cannot fit in this machine's memory is refused up front with the
     estimate, rather than a MemoryError traceback (or the OOM killer) once the job has started."""
+    from common.procs import machine_memory
     memory = machine_memory()
     parts = memory_estimate(cfg)
     total = sum(b for _, b, _ in parts)

@@ -178,6 +178,62 @@ def build_model(cfg, input_shape, num_classes):
     if tuple(out.shape) != (1, num_classes):
         raise UsageError(f"--model {cfg.model}: the model outputs shape {tuple(out.shape)} for one example; "
                          f"expected (1, {num_classes}) logits")
+    if not out.dtype.is_floating:
+        raise UsageError(f"--model {cfg.model}: the model outputs {out.dtype.name} logits; expected floating-point "
+                         f"logits (an integer output has no gradient)")
     if not model.trainable_weights:
         raise UsageError(f"--model {cfg.model}: the model has no trainable weights; there is nothing to train")
+    check_memory_of(model, cfg)
+    if tf.executing_eagerly():       # the classic PS builds its graph here: the same step runs as its first
+        check_training_step(model, cfg, input_shape, num_classes)
     return model
+
+
+def _cause(exc):
+    """The plug-in's own words: Keras puts "Exception encountered when calling layer ..." first and
+    the error it caught on a later line."""
+    lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
+    own = [l for l in lines if not l.startswith(("Exception encountered when calling", "Call arguments received",
+                                                 "•"))]
+    return (own or lines or [""])[0]
+
+
+def check_memory_of(model, cfg):
+    """A model too large for this machine: refused with the estimate (weights, gradient, two optimizer
+    slots and a broadcast copy: 5 x 4 bytes a parameter), not left to the OOM killer mid-job."""
+    from common.procs import machine_memory
+    need, have = 20 * model.count_params(), machine_memory()
+    if have and need > have:
+        raise UsageError(f"--model {cfg.model}: {model.count_params():,} parameters need about {need / 2**30:,.1f} "
+                         f"GiB per process (weights, gradient, optimizer slots, a copy); this machine has "
+                         f"{have / 2**30:.1f} GiB")
+
+
+def check_training_step(model, cfg, input_shape, num_classes):
+    """What every step does, once, on a batch of 2 before any process joins a job: the forward pass in
+    training mode, the loss and the gradient. A model that fails only in training mode (dropout,
+    a training-only branch), whose output depends on the batch size, or from whose outputs no
+    gradient reaches a weight is named here in one line, not by a traceback mid-job. Its
+    non-trainable state (batch-norm statistics) is put back as it was."""
+    import tensorflow as tf
+    state = [w.numpy() for w in model.non_trainable_weights]
+    try:
+        with tf.GradientTape() as tape:
+            out = model(tf.zeros((2, *input_shape)), training=True)
+            if tuple(out.shape) != (2, num_classes):
+                raise UsageError(f"--model {cfg.model}: the model outputs shape {tuple(out.shape)} for a batch of 2 "
+                                 f"in training mode; expected (2, {num_classes}): the output must follow the batch")
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                tf.zeros((2,), tf.int32), tf.cast(out, tf.float32), from_logits=True))
+        grads = tape.gradient(loss, model.trainable_weights)
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"--model {cfg.model}: the model fails in training mode: {type(exc).__name__}: "
+                         f"{_cause(exc)}")
+    finally:
+        for w, value in zip(model.non_trainable_weights, state):
+            w.assign(value)
+    if all(g is None for g in grads):
+        raise UsageError(f"--model {cfg.model}: no gradient reaches the model's weights from its outputs "
+                         f"(a stop_gradient, an integer cast or a constant output); there is nothing to train")

@@ -132,6 +132,13 @@ def host_cores():
         return os.cpu_count() or 1
 
 
+def machine_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def run_bounded(argv, timeout, **kw):
     """``subprocess.run`` that ends within ``timeout`` with everything it started: the command runs
     in a process group of its own, which is killed whole on time-out (a remote shell's own children

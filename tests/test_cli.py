@@ -136,6 +136,15 @@ CASES = [
      "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--timeout)"),
     (LAUNCH, ["--num_ps", "100000"], {}, "error: --num_ps 100000 and --num_workers 2: 100002 tasks on this machine"),
     (COMPARE, ["--train_dir", ""], {}, "error: --train_dir must not be empty"),
+    # ---- a model plug-in that is not quite right: named in one line before training
+    (HVD, ["--model", "{tmp}/plug.py:int_logits"], {}, "error: --model {tmp}/plug.py:int_logits: the model outputs "
+                                                       "int32 logits"),
+    (MPI, ["--model", "{tmp}/plug.py:no_gradient"], {}, "error: --model {tmp}/plug.py:no_gradient: no gradient "
+                                                        "reaches the model's weights"),
+    (HVD, ["--model", "{tmp}/plug.py:fails_in_training"], {}, "error: --model {tmp}/plug.py:fails_in_training: the "
+                                                              "model fails in training mode: RuntimeError: dropout"),
+    (HVD, ["--model", "{tmp}/plug.py:batch_dependent"], {}, "error: --model {tmp}/plug.py:batch_dependent: the model "
+                                                            "outputs shape (1, 10) for a batch of 2"),
     # ---- a resume with an empty checkpoint index: refused before a task starts or a file changes
     (HVD, ["--resume", "--train_dir", "{tmp}/emptyidx"], {},
      "error: --resume: no checkpoint in {tmp}/emptyidx/checkpoints (its 'checkpoint' index names none)"),
@@ -378,6 +387,40 @@ def swallows_everything(cfg):
             time.sleep(1)
         except Exception:
             pass
+
+def int_logits(cfg, input_shape, num_classes):
+    import tensorflow as tf
+    inp = tf.keras.Input(input_shape)
+    out = tf.keras.layers.Dense(num_classes)(tf.keras.layers.Flatten()(inp))
+    return tf.keras.Model(inp, tf.keras.layers.Lambda(lambda t: tf.cast(t, tf.int32))(out))
+
+def no_gradient(cfg, input_shape, num_classes):
+    import tensorflow as tf
+    inp = tf.keras.Input(input_shape)
+    out = tf.keras.layers.Dense(num_classes)(tf.keras.layers.Flatten()(inp))
+    return tf.keras.Model(inp, tf.keras.layers.Lambda(tf.stop_gradient)(out))
+
+def fails_in_training(cfg, input_shape, num_classes):
+    import tensorflow as tf
+    class Net(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.flat, self.dense = tf.keras.layers.Flatten(), tf.keras.layers.Dense(num_classes)
+        def call(self, x, training=False):
+            if training:
+                raise RuntimeError("dropout rate not set")
+            return self.dense(self.flat(x))
+    return Net()
+
+def batch_dependent(cfg, input_shape, num_classes):
+    import tensorflow as tf
+    class Net(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.flat, self.dense = tf.keras.layers.Flatten(), tf.keras.layers.Dense(num_classes)
+        def call(self, x, training=False):
+            return self.dense(self.flat(x))[:1]
+    return Net()
 
 def _data(x=None, y=None, x_test=None, y_test=None):
     rng = np.random.RandomState(0)

@@ -139,3 +139,21 @@ def test_broken_plugin_is_one_line(tmp_path, flag, spec, message):
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message.format(d=d)), r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("memory, refused", [(1 << 16, True), (None, False), (1 << 40, False)])
+def test_a_model_too_large_for_the_machine_is_refused_with_the_estimate(monkeypatch, memory, refused):
+    """20 bytes a parameter (weights, gradient, two optimizer slots, a broadcast copy) against the
+    machine's memory: a 2**24-class plug-in refused in one line, not by the OOM killer mid-job."""
+    import tensorflow as tf
+    from common import config, plugins, procs
+    from common.errors import UsageError
+    cfg = config.make_config()
+    monkeypatch.setattr(procs, "machine_memory", lambda: memory)
+    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(100)])   # 6,500 parameters
+    if refused:
+        with pytest.raises(UsageError, match=r"--model mlp: 6,500 parameters need about 0.0 GiB per process .* "
+                                             r"this machine has 0.0 GiB"):
+            plugins.check_memory_of(model, cfg)
+    else:
+        plugins.check_memory_of(model, cfg)

@@ -225,7 +225,7 @@ def test_project_from_runs(tmp_path):
     (["--comm-json", "/no/such.json"], "--comm-json /no/such.json: no such file"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--overlap", "0.5"], "--overlap is gone"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--from", "/no/runs"], "--from /no/runs: no such directory"),
-    (["--bandwidth-gbps", "25", "--latency-us", "10", "--straggler-cv", "1.5"], "--straggler-cv in [0, 1)"),
+    (["--bandwidth-gbps", "25", "--latency-us", "10", "--straggler-cv", "1.5"], "--straggler-cv must be in [0, 1], got 1.5"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-placement", "random"], "invalid choice: 'random'"),
     (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-gpus-per-worker", "3", "--gpus-per-server", "4"],
      "--ps-gpus-per-worker must divide --gpus-per-server (4), got 3"),

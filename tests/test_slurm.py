@@ -6,6 +6,7 @@ comparison inside an allocation of every host (``salloc``, ``--hosts slurm``). E
 test accuracy is checked against the same training run locally. Needs root and the packages
 (``make setup`` installs them); skipped with the reason elsewhere.
 """
+import glob
 import json
 import os
 import shutil
@@ -97,7 +98,9 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
     batch = json.load(open(os.path.join(jobs[-1]["run_dir"], "results.json")))
     batch = batch["rows"] if isinstance(batch, dict) else batch
     assert [(r["backend"], r["workers"], r["status"]) for r in batch] == [("horovod", 4, "ok")], batch
-    assert len(set((batch[0].get("roles") or {}).values())) == 2, batch[0].get("roles")   # across both nodes
+    record = json.load(open(next(p for p in glob.glob(os.path.join(jobs[-1]["run_dir"], "runs", "horovod-*",
+                                                                   "compare_run.json")))))
+    assert len(set(record["roles"].values())) == 2, record          # the ranks ran on both nodes
     for job, ref, tolerance in zip(jobs, ("horovod", "sync", "v2", "mwms"), (0.02, 0.02, 0.05, 0.02)):
         header = next(r for r in read_records(os.path.join(job["run_dir"], "metrics.jsonl")) if r["type"] == "header")
         # the scripts' shape, 2 nodes x 2 tasks: 4 ranks; PS: one task is a PS (and v2's chief does not train)
