@@ -213,6 +213,26 @@ class Progress:
             self.bar.close()
 
 
+def _quiet_writer_thread():
+    """TensorBoard's writer thread prints the traceback of what stopped it (a full disk) and raises it
+    again at the writer's next call, where ``TensorBoard._guard`` makes it one line: the thread's own
+    print is left out, every other thread's exception is reported as before."""
+    import threading
+    if getattr(threading.excepthook, "hvdps", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args):
+        tb = args.exc_traceback
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename.endswith("event_file_writer.py"):
+                return
+            tb = tb.tb_next
+        previous(args)
+    hook.hvdps = True
+    threading.excepthook = hook
+
+
 class TensorBoard:
     """Scalar events through TensorBoard's own pure-Python writer.
 
@@ -223,7 +243,19 @@ class TensorBoard:
 
     def __init__(self, logdir):
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
-        self.writer = EventFileWriter(logdir)
+        self.logdir = logdir
+        _quiet_writer_thread()
+        self.writer = self._guard(lambda: EventFileWriter(logdir))
+
+    def _guard(self, write):
+        """The writer flushes from a thread of its own and raises what it met (a full disk comes back as
+        TensorFlow's ResourceExhaustedError, or an OSError) at a later call: one line naming the folder."""
+        from common.errors import describe
+        from common.files import WriteError
+        try:
+            return write()
+        except Exception as exc:
+            raise WriteError(f"cannot write TensorBoard events to {self.logdir}: {describe(exc)}")
 
     def scalars(self, step, samples=None, **values):
         """Each value under its own tag against the global step, and again under ``by_samples/``
@@ -235,11 +267,11 @@ class TensorBoard:
         for x, prefix in axes:
             vals = [summary_pb2.Summary.Value(tag=prefix + k, simple_value=v) for k, v in values.items()]
             if vals:
-                self.writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(x),
-                                                      summary=summary_pb2.Summary(value=vals)))
+                event = event_pb2.Event(wall_time=time.time(), step=int(x), summary=summary_pb2.Summary(value=vals))
+                self._guard(lambda: self.writer.add_event(event))
 
     def close(self):
-        self.writer.close()
+        self._guard(self.writer.close)
 
 
 class RunLog:

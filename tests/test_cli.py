@@ -154,6 +154,9 @@ CASES = [
      "error: --resume: no checkpoint in {tmp}/emptyidx/checkpoints (its 'checkpoint' index names none)"),
     (COMPARE, ["--hosts", ""], {}, "error: --hosts must not be empty"),
     (HVD, ["--train_dir", " "], {}, "error: --train_dir must not be empty"),
+    (HVD, ["--dataset", "{tmp}/plug.py:overflow_data"], {}, "error: --dataset {tmp}/plug.py:overflow_data: x_train has "
+                                                            "values beyond float32's range (|x| > 3.4e38) in 1 "
+                                                            "example(s), the first at index 2"),
     (HVD, ["--dataset", "{tmp}/plug.py:nan_data"], {}, "error: --dataset {tmp}/plug.py:nan_data: x_train has NaN or "
                                                        "infinite values in 1 example(s), the first at index 3"),
     (HVD, ["--dataset", "{tmp}/plug.py:inf_test"], {}, "error: --dataset {tmp}/plug.py:inf_test: x_test has NaN"),
@@ -426,6 +429,11 @@ def _data(x=None, y=None, x_test=None, y_test=None):
     rng = np.random.RandomState(0)
     return (rng.rand(10, 4) if x is None else x, np.arange(10) % 3 if y is None else y,
             rng.rand(6, 4) if x_test is None else x_test, np.arange(6) % 3 if y_test is None else y_test)
+
+def overflow_data(cfg):
+    x = np.random.RandomState(0).rand(10, 4)
+    x[2, 1] = 1e300
+    return _data(x=x)
 
 def nan_data(cfg):
     x = np.random.RandomState(0).rand(10, 4)

@@ -1,4 +1,5 @@
 """The Horovod trainer, launched the ways users launch it (real ranks, real launchers)."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -184,15 +185,39 @@ def test_killed_rank_fails_job_promptly(tmp_path, controller):
     assert took < 60 and code != 0
 
 
-@pytest.mark.root
-def test_full_disk_is_one_line_and_keeps_earlier_checkpoints(tmp_path):
-    """ENOSPC in the middle of a run: one error line, exit 1, the checkpoints already there readable."""
+@contextlib.contextmanager
+def small_disk(tmp_path, size):
+    """A tmpfs of ``size`` at tmp_path/disk, unmounted afterwards (also on failure)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)],
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
                       capture_output=True).returncode != 0:
         pytest.skip("needs to mount a small tmpfs (root)")
     try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+@pytest.mark.root
+def test_full_disk_without_checkpoints_is_one_line(tmp_path):
+    """ENOSPC met by the events, metrics or final weights (no checkpoint to fail first): one line naming
+    what could not be written, exit 1, no traceback (TensorBoard's writer raises from its own thread)."""
+    with small_disk(tmp_path, "64k") as disk:
+        r = run([sys.executable, MAIN, "--epochs", "30", "--batch_size", "32", "--log_every", "1",
+                 "--checkpoint_every_epoch", "false", "--hidden_units", "300", "--train_dir", str(disk / "run")],
+                timeout=240)
+        assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
+        errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith("error: cannot write") and \
+            errors[0].endswith("No space left on device"), r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
+
+
+@pytest.mark.root
+def test_full_disk_is_one_line_and_keeps_earlier_checkpoints(tmp_path):
+    """ENOSPC in the middle of a run: one error line, exit 1, the checkpoints already there readable."""
+    with small_disk(tmp_path, "400k") as disk:
         out = disk / "run"
         r = run([sys.executable, MAIN, "--epochs", "200", "--batch_size", "32", "--checkpoint_steps", "10",
                  "--hidden_units", "300", "--train_dir", str(out)], timeout=240)
@@ -206,5 +231,3 @@ def test_full_disk_is_one_line_and_keeps_earlier_checkpoints(tmp_path):
         assert latest and tf.train.load_checkpoint(latest).get_variable_to_shape_map()
         read_records = __import__("common.metrics", fromlist=["x"]).read_records
         assert read_records(str(out / "metrics.jsonl"))[0]["type"] == "header"
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

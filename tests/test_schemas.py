@@ -144,8 +144,6 @@ def test_metrics_record_breaking_its_schema_is_refused_by_line(tmp_path, index, 
 
 def test_metrics_torn_tail_and_foreign_lines_are_not_records(tmp_path):
     path = metrics_file(tmp_path, METRIC[:2], tail='{"type": "st')
-    with open(path, "a") as f:
-        pass
     lines = open(path).read()
     open(path, "w").write('not json\n[1, 2]\n{"no": "type"}\n' + lines)
     assert [r["type"] for r in schemas.read_metrics(path)] == ["header", "step"]
