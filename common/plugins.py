@@ -184,7 +184,9 @@ def build_model(cfg, input_shape, num_classes):
     if not model.trainable_weights:
         raise UsageError(f"--model {cfg.model}: the model has no trainable weights; there is nothing to train")
     check_memory_of(model, cfg)
-    if tf.executing_eagerly():       # the classic PS builds its graph here: the same step runs as its first
+    # The classic PS builds its graph here, and a strategy's variables (MWMS, PS v2) are updated only in
+    # its replica context: there the strategy's own first step is this check.
+    if tf.executing_eagerly() and not tf.distribute.has_strategy():
         check_training_step(model, cfg, input_shape, num_classes)
     return model
 
