@@ -43,6 +43,9 @@ from hvdps.methods import get_launcher, parse_variants
 from hvdps.report import RUN_RECORD, collect, environment_of, runs_from_dirs, write_report
 
 
+MAX_LOCAL_WORKERS = 1024      # the local launchers' bound (ps_train.launch, mwms_train.launch)
+
+
 def parse_workers(text, flag="--workers"):
     try:
         counts = sorted({int(x) for x in str(text).split(",") if x.strip()})
@@ -402,6 +405,10 @@ def main(argv=None):
     else:
         trainer_args = argv_of(args, parser, skip=COMPARE_FLAGS)
         remote = make_remote(args)
+        most = max(parse_workers(args.workers))
+        if not remote and most > MAX_LOCAL_WORKERS:     # before any port is reserved (--hosts: its slots)
+            raise UsageError(f"--workers {most}: more than the {MAX_LOCAL_WORKERS} tasks one machine runs "
+                             f"(other machines: --hosts)")
         links = load_links(args.links) if args.links else None
         runs = plan_runs(args, trainer_args, os.cpu_count() or 1, remote)
         if args.dry_run:

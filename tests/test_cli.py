@@ -135,6 +135,10 @@ CASES = [
     (MWMS_LAUNCH, ["--dataset", "{tmp}/plug.py:swallows_everything", "--timeout", "3"], {},
      "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--timeout)"),
     (LAUNCH, ["--num_ps", "100000"], {}, "error: --num_ps 100000 and --num_workers 2: 100002 tasks on this machine"),
+    (COMPARE, ["--workers", "100000", "--dry-run"], {}, "error: --workers 100000: more than the 1024 tasks one "
+                                                          "machine runs"),
+    (COMPARE, ["--workers", "8", "--hosts", "127.0.0.1:2,127.0.0.2:2", "--rsh", "/bin/true", "--dry-run"], {},
+     "error: --hosts has 4 slot(s) in all, 8 workers asked for"),
     (COMPARE, ["--train_dir", ""], {}, "error: --train_dir must not be empty"),
     # ---- a model plug-in that is not quite right: named in one line before training
     (HVD, ["--model", "{tmp}/plug.py:int_logits"], {}, "error: --model {tmp}/plug.py:int_logits: the model outputs "
