@@ -236,7 +236,10 @@ def _wait(p, run, timeout, bar):
         except subprocess.TimeoutExpired:
             pass
         if os.path.exists(metrics):
-            recs = read_records(metrics)
+            try:
+                recs = read_records(metrics)
+            except UsageError:      # the progress line only: the report reads the file again, and says why
+                recs = []
             head = next((r for r in recs if r["type"] == "header"), None)
             last = next((r for r in reversed(recs) if r["type"] == "step"), None)
             if head and last:
