@@ -86,6 +86,7 @@ class AllreduceBackend(Backend):
     ``place_rank`` gave this rank."""
     mode = "sync"
     threads = 0
+    strategy_owns_variables = False     # True: they update only in a strategy's replica context
 
     def wrap_tape(self, tape):
         """The GradientTape whose ``gradient()`` returns gradients averaged over the ranks."""

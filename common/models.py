@@ -35,8 +35,9 @@ def _numpy_initializer(tf, seed, kind):
     return NumpyInit(seed, kind)
 
 
-def build_model(cfg):
-    """An uncompiled Keras model for ``cfg.model`` whose input follows ``cfg.dataset``."""
+def build_model(cfg, check_step=True):
+    """An uncompiled Keras model for ``cfg.model`` whose input follows ``cfg.dataset``; a plug-in's
+    is checked with one training step unless a strategy owns its variables (``check_step``)."""
     import tensorflow as tf
     shape, classes = input_spec(cfg)
     L = tf.keras.layers
@@ -80,7 +81,7 @@ def build_model(cfg):
         build = getattr(tf.keras.applications, APPLICATIONS[cfg.model])
         return build(weights=None, input_shape=shape, classes=classes, classifier_activation=None)
     from common.plugins import build_model as build_plugin
-    return build_plugin(cfg, shape, classes)     # Config has checked it is a plug-in
+    return build_plugin(cfg, shape, classes, check_step)     # Config has checked it is a plug-in
 
 
 def check_plugin_for_graph_mode(cfg):

@@ -157,7 +157,7 @@ def seed_everything(tf, seed):
     tf.random.set_seed(seed)
 
 
-def build_model(cfg, input_shape, num_classes):
+def build_model(cfg, input_shape, num_classes, check_step=True):
     """A model plug-in's model, checked: a Keras model taking ``input_shape`` and giving ``num_classes`` logits."""
     import tensorflow as tf
     from common import keras3
@@ -184,9 +184,9 @@ def build_model(cfg, input_shape, num_classes):
     if not model.trainable_weights:
         raise UsageError(f"--model {cfg.model}: the model has no trainable weights; there is nothing to train")
     check_memory_of(model, cfg)
-    # The classic PS builds its graph here, and a strategy's variables (MWMS, PS v2) are updated only in
-    # its replica context: there the strategy's own first step is this check.
-    if tf.executing_eagerly() and not tf.distribute.has_strategy():
+    # The classic PS builds its graph here, and a strategy's variables (MWMS, PS v2: ``check_step``
+    # False) are updated only in its replica context: there the strategy's own first step is this check.
+    if check_step and tf.executing_eagerly():
         check_training_step(model, cfg, input_shape, num_classes)
     return model
 

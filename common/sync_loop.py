@@ -57,7 +57,7 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
         check_resume_compatible(cfg, cfg.train_dir, backend)
     plan = backend.plan(cfg, num_train)          # all-reduce: each rank runs 1/size of an epoch's steps
     with backend.scope():                        # all-reduce: a strategy's variables are made in its scope
-        model = build_model(cfg)
+        model = build_model(cfg, check_step=not backend.strategy_owns_variables)
         optimizer = make_optimizer(cfg, make_lr_schedule(cfg, plan))   # all-reduce: lr scaled by the workers
         if loop == "fit":
             optimizer = backend.wrap_optimizer(optimizer)   # all-reduce: inside Keras' train step

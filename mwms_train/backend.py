@@ -33,6 +33,7 @@ class MWMSBackend(AllreduceBackend):
     own); rank 0 writes."""
     name = "mwms"
     mode = "sync"
+    strategy_owns_variables = True
 
     def __init__(self, cluster, index, implementation="ring", pack_size_mb=0.0, step_timeout=60.0,
                  startup_timeout=60.0):

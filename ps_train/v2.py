@@ -144,7 +144,7 @@ def coordinate(cfg, backend, num_train):
     sys.unraisablehook = _quiet_lost_peer(sys.unraisablehook)
     plan = backend.plan(cfg, num_train)
     with backend.strategy.scope():               # PS: variables on the PS tasks, split by the partitioner
-        model = build_model(cfg)
+        model = build_model(cfg, check_step=False)      # PS: the strategy's variables, on the PS tasks
         optimizer = backend.wrap_optimizer(make_optimizer(cfg, make_lr_schedule(cfg, plan)))
         optimizer._create_all_weights(model.trainable_variables)   # slots exist before a restore
     checkpoints = MirroredCheckpoints(cfg, plan, model, optimizer)
