@@ -139,23 +139,23 @@ class Header(Strict):
     config: Optional[Dict[str, Any]] = None
 
 
-class Step(Strict):
+class _AtStep(Strict):
+    """What a step record and an evaluation share: where in training, when, and the figures."""
+    global_step: Index
+    wall_time: Optional[NonNeg] = None
+    loss: Optional[Finite] = None
+    accuracy: Optional[Fraction] = None
+
+
+class Step(_AtStep):
     type: Literal["step"]
-    global_step: Index
     samples_seen: Optional[Index] = None
-    wall_time: Optional[NonNeg] = None
-    loss: Optional[Finite] = None
     samples_per_sec: Optional[NonNeg] = None
-    accuracy: Optional[Fraction] = None
 
 
-class Eval(Strict):
+class Eval(_AtStep):
     type: Literal["eval"]
-    global_step: Index
     epoch: Optional[NonNeg] = None
-    wall_time: Optional[NonNeg] = None
-    loss: Optional[Finite] = None
-    accuracy: Optional[Fraction] = None
 
 
 class Summary(Strict):
