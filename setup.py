@@ -15,13 +15,13 @@ setup(
     packages=find_packages(include=["common", "common.*", "horovod_train", "horovod_train.*",
                                     "ps_train", "ps_train.*", "mpi_train", "mpi_train.*", "mwms_train", "mwms_train.*",
                                     "hvdps", "hvdps.*"]),
-    package_data={"hvdps": ["model_profiles.json"]},   # layer profiles of the benchmark models
+    package_data={"hvdps": ["model_profiles.json"],     # layer profiles of the benchmark models
+                  "common": ["digits.csv.gz"]},       # the bundled data set (common/data.py: load_digits)
     install_requires=[
         # The stack is pinned by make setup (hvdps/stack.py): 2.21 (numpy 2) on Python 3.10-3.13, 2.18 and
         # 2.15 (numpy 1) selectable. `tensorflow`, not `tensorflow-cpu`: tf-keras depends on the former.
         "tensorflow>=2.15.1,<2.22",
         "numpy>=1.23,<3",
-        "scikit-learn==1.5.2",
         "mpi4py==4.1.2",
         "matplotlib==3.9.2",
         "tqdm==4.66.5",
