@@ -4,8 +4,10 @@ Every ```bash block of README.md runs, top to bottom, in one shell (``set -euo p
 ``. .venv/bin/activate`` in one block holds for the next and any failing line fails the test), in a
 copy of the repository's tracked files: no runs/, no build products, no earlier output. Sizes come
 from the variables the Makefile reads from the environment (DEMO_*, PYTEST_ARGS, FUZZ_EXAMPLES, EMU_COMPARE,
-SLURM_*); the README's own trainer and comparison lines run exactly as written, except that the
-fixed ports of the one-role-per-process lines (localhost:2222 ...) are mapped to free ones.
+SLURM_*); the README's own trainer and comparison lines run as written, except that the fixed ports
+of the one-role-per-process lines (localhost:2222 ...) are mapped to free ones and each line that
+trains gets ``--train_steps 30`` before its own flags (a line's own --train_steps would still win):
+the lines are checked to work, not to train to the end.
 
 Set-up: the checkout gets a copy of this suite's venv (hard links; the paths in its scripts moved)
 without its set-up stamp, so ``make demo`` runs the whole set-up recipe for real and, as on any
@@ -31,6 +33,12 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.root
 
 FENCE = re.compile(r"^( *)```(\w*)\s*$")
+# Where a line that trains takes its first flag: a trainer's script or module, the comparison, or the
+# comparison's flags after hvdps-emulate's "--".
+TRAINS = re.compile(r"(?:(?<=horovod_train/main\.py)|(?<=mpi_train/main\.py)|(?<=ps_train/main\.py)"
+                    r"|(?<=-m ps_train\.launch)|(?<=-m mwms_train\.launch))(?= --| \\$|$)"
+                    r"|(?:(?<=^hvdps-compare)|(?<= --))(?= --workers)", re.M)
+STEPS = " --train_steps 30"
 COMMANDS = ("make ", "hvdps-", "python ", "horovodrun ", "mpirun ", "sudo ", "TF_CONFIG=")
 SIZES = {
     "DEMO_MLP_EPOCHS": "3", "DEMO_CNN_EPOCHS": "1", "DEMO_REC_EPOCHS": "1", "DEMO_WORKERS": "1",
@@ -114,7 +122,7 @@ def test_every_readme_command_block_runs_in_order_on_a_fresh_checkout(tmp_path):
     fresh_checkout(checkout)
     copy_venv(os.path.join(REPO, ".venv"), os.path.join(checkout, ".venv"))
 
-    script = ["set -euo pipefail", "set -x"]
+    script = ["set -euo pipefail", "PS4='+ $(date +%T) '", "set -x"]     # each command's start time in the log
     ports = {}
     for n, (info, lines) in enumerate(blocks(open(os.path.join(checkout, "README.md")).read())):
         if info != "bash":
@@ -122,6 +130,7 @@ def test_every_readme_command_block_runs_in_order_on_a_fresh_checkout(tmp_path):
         text = "\n".join(lines)
         text = re.sub(r"localhost:(22\d\d)\b", lambda m: f"localhost:{ports.setdefault(m.group(1), free_port())}",
                       text)
+        text = TRAINS.sub(STEPS, text)
         script += [f": README block {n}", text]
     (tmp_path / "readme.sh").write_text("\n".join(script) + "\n")
 
