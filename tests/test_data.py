@@ -175,3 +175,10 @@ def test_digits_is_real_and_split_fixed():
     assert set(np.unique(y)) == set(range(10))
     x2, y2, _, _ = load_digits()
     np.testing.assert_array_equal(y, y2)
+    # the file scikit-learn 1.5.2 ships as sklearn/datasets/data/digits.csv.gz, byte for byte
+    import hashlib
+    from common.data import DIGITS_FILE
+    with open(DIGITS_FILE, "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == \
+            "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
+    assert x.dtype == np.float32 and x.shape[1:] == (8, 8, 1) and 0 <= x.min() and x.max() == 1.0
