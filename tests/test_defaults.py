@@ -28,7 +28,8 @@ from tests.conftest import BIN, REPO, py, run
 
 EPOCHS = 5
 ASYNC_EPOCHS = 8
-FLAGS = ["--batch_size", "16", "--log_every", "20", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false"]
+FLAGS = ["--batch_size", "16", "--log_every", "20", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
+         "--probe_steps", "0"]
 
 
 def budget(backend):
