@@ -21,7 +21,7 @@ DATASETS = ("digits", "mnist", "synthetic", "clicks")
 # (optimizer, learning rate) when none is given. Momentum SGD at 0.05 x workers diverges for the
 # CNN on 28x28 data from 2 workers on (0.35 / 0.07 accuracy at 2 workers, 0.10 at 4) and leaves the
 # MLP at 0.40 with 4 async PS workers; Adam at these rates trains both to >= 0.9 at 1 and 4
-# workers on 28x28 data (4 on 8x8) under every backend (tests/test_defaults.py). The MLP's 0.0025
+# workers on 28x28 data (the MLP at 4 on 8x8) under every backend (tests/test_defaults.py). The MLP's 0.0025
 # rather than 0.005: with 4 oversubscribed async PS workers (stale gradients) 0.005 ended 5 epochs
 # at 0.897-0.964 over 9 runs on 28x28 data, 0.0025 at 0.933-0.958 over 8.
 # rec: plain SGD, whose update of an embedding table touches only the rows a batch looked up (Adam's and

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-DIGITS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "common", "digits.csv.gz")
+DIGITS = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir, "common", "digits.csv.gz")
 
 
 def load(cfg):
