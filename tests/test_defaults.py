@@ -1,7 +1,8 @@
 """Defaults that train: every built-in small model, with its default optimizer and learning rate
 (common.config.MODEL_DEFAULTS), reaches >= 0.90 test accuracy on MNIST-format 28x28 files within
 EPOCHS epochs at 1 and 4 workers, under Horovod, TensorFlow's MultiWorkerMirroredStrategy, PS async
-and PS sync (ASYNC_EPOCHS for PS async).
+and PS sync (ASYNC_EPOCHS for PS async, run at 4 workers only: at 1 it has no stale gradient and is
+PS sync's run).
 
 The files are written here from the bundled digits (upscaled 3x and padded to 28x28),
 read through the real IDX loader. Only the batch (16) and the epoch budget are set; 4 workers are
