@@ -117,3 +117,39 @@ def test_a_task_already_gone_is_skipped():
     status, _, out = release([("worker", 1, addr)], budget=30)
     assert status == {"worker:1": "gone"}
     assert "could not release" not in out
+
+
+RACE = """
+import random, sys, threading, types
+import tensorflow as tf
+from common.procs import free_ports
+from ps_train import stop
+port, closed = free_ports(2)
+server = tf.distribute.Server(tf.train.ClusterSpec({"ps": [f"127.0.0.1:{port}"]}), job_name="ps", task_index=0,
+                              start=True)
+backend = types.SimpleNamespace(job="ps", index=0, device="/job:ps/task:0", server=server,
+                                chief_address=f"127.0.0.1:{closed}", startup_timeout=5.0)
+graph = tf.Graph()
+with graph.as_default():
+    code = tf.compat.v1.placeholder(tf.int32, [])
+    enqueue = stop._done_queue(tf, "ps", 0).enqueue(code)
+chief = tf.compat.v1.Session(server.target, graph=graph)
+random.seed(0)
+received = 0
+try:
+    for i in range(int(sys.argv[1])):
+        threading.Timer(random.uniform(0, 0.01), chief.run, (enqueue, {code: i})).start()
+        got = stop.serve_until_done(backend, poll_seconds=0.001)
+        assert got == i, (got, i)
+        received += 1
+finally:                 # a TensorFlow server never lets the interpreter end by itself
+    print("RECEIVED", received, flush=True)
+    stop.hard_exit(0 if received == int(sys.argv[1]) else 1)
+"""
+
+
+def test_a_release_that_arrives_between_polls_is_never_lost():
+    """The chief's code lands at random moments against a 1 ms poll: every one is received.
+    A poll that took from the queue (a dequeue with a timeout) dropped some of them."""
+    r = run([sys.executable, "-c", RACE, "200"], timeout=120)
+    assert r.returncode == 0 and "RECEIVED 200" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
