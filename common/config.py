@@ -169,6 +169,11 @@ def validate(cfg):
         raise UsageError(f"--model {cfg.model} needs --image_shape of at least {side},{side},3")
 
 
+# What one TensorFlow task holds before its model and data: the runtime, the Python process and
+# the gRPC or MPI buffers (proportional set size 0.3-0.4 GiB per task of a PS job of the MLP here).
+TF_PROCESS_BYTES = 512 << 20
+
+
 def memory_estimate(cfg):
     """[(flags, bytes, what)]: the least one process holds for the built-in models and data, from
     the config alone (no TensorFlow): float32 weights with their gradient, two optimizer slots and

@@ -139,6 +139,21 @@ def machine_memory():
         return None
 
 
+def available_memory(meminfo="/proc/meminfo"):
+    """Bytes the kernel could give new processes now without swapping (MemAvailable); None where
+    it does not say."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key == "MemAvailable":
+                    number, unit = (value.split() + [""])[:2]
+                    return int(number) * (1024 if unit == "kB" else 1)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def run_bounded(argv, timeout, **kw):
     """``subprocess.run`` that ends within ``timeout`` with everything it started: the command runs
     in a process group of its own, which is killed whole on time-out (a remote shell's own children

@@ -30,14 +30,14 @@ import subprocess
 import sys
 import time
 
-from common.config import argv_of, build_parser, check_finite, from_args
+from common.config import TF_PROCESS_BYTES, argv_of, build_parser, check_finite, from_args, memory_estimate
 from common.data import num_examples
 from common.errors import UsageError, cli
 from common.files import make_dirs, open_new, writable_dir, write_atomic
 from common.metrics import read_records
 from common.plan import steps_per_epoch
 from common.plugins import bound_plugins
-from common.procs import REPO, child_env
+from common.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
 from hvdps.methods import get_launcher, parse_variants
 from hvdps.report import RUN_RECORD, collect, environment_of, runs_from_dirs, write_report
@@ -85,24 +85,46 @@ def roles_of(launcher, remote, workers, num_ps):
     return {f"{role}:{i}": h for role in ("ps", "worker", "chief") for i, h in enumerate(placed.get(role, []))}
 
 
-def plan_runs(args, trainer_args, cores, remote=None):
-    runs = []
+def run_shapes(args):
+    """[(name, backend, mode, num_ps, workers, processes)] of every run the flags ask for, in order:
+    what plan_runs makes commands of, and what the memory check of hvdps-emulate counts."""
+    shapes = []
     for backend, mode in parse_variants(args.backends):
         launcher = get_launcher(backend)
         for num_ps in (parse_workers(args.num_ps, "--num_ps") if launcher.server_tasks(1) else [1]):
             servers = launcher.server_tasks(num_ps)
             for n in parse_workers(args.workers):
                 name = f"{backend}-{mode}-w{n}" + (f"-ps{num_ps}" if servers else "")
-                run_dir = os.path.join(args.out, "runs", name)
-                cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=num_ps,
-                                       remote=remote)
-                procs = n + servers
-                run = {"name": name, "backend": backend, "mode": mode, "workers": n, "run_dir": run_dir,
-                       "cmd": cmd, "env": launcher.env(remote), "oversubscribed": procs > cores and not remote}
-                if remote:
-                    run["roles"] = roles_of(launcher, remote, n, num_ps)
-                runs.append(run)
+                shapes.append((name, backend, mode, num_ps, n, n + servers))
+    return shapes
+
+
+def plan_runs(args, trainer_args, cores, remote=None):
+    runs = []
+    for name, backend, mode, num_ps, n, procs in run_shapes(args):
+        launcher = get_launcher(backend)
+        run_dir = os.path.join(args.out, "runs", name)
+        cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=num_ps, remote=remote)
+        run = {"name": name, "backend": backend, "mode": mode, "workers": n, "run_dir": run_dir,
+               "cmd": cmd, "env": launcher.env(remote), "oversubscribed": procs > cores and not remote}
+        if remote:
+            run["roles"] = roles_of(launcher, remote, n, num_ps)
+        runs.append(run)
     return runs
+
+
+def check_memory_fits(args, cfg, available):
+    """Refuse runs whose tasks, all on this machine, would not fit in the memory ``available``
+    now (None: not known): the largest run's tasks each count TF_PROCESS_BYTES plus the config's
+    own estimate (common/config.py: memory_estimate). Runs one after another, so the largest counts."""
+    if available is None:
+        return
+    name, *_, procs = max(run_shapes(args), key=lambda shape: shape[-1])
+    per_task = TF_PROCESS_BYTES + sum(b for _, b, _ in memory_estimate(cfg))
+    if procs * per_task > available:
+        raise UsageError(f"run {name} starts {procs} TensorFlow tasks on this machine, about "
+                         f"{procs * per_task / 2**30:.1f} GiB at {per_task / 2**30:.2f} GiB each; "
+                         f"{available / 2**30:.1f} GiB is available: fewer --workers or --num_ps")
 
 
 def remote_task_lines(run):
@@ -400,6 +422,8 @@ def main(argv=None):
         check_plugin_for_graph_mode(cfg)           # a Keras 3 plug-in under the classic PS: refused here
     if not args.dry_run and not args.from_dirs:    # the same refusal every run would meet, once, before any starts
         steps_per_epoch(num_examples(cfg), max(parse_workers(args.workers)), cfg.batch_size)
+        if not args.hosts:                         # every task on this machine
+            check_memory_fits(args, cfg, available_memory())
     if not args.dry_run:
         check_out(args.out, args.from_dirs)
     interrupted = None

@@ -39,10 +39,10 @@ import subprocess
 import sys
 import time
 
-from common.config import Parser
+from common.config import Parser, from_args
 from common.errors import UsageError, cli
 from common.files import make_dirs, write_atomic
-from common.procs import REPO, child_env
+from common.procs import REPO, available_memory, child_env
 from hvdps.slurm_lab import CPUS_PER_NODE, SlurmLab, check_slurm_tools, host_names, remove_netns_etc
 
 STATE_DIR = "/run/hvdps-emulate"
@@ -309,6 +309,25 @@ def make_parser():
     return p
 
 
+def check_cluster_memory(rest, available):
+    """Refuse, before any namespace exists, a comparison whose largest run would not fit: every
+    emulated host is this machine, so all of a run's tasks share its memory (hvdps.compare's
+    check, which a comparison across real hosts skips). ``rest``: the comparison's flags. A flag
+    the comparison itself refuses is left to it, to be named in its own words."""
+    from common.plugins import bound_plugins
+    from hvdps import compare
+    args = compare.make_parser().parse_args(rest)
+    if args.from_dirs:
+        return
+    compare.absolute_paths(args)
+    bound_plugins(args.run_timeout, "--run_timeout")
+    try:
+        cfg = from_args(args)
+    except UsageError:
+        return
+    compare.check_memory_fits(args, cfg, available)
+
+
 def check_tools():
     if os.geteuid() != 0:
         raise UsageError("hvdps-emulate needs root (it creates network namespaces and qdiscs); run it with sudo")
@@ -416,6 +435,8 @@ def main(argv=None):
     out = os.path.abspath(args.out or os.path.join("runs", time.strftime("emulate-%Y%m%d-%H%M%S")))
     if os.path.exists(os.path.join(out, "report.md")):
         raise UsageError(f"--out {out} already holds a report; choose another directory")
+    if rest or not args.sbatch:
+        check_cluster_memory(rest, available_memory())
     cluster = EmulatedCluster(args.hosts, args.rate)
     lab = SlurmLab(cluster, args.cpus_per_node) if args.slurm else None
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}

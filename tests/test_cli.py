@@ -223,6 +223,9 @@ CASES = [
     (LAUNCH, ["--model", "cnn", "--dataset", "synthetic", "--image_shape", "30000,30000,1",
               "--synthetic_samples", "8"], {}, "error: --image_shape 30000,30000,1: about "),
     (COMPARE, ["--hidden_units", "2000000000"], {}, "error: --hidden_units 2000000000: about "),
+    # each task fits, all 17 of the largest run do not (ps async at 16 workers, 1 PS: 5.4 GiB each)
+    (COMPARE, ["--workers", "4,16", "--dataset", "synthetic", "--image_shape", "64,64,3", "--hidden_units", "20000",
+               "--out", "{tmp}/big"], {}, "error: run ps-async-w16-ps1 starts 17 TensorFlow tasks on this machine"),
     # ---- resume: exactly the job that wrote the checkpoint, or refused before any file changes
     (HVD, ["--resume", "--train_dir", "{tmp}/hvd2run"], {}, "error: --resume: {tmp}/hvd2run was trained with workers "
                                                             "2, this job has 1"),

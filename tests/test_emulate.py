@@ -184,6 +184,8 @@ def test_what_a_killed_run_left_is_removed_at_the_next_start(tmp_path):
     (["--sbatch", "PS_MODE=v2"], "expected '[VAR=VALUE ...] SCRIPT'"),
     (["--sbatch", "'unclosed"], "No closing quotation"),
     (["--slurm", "--cpus-per-node", "0"], "--cpus-per-node must be 1-256"),
+    (["--hosts", "16", "--", "--workers", "16", "--backends", "horovod", "--dataset", "synthetic", "--image_shape",
+      "64,64,3", "--hidden_units", "20000"], "run horovod-sync-w16 starts 16 TensorFlow tasks on this machine"),
 ])
 def test_bad_input_one_line_and_nothing_left(argv, message):
     p = subprocess.Popen([sys.executable, "-m", "hvdps.emulate", *argv], stdout=subprocess.PIPE,
