@@ -13,6 +13,12 @@ the application tier (``hvdps/``) maps backend names to launchers.
 import os
 
 
+# A trainable variable larger than this is split over the PS tasks along its first axis, into
+# ceil(bytes / MIN_SHARD_BYTES) shards, at most one per task, by the same rule under both PS APIs
+# (TF1's min_max_variable_partitioner; TF2's MinSizePartitioner is built on it). Small enough
+# that the MLP's 40 KB output kernel is split too, so k tasks each hold close to 1/k of the model.
+MIN_SHARD_BYTES = 8 << 10
+
 def yield_when_idle():
     """Open MPI's default for a job with no more ranks than cores is to spin while a rank waits
     in MPI. A training rank is not one thread: TensorFlow's threads compute while Horovod's

@@ -127,7 +127,7 @@ def single_layer(grad_bytes):
 
 
 def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, cycle_s=1e-3,
-            fusion_bytes=128 << 20, straggler_cv=0.0, placement="round_robin", measured=None, ps_towers=1,
+            fusion_bytes=128 << 20, straggler_cv=0.0, placement="split", measured=None, ps_towers=1,
             own=None):
     """Rows of projected step time and efficiency for each worker count and architecture.
 
@@ -421,10 +421,10 @@ def make_parser():
     p.add_argument("--straggler-cv", dest="straggler_cv", type=float, default=0.03,
                    help="per-step coefficient of variation of a worker's compute; synchronous training "
                         "waits for the slowest of n every step (default 0.03)")
-    p.add_argument("--ps-placement", dest="ps_placement", default="round_robin",
-                   choices=("round_robin", "greedy"),
-                   help="how variables go to PS shards: replica_device_setter's round robin (hvdps' PS "
-                        "trainer) or greedy by bytes (tf_cnn_benchmarks)")
+    p.add_argument("--ps-placement", dest="ps_placement", default="split", choices=schedule.PLACEMENTS,
+                   help="how variables go to PS shards: split (hvdps' PS trainers: large variables cut into "
+                        "one piece per shard, then round robin), round_robin (replica_device_setter's "
+                        "default, whole variables) or greedy by bytes (tf_cnn_benchmarks)")
     p.add_argument("--ps-gpus-per-worker", dest="ps_gpus_per_worker", type=int, default=1,
                    help="GPUs driven by one PS worker task, which sums their gradients before the push and "
                         "reads each variable once for them (tf_cnn_benchmarks' --num_gpus); default 1, one "

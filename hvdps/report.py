@@ -10,6 +10,7 @@ import json
 import os
 import textwrap
 
+from common.backend import MIN_SHARD_BYTES
 from common.errors import UsageError
 from common.files import make_dirs, write_atomic
 from common.metrics import load_run, read_records
@@ -154,6 +155,30 @@ def links_section(rows):
     return lines + ([""] + [s for s in sentences if s] if any(sentences) else []) + [""]
 
 
+def shards_section(rows):
+    """Markdown: how each run with several PS tasks splits the model's bytes over them (header
+    ``ps_shard_bytes``, ``placement``): what each PS link carries per worker batch, each way."""
+    lines = []
+    for r in rows:
+        header = (r.get("_curves") or {}).get("header") or {}
+        shares = header.get("ps_shard_bytes") or {}
+        total = sum(shares.values())
+        if len(shares) < 2 or not total:
+            continue
+        split = sorted(name for name, devices in (header.get("placement") or {}).items() if len(devices) > 1)
+        lines.append(f"| {r.get('model') or '-'} {name_of(r)}, {r['workers']} workers | " +
+                     ", ".join(f"{task} {b:,} ({100 * b / total:.0f}%)" for task, b in sorted(shares.items())) +
+                     f" | {max(shares.values()) * len(shares) / total:.2f} | {', '.join(split) or '-'} |")
+    if not lines:
+        return []
+    return ["## Model bytes per PS task", "",
+            "The trainable variables' bytes each PS task holds, so what its link carries per worker batch each "
+            f"way (header `ps_shard_bytes`). Both PS trainers split a variable larger than {MIN_SHARD_BYTES:,} "
+            "bytes along its first axis, at most one shard per task, and place shards and whole variables "
+            "round robin; *busiest / even* is the largest task's bytes over M/k.", "",
+            "| run | bytes per PS task | busiest / even | split variables |", "|---|---|---|---|"] + lines + [""]
+
+
 def _fmt_bytes(v):
     return "-" if v is None else f"{v:,.0f}"
 
@@ -233,7 +258,7 @@ def write_report(rows, out, cfg_dict, environment):
                                  "the warm-up's share of the trainer's wall time; teardown: from the trainer's end to "
                                  "the job's exit (releasing PS tasks, MPI finalisation). None of these is in the "
                                  "throughput columns."] if findings else [])
-    lines += [""] + links_section(rows)
+    lines += [""] + links_section(rows) + shards_section(rows)
     lines += ["Throughput excludes the first `--warmup_steps` steps; ± is the 95% half-width over "
               "logging intervals. Scaling efficiency = throughput(n) / (n × throughput(1)) for the same "
               "backend and mode. A run is *oversubscribed* when it starts more processes than this "

@@ -25,7 +25,7 @@ Step time = forward + backward + the exposed exchange; efficiency = compute /
 step, as tf_cnn_benchmarks' scaling figures are (per-GPU throughput at n over
 the single-GPU throughput).
 """
-from common.backend import ring_share
+from common.backend import MIN_SHARD_BYTES, ring_share
 
 FORWARD_SHARE = 1.0 / 3.0
 
@@ -106,6 +106,9 @@ def _overlap(comm, exposed):
     return max(0.0, min(1.0, 1.0 - exposed / comm)) if comm > 0 else 0.0
 
 
+PLACEMENTS = ("split", "round_robin", "greedy")
+
+
 def place_variables(layers, shards, placement="greedy"):
     """Bytes per PS shard, and each layer's [(shard, bytes)], as TF places variables in creation order.
 
@@ -113,18 +116,24 @@ def place_variables(layers, shards, placement="greedy"):
     shard after another, so a model with one huge variable (VGG-16's first
     dense kernel, 411 MB) loads one PS far more than the rest. ``greedy`` is
     GreedyLoadBalancingStrategy by byte size (each variable to the least
-    loaded shard), what tf_cnn_benchmarks' distributed PS mode uses.
+    loaded shard), what tf_cnn_benchmarks' distributed PS mode uses. ``split``
+    is hvdps' PS trainers (both APIs): each tensor first cut into
+    ceil(bytes / MIN_SHARD_BYTES) pieces, at most one per shard (TensorFlow's
+    min_max_variable_partitioner; taken as equal pieces), the pieces then
+    round robin.
     """
-    if placement not in ("greedy", "round_robin"):
-        raise ValueError(f"unknown placement {placement!r} (valid: greedy, round_robin)")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r} (valid: {', '.join(sorted(PLACEMENTS))})")
     loads, shard_of, j = [0] * max(shards, 1), [], 0
     for layer in layers:
         mine = []
         for size in layer.get("tensors", [layer["grad_bytes"]]):
-            k = j % len(loads) if placement == "round_robin" else min(range(len(loads)), key=loads.__getitem__)
-            loads[k] += size
-            mine.append((k, size))
-            j += 1
+            pieces = min(len(loads), max(1, -(-size // MIN_SHARD_BYTES))) if placement == "split" else 1
+            for piece in [size // pieces + (1 if i < size % pieces else 0) for i in range(pieces)]:
+                k = j % len(loads) if placement != "greedy" else min(range(len(loads)), key=loads.__getitem__)
+                loads[k] += piece
+                mine.append((k, piece))
+                j += 1
         shard_of.append(mine)
     return loads, shard_of
 

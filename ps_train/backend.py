@@ -2,8 +2,8 @@
 
 Built on TensorFlow's own distributed runtime with between-graph replication
 (tf.compat.v1): every task runs a gRPC ``tf.distribute.Server``; variables are
-placed on the PS tasks by ``replica_device_setter`` (round-robin, so several PS
-shard them); async mode applies each worker's gradients as they arrive, sync
+placed on the PS tasks by ``replica_device_setter`` (round-robin, after a large
+variable is split into one shard per PS task: ps_train/graph.py); async mode applies each worker's gradients as they arrive, sync
 mode wraps the optimizer in ``SyncReplicasOptimizer``. See docs/ps.md.
 
 The global step counts updates applied on the PS (common.plan): one update is

@@ -2,12 +2,15 @@
 
 Every worker builds the same graph under ``replica_device_setter``, so the
 variables land on the PS tasks (round-robin) and the computation on the worker
-itself. Bookkeeping vectors live on the PS beside the global step: how many
+itself. With several PS tasks, a large trainable variable is first split into
+shards along its first axis (TensorFlow's own partitioned variables, see
+``split_variables``), so k tasks share its bytes instead of one holding it. Bookkeeping vectors live on the PS beside the global step: how many
 batches each worker has applied, which workers have finished, and (sync) how
 long each worker's steps waited at the token queue; the chief reads them to
 report lost workers, to know when the PS tasks may go, and for the per-step
 breakdown.
 """
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -34,12 +37,15 @@ class TrainGraph:
     data_skip: Any = None
     eval_init: Any = None  # chief only: re-reads the test set
     eval_sums: Any = None  # chief only: [loss sum, correct, count] of one test batch
+    weights: Any = None    # the model's weights, a split one read whole (its shards concatenated)
+    owners: Any = None     # {id(shard): the partitioned variable it is part of}
 
 
 def build_graph(cfg, backend, plan):
     import tensorflow as tf
     v1 = tf.compat.v1
-    with v1.device(backend.device_setter()):     # PS: variables on the PS tasks, round-robin
+    owners = {}
+    with v1.device(backend.device_setter()), split_variables(tf, backend.num_ps, owners):   # PS: on the PS
         global_step = v1.train.get_or_create_global_step()
         model = build_model(cfg)
         refuse_graph_mode(cfg, model)            # a Keras 3 plug-in: one line (common/keras3.py)
@@ -87,7 +93,8 @@ def build_graph(cfg, backend, plan):
         mark_done = v1.scatter_update(worker_done, [backend.rank], [1]).op
         graph = TrainGraph(global_step, model, loss, learning_rate, optimizer, train_op, worker_steps,
                            worker_done, mark_done, saver=None, sync_wait=sync_wait,
-                           data_init=data_iterator.initializer, data_skip=data_skip)
+                           data_init=data_iterator.initializer, data_skip=data_skip,
+                           weights=whole_weights(model.weights, owners), owners=owners)
         if backend.is_chief:
             graph.eval_init, graph.eval_sums = _eval_ops(tf, cfg, model)
     # Relative paths in the 'checkpoint' index: a copied or moved run directory
@@ -98,6 +105,68 @@ def build_graph(cfg, backend, plan):
     graph.saver = v1.train.Saver(saved + v1.get_collection(v1.GraphKeys.SAVEABLE_OBJECTS), sharded=True,
                                  max_to_keep=3, save_relative_paths=True)
     return graph
+
+
+@contextlib.contextmanager
+def split_variables(tf, num_ps, owners):
+    """Trainable variables created in this block are split over the ``num_ps`` PS tasks when large.
+
+    A variable creator (the hook every ``tf.Variable`` goes through, Keras' included) makes a
+    large trainable variable a TensorFlow partitioned variable instead: shards along the first
+    axis, as many as the rule of common.backend.MIN_SHARD_BYTES gives, each a variable of its
+    own that replica_device_setter places on the next PS task. Keras keeps the partitioned
+    variable as the layer's weight (reads concatenate the shards on the worker) and lists its
+    shards among the model's variables, so the optimizer, its slots and the Saver (which writes
+    the shards as slices of one tensor) each work shard by shard. Each shard is initialised
+    with its slice of the full initial value, so the model starts exactly as unsplit.
+    ``owners`` receives {id(shard): partitioned variable}.
+    """
+    from common.backend import MIN_SHARD_BYTES
+    v1 = tf.compat.v1
+    if num_ps < 2:
+        yield owners
+        return
+    partitioner = v1.min_max_variable_partitioner(max_partitions=num_ps, axis=0, min_slice_size=MIN_SHARD_BYTES)
+    inside = []                              # the shards themselves come through here too
+
+    def creator(next_creator, **kw):
+        shape = tf.TensorShape(kw.get("shape"))
+        dtype = tf.as_dtype(kw.get("dtype") or tf.float32)
+        if (inside or not kw.get("trainable", True) or not shape.is_fully_defined() or shape.rank < 1
+                or partitioner(shape=shape, dtype=dtype)[0] < 2):
+            return next_creator(**kw)
+        initial = kw["initial_value"]
+        full = tf.convert_to_tensor(initial() if callable(initial) else initial, dtype)
+
+        def slice_of(shard_shape, dtype=None, partition_info=None):
+            return tf.slice(full, partition_info.var_offset, shard_shape)
+        scope = v1.get_default_graph().get_name_scope()
+        name = kw.get("name") or "Variable"
+        inside.append(name)
+        try:
+            split = v1.get_variable(f"{scope}/{name}" if scope else name, shape, dtype, initializer=slice_of,
+                                    partitioner=partitioner, trainable=True, use_resource=True)
+        finally:
+            inside.pop()
+        for shard in split:
+            owners[id(shard)] = split
+        return split
+
+    with v1.variable_creator_scope(creator):
+        yield owners
+
+
+def whole_weights(weights, owners):
+    """The model's weights as the unsplit model has them: each partitioned variable once, whole."""
+    out, seen = [], set()
+    for w in weights:
+        split = owners.get(id(w))
+        if split is None:
+            out.append(w)
+        elif id(split) not in seen:
+            seen.add(id(split))
+            out.append(split.as_tensor())
+    return out
 
 
 def scaffold(graph, is_chief):

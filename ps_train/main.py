@@ -135,7 +135,7 @@ def run_worker(cfg, backend, num_train):
             # what came before is in the report's start-up column, not in the run's warm-up.
             return RunLog(cfg, backend, plan, graph.model, start_step=start_update, extra_header={
                 "cluster": backend.cluster, "replicas_to_aggregate": backend.replicas_to_aggregate,
-                "placement": describe_placement(tf.compat.v1.global_variables()),
+                "placement": describe_placement(tf.compat.v1.global_variables(), graph.owners),
                 "ps_shard_bytes": shard_bytes(tf.compat.v1.trainable_variables()),
                 "loss_source": "chief's own batches"})
         if backend.is_chief:                     # PS: say once what a global step is
@@ -319,7 +319,7 @@ class ChiefAdapter(Adapter):
             raise RunError(f"chief: checkpoint: {describe(exc)}")
 
     def final_weights(self):
-        return self.read(self.graph.model.weights)
+        return self.read(self.graph.weights)
 
     def compute_s(self):
         self.kick()

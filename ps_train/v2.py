@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from common.backend import Backend, ps_wire
+from common.backend import MIN_SHARD_BYTES, Backend, ps_wire
 from common.data import make_dataset
 from common.errors import RunError, UsageError, describe
 from common.hosts import parse_address
@@ -48,10 +48,6 @@ from common.bookkeeper import Adapter, Bookkeeper
 from common.training import (Checkpoints, RunLog, Watchdog, eval_sums, finish_eval, make_lr_schedule,
                              refuse_finished)
 from ps_train.backend import check_port_free, describe_placement, shard_bytes
-
-# Variables of at least this size are split over the PS tasks (at most one shard per PS);
-# smaller ones are placed whole, round-robin, as TensorFlow does by default.
-MIN_SHARD_BYTES = 64 << 10
 
 
 class StrategyBackend(Backend):

@@ -98,7 +98,10 @@ EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs", "0",
 
 
 def test_sync_two_workers_equal_one_process_with_double_batch(tmp_path):
-    ok(launch(1, 2, *EQUIV, "--sync", "--batch_size", "16", "--train_dir", str(tmp_path / "ps")))
+    """With 2 PS tasks, so the hidden kernel is split in two (ps_train.graph.split_variables): the
+    split starts, steps and saves exactly as the whole variable does."""
+    ok(launch(2, 2, *EQUIV, "--sync", "--batch_size", "16", "--train_dir", str(tmp_path / "ps")))
+    assert len(load_run(str(tmp_path / "ps"))[1]["header"]["placement"]["dense/kernel"]) == 2
     ok(run([sys.executable, os.path.join(REPO, "horovod_train", "main.py"), *EQUIV, "--batch_size", "32",
             "--train_dir", str(tmp_path / "one")]))
     assert_same_weights(tmp_path / "ps", tmp_path / "one")
@@ -113,6 +116,26 @@ def test_async_is_not_big_batch_sgd(tmp_path):
     ps = load_weights_npz(str(tmp_path / "ps" / "weights.npz"))
     one = load_weights_npz(str(tmp_path / "one" / "weights.npz"))
     assert max(np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in zip(ps, one)) > 1e-3
+
+
+@pytest.mark.parametrize("num_ps", [2, 4])
+def test_large_variables_are_split_over_the_ps_tasks(tmp_path, num_ps):
+    """The MLP with 1024 hidden units (307 KB): both kernels are split, one shard per PS task, so
+    each task holds close to 1/k of the bytes (whole, round-robin, one task held the 262 KB
+    hidden kernel). weights.npz still has each weight whole."""
+    out = str(tmp_path / "run")
+    ok(launch(num_ps, 1, "--async", "--hidden_units", "1024", "--train_steps", "10", "--log_every", "5",
+              "--train_dir", out))
+    header = load_run(out)[1]["header"]
+    tasks = [f"/job:ps/task:{i}" for i in range(num_ps)]
+    for name in ("dense/kernel", "dense_1/kernel"):
+        assert sorted(header["placement"][name]) == tasks, header["placement"]
+    shares = header["ps_shard_bytes"]
+    total = sum(shares.values())
+    assert total == 4 * (64 * 1024 + 1024 + 1024 * 10 + 10) and len(shares) == num_ps
+    assert max(shares.values()) <= 1.1 * total / num_ps, shares
+    weights = load_weights_npz(os.path.join(out, "weights.npz"))
+    assert [w.shape for w in weights] == [(64, 1024), (1024,), (1024, 10), (10,)]
 
 
 @pytest.mark.parametrize("tf_config", [False, True])
@@ -218,12 +241,13 @@ SHORT = ["--batch_size", "32", "--log_every", "5", "--eval_every_epoch", "false"
 
 
 def test_sync_resume_is_exact(tmp_path):
-    """PS sync, 2 workers: 2 epochs + --resume to 4 == 4 epochs straight, bit for bit
-    (momentum slots, lr schedule position, every worker's place in its data stream)."""
+    """PS sync, 2 workers, 2 PS: 2 epochs + --resume to 4 == 4 epochs straight, bit for bit
+    (momentum slots, lr schedule position, every worker's place in its data stream; the split
+    kernel's shards and their slots saved as slices of one tensor and restored)."""
     straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
-    ok(launch(1, 2, *SHORT, "--sync", "--epochs", "4", "--train_dir", straight))
-    ok(launch(1, 2, *SHORT, "--sync", "--epochs", "2", "--train_dir", split))
-    ok(launch(1, 2, *SHORT, "--sync", "--epochs", "4", "--train_dir", split, "--resume"))
+    ok(launch(2, 2, *SHORT, "--sync", "--epochs", "4", "--train_dir", straight))
+    ok(launch(2, 2, *SHORT, "--sync", "--epochs", "2", "--train_dir", split))
+    ok(launch(2, 2, *SHORT, "--sync", "--epochs", "4", "--train_dir", split, "--resume"))
     a = load_weights_npz(os.path.join(straight, "weights.npz"))
     b = load_weights_npz(os.path.join(split, "weights.npz"))
     assert max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) == 0.0

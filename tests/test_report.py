@@ -151,3 +151,28 @@ def test_one_interval_has_no_spread():
 def test_one_worker_has_no_peer_to_blame(r, never, says):
     (sentence,) = explanations([r])
     assert never not in sentence and says in sentence, sentence
+
+
+def ps_row(num_ps, shares, placement, backend="ps"):
+    return {"status": "ok", "model": "mlp", "backend": backend, "mode": "async", "workers": 2, "num_ps": num_ps,
+            "_curves": {"header": {"ps_shard_bytes": shares, "placement": placement}}}
+
+
+@pytest.mark.parametrize("r, says", [
+    (ps_row(2, {"ps:0": 151592, "ps:1": 155648},
+            {"dense/kernel": ["/job:ps/task:1", "/job:ps/task:0"], "dense/bias": ["/job:ps/task:1"],
+             "dense_1/kernel": ["/job:ps/task:0", "/job:ps/task:1"]}),
+     "| mlp PS async (2 PS), 2 workers | ps:0 151,592 (49%), ps:1 155,648 (51%) | 1.01 | dense/kernel, "
+     "dense_1/kernel |"),
+    (ps_row(2, {"ps:0": 4000, "ps:1": 26040}, {"dense/kernel": ["/job:ps/task:1"]}, backend="ps2"),
+     "ps:0 4,000 (13%), ps:1 26,040 (87%) | 1.73 | - |"),
+])
+def test_shards_section_says_how_each_ps_task_is_loaded(r, says):
+    from hvdps.report import shards_section
+    text = "\n".join(shards_section([r]))
+    assert text.startswith("## Model bytes per PS task") and says in text, text
+
+
+def test_shards_section_only_for_several_ps_tasks():
+    from hvdps.report import shards_section
+    assert shards_section([ps_row(1, {"ps:0": 30040}, {}), {"backend": "horovod", "workers": 2}]) == []
