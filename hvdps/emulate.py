@@ -47,6 +47,7 @@ from hvdps.slurm_lab import CPUS_PER_NODE, SlurmLab, check_slurm_tools, host_nam
 
 STATE_DIR = "/run/hvdps-emulate"
 AGENT = os.path.join(REPO, "hvdps", "netns_agent.sh")
+OMPI_TMP = "/tmp/hvdps-ompi"      # one Open MPI session folder per emulated host (netns_agent.sh)
 PREFIX = "hvdps-"
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$", re.I)
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -86,8 +87,9 @@ def _namespaces():
 
 
 def remove_namespaces(names, grace=3.0):
-    """Kill every process in these namespaces (TERM, then KILL), then delete them."""
-    names = [n for n in names if n in set(_namespaces())]
+    """Kill every process in these namespaces (TERM, then KILL), then delete them, and the Open MPI
+    session folders the agent gave each (hvdps/netns_agent.sh)."""
+    asked, names = list(names), [n for n in names if n in set(_namespaces())]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         pids = []
         for ns in names:
@@ -108,6 +110,12 @@ def remove_namespaces(names, grace=3.0):
             sh("ip", "netns", "del", ns)
         except (RuntimeError, OSError):
             pass
+    for ns in asked:
+        shutil.rmtree(os.path.join(OMPI_TMP, ns), ignore_errors=True)
+    try:
+        os.rmdir(OMPI_TMP)            # only once no other cluster's hosts have theirs in it
+    except OSError:
+        pass
 
 
 def cleanup_stale(out=sys.stdout):
@@ -123,6 +131,13 @@ def cleanup_stale(out=sys.stdout):
             m = re.match(r"^(\d+)\.json$", name)
             if m:
                 owners.setdefault(int(m.group(1)), [])
+    if os.path.isdir(OMPI_TMP):          # session folders whose namespace went another way
+        for name in os.listdir(OMPI_TMP):
+            m = re.match(rf"^{PREFIX}(\d+)-", name)
+            if m:
+                owners.setdefault(int(m.group(1)), [])
+                if name not in owners[int(m.group(1))]:
+                    owners[int(m.group(1))].append(name)
     for pid, names in owners.items():
         if pid != os.getpid() and _alive(pid):
             continue

@@ -8,7 +8,12 @@ while [[ "$1" == -* ]]; do shift; done
 host=$1; shift
 for pair in ${HVDPS_NETNS_MAP//,/ }; do
   if [ "${pair%%=*}" = "$host" ]; then
-    exec ip netns exec "${pair#*=}" /bin/sh -c "$*"
+    ns=${pair#*=}
+    # A /tmp of its own for Open MPI's session directories, as a real host has: the emulated hosts
+    # share this machine's /tmp and hostname, so one host's daemon removing its empty directories
+    # could pull them from under another's ("mkdir ... No such file or directory" at orte_init).
+    mkdir -p "/tmp/hvdps-ompi/$ns" && export OMPI_MCA_orte_tmpdir_base="/tmp/hvdps-ompi/$ns"
+    exec ip netns exec "$ns" /bin/sh -c "$*"
   fi
 done
 echo "netns_agent: no emulated host $host (HVDPS_NETNS_MAP)" >&2

@@ -34,9 +34,12 @@ def emulate(*argv, timeout=600):
 
 
 def ours(pid):
-    """Namespaces, state file and processes one hvdps-emulate (by pid) could have left."""
+    """Namespaces (and their Open MPI session folders) and the state file one hvdps-emulate (by pid)
+    could have left."""
     names = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
              if n.startswith(f"hvdps-{pid}-")]
+    if os.path.isdir("/tmp/hvdps-ompi"):
+        names += [f"/tmp/hvdps-ompi/{d}" for d in os.listdir("/tmp/hvdps-ompi") if d.startswith(f"hvdps-{pid}-")]
     state = os.path.exists(f"/run/hvdps-emulate/{pid}.json")
     return names, state
 
@@ -47,6 +50,20 @@ def start(out, backends, train_steps, **kw):
                              "--out", str(out), "--", "--workers", "2", "--backends", backends,
                              "--train_steps", str(train_steps), *FAST], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env(), cwd=REPO, **kw)
+
+
+def kill_everything(p, marker):
+    """A test that failed mid-run: the emulator's group, every process of its runs (in sessions and
+    namespaces of their own, holding its output pipe) and its namespaces go, within bounded waits."""
+    os.killpg(p.pid, signal.SIGKILL)
+    for pid in left_processes(marker):
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p.wait(timeout=30)
+    emulate("--cleanup", timeout=120)                        # the namespaces of the pid now gone
+    p.communicate(timeout=60)
 
 
 def left_processes(marker):
@@ -125,8 +142,7 @@ def test_host_killed_mid_run_ends_that_run_only(tmp_path):
         text = p.communicate(timeout=400)[0]
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+            kill_everything(p, str(out))
     assert p.returncode == 1, text[-4000:]                    # a run failed; the report is written
     assert ours(p.pid) == ([], False) and not left_processes(str(out))
     run = json.load(open(out / "runs" / "horovod-sync-w2" / "compare_run.json"))
@@ -150,10 +166,30 @@ def test_interrupted_comparison_leaves_nothing(tmp_path):
         text = p.communicate(timeout=60)[0]
     finally:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
+            kill_everything(p, str(out))
     assert p.returncode == 130, text[-3000:]
     assert ours(p.pid) == ([], False) and not left_processes(str(out))
+
+
+def test_the_agent_enters_the_host_with_an_open_mpi_folder_of_its_own():
+    """netns_agent.sh runs the command in the host's namespace with Open MPI's session folder under
+    /tmp/hvdps-ompi/<namespace> (the hosts share /tmp and a hostname); removing the namespace
+    removes the folder."""
+    from hvdps.emulate import AGENT, remove_namespaces
+    ns = f"hvdps-{os.getpid()}-agent"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        r = subprocess.run([AGENT, "-x", "10.255.0.1", "echo $OMPI_MCA_orte_tmpdir_base; ip -o link | wc -l"],
+                           capture_output=True, text=True, timeout=30,
+                           env=env(HVDPS_NETNS_MAP=f"10.255.0.2=hvdps-none,10.255.0.1={ns}"))
+        assert r.returncode == 0, r.stderr
+        folder, links = r.stdout.split()
+        assert folder == f"/tmp/hvdps-ompi/{ns}" and os.path.isdir(folder)
+        assert links == "1"                                  # inside the namespace: its loopback only
+    finally:
+        remove_namespaces([ns])
+    assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not os.path.exists(f"/tmp/hvdps-ompi/{ns}")
 
 
 def test_what_a_killed_run_left_is_removed_at_the_next_start(tmp_path):
@@ -162,11 +198,14 @@ def test_what_a_killed_run_left_is_removed_at_the_next_start(tmp_path):
     ns = f"hvdps-{dead.pid}-h1"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "300"])
+    folder = f"/tmp/hvdps-ompi/hvdps-{dead.pid}-h2"          # an Open MPI folder whose namespace is gone
+    os.makedirs(os.path.join(folder, "ompi.vm.0"))
     try:
         r = emulate("--cleanup")
         assert r.returncode == 0, r.stderr
         assert ns in r.stdout and sleeper.wait(timeout=10) is not None
         assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not os.path.exists(folder)
     finally:
         if sleeper.poll() is None:
             sleeper.kill()
