@@ -21,7 +21,7 @@ DEMO_CNN_EPOCHS ?= 10
 # The environment of the processes the project starts (Open MPI as root, quiet TF, the repo on
 # PYTHONPATH) is set in one place: common/procs.py:child_env, used by every launcher and the tests.
 
-.PHONY: setup demo test fuzz bench emulate slurm clean-venv
+.PHONY: setup demo test fuzz bench emulate emulate-scale slurm clean-venv
 
 setup: $(STAMP)
 
@@ -95,6 +95,20 @@ EMU_COMPARE ?= --workers 1,2,3 --backends horovod,mpi,mwms,ps,ps2 --num_ps 1,2 -
 emulate: setup
 	$(SUDO) $(BIN)/hvdps-emulate --hosts $(EMU_HOSTS) --rate $(EMU_RATE) --out runs/emulate-$(shell date +%Y%m%d-%H%M%S) -- \
 	    $(EMU_COMPARE) --eval_every_epoch false --checkpoint_every_epoch false --no-progress
+
+# The same at the scale users run (root, 20 emulated hosts, 20 TensorFlow processes at most): every
+# worker and PS task on a host of its own; the rings (Horovod, bare MPI, TF's MultiWorkerMirrored) against
+# classic PS sync and async and TF2's PS with 1, 2 and 4 shards, at 2, 4, 8 and 16 workers. Then the
+# projection from those runs: measured against projected for every run, and the crossover (from which n
+# the ring beats one PS, the PS shards that match it) as a table and a plot, in OUT/projection.
+EMU_SCALE_HOSTS ?= 20
+EMU_SCALE_OUT := runs/emulate-scale-$(shell date +%Y%m%d-%H%M%S)
+EMU_SCALE_COMPARE ?= --workers 2,4,8,16 --backends horovod,mpi,mwms,ps,ps2 --num_ps 1,2,4 --model mlp \
+    --hidden_units 1024 --batch_size 32 --train_steps 30 --log_every 5 --warmup_steps 10 --run_timeout 600
+emulate-scale: setup
+	-$(SUDO) $(BIN)/hvdps-emulate --hosts $(EMU_SCALE_HOSTS) --rate $(EMU_RATE) --out $(EMU_SCALE_OUT) -- \
+	    $(EMU_SCALE_COMPARE) --eval_every_epoch false --checkpoint_every_epoch false --no-progress
+	$(BIN)/hvdps-project --from $(EMU_SCALE_OUT) --out $(EMU_SCALE_OUT)/projection
 
 # The shipped SLURM scripts and the comparison under a real SLURM (root): slurmctld and munged on the
 # emulated login node, one slurmd per emulated host; each script is submitted with sbatch (its runs and

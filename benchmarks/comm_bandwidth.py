@@ -59,10 +59,16 @@ def timeit(fn, repeats, warmup):
 def worker_allreduce(args):
     """Runs on every rank. Rank 0 prints one JSON line per measurement."""
     import numpy as np
-    if args.impl == "mpi4py":
+    if args.impl.split(":")[0] == "mpi4py":
         return worker_mpi4py(args, np)
     import tensorflow as tf
     import horovod.tensorflow as hvd
+    if os.environ.get("HVDPS_OPEN_LINKS"):     # a large message before Horovod duplicates COMM_WORLD
+        import mpi4py
+        mpi4py.rc.thread_level = "multiple"
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, np.ones(int(os.environ["HVDPS_OPEN_LINKS"]) // 4, np.float32),
+                                 op=MPI.SUM)
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     raw = None
@@ -104,17 +110,67 @@ def worker_allreduce(args):
 
 
 def worker_mpi4py(args, np):
-    """Raw MPI with nothing else in the process: the bandwidth ceiling on this machine."""
+    """Raw MPI with nothing else in the process: the bandwidth ceiling on this machine.
+
+    ``--impl mpi4py:<option>+<option>`` adds, one at a time, what a Horovod process does
+    differently around the same ``MPI_Allreduce``, to tell which of them costs: ``multiple``
+    initialises MPI at MPI_THREAD_MULTIPLE (Horovod's level); ``thread`` calls Allreduce from a
+    second thread, as Horovod's background thread does; ``inplace`` reduces in place
+    (MPI_IN_PLACE, as Horovod does on its output buffer); ``cycle`` keeps a second thread doing
+    what Horovod's background loop does between collectives: a small Allreduce on a duplicate
+    communicator every millisecond (its cache coordination; ``slowcycle``: every 50 ms);
+    ``dup`` reduces on a duplicate of COMM_WORLD, as Horovod does on its own; ``small`` and
+    ``bigfirst`` send a small or a 16 MiB Allreduce on COMM_WORLD before anything else, which
+    decides how the ranks' TCP connections are first opened."""
+    import threading
+    opts = set(args.impl.partition(":")[2].split("+")) - {""}
+    import mpi4py
+    if "multiple" in opts:
+        mpi4py.rc.thread_level = "multiple"
     from mpi4py import MPI
-    comm = MPI.COMM_WORLD
+    if "bigfirst" in opts:      # a large message on COMM_WORLD before anything else
+        big = np.ones(1 << 22, np.float32)
+        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, big, op=MPI.SUM)
+    if "small" in opts:         # a small collective on COMM_WORLD first (no duplicate)
+        one = np.ones(4, np.int64)
+        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, one, op=MPI.SUM)
+    comm = MPI.COMM_WORLD.Dup() if "dup" in opts else MPI.COMM_WORLD
+    stop = threading.Event()
+    pause = 0.05 if "slowcycle" in opts else 0.001
+    if opts & {"cycle", "slowcycle"}:
+        side = comm.Dup()
+        bits = np.zeros(4, np.int64)
+        out = np.empty_like(bits)
+
+        def cycle():
+            while not stop.is_set():
+                side.Allreduce(bits, out, op=MPI.BOR)
+                time.sleep(pause)
+        threading.Thread(target=cycle, daemon=True).start()
     for label, nbytes in json.loads(args.sizes_json):
         a = np.random.rand(max(1, nbytes // 4)).astype(np.float32)
         b = np.empty_like(a)
+
+        def op():
+            if "inplace" in opts:
+                comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+            else:
+                comm.Allreduce(a, b, op=MPI.SUM)
+        if "thread" in opts:
+            plain = op
+
+            def op():
+                t = threading.Thread(target=plain)
+                t.start()
+                t.join()
         comm.Barrier()
-        t = timeit(lambda: comm.Allreduce(a, b, op=MPI.SUM), args.repeats, args.warmup)
+        t = timeit(op, args.repeats, args.warmup)
         if comm.rank == 0:
-            print("RESULT " + json.dumps({"label": label, "bytes": a.nbytes, "impl": "mpi4py", "seconds": t}),
+            print("RESULT " + json.dumps({"label": label, "bytes": a.nbytes, "impl": args.impl, "seconds": t}),
                   flush=True)
+    if opts & {"cycle", "slowcycle"}:     # the side loop's collectives must not outlive the other rank's
+        stop.set()
+        os._exit(0)
 
 
 # One TensorFlow PS task (gRPC server) for the cluster given as JSON in argv[1]; serves until killed.

@@ -103,14 +103,32 @@ def results_of(stdout):
     return [json.loads(line.split("RESULT ", 1)[1]) for line in stdout.splitlines() if "RESULT " in line]
 
 
-def ring(cluster, workers, sizes, repeats, warmup, impl):
-    """One mpirun job over the first ``workers`` hosts, one rank each, from the login namespace."""
+def without_preconnect(flags):
+    """hvdps' cross-host MPI flags less ``mpi_preconnect_mpi 1``: to show what it answers."""
+    i = flags.index("mpi_preconnect_mpi")
+    return flags[:i - 1] + flags[i + 2:]
+
+
+def ring(cluster, workers, sizes, repeats, warmup, impl, detail=False, env=(), preconnect=True):
+    """One mpirun job over the first ``workers`` hosts, one rank each, from the login namespace.
+
+    ``detail`` (Horovod): rank 0 also writes Horovod's timeline, and each rank times mpi4py's
+    ``Allreduce`` in the same process after Horovod's rounds, so a slow Horovod round can be told
+    apart into Horovod's own phases and the MPI call it makes (``timeline_phases``)."""
+    timeline = f"/tmp/hvdps-timeline-w{workers}.json"
+    extra_env, extra_args = [x for kv in env for x in ("-x", kv)], []
+    if detail:
+        if os.path.exists(timeline):
+            os.unlink(timeline)
+        extra_env, extra_args = extra_env + ["-x", f"HOROVOD_TIMELINE={timeline}"], ["--with-mpi4py"]
     remote = Remote(hosts_text=",".join(cluster.addrs[:workers]),
                         hosts=tuple((a, 1) for a in cluster.addrs[:workers]),
                         agent=(emulate.AGENT,), rsh_given=True, network=f"{cluster.subnet}.0/24")
     argv = ["mpirun", "-np", str(workers), "--host", ",".join(cluster.addrs[:workers]), "-bind-to", "none",
-            *remote_mpi_flags(remote), "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
-            "-x", "HOROVOD_CPU_OPERATIONS=mpi", sys.executable, COMM, "--worker", "allreduce", "--impl", impl,
+            *(remote_mpi_flags(remote) if preconnect else without_preconnect(remote_mpi_flags(remote))),
+            "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+            "-x", "HOROVOD_CPU_OPERATIONS=mpi", *extra_env, sys.executable, COMM, "--worker", "allreduce",
+            "--impl", impl, *extra_args,
             "--sizes-json", json.dumps(sizes), "--repeats", str(repeats), "--warmup", str(warmup)]
     p = subprocess.run(in_ns(cluster.login, argv), capture_output=True, text=True, timeout=1800, cwd=REPO,
                        env=child_env(HVDPS_NETNS_MAP=cluster.netns_map()), stdin=subprocess.DEVNULL)
@@ -118,7 +136,52 @@ def ring(cluster, workers, sizes, repeats, warmup, impl):
     if not got:
         raise RuntimeError(f"{impl} ring over {workers} hosts failed ({p.returncode}): "
                            f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}")
+    if detail:
+        got += timeline_phases(timeline, sizes)
     return got
+
+
+def timeline_phases(path, sizes):
+    """Median time per Horovod timeline activity (NEGOTIATE_ALLREDUCE, ALLREDUCE, MPI_ALLREDUCE, ...)
+    of each size's rounds, as result rows ``horovod-phase:<ACTIVITY>``.
+
+    The timeline is Chrome tracing JSON with begin/end events per activity. In eager mode every
+    round is one "process" (HorovodAllreduce), so a round's size is read from the shape its
+    ALLREDUCE end event carries; the negotiation before it and the phases inside it take that
+    size. Rank 0 leaves without closing the array (comm_bandwidth skips MPI finalisation), so the
+    tail is read leniently."""
+    import math
+    import statistics
+    try:
+        with open(path) as f:
+            text = f.read().strip().rstrip(",")
+    except OSError:
+        return []
+    try:
+        events = json.loads(text if text.endswith("]") else text + "]")
+    except ValueError:
+        events = json.loads(text.rsplit("},", 1)[0] + "}]")
+    spans, open_, pending = {}, {}, {}
+    for e in events:
+        pid = e.get("pid")
+        if e.get("ph") == "B":
+            open_.setdefault(pid, []).append((e.get("name"), e["ts"]))
+        elif e.get("ph") == "E" and open_.get(pid):
+            activity, ts = open_[pid].pop()
+            pending.setdefault(pid, []).append((activity, (e["ts"] - ts) / 1e6))
+            shape = (e.get("args") or {}).get("shape")
+            if shape:
+                nbytes = 4 * math.prod(int(x) for x in shape.strip("[]").split(",") if x.strip())
+                for act, secs in pending.pop(pid):
+                    spans.setdefault((nbytes, act), []).append(secs)
+    rows = []
+    for label, nbytes in sizes:
+        n = max(1, nbytes // 4) * 4
+        for (size, activity), secs in sorted(spans.items()):
+            if size == n:
+                rows.append({"label": label, "bytes": nbytes, "impl": f"horovod-phase:{activity}",
+                             "seconds": statistics.median(secs), "count": len(secs)})
+    return rows
 
 
 def tf_ring(cluster, workers, sizes, repeats, warmup):
@@ -174,12 +237,15 @@ def ps(cluster, sizes, repeats, warmup):
 def link_bytes(rec):
     """Bytes each link carries one way for this exchange: the ring's 2(w-1)/w x M, else M."""
     w = rec.get("workers", 1)
-    return rec["bytes"] * (2 * (w - 1) / w if rec["impl"] in ("mpi4py", "horovod-mpi", "mwms") else 1)
+    ring = rec["impl"] in ("mpi4py", "horovod-mpi", "mwms", "mpi4py-beside-horovod") or \
+        rec["impl"].startswith(("horovod-phase:", "mpi4py:"))
+    return rec["bytes"] * (2 * (w - 1) / w if ring else 1)
 
 
 def table(results, rate_bps):
     names = {"tcp": "TCP, one stream", "mpi4py": "bare MPI ring (mpi4py Allreduce)",
              "horovod-mpi": "Horovod ring (hvd.allreduce, MPI)",
+             "mpi4py-beside-horovod": "mpi4py Allreduce in the Horovod process, after its rounds",
              "mwms": "TensorFlow ring (MultiWorkerMirrored, gRPC)", "ps-push": "PS push (worker -> PS)",
              "ps-pull": "PS pull (PS -> worker)"}
     lines = ["| exchange | hosts | size | median time | bytes per link, one way | link goodput | x link rate |",
@@ -202,6 +268,17 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--queue-ms", type=int, default=200, help="tbf queue on each link end, as hvdps-emulate")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--exchanges", default="tcp,mpi4py,horovod,mwms,ps",
+                    help="which exchanges to measure (tcp, mpi4py, horovod, mwms, ps)")
+    ap.add_argument("--horovod-detail", action="store_true",
+                    help="Horovod's rounds also with its timeline's phases and mpi4py in the same process")
+    ap.add_argument("--horovod-env", default="", help="environment for the Horovod rings, e.g. "
+                    "'HOROVOD_CYCLE_TIME=50 HOROVOD_CACHE_CAPACITY=0'")
+    ap.add_argument("--no-preconnect", action="store_true",
+                    help="the MPI rings without mpi_preconnect_mpi 1 (Open MPI opens each pair's links on first use)")
+    ap.add_argument("--mpi4py-variants", default="",
+                    help="bare MPI rings with what a Horovod process does differently, comma-separated: "
+                         "multiple, multiple+thread, inplace, multiple+cycle, ... (comm_bandwidth.py)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "emulated_bandwidth.json"))
     args = ap.parse_args()
     try:
@@ -209,6 +286,10 @@ def main():
         workers = [int(w) for w in args.workers.split(",")]
         if min(workers) < 2 or max(workers) > args.hosts:
             raise emulate.UsageError(f"--workers {args.workers}: each must be 2..--hosts ({args.hosts})")
+        exchanges = args.exchanges.split(",")
+        wrong = sorted(set(exchanges) - {"tcp", "mpi4py", "horovod", "mwms", "ps"})
+        if wrong:
+            raise emulate.UsageError(f"--exchanges: {', '.join(wrong)}: choose from tcp, mpi4py, horovod, mwms, ps")
     except (emulate.UsageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -219,15 +300,24 @@ def main():
     t0 = time.time()
     try:
         cluster.up()
-        for label, nbytes in sizes:
+        for label, nbytes in sizes if "tcp" in exchanges else ():
             results.append({"label": label, "bytes": nbytes, "impl": "tcp", "workers": 2,
                             "seconds": tcp_stream(cluster, nbytes, args.repeats, args.warmup)})
         for w in workers:
             for impl in ("mpi4py", "mpi"):
-                for r in ring(cluster, w, sizes, args.repeats, args.warmup, impl):
-                    results.append(dict(r, workers=w))
-            results += [dict(r, workers=w) for r in tf_ring(cluster, w, sizes, args.repeats, args.warmup)]
-        results += [dict(r, workers=2) for r in ps(cluster, sizes, args.repeats, args.warmup)]
+                if ("mpi4py" if impl == "mpi4py" else "horovod") in exchanges:
+                    for r in ring(cluster, w, sizes, args.repeats, args.warmup, impl,
+                                  detail=args.horovod_detail and impl == "mpi",
+                                  env=args.horovod_env.split() if impl == "mpi" else (),
+                                  preconnect=not args.no_preconnect):
+                        results.append(dict(r, workers=w))
+            for variant in filter(None, args.mpi4py_variants.split(",")):
+                results += [dict(r, workers=w) for r in ring(cluster, w, sizes, args.repeats, args.warmup,
+                                                             f"mpi4py:{variant}", preconnect=not args.no_preconnect)]
+            if "mwms" in exchanges:
+                results += [dict(r, workers=w) for r in tf_ring(cluster, w, sizes, args.repeats, args.warmup)]
+        if "ps" in exchanges:
+            results += [dict(r, workers=2) for r in ps(cluster, sizes, args.repeats, args.warmup)]
     except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -46,12 +46,18 @@ class Remote:
 # btl_tcp_links 4: four TCP connections per pair of ranks. With one, a pair's two directions share a
 # socket and the 2-rank ring moves half the link's rate each way (benchmarks/emulated_bandwidth.py:
 # 0.48x of a shaped link with 1, 0.94x with 4; 3 ranks, whose left and right peers differ, 0.90x either way).
+# mpi_preconnect_mpi 1: every pair's connections opened at MPI_Init. Open MPI opens a pair's links when
+# they are first used; when the first traffic is MPI_Comm_dup's small messages (Horovod duplicates
+# COMM_WORLD in hvd.init), later large messages between those two ranks use one link only: a 2-rank
+# Horovod ring then moved 0.48-0.65x of the link's rate, 0.91-0.93x with this flag
+# (BENCHMARKS.md section 8a). Its cost is the connections to every rank at start-up, not only the
+# ring's neighbours: (n-1) x 4 sockets per rank.
 def remote_mpi_flags(remote):
     net = remote.network
     flags = ["--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include", net,
              "--mca", "oob_tcp_if_include", net, "--mca", "rtc_hwloc_vmhole", "none",
              "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4",
-             "--mca", "btl_tcp_links", "4"]
+             "--mca", "btl_tcp_links", "4", "--mca", "mpi_preconnect_mpi", "1"]
     if remote.rsh_given:
         flags += ["--mca", "plm_rsh_agent", " ".join(remote.agent)]
     return flags

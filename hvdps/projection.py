@@ -28,7 +28,7 @@ from common.metrics import load_run
 from common.procs import REPO
 from common.schemas import read_cluster_description, read_comm
 
-from hvdps import methods, schedule
+from hvdps import crossover, methods, schedule
 from hvdps.schedule import ps_time, ring_allreduce_time  # noqa: F401  (the projection's formulas)
 
 
@@ -564,6 +564,14 @@ def run_projection(args):
                  "above gives for its backend, worker count, gradient, PS shards and its own compute "
                  f"(docs/projection.md); measured / projected from {ratios[0]:.2f} to {ratios[-1]:.2f}, "
                  f"median {ratios[len(ratios) // 2]:.2f}.\n\n" + check_table(checked) + "\n\n")
+    cross = []
+    if args.from_dir:
+        fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
+        cross = crossover.analyse([load_run(d)[0] for d in find_runs(args.from_dir)],
+                                  lambda row, header: projected_step(row, header, layers, ring, ps, fusion, cycle,
+                                                                     nets)[0], layers=layers)
+        if cross:
+            text += "\n".join(crossover.section(cross)) + "\n![crossover](crossover.png)\n\n"
     text += table(rows) + "\n"
     ring_rows = [r for r in rows if r["arch"] == "ring all-reduce" and r["workers"] > 1]
     if ring_rows:
@@ -577,7 +585,9 @@ def run_projection(args):
                        "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
                        "ps_placement": args.ps_placement, "ps_gpus_per_worker": args.ps_gpus_per_worker,
-                       "measured_overlap": measured, "checked": checked, "rows": rows}))
+                       "measured_overlap": measured, "checked": checked, "crossover": cross, "rows": rows}))
+    if cross:
+        crossover.plot(cross, os.path.join(args.out, "crossover.png"))
     plot(rows, os.path.join(args.out, "projection.png"), f"{_size(grad)} gradients, "
          f"{compute * 1e3:.0f} ms compute")
     print(text)

@@ -119,6 +119,43 @@ def test_ring_and_one_ps_across_shaped_hosts(tmp_path):
     assert "## Projected against measured" in open(tmp_path / "proj" / "projection.md").read()
 
 
+def test_six_workers_and_two_split_ps_tasks_on_eight_hosts(tmp_path):
+    """The everyday cluster shape at a size past the convenient one: 8 emulated hosts, 6 workers on
+    a host each, and the sync PS job's 2 PS tasks on hosts of their own. Each link carries what its
+    method's formula says: a ring link 2(n-1)/n x M each way, the busiest PS link at most 1.1 x n x M/k
+    (the model split over the k tasks); the ring's round is the shorter, measured as projected."""
+    out = tmp_path / "emu"
+    p = subprocess.Popen([sys.executable, "-m", "hvdps.emulate", "--hosts", "8", "--rate", "50mbit",
+                          "--out", str(out), "--", "--workers", "6", "--backends", "horovod,ps:sync",
+                          "--num_ps", "2", "--train_steps", "30", *FAST], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env(), cwd=REPO, start_new_session=True)
+    try:
+        text = p.communicate(timeout=420)[0]
+    finally:
+        if p.poll() is None:
+            kill_everything(p, str(out))
+    assert p.returncode == 0, text[-4000:]
+    assert ours(p.pid) == ([], False) and not left_processes(str(out))
+
+    rows = {(r["backend"], r["mode"]): r for r in json.load(open(out / "results.json"))["rows"]}
+    ring, ps = rows[("horovod", "sync")], rows[("ps", "sync")]
+    assert ring["status"] == ps["status"] == "ok", (ring, ps)
+    assert ring["workers"] == ps["workers"] == 6 and ps["num_ps"] == 2
+    model, n, k = ring["grad_bytes_per_step"], 6, 2
+    for r in (ring, ps):
+        assert 0.95 <= r["link_bytes_ratio"] <= 1.10, r
+    assert ring["busiest_link_bytes"] / model == pytest.approx(2 * (n - 1) / n, rel=0.1)
+    assert 0.95 * n * model / k <= ps["busiest_link_bytes"] <= 1.1 * n * model / k, (ps["busiest_link_bytes"], model)
+    assert ps["round_s"] > ring["round_s"], (ps["round_s"], ring["round_s"])
+
+    proj = subprocess.run([sys.executable, "-m", "hvdps.projection", "--from", str(out), "--out",
+                           str(tmp_path / "proj")], capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
+    assert proj.returncode == 0, proj.stderr[-3000:]
+    checked = {r["backend"]: r for r in json.load(open(tmp_path / "proj" / "projection.json"))["checked"]}
+    assert checked["ps"]["projected_step_s"] > checked["horovod"]["projected_step_s"], checked
+    assert checked["ps"]["workers"] == checked["horovod"]["workers"] == 6
+
+
 def test_host_killed_mid_run_ends_that_run_only(tmp_path):
     """Every process on one emulated host is killed while the first run trains: that run ends in
     bounded time and is recorded as failed, the next one still runs, nothing is left behind."""

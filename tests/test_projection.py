@@ -180,7 +180,7 @@ def test_ps_layout_flags_reach_the_schedule(tmp_path):
     assert next(x for x in per_gpu if x["arch"] == "PS, 1 per server")["efficiency"] < 0.5 * want["efficiency"]
 
 
-def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None):
+def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None, mode="sync", num_ps=0):
     """A finished run of the CNN (8x8 digits: 151,306 parameters) with a breakdown, as a trainer writes it."""
     from common.config import make_config
     from common.metrics import MetricsWriter, throughput_stats
@@ -188,7 +188,7 @@ def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None):
     cfg = make_config(model="cnn", batch_size=32, train_dir=str(d))
     cfg.save(str(d))
     w = MetricsWriter(str(d))
-    w.header(cfg, backend, "sync", workers, 0, make_plan(cfg, 1000, workers, workers))
+    w.header(cfg, backend, mode, workers, num_ps, make_plan(cfg, 1000, workers, workers))
     rate = workers * 32 / step_s
     split = {"step_s": step_s, "compute_s": compute_s, "overhead_s": step_s - compute_s,
              "overhead_share": (step_s - compute_s) / step_s}
@@ -216,7 +216,20 @@ def test_project_from_runs(tmp_path):
     row = next(x for x in data["rows"] if x["workers"] == 64 and x["arch"] == label)
     t = pj.ring_allreduce_time(64, 605224, 10e9 / 8, 20e-6)
     assert row["step_s"] == pytest.approx(0.010 + 0.5 * t + row["straggler_s"])
-    assert "exchange 4.00 ms (measured) -> overlap 50%" in (out / "projection.md").read_text()
+    text = (out / "projection.md").read_text()
+    assert "exchange 4.00 ms (measured) -> overlap 50%" in text
+    # Ring and PS runs of one workload: the crossover section and its plot (hvdps/crossover.py).
+    assert "## Crossover" not in text and not (out / "crossover.png").exists()
+    fake_sync_run(tmp_path / "runs" / "ps-2", "ps", 2, 0.010, 0.030, num_ps=1)
+    r = run([os.path.join(BIN, "hvdps-project"), "--from", str(tmp_path / "runs"),
+             "--bandwidth-gbps", "10", "--latency-us", "20", "--out", str(out)], timeout=180)
+    assert r.returncode == 0, r.stderr
+    text = (out / "projection.md").read_text()
+    assert "## Crossover: ring all-reduce against parameter servers" in text and "![crossover](crossover.png)" in text
+    [w] = json.load(open(out / "projection.json"))["crossover"]
+    [v] = w["variants"]
+    assert v["ps"] == "PS sync" and v["ring_wins_from_measured"] == 2 and w["workers"] == [2]
+    assert (out / "crossover.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,0 +1,254 @@
+"""The crossover: from which worker count the ring all-reduce beats one parameter server, and how
+many PS shards a PS job needs to match the ring at each worker count, measured and projected.
+
+This is the answer a user comparing the two comes for, so it is read from one comparison's runs
+(``make emulate-scale``: every method at 2 to 16 workers, PS jobs with 1, 2 and 4 shards) and set
+beside what the projection's step model gives for the same shapes (hvdps/projection.py). The
+model's lines also fill the worker and shard counts that were not run: each line is fed the
+compute the runs of its method measured at the nearest worker count, since on a shared machine a
+step's compute grows with the processes beside it.
+
+The ring side at each n is the fastest ring method measured there (each is a drop-in for the
+others); each PS variant (classic sync, classic async, TF2's PS) is set against it on its own.
+Which methods are rings and which are PS jobs comes from the method registry (hvdps/methods.py).
+"""
+import statistics
+
+from hvdps import methods, schedule
+
+MAX_SHARDS = 64      # the projected shard count searched: a PS job needing more than this never matches
+
+
+def is_ring(row):
+    method = methods.lookup(row.get("backend"))
+    return bool(method and method.cost.collective)
+
+
+def points(rows):
+    """The runs the crossover reads: known methods, a measured step and compute, one model each."""
+    out = []
+    for r in rows:
+        if methods.lookup(r.get("backend")) is None or not r.get("step_s") or not r.get("compute_s"):
+            continue
+        if not r.get("grad_bytes_per_step"):
+            continue
+        out.append(dict(r, model=r.get("model") or "-", num_ps=r.get("num_ps") or 1, workers=r.get("workers") or 1))
+    return out
+
+
+def _variant(r):
+    return r["backend"], r.get("mode")
+
+
+def _name(variant):
+    return methods.label(*variant)
+
+
+def _compute_at(runs, n):
+    """The compute the runs measured at the worker count nearest ``n`` (median over them)."""
+    nearest = min({r["workers"] for r in runs}, key=lambda w: (abs(w - n), w))
+    return statistics.median(r["compute_s"] for r in runs if r["workers"] == nearest)
+
+
+def _shard_bytes(layers, grad, k):
+    """The bytes each of k PS tasks holds, by the PS trainers' split placement (schedule.py)."""
+    if not layers:
+        return {f"ps:{i}": grad / k for i in range(k)}
+    loads, _ = schedule.place_variables(layers, k, "split")
+    return {f"ps:{i}": b for i, b in enumerate(loads)}
+
+
+def analyse(rows, project, layers=None, grid=None):
+    """Per workload: the fastest ring at each n, each PS variant against it, and the lines to plot.
+
+    ``project(row, header)`` gives the model's step for a run-like row (backend, mode, workers,
+    num_ps, compute_s, grad_bytes_per_step) and its header (``ps_shard_bytes``), or None."""
+    out = []
+    pts = points(rows)
+    for model in dict.fromkeys(r["model"] for r in pts):
+        mine = [r for r in pts if r["model"] == model and r["workers"] >= 2]
+        rings = [r for r in mine if is_ring(r)]
+        pss = [r for r in mine if not is_ring(r)]
+        if not rings or not pss:
+            continue
+        grad = statistics.median(r["grad_bytes_per_step"] for r in mine)
+        measured_ns = sorted({r["workers"] for r in mine})
+        ns = sorted(set(measured_ns) | set(grid or schedule_grid(measured_ns[-1])))
+
+        def projected(variant, runs, n, k=1):
+            row = {"backend": variant[0], "mode": variant[1], "workers": n, "num_ps": k,
+                   "compute_s": _compute_at(runs, n), "grad_bytes_per_step": grad}
+            return project(row, {"ps_shard_bytes": _shard_bytes(layers, grad, k)} if not is_ring(row) else {})
+
+        ring_variants = list(dict.fromkeys(_variant(r) for r in rings))
+        ring_runs = {v: [r for r in rings if _variant(r) == v] for v in ring_variants}
+        ring_lines = {v: {n: projected(v, ring_runs[v], n) for n in ns} for v in ring_variants}
+        best_ring = {}           # n -> (measured s, variant) of the fastest ring measured there
+        for n in measured_ns:
+            here = [(r["step_s"], _variant(r)) for r in rings if r["workers"] == n]
+            if here:
+                best_ring[n] = min(here)
+        best_line = {n: min((ring_lines[v][n], v) for v in ring_variants if ring_lines[v][n] is not None)
+                     for n in ns if any(ring_lines[v][n] is not None for v in ring_variants)}
+        series = [{"name": _name(v), "ring": True, "k": None,
+                   "measured": sorted((r["workers"], r["step_s"]) for r in ring_runs[v]),
+                   "projected": [(n, s) for n, s in ring_lines[v].items() if s is not None]} for v in ring_variants]
+        variants = []
+        for v in dict.fromkeys(_variant(r) for r in pss):
+            runs = [r for r in pss if _variant(r) == v]
+            ks = sorted({r["num_ps"] for r in runs})
+            measured = {(r["workers"], r["num_ps"]): r["step_s"] for r in runs}
+            lines = {k: {n: projected(v, runs, n, k) for n in ns} for k in sorted(set(ks) | {1})}
+            for k in ks:
+                series.append({"name": f"{_name(v)}, {k} PS", "ring": False, "k": k,
+                               "measured": sorted((n, s) for (n, kk), s in measured.items() if kk == k),
+                               "projected": [(n, s) for n, s in lines[k].items() if s is not None]})
+            by_n = []
+            for n in measured_ns:
+                ring_s, ring_v = best_ring.get(n, (None, None))
+                line_s = best_line.get(n, (None, None))[0]
+                ps1 = measured.get((n, 1))
+                ps1_line = lines[1].get(n)
+                need = [k for k in ks if (n, k) in measured and ring_s is not None and measured[(n, k)] <= ring_s]
+                tried = [k for k in ks if (n, k) in measured]
+                by_n.append({"workers": n, "ring": _name(ring_v) if ring_v else None, "ring_measured_s": ring_s,
+                             "ring_projected_s": line_s, "ps1_measured_s": ps1, "ps1_projected_s": ps1_line,
+                             "shards_measured": min(need) if need else None,
+                             "shards_measured_tried": max(tried) if tried else None,
+                             "shards_projected": shards_to_match(lambda k: projected(v, runs, n, k), line_s),
+                             "closest_projected": closest(lambda k: projected(v, runs, n, k), line_s)})
+            variants.append({"ps": _name(v), "by_n": by_n,
+                             "ring_wins_from_measured": wins_from(
+                                 {n: (best_ring[n][0], measured.get((n, 1))) for n in best_ring}),
+                             "ring_wins_from_projected": wins_from(
+                                 {n: (best_line[n][0], lines[1].get(n)) for n in best_line})})
+        out.append({"model": model, "grad_bytes": grad, "workers": measured_ns, "variants": variants,
+                    "series": series})
+    return out
+
+
+def schedule_grid(top):
+    """The worker counts the lines are drawn at: 2, 4, 8, ... up to twice the largest run."""
+    out, n = [], 2
+    while n <= 2 * top:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def wins_from(pairs):
+    """The smallest n from which the ring is faster than one PS at every larger n given; None if
+    it is not faster at the largest. ``pairs``: {n: (ring s, one PS s)}, either may be None."""
+    known = sorted((n, r, p) for n, (r, p) in pairs.items() if r is not None and p is not None)
+    if not known or known[-1][1] >= known[-1][2]:
+        return None
+    start = known[-1][0]
+    for n, r, p in reversed(known):
+        if r >= p:
+            break
+        start = n
+    return start
+
+
+def shards_to_match(step_with, ring_s, most=MAX_SHARDS):
+    """The fewest PS shards k (1..most) whose step is no slower than the ring's ``ring_s``, or None."""
+    if ring_s is None:
+        return None
+    for k in range(1, most + 1):
+        s = step_with(k)
+        if s is not None and s <= ring_s:
+            return k
+    return None
+
+
+def closest(step_with, ring_s, most=MAX_SHARDS):
+    """(k, step / ring step) of the shard count whose projected step comes nearest the ring's."""
+    if not ring_s:
+        return None
+    steps = [(s, k) for k in range(1, most + 1) for s in [step_with(k)] if s is not None]
+    if not steps:
+        return None
+    best = min(s for s, _ in steps)
+    s, k = next((s, k) for s, k in steps if s <= best * 1.01)    # the fewest shards within 1% of the best
+    return k, s / ring_s
+
+
+def _ms(s):
+    return "-" if s is None else f"{1e3 * s:.0f}"
+
+
+def section(result):
+    """Markdown: per workload, where the ring overtakes one PS and the shards that match it."""
+    if not result:
+        return []
+    lines = ["## Crossover: ring all-reduce against parameter servers", "",
+             "At each worker count n, the fastest ring measured there against each PS variant: from which n "
+             "the ring is faster than one PS, and the fewest PS shards whose step is no slower than the "
+             "ring's. Measured: the runs; projected: the model above for the same shapes, each fed the "
+             "compute its method measured at the nearest n (hvdps/crossover.py). Step times in ms.", ""]
+    for w in result:
+        lines += [f"**{w['model']}** ({w['grad_bytes'] / 1e3:.0f} kB of gradient per step), workers "
+                  f"{', '.join(map(str, w['workers']))}:", "",
+                  "| PS variant | ring faster than one PS from n = (measured) | (projected) |", "|---|---|---|"]
+        for v in w["variants"]:
+            lines.append(f"| {v['ps']} | {_from(v['ring_wins_from_measured'])} | "
+                         f"{_from(v['ring_wins_from_projected'])} |")
+        lines += ["", "| n | fastest ring | ring step: measured (projected) | PS variant | one PS: measured "
+                  "(projected) | PS shards to match the ring: measured | projected |",
+                  "|---|---|---|---|---|---|---|"]
+        for v in w["variants"]:
+            for b in v["by_n"]:
+                shards = (str(b["shards_measured"]) if b["shards_measured"] else
+                          f"more than {b['shards_measured_tried']}" if b["shards_measured_tried"] else "-")
+                lines.append(f"| {b['workers']} | {b['ring'] or '-'} | {_ms(b['ring_measured_s'])} "
+                             f"({_ms(b['ring_projected_s'])}) | {v['ps']} | {_ms(b['ps1_measured_s'])} "
+                             f"({_ms(b['ps1_projected_s'])}) | {shards} | "
+                             f"{b['shards_projected'] or _none(b['closest_projected'])} |")
+        lines.append("")
+    return lines
+
+
+def _none(best):
+    return f"none up to {MAX_SHARDS}" + (f" (nearest: {best[0]}, at {best[1]:.2f}x the ring)" if best else "")
+
+
+def _from(n):
+    return "not in the range run" if n is None else str(n)
+
+
+def plot(result, path):
+    """One panel per workload: step time against workers, measured points over the model's lines
+    (the same colour per method and shard count; rings solid, PS jobs dashed)."""
+    if not result:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from common.files import write_atomic
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import ScalarFormatter
+    fig, axes = plt.subplots(1, len(result), figsize=(9.5 * len(result), 5), squeeze=False)
+    for w, ax in zip(result, axes[0]):
+        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        handles = []
+        for i, s in enumerate(w["series"]):
+            c, style, mark = colours[i % len(colours)], "-" if s["ring"] else "--", "o" if s["ring"] else "s"
+            if s["projected"]:
+                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s["projected"]]), style, color=c, linewidth=1)
+            if s["measured"]:
+                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s["measured"]]), mark, color=c, markersize=5)
+            handles.append(Line2D([], [], color=c, linestyle=style, marker=mark, markersize=5, label=s["name"]))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ticks = sorted({n for s in w["series"] for n, _ in s["projected"] + s["measured"]})
+        ax.set_xticks(ticks, [str(n) for n in ticks])
+        ax.set(xlabel="workers", ylabel="step time (ms)",
+               title=f"{w['model']}: measured (points) and projected (lines) step time")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    plt.close(fig)
+    return path
