@@ -63,12 +63,6 @@ def worker_allreduce(args):
         return worker_mpi4py(args, np)
     import tensorflow as tf
     import horovod.tensorflow as hvd
-    if os.environ.get("HVDPS_OPEN_LINKS"):     # a large message before Horovod duplicates COMM_WORLD
-        import mpi4py
-        mpi4py.rc.thread_level = "multiple"
-        from mpi4py import MPI
-        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, np.ones(int(os.environ["HVDPS_OPEN_LINKS"]) // 4, np.float32),
-                                 op=MPI.SUM)
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     raw = None
@@ -109,6 +103,9 @@ def worker_allreduce(args):
     os._exit(0)
 
 
+MPI4PY_OPTIONS = {"multiple", "thread", "inplace", "cycle", "slowcycle", "dup", "small", "bigfirst"}
+
+
 def worker_mpi4py(args, np):
     """Raw MPI with nothing else in the process: the bandwidth ceiling on this machine.
 
@@ -124,6 +121,8 @@ def worker_mpi4py(args, np):
     decides how the ranks' TCP connections are first opened."""
     import threading
     opts = set(args.impl.partition(":")[2].split("+")) - {""}
+    if opts - MPI4PY_OPTIONS:
+        raise SystemExit(f"error: --impl {args.impl}: choose options from {', '.join(sorted(MPI4PY_OPTIONS))}")
     import mpi4py
     if "multiple" in opts:
         mpi4py.rc.thread_level = "multiple"
