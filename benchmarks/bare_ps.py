@@ -1,7 +1,7 @@
 """The PS trainer against a bare between-graph loop: what does hvdps' own bookkeeping cost?
 
     python benchmarks/bare_ps.py [--modes async,sync] [--updates 3000] [--repeats 10]
-                                 [--impls hvdps,launch] [--workers 2] [--pin]
+                                 [--impls hvdps,launch] [--workers 2] [--pin] [--order alternate]
 
 The baseline is the classic distributed-TF example, written once here and not
 used by hvdps: replica_device_setter, an MLP from plain variables, Adam, a
@@ -317,6 +317,10 @@ def main():
     ap.add_argument("--impls", default="hvdps", help="what runs against the bare loop, alternating with it: "
                     "hvdps (ps_train, one process per role like the bare loop), launch (ps_train through "
                     "python -m ps_train.launch)")
+    ap.add_argument("--order", choices=("bare-first", "alternate"), default="bare-first",
+                    help="within each repeat, the bare loop first (bare-first), or first in even repeats and "
+                    "last in odd ones (alternate: a machine that slows down or speeds up over the invocation "
+                    "counts against each side in turn)")
     ap.add_argument("--pin", action="store_true", help="worker i on core i, the PS floating (both sides)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "bare_ps.json"))
@@ -343,7 +347,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for mode in args.modes.split(","):
-                for impl in ["bare"] + impls:
+                order = ["bare"] + impls
+                for impl in (order[::-1] if args.order == "alternate" and rep % 2 else order):
                     if impl == "bare":
                         res = run_bare(mode, args.updates, args.warmup, args.log_every, args.timeout, args.features,
                                        args.workers, args.pin)

@@ -67,10 +67,17 @@ class ThroughputMeter:
 
     Warm-up steps include graph tracing, Horovod's first negotiation and the PS
     variable fetches; counting them would penalise whichever backend starts slower.
+
+    An interval closes only once it spans ``min_span`` updates or more (RunPlan.updates_per_round):
+    asynchronous workers each add an update, and an interval shorter than one update per worker
+    times whichever ones happen to land in it, so its rate swings with the workers' phase (a
+    coordinator that fetches a step finds the next few already done: bursts of 10k samples/s
+    between gaps of 100).
     """
 
-    def __init__(self, warmup_steps):
+    def __init__(self, warmup_steps, min_span=1):
         self.warmup_steps = warmup_steps
+        self.min_span = max(1, int(min_span))
         self.rates = []
         self._mark = None   # (step, samples, time) at the start of the current interval
 
@@ -81,6 +88,8 @@ class ThroughputMeter:
             return None
         if self._mark is None or step <= self._mark[0]:
             self._mark = (step, samples_seen, now)
+            return None
+        if step - self._mark[0] < self.min_span:
             return None
         _, samples0, t0 = self._mark
         self._mark = (step, samples_seen, now)
@@ -180,12 +189,18 @@ def read_records(path):
 
 def measured_interval(header, steps):
     """(start, end) in Unix time of the intervals the throughput is taken over (warm-up
-    excluded), or None: from the step record before the first counted one to the last counted."""
+    excluded), or None: from the step record where the first counted interval began (the first
+    past the warm-up, ThroughputMeter) to the last counted."""
     start = header.get("start_time")
     counted = [i for i, s in enumerate(steps) if s.get("samples_per_sec") is not None]
     if not counted or not isinstance(start, (int, float)):
         return None
-    first = steps[counted[0] - 1]["wall_time"] if counted[0] > 0 else 0.0
+    begin = counted[0] - 1
+    warmup = (header.get("config") or {}).get("warmup_steps")
+    if isinstance(warmup, int):
+        past = warmup + (header.get("start_step") or 0)
+        begin = next((i for i in range(counted[0]) if (steps[i].get("global_step") or 0) >= past), begin)
+    first = steps[begin]["wall_time"] if begin >= 0 else 0.0
     last = steps[counted[-1]]["wall_time"]
     return (start + first, start + last) if last > first else None
 

@@ -26,6 +26,11 @@ class RunPlan:
         return self.batch_size * self.batches_per_update
 
     @property
+    def updates_per_round(self):
+        """Updates while every worker runs one step: 1 under all-reduce and sync PS, n async."""
+        return max(1, self.workers // self.batches_per_update)
+
+    @property
     def updates_per_epoch(self):
         return self.steps_per_epoch * self.workers // self.batches_per_update
 

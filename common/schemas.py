@@ -100,6 +100,8 @@ class LinksFile(Strict):
     series: Dict[str, List[Sample]]
     roles: Optional[Dict[str, Any]] = None
     rate_bps: Optional[Positive] = None
+    cpu: List[Sample] = []                  # [unix time, busy ticks, total ticks] of the machine's cores
+    cores: Optional[Annotated[int, Field(ge=1, le=65536)]] = None
 
 
 # ------------------------------------------------------------------ compare_run.json

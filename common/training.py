@@ -289,7 +289,7 @@ class RunLog:
         self.cfg = cfg
         self.plan = plan
         self.enabled = backend.is_chief
-        self.meter = ThroughputMeter(cfg.warmup_steps + start_step)
+        self.meter = ThroughputMeter(cfg.warmup_steps + start_step, min_span=plan.updates_per_round)
         self.metrics = MetricsWriter(cfg.train_dir, enabled=self.enabled)
         self.tb = TensorBoard(os.path.join(cfg.train_dir, "tensorboard")) if self.enabled else None
         self.progress = Progress(plan.total_updates, initial=start_step, desc=backend.name, enabled=self.enabled)

@@ -35,6 +35,20 @@ LINKS_FILE = "links.json"
 SAMPLE_EVERY = 0.25
 
 
+def read_cpu(path="/proc/stat"):
+    """(busy, total) clock ticks of all the machine's cores since boot, from /proc/stat's ``cpu`` line:
+    busy is user, nice, system, irq, softirq and steal; total adds idle and iowait. On the emulated
+    cluster every host is this machine, so these are the cores all of a run's tasks share."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith("cpu "):
+                v = [int(x) for x in line.split()[1:9]]
+                v += [0] * (8 - len(v))
+                busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+                return busy, busy + v[3] + v[4]
+    raise OSError(f"{path}: no cpu line")
+
+
 def read_net_dev(path):
     """{interface: (rx_bytes, tx_bytes)} from a /proc/.../net/dev file."""
     out = {}
@@ -48,7 +62,8 @@ def read_net_dev(path):
 
 
 class Sampler:
-    """Samples every host's link counters in a thread: {host: [[unix time, bytes in, bytes out]]}.
+    """Samples every host's link counters in a thread: {host: [[unix time, bytes in, bytes out]]},
+    and the machine's cores (``cpu``: [[unix time, busy ticks, total ticks]], read_cpu).
 
     ``ports``: {host: interface in the counters file}; the interface is the switch's side of the
     host's link, so the host's *in* is the port's transmit and its *out* the port's receive."""
@@ -56,6 +71,7 @@ class Sampler:
     def __init__(self, counters, ports, every=SAMPLE_EVERY):
         self.counters, self.ports, self.every = counters, ports, every
         self.series = {h: [] for h in ports}
+        self.cpu = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -64,6 +80,10 @@ class Sampler:
             now, dev = time.time(), read_net_dev(self.counters)
         except OSError:
             return
+        try:
+            self.cpu.append([round(now, 4), *read_cpu()])
+        except (OSError, ValueError):
+            pass
         for host, port in self.ports.items():
             if port in dev:
                 rx, tx = dev[port]
@@ -85,7 +105,7 @@ class Sampler:
 
     def save(self, run_dir, extra):
         path = os.path.join(run_dir, LINKS_FILE)
-        write_atomic(path, json.dumps({"series": self.series, **extra}))
+        write_atomic(path, json.dumps({"series": self.series, "cpu": self.cpu, "cores": os.cpu_count(), **extra}))
 
 
 def _at(points, t):
@@ -134,6 +154,31 @@ def predicted(backend, mode, roles, gradient, shard_bytes=None):
     if not roles or not gradient or method is None:
         return None
     return method.cost.predict_links(mode, roles, gradient, shard_bytes)
+
+
+def cores_busy(links, interval):
+    """The share of the machine's cores that were busy over the Unix-time ``interval`` (links.json's
+    ``cpu`` samples); None without samples at both ends. Near 1, the cores the emulated hosts share,
+    not the links, may set the step."""
+    points = (links or {}).get("cpu") or []
+    if not interval or not points:
+        return None
+    a, b = _at(points, interval[0]), _at(points, interval[1])
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return max(0.0, min(1.0, (b[0] - a[0]) / (b[1] - a[1])))
+
+
+def run_cores(run_dir, header, steps):
+    """(cores busy over the run's measured interval, the machine's cores) from the run's links.json,
+    (None, None) where hvdps-emulate's sampler did not record them."""
+    from common.metrics import measured_interval
+    from common.schemas import read_links
+    path = os.path.join(run_dir, LINKS_FILE)
+    if not os.path.lexists(path):
+        return None, None
+    links = read_links(path)
+    return cores_busy(links, measured_interval(header, steps)), links.get("cores")
 
 
 def link_rows(run, row, curves, links, interval):

@@ -23,6 +23,16 @@ from hvdps import launchers, schedule
 
 
 # ------------------------------------------------------------------ cost models
+def combine(compute, terms, factors=None, compute_with=None):
+    """A step from a cost model's terms: the longest of (compute, where the term waits for it) +
+    factor x seconds. ``factors``: {term: factor} (hvdps/heldout.py fits them; 1 otherwise);
+    ``compute_with``: the compute the terms wait for, if not ``compute`` (contended compute)."""
+    factors = factors or {}
+    base = compute if compute_with is None else compute_with
+    return max((base if waits else 0.0) + factors.get(name, 1.0) * seconds
+               for name, (waits, seconds) in terms.items())
+
+
 class Ring:
     """Ring all-reduce: every rank sends and receives 2(n-1)/n of each dense tensor per step,
     rank to rank (no server). ``dense_modes``: the modes that all-reduce embedding tables whole
@@ -31,12 +41,15 @@ class Ring:
     fusion, played out by schedule.ring_step); otherwise one all-reduce after it. ``network``: the
     fit of latency and bandwidth the projection costs it with (hvdps/projection.py: ``allreduce``,
     fitted from Horovod's measured collectives, or a family of its own such as TensorFlow's ring),
-    where no flag or emulated cluster gives every method the same network."""
+    where no flag or emulated cluster gives every method the same network. ``polls``: its ranks spin
+    while they wait (Open MPI's progress loop, Horovod's background thread), so the busy share of the
+    cores measures their waiting, not their work (hvdps/heldout.py fits no cores floor for it)."""
     collective = True       # no server tasks; one worker alone exchanges nothing
     arch = "ring"           # the projection's architecture this method is measured against
 
-    def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network="allreduce"):
+    def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network="allreduce", polls=False):
         self.dense_modes, self.wait_free, self.network = tuple(dense_modes), wait_free, network
+        self.polls = polls
         self.how = how or ("ring, wait-free schedule of the layers" if wait_free
                            else "ring Allreduce after back-propagation")
 
@@ -63,13 +76,20 @@ class Ring:
         return schedule.ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"])
 
     def projected_step(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
+        terms = self.step_terms(row, header, layers, ring, ps, fusion_bytes, cycle_s)
+        return (None, None) if terms is None else (combine(row["compute_s"], terms), self.how)
+
+    def step_terms(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
+        """{term: (with compute, seconds)}: the step is the longest of compute (where counted) plus
+        each term (``combine``). The ring has one: the exchange left after back-propagation."""
         n, compute, grad = row["workers"], row["compute_s"], row.get("grad_bytes_per_step")
         if self.wait_free:
-            return schedule.ring_step(layers, compute, n, ring["bandwidth"], ring["alpha"], fusion_bytes,
-                                      cycle_s)["step_s"], self.how
+            step = schedule.ring_step(layers, compute, n, ring["bandwidth"], ring["alpha"], fusion_bytes,
+                                      cycle_s)["step_s"]
+            return {"ring": (True, step - compute)}
         if not grad:
-            return None, None
-        return compute + schedule.ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"]), self.how
+            return None
+        return {"ring": (True, schedule.ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"]))}
 
 
 class ParameterServers:
@@ -80,6 +100,7 @@ class ParameterServers:
     collective = False
     arch = "PS k=1"
     network = "ps"
+    polls = False            # gRPC's threads block while they wait
 
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
         dense, sparse = (gradient.get(k) or 0 for k in ("dense_bytes", "sparse_bytes"))
@@ -111,16 +132,27 @@ class ParameterServers:
         whichever is slower: compute + 2·(max(nS, M)/B + alpha). Async: a worker pushes and pulls
         on its own link while the others do the same; the busiest PS link carries n·S each way
         per round: max(compute + 2·(M/B + alpha), n·S/B + alpha)."""
-        n, compute, grad = row["workers"], row["compute_s"], row.get("grad_bytes_per_step")
-        if not grad:
+        terms = self.step_terms(row, header, layers, ring, ps, fusion_bytes, cycle_s)
+        if terms is None:
             return None, None
+        how = "push all, then pull all" if row.get("mode") == "sync" else "own link or busiest PS link"
+        return combine(row["compute_s"], terms), how
+
+    def step_terms(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
+        """{term: (with compute, seconds)}, the step being the longest (``combine``): a worker's own
+        link (push M, then pull M, after its compute) and the busiest PS link (sync: every worker's
+        push, then every pull, after the compute; async: n·S each way while the workers compute)."""
+        n, grad = row["workers"], row.get("grad_bytes_per_step")
+        if not grad:
+            return None
         shards = (header.get("ps_shard_bytes") or {}).values()
         shard = max(shards) if shards else grad / (row.get("num_ps") or 1)
         bw, alpha = ps["bandwidth"], ps["alpha"]
         busiest = n * shard / bw
+        own = (True, 2 * (grad / bw + alpha))
         if row.get("mode") == "sync":
-            return compute + 2 * (max(busiest, grad / bw) + alpha), "push all, then pull all"
-        return max(compute + 2 * (grad / bw + alpha), busiest + alpha), "own link or busiest PS link"
+            return {"own link": own, "PS link": (True, 2 * (busiest + alpha))}
+        return {"own link": own, "PS link": (False, busiest + alpha)}
 
 
 # ------------------------------------------------------------------ the registry
@@ -157,13 +189,13 @@ _HVD_ALONE = ("Horovod's machinery with no peer to exchange with (one worker: no
 
 METHODS = {m.name: m for m in (
     Method("horovod", {"sync": "Horovod", "sparse_as_dense": "Horovod (sparse as dense)"},
-           launchers.HorovodLauncher, Ring(dense_modes=("sparse_as_dense",), wait_free=True),
+           launchers.HorovodLauncher, Ring(dense_modes=("sparse_as_dense",), wait_free=True, polls=True),
            overhead={"sync": "Horovod's negotiation, fusion and ring all-reduce of the gradients, and "
                              "waiting for the slower rank",
                      "sparse_as_dense": "Horovod's negotiation, fusion and ring all-reduce of the gradients "
                                         "(embedding tables whole), and waiting for the slower rank"},
            default_modes=("sync",), alone={"sync": _HVD_ALONE, "sparse_as_dense": _HVD_ALONE}),
-    Method("mpi", {"sync": "bare MPI"}, launchers.MPILauncher, Ring(dense_modes=("sync",)),
+    Method("mpi", {"sync": "bare MPI"}, launchers.MPILauncher, Ring(dense_modes=("sync",), polls=True),
            overhead={"sync": "the MPI_Allreduce of the gradients and waiting for the slower rank"},
            alone={"sync": "the MPI calls with no peer to exchange with (one worker: no traffic, no slower rank)"}),
     Method("mwms", {"sync": "TF all-reduce (MWMS)"}, launchers.MWMSLauncher,

@@ -28,7 +28,7 @@ from common.metrics import load_run
 from common.procs import REPO
 from common.schemas import read_cluster_description, read_comm
 
-from hvdps import crossover, methods, schedule
+from hvdps import crossover, heldout, methods, schedule
 from hvdps.schedule import ps_time, ring_allreduce_time  # noqa: F401  (the projection's formulas)
 
 
@@ -310,7 +310,15 @@ def from_runs(path, ring, ps, nets=None):
               file=sys.stderr)
         layers = single_layer(timed[0]["grad_bytes_per_step"])
     measured, notes = {}, []
+    # one measured overlap per method and mode, from its largest run (most workers, then most shards):
+    # a folder of 48 runs would otherwise add 48 lines to the table and the plot
+    largest = {}
     for r in timed:
+        key = (r.get("backend"), r.get("mode"))
+        if (r.get("workers") or 1, r.get("num_ps") or 0) >= (largest.get(key, {}).get("workers") or 1,
+                                                             largest.get(key, {}).get("num_ps") or 0):
+            largest[key] = r
+    for r in largest.values():
         method = methods.lookup(r.get("backend"))
         if method is None or (r.get("workers") or 1) < 2 and method.cost.collective:
             continue
@@ -389,6 +397,27 @@ def check_table(rows):
                    f"{1e3 * r['measured_step_s']:.1f} | {1e3 * r['projected_step_s']:.1f} | {r['ratio']:.2f} | "
                    f"{r['how']} |")
     return "\n".join(out)
+
+
+def heldout_of(path, layers, ring, ps, nets, args):
+    """(hvdps/heldout.py's entries for the runs under ``path``, the cores they shared or None)."""
+    from hvdps.links import run_cores
+    fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
+    rows, shared = [], set()
+    for d in find_runs(path):
+        row, curves = load_run(d)
+        header = curves.get("header") or {}
+        row["cores_busy"], cores = run_cores(d, header, curves.get("steps") or [])
+        if cores:
+            shared.add(cores)
+        rows.append(dict(row, run=os.path.basename(d), _header=header))
+    cores = max(shared) if shared else None
+    def terms_of(row, header):
+        method = methods.lookup(row.get("backend"))
+        return method.cost.step_terms(row, header, layers, ring_of(method, ring, nets), ps, fusion, cycle)
+
+    entries = heldout.analyse(rows, terms_of, cores)
+    return entries, cores
 
 
 # ---------------------------------------------------------------- command line
@@ -572,6 +601,9 @@ def run_projection(args):
                                                                      nets)[0], layers=layers)
         if cross:
             text += "\n".join(crossover.section(cross)) + "\n![crossover](crossover.png)\n\n"
+    held = heldout_of(args.from_dir, layers, ring, ps, nets, args) if args.from_dir else ([], None)
+    if held[0]:
+        text += "\n".join(heldout.section(*held)) + "\n"
     text += table(rows) + "\n"
     ring_rows = [r for r in rows if r["arch"] == "ring all-reduce" and r["workers"] > 1]
     if ring_rows:
@@ -585,7 +617,8 @@ def run_projection(args):
                        "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
                        "ps_placement": args.ps_placement, "ps_gpus_per_worker": args.ps_gpus_per_worker,
-                       "measured_overlap": measured, "checked": checked, "crossover": cross, "rows": rows}))
+                       "measured_overlap": measured, "checked": checked, "crossover": cross,
+                       "heldout": {"entries": held[0], "cores": held[1]}, "rows": rows}))
     if cross:
         crossover.plot(cross, os.path.join(args.out, "crossover.png"))
     plot(rows, os.path.join(args.out, "projection.png"), f"{_size(grad)} gradients, "

@@ -23,7 +23,7 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "overhead_s", "overhead_share", "exchange_s", "wait_s", "wait_per_worker_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
            "sparse_bytes", "sparse_table_bytes", "wire_rule",
            "ps_cpu_s", "ps_cpu_share", "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
-           "round_s", "link_utilisation", "link_rate_bps", "error", "run_dir")
+           "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "error", "run_dir")
 RUN_RECORD = "compare_run.json"    # written by hvdps-compare next to each run: its wall time from launch
 
 
@@ -87,7 +87,7 @@ def add_links(row, curves, roles):
     (hvdps-emulate), the bytes per round each host's link carried against the formula
     (hvdps/links.py), the busiest link's share of its rate, and the round time."""
     from common.metrics import measured_interval
-    from hvdps.links import LINKS_FILE, link_rows
+    from hvdps.links import LINKS_FILE, cores_busy, link_rows
     row["roles"] = roles or None
     from common.schemas import read_links
     path = os.path.join(row["run_dir"], LINKS_FILE)
@@ -95,6 +95,7 @@ def add_links(row, curves, roles):
         return
     links = read_links(path)
     interval = measured_interval(curves.get("header") or {}, curves.get("steps") or [])
+    row["cores_busy"] = cores_busy(links, interval)
     table = link_rows(None, row, curves, links, interval)
     if not table:
         return
@@ -129,7 +130,9 @@ def links_section(rows):
                   "every host with ranks; PS: each task's share of M per worker on another host, each way; "
                   "hvdps/links.py). Counters include Ethernet/IP/TCP headers (about 4-5% at a 1500-byte MTU). "
                   + (f"Each link: {rate / 1e6:g} Mbit/s both ways. " if rate else "") +
-                  "*Busiest link* = its bytes per round over the round time, as a share of the link's rate.", "",
+                  "*Busiest link* = its bytes per round over the round time, as a share of the link's rate; "
+                  "*cores busy* = the share of the machine's cores busy over the measured interval (every "
+                  "emulated host runs on them: near 100%, the cores, not the links, may set the step).", "",
                   "| run | round (ms) | busiest link | host | tasks | in (bytes/round) | formula | out (bytes/round) | formula |",
                   "|---|---|---|---|---|---|---|---|---|"]
     else:
@@ -138,6 +141,8 @@ def links_section(rows):
         name = f"{r.get('model') or '-'} {name_of(r)}, {r['workers']} workers"
         if r.get("links"):
             util = f"{100 * r['link_utilisation']:.0f}% of rate" if r.get("link_utilisation") is not None else "-"
+            if r.get("cores_busy") is not None:
+                util += f", cores {100 * r['cores_busy']:.0f}% busy"
             for i, x in enumerate(r["links"]):
                 head = f"{name} | {1000 * r['round_s']:.1f} | {util}" if i == 0 else " | | "
                 lines.append(f"| {head} | {x['host']} | {', '.join(x['tasks']) or '-'} | {x['in']:,.0f} | "

@@ -101,6 +101,10 @@ def test_ring_and_one_ps_across_shaped_hosts(tmp_path):
                                                                           tf_ring["round_s"])
     report = open(out / "report.md").read()
     assert "## Hosts and links" in report and "ps:0" in report and "rank:1" in report
+    # What the shared cores did over each run's measured interval (links.json's cpu samples).
+    for r in (ring, tf_ring, ps):
+        assert 0.0 < r["cores_busy"] <= 1.0, r
+    assert "% busy" in report
 
     # The projection from these runs, with the links' rate and measured latency (cluster.json).
     cluster = json.load(open(out / "cluster.json"))

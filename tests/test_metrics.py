@@ -62,6 +62,39 @@ def test_meter_excludes_warmup():
     assert m.stats()["n"] == 2
 
 
+def test_an_async_interval_spans_at_least_one_round():
+    # 4 async workers, a log every 2 updates: an interval closes once it spans 4 updates
+    m = ThroughputMeter(warmup_steps=2, min_span=4)
+    assert m.update(2, 20, now=1.0) is None       # first mark
+    assert m.update(4, 40, now=1.01) is None      # half a round: a burst, not a rate
+    assert m.update(6, 60, now=2.0) == 40.0       # (60 - 20) / (2.0 - 1.0)
+    assert m.update(8, 80, now=2.1) is None
+    assert m.update(10, 100, now=3.0) == 40.0
+    assert m.stats()["n"] == 2
+
+
+@pytest.mark.parametrize("workers, batches_per_update, per_round", [(4, 4, 1), (4, 1, 4), (3, 2, 1), (1, 1, 1)])
+def test_updates_per_round(workers, batches_per_update, per_round):
+    cfg = make_config(batch_size=8)
+    assert make_plan(cfg, 1000, workers, batches_per_update).updates_per_round == per_round
+
+
+@pytest.mark.parametrize("steps, interval", [
+    # every interval one log apart: from the record before the first counted one
+    ([(5, None, 1.0), (10, None, 2.0), (15, 100.0, 3.0), (20, 100.0, 4.0)], (2.0, 4.0)),
+    # merged intervals: from the first record past the warm-up (10), not the one before the first rate
+    ([(5, None, 1.0), (10, None, 2.0), (15, None, 2.1), (20, 100.0, 4.0), (25, None, 4.2), (30, 90.0, 6.0)],
+     (2.0, 6.0)),
+    ([(5, None, 1.0), (10, None, 2.0)], None),                                 # nothing counted
+])
+def test_measured_interval_starts_where_the_meter_began(steps, interval):
+    from common.metrics import measured_interval
+    header = {"start_time": 100.0, "config": {"warmup_steps": 10}, "start_step": 0}
+    records = [{"global_step": g, "samples_per_sec": r, "wall_time": t} for g, r, t in steps]
+    got = measured_interval(header, records)
+    assert got == (None if interval is None else (100.0 + interval[0], 100.0 + interval[1]))
+
+
 @pytest.mark.parametrize("compute, rate, workers, batch, step, share", [
     (0.004, 8000.0, 2, 32, 0.008, 0.5),        # 2 workers x 32 samples in 8 ms per worker step
     (0.010, 3200.0, 1, 32, 0.010, 0.0),        # one worker, nothing but compute

@@ -230,6 +230,17 @@ def test_project_from_runs(tmp_path):
     [v] = w["variants"]
     assert v["ps"] == "PS sync" and v["ring_wins_from_measured"] == 2 and w["workers"] == [2]
     assert (out / "crossover.png").read_bytes()[:4] == b"\x89PNG"
+    assert "## Held out" not in text                       # one worker count per method: nothing to predict
+    # PS at 2, 4 and 8 workers: fitted at 2 and 4, 8 predicted (hvdps/heldout.py)
+    for n, step in ((4, 0.050), (8, 0.090)):
+        fake_sync_run(tmp_path / "runs" / f"ps-{n}", "ps", n, 0.010, step, num_ps=1)
+    r = run([os.path.join(BIN, "hvdps-project"), "--from", str(tmp_path / "runs"),
+             "--bandwidth-gbps", "10", "--latency-us", "20", "--out", str(out)], timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert "## Held out: fitted at the two smallest worker counts" in (out / "projection.md").read_text()
+    held = json.load(open(out / "projection.json"))["heldout"]
+    assert held["cores"] is None                           # no hvdps-emulate record: no shared cores
+    assert [(e["workers"], e["held_out"]) for e in held["entries"]] == [(2, False), (4, False), (8, True)]
 
 
 @pytest.mark.parametrize("args, message", [

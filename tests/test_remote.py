@@ -215,6 +215,40 @@ def test_read_net_dev(tmp_path):
     assert links.read_net_dev(str(path)) == {"h1": (1234, 5678)}
 
 
+def test_read_cpu(tmp_path):
+    path = tmp_path / "stat"
+    path.write_text("cpu  100 5 20 800 10 1 2 3 0 0\ncpu0 50 2 10 400 5 0 1 1 0 0\n")
+    assert links.read_cpu(str(path)) == (100 + 5 + 20 + 1 + 2 + 3, 100 + 5 + 20 + 1 + 2 + 3 + 800 + 10)
+    path.write_text("intr 1 2 3\n")
+    with pytest.raises(OSError):
+        links.read_cpu(str(path))
+
+
+@pytest.mark.parametrize("cpu, interval, want", [
+    ([[10.0, 0, 0], [12.0, 300, 400]], (10.0, 12.0), 0.75),
+    ([[10.0, 0, 0], [11.0, 100, 200], [13.0, 500, 600]], (10.5, 12.0), (300 - 50) / (400 - 100)),
+    ([[10.0, 0, 0], [12.0, 300, 400]], (9.0, 12.0), None),            # samples do not cover the interval
+    ([], (10.0, 12.0), None),                                           # a links file from before the record
+    ([[10.0, 5, 5], [12.0, 5, 5]], (10.0, 12.0), None),                 # no ticks counted: no share
+])
+def test_cores_busy_over_the_measured_interval(cpu, interval, want):
+    got = links.cores_busy({"series": {}, "cpu": cpu}, interval)
+    assert got == (None if want is None else pytest.approx(want))
+
+
+def test_sampler_records_the_cores_beside_the_links(tmp_path):
+    dev = tmp_path / "dev"
+    dev.write_text("Inter-|\n face |\n    p1: 10 0 0 0 0 0 0 0 20 0 0 0 0 0 0 0\n")
+    with links.Sampler(str(dev), {"h1": "p1"}, every=0.01) as s:
+        time.sleep(0.05)
+    s.save(str(tmp_path), {"roles": {"rank:0": "h1"}})
+    from common.schemas import read_links
+    saved = read_links(str(tmp_path / links.LINKS_FILE))
+    assert len(saved["cpu"]) >= 2 and saved["cores"] == os.cpu_count()
+    assert all(b <= t for _, b, t in saved["cpu"]) and saved["cpu"][-1][2] >= saved["cpu"][0][2]
+    assert saved["series"]["h1"][0][1:] == [20, 10]                     # the host's in is the port's transmit
+
+
 @pytest.mark.process
 def test_tether_ends_the_command_when_its_connection_closes(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "common.tether", sys.executable, "-c",
