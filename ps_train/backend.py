@@ -127,11 +127,16 @@ def check_port_free(address, port, who):
 def describe_placement(variables, owner=None):
     """{variable: [device of each shard]}, the header's ``placement`` under both PS APIs, so a run
     shows where its variables live. ``owner`` maps a shard's id to the partitioned variable it is
-    part of (TF2's partitioner; the classic graph places every variable whole)."""
+    part of (TF2's partitioner; the classic graph places every variable whole). A shard is listed
+    under the name it was partitioned from: TF2 names shards ``<name>/part_<i>`` while the
+    ShardedVariable itself may carry only its class name, which every split variable would share."""
+    import re
     out = {}
     for v in variables:
-        whole = (owner or {}).get(id(v))
-        out.setdefault((whole if whole is not None else v).name.split(":")[0], []).append(v.device)
+        name = v.name.split(":")[0]
+        if (owner or {}).get(id(v)) is not None:
+            name = re.sub(r"/part_\d+$", "", name)
+        out.setdefault(name, []).append(v.device)
     return out
 
 

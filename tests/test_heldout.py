@@ -1,5 +1,7 @@
 """The held-out check (hvdps/heldout.py): terms fitted at the two smallest worker counts, the larger
 runs predicted from them, on hand-built runs whose answers are worked out here."""
+import math
+
 import pytest
 
 from hvdps import heldout
@@ -39,14 +41,48 @@ def test_a_constant_exchange_factor_fitted_small_predicts_large():
 
 
 def test_the_cores_floor_binds_when_the_fitted_runs_kept_the_cores_busy():
-    # at 2 and 4 workers the cores were 80% busy for 0.1 s steps: 0.08 s, then 0.04 s of CPU per worker
-    # step; the least (0.04 s) makes 16 workers on 2 cores take at least 16 x 0.04 / 2 = 0.32 s
-    rows = [run("ps", "async", 2, 0.1, busy=0.8, num_ps=4), run("ps", "async", 4, 0.1, busy=0.8, num_ps=4),
+    # 0.1 s steps with the cores 40% busy at 2 workers and 80% at 4: 0.04 s of CPU per worker step at
+    # both, so 16 workers on 2 cores keep them busy for 16 x 0.04 / 2 = 0.32 s a round
+    rows = [run("ps", "async", 2, 0.1, busy=0.4, num_ps=4), run("ps", "async", 4, 0.1, busy=0.8, num_ps=4),
             run("ps", "async", 16, 0.33, busy=1.0, num_ps=4)]
     got = by_workers(heldout.analyse(rows, lambda r, h: {"own link": (True, 0.08)}, cores=2))
     assert got[16]["cpu_per_worker_step_s"] == pytest.approx(0.04)
     assert got[16]["floor_s"] == pytest.approx(0.32) and got[16]["predicted_step_s"] == pytest.approx(0.32)
+    assert got[16]["binding"] == "cores" and got[2]["binding"] == "own link"
     assert got[16]["contended_compute_s"] == pytest.approx(0.002)           # async workers do not march in step
+
+
+def test_the_cores_floor_is_the_mean_cpu_per_worker_step_of_the_fitted_runs():
+    rows = [run("ps", "async", 2, 0.1, busy=0.8, num_ps=4), run("ps", "async", 4, 0.1, busy=0.8, num_ps=4),
+            run("ps", "async", 16, 0.5, busy=1.0, num_ps=4)]
+    got = by_workers(heldout.analyse(rows, lambda r, h: {"own link": (True, 0.08)}, cores=2))
+    assert got[16]["cpu_per_worker_step_s"] == pytest.approx((0.08 + 0.04) / 2)
+    assert got[16]["floor_s"] == pytest.approx(16 * 0.06 / 2)
+
+
+@pytest.mark.parametrize("times, p, expected", [
+    ([0.3, 0.4], 2.0, 0.5),                     # the Euclidean case
+    ([0.3, 0.4], math.inf, 0.4),                # the longest alone
+    ([0.1, 0.1], 1.0, 0.2),                     # no overlap: the sum
+    ([0.1, 0.1], 4.0, 0.1 * 2 ** 0.25),         # two equal resources: 19% over either
+    ([0.25], 3.0, 0.25),                        # one resource is itself
+])
+def test_soft_max_of_the_resources_a_step_needs(times, p, expected):
+    assert heldout.soft_max(times, p) == pytest.approx(expected)
+
+
+def test_one_overlap_p_fitted_at_the_small_runs_of_every_method():
+    # two PS methods whose steps are the p = 4 soft maximum of a worker's own link (100 ms) and
+    # the busiest PS link (100 ms x n / k): equal at 2 workers and 2 shards, so 19% over either
+    def measured(n, k):
+        return heldout.soft_max([0.002 + 0.1, 0.002 + 0.1 * n / k], 4.0)
+    rows = [run(b, m, n, measured(n, k), num_ps=k) for b, m in (("ps", "sync"), ("ps2", "async"))
+            for k in (1, 2, 4) for n in (2, 4, 8, 16)]
+    entries = heldout.analyse(rows, two_links)
+    assert {e["overlap_p"] for e in entries} == {4.0}
+    assert all(e["factors"] == {"own link": 1.0, "PS link": 1.0} for e in entries)
+    assert all(e["ratio"] == pytest.approx(1.0) for e in entries)
+    assert "p = 4" in "\n".join(heldout.section(entries))
 
 
 @pytest.mark.parametrize("backend, floor", [("horovod", False), ("mpi", False), ("mwms", True), ("ps", True)])

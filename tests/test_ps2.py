@@ -47,13 +47,16 @@ def test_reaches_accuracy_and_every_role_exits(tmp_path, num_ps, num_workers):
 
 
 def test_large_variables_are_split_over_the_ps_tasks(tmp_path):
-    """The MLP's first kernel on 28x28 input (784 x 100 floats, 314 KB) is partitioned."""
+    """The MLP's kernels on 28x28 input (784 x 100 and 100 x 10 floats) are partitioned, each listed
+    under its own name (not the ShardedVariable class name both would share); the 400-byte and
+    40-byte biases stay whole."""
     out = str(tmp_path / "run")
     ok(launch(2, 1, "--dataset", "synthetic", "--image_shape", "28,28,1", "--synthetic_samples", "256",
               "--train_steps", "4", "--batch_size", "32", "--train_dir", out))
     placement = load_run(out)[1]["header"]["placement"]
-    split = [name for name, shards in placement.items() if len(shards) == 2]
-    assert split, placement
+    split = sorted(name for name, shards in placement.items() if len(shards) == 2)
+    assert split == ["dense/kernel", "dense_1/kernel"], placement
+    assert sorted(placement) == ["dense/bias", "dense/kernel", "dense_1/bias", "dense_1/kernel"], placement
     assert all(len({s.split("/device")[0] for s in placement[name]}) == 2 for name in split)
     weights = load_weights_npz(os.path.join(out, "weights.npz"))
     assert weights[0].shape == (784, 100)                      # saved whole again

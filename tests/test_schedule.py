@@ -61,10 +61,10 @@ def test_single_worker_has_no_exchange():
     ([3, 1, 1, 1], "greedy", [3, 3]),
     ([100, 1, 1, 1], "round_robin", [101, 2]),
     ([100, 1, 1, 1], "greedy", [100, 3]),
-    # hvdps' trainers: a tensor over MIN_SHARD_BYTES (8 KiB) cut in one piece per shard, pieces round robin
+    # hvdps' trainers: a tensor over MIN_SHARD_BYTES (1 KiB) cut in one piece per shard, pieces round robin
     ([3, 1, 1, 1], "split", [4, 2]),
     ([40001, 1, 1, 1], "split", [20001 + 1 + 1, 20000 + 1]),
-    ([12000, 16384, 4096], "split", [6000 + 8192 + 4096, 6000 + 8192]),
+    ([12000, 16384, 4096, 1000], "split", [6000 + 8192 + 2048 + 1000, 6000 + 8192 + 2048]),
 ])
 def test_placement(tensors, placement, loads):
     got, shard_of = s.place_variables(layers(*[(t, 1) for t in tensors]), 2, placement)
