@@ -1,10 +1,10 @@
 """The projection as a held-out prediction: fitted on the runs at the two smallest worker counts of
 each method, checked on every larger one.
 
-A method's cost model (hvdps/methods.py, ``step_terms``) gives a step as the longest of a few terms,
-each the alpha-beta time of one link's traffic from the links' rate and latency, the gradient, the
-shards and the run's probed compute: the ring's exchange; a PS worker's own link and the busiest PS
-link. Three things come on top; each is named, none is set by hand, and the fitted ones are fitted
+A method's cost model (hvdps/methods.py, ``step_terms``) gives a step from a few terms, each the
+alpha-beta time of one link's traffic from the links' rate and latency, the gradient, the shards
+and the run's probed compute: the ring's exchange; a PS worker's own link and the busiest PS link.
+Four things come on top; each is named, none is set by hand, and the fitted ones are fitted
 only on the smaller runs of the same method, so the larger runs are predictions:
 
 - **contended compute** (not fitted): the compute probe runs alone, but in a lock-step method (every
@@ -25,10 +25,9 @@ only on the smaller runs of the same method, so the larger runs are predictions:
   cores. It binds where many processes (many PS shards: more RPCs per step) saturate the
   shared cores. Not for methods whose ranks spin while they wait (Open MPI, Horovod: ``polls`` in
   hvdps/methods.py), whose cores are busy whatever the work.
-
 - **two resources at once** (fitted once for all methods): where two of those times are close,
-  neither waits alone for the other: a PS worker's own link and the PS link both full at 2 workers
-  and 1 shard, the PS links and the shared cores at 8 workers and 4 shards. Each is the busy time of
+  neither hides the other: a PS worker's own link and the PS link both full at 2 workers and 2
+  shards, the PS links and the shared cores at 8 workers and 4 shards. Each is the busy time of
   a resource the step needs, and the step is their soft maximum ``(sum t**p) ** (1/p)``: p = inf is
   the longest alone (perfect overlap), p = 1 their sum (none). One p, the one that fits every
   method's runs at the two smallest worker counts best (ties: the larger p), together with each

@@ -95,15 +95,19 @@ def trace_step(tmp_path, num_ps, optimizer, mode):
     return json.loads(line[6:])
 
 
-@pytest.mark.parametrize("num_ps, optimizer", [(1, "adam"), (2, "adam"), (1, "momentum")])
+@pytest.mark.parametrize("num_ps, optimizer, variables", [
+    (1, "adam", 4),
+    (2, "adam", 5),             # the 64 x 16 kernel (4 KB, over MIN_SHARD_BYTES) in one piece per PS task
+    (1, "momentum", 4),
+])
 @pytest.mark.process
-def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer):
+def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer, variables):
     data = trace_step(tmp_path, num_ps, optimizer, "async")
     moves = [crossings(e) for e in data["edges"]]
     to_ps = [name for name, src, dst in moves if src == "worker" and dst == "ps"]
     to_worker = [name for name, src, dst in moves if src == "ps" and dst == "worker"]
     n_vars = len(data["variables"])
-    assert n_vars == 4
+    assert n_vars == variables, data["variables"]
     # One gradient per variable reaches the PS, and nothing else: no learning rate, no optimizer
     # constant, no counter index (each would be a RecvTensor RPC of its own every step).
     assert len(to_ps) == n_vars and all("grad" in name for name in to_ps), to_ps
