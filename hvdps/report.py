@@ -457,12 +457,30 @@ def _details(r):
     return text
 
 
+MARKERS = "os^Dv<>p"
+
+
+def _styles(labels):
+    """{label: (colour, marker)}, one each: matplotlib's ten colours repeat from the eleventh line,
+    so past ten the 20 of tab20, and the marker varies too, so no two of a panel's series look
+    alike (an emulated pass has 12: three rings, three PS variants with 1, 2 and 4 shards)."""
+    import matplotlib
+    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {label: (cmap(i % cmap.N), MARKERS[i % len(MARKERS)]) for i, label in enumerate(labels)}
+
+
+LEGEND_INSIDE = 6                # more entries than this go beside the panel, not over its lines
+
+
 def _save(fig, out, name, legend_size):
     """Grid and legend on every panel that has a labelled line; the PNG written; its name."""
     import matplotlib.pyplot as plt
     for ax in fig.axes:
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
+        handles = ax.get_legend_handles_labels()[0]
+        if len(handles) > LEGEND_INSIDE:
+            ax.legend(fontsize=legend_size, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        elif handles:
             ax.legend(fontsize=legend_size)
     fig.tight_layout()
     write_atomic(os.path.join(out, name), lambda f: fig.savefig(f, format="png", dpi=100))
@@ -535,14 +553,20 @@ def write_plots(rows, out):
             if r.get("samples_per_sec_median") and r.get("status") == "ok":
                 series.setdefault(_label(r), []).append(r)
         ticks = sorted({r["workers"] for r in rs})
+        styles, drawn = _styles(sorted(series)), 0
         for label, runs in sorted(series.items()):
             runs.sort(key=lambda r: r["workers"])
+            colour, marker = styles[label]
             ax1.errorbar([r["workers"] for r in runs], [r["samples_per_sec_median"] for r in runs],
-                         yerr=[r.get("samples_per_sec_error") or 0.0 for r in runs], fmt="o-", capsize=4,
-                         label=label)
+                         yerr=[r.get("samples_per_sec_error") or 0.0 for r in runs], fmt=f"{marker}-", capsize=4,
+                         color=colour, label=label)
             eff = [(r["workers"], r["scaling_efficiency"]) for r in runs if r.get("scaling_efficiency") is not None]
             if eff:
-                ax2.plot(*zip(*eff), "o-", label=label)
+                ax2.plot(*zip(*eff), f"{marker}-", color=colour, label=label)
+                drawn += 1
+        if not drawn:                                  # e.g. make emulate-scale: 2 workers and up
+            ax2.text(0.5, 0.5, "no 1-worker run of this workload:\nscaling efficiency needs throughput(1)",
+                     ha="center", va="center", transform=ax2.transAxes, color="grey")
         ax1.set(xlabel="workers", ylabel="samples/sec (median, 95% interval)", title=f"{model}: throughput")
         rates = [r["samples_per_sec_median"] for runs in series.values() for r in runs]
         if rates and max(rates) > 20 * min(rates):   # e.g. one worker with no link against shaped links:

@@ -176,3 +176,12 @@ def test_shards_section_says_how_each_ps_task_is_loaded(r, says):
 def test_shards_section_only_for_several_ps_tasks():
     from hvdps.report import shards_section
     assert shards_section([ps_row(1, {"ps:0": 30040}, {}), {"backend": "horovod", "workers": 2}]) == []
+
+
+@pytest.mark.parametrize("count", [1, 10, 12, 20, 30])
+def test_every_series_of_a_panel_has_a_look_of_its_own(count):
+    """matplotlib's default colours repeat from the eleventh line: an emulated pass draws 12."""
+    from hvdps.report import _styles
+    styles = _styles([f"method {i}" for i in range(count)])
+    looks = {(tuple(colour), marker) for colour, marker in styles.values()}
+    assert len(styles) == count and len(looks) == count
