@@ -457,7 +457,7 @@ def _details(r):
     return text
 
 
-MARKERS = "os^Dv<>p"
+MARKERS = "os^Dv<>"          # 7, prime to tab20's 20 colours: 140 series before a look repeats
 
 
 def _styles(labels):
@@ -469,21 +469,38 @@ def _styles(labels):
     return {label: (cmap(i % cmap.N), MARKERS[i % len(MARKERS)]) for i, label in enumerate(labels)}
 
 
-LEGEND_INSIDE = 6                # more entries than this go beside the panel, not over its lines
+LEGEND_INSIDE = 6                # more entries than this: one legend beside the row, not over its lines
+LEGEND_ROWS = 24                 # entries per column of such a legend
 
 
 def _save(fig, out, name, legend_size):
-    """Grid and legend on every panel that has a labelled line; the PNG written; its name."""
+    """Grid and legend on every panel that has a labelled line; the PNG written; its name. A row of
+    panels whose legend would hide its lines (more than LEGEND_INSIDE entries: an emulated pass has
+    48 runs) gets one legend, its panels' entries once each, right of its last panel; the PNG
+    grows to hold it."""
+    import math
     import matplotlib.pyplot as plt
+    rows, beside = {}, []
     for ax in fig.axes:
         ax.grid(alpha=0.3)
-        handles = ax.get_legend_handles_labels()[0]
-        if len(handles) > LEGEND_INSIDE:
-            ax.legend(fontsize=legend_size, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        elif handles:
-            ax.legend(fontsize=legend_size)
+        rows.setdefault(ax.get_subplotspec().rowspan.start if ax.get_subplotspec() else id(ax), []).append(ax)
+    for axes in rows.values():
+        entries = {}
+        for ax in axes:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                entries.setdefault(label, handle)
+        if len(entries) > LEGEND_INSIDE:
+            legend = axes[-1].legend(list(entries.values()), list(entries), fontsize=legend_size, loc="upper left",
+                                     bbox_to_anchor=(1.01, 1.0), ncol=math.ceil(len(entries) / LEGEND_ROWS))
+            legend.set_in_layout(False)        # the panels keep their size; the saved PNG widens instead
+            beside.append(legend)
+            continue
+        for ax in axes:
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    write_atomic(os.path.join(out, name), lambda f: fig.savefig(f, format="png", dpi=100))
+    write_atomic(os.path.join(out, name), lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight",
+                                                                bbox_extra_artists=beside))
     plt.close(fig)
     return name
 
@@ -580,12 +597,16 @@ def write_plots(rows, out):
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
     for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
         target = next((r["target_accuracy"] for r in rs if r.get("target_accuracy")), None)
-        for r in sorted(rs, key=lambda r: (_label(r), r["workers"])):
-            evals = (r.get("_curves") or {}).get("evals") or []
-            if evals:
-                label = f"{_label(r)}, {r['workers']} worker(s)"
-                ax1.plot([e["wall_time"] for e in evals], [e["accuracy"] for e in evals], "o-", ms=3, label=label)
-                ax2.plot([e["wall_time"] for e in evals], [e["loss"] for e in evals], "o-", ms=3, label=label)
+        shown = [r for r in sorted(rs, key=lambda r: (_label(r), r["workers"]))
+                 if (r.get("_curves") or {}).get("evals")]
+        styles = _styles([f"{_label(r)}, {r['workers']} worker(s)" for r in shown])
+        for r in shown:
+            evals = r["_curves"]["evals"]
+            label = f"{_label(r)}, {r['workers']} worker(s)"
+            colour, marker = styles[label]
+            for ax, key in ((ax1, "accuracy"), (ax2, "loss")):
+                ax.plot([e["wall_time"] for e in evals], [e[key] for e in evals], f"{marker}-", ms=3,
+                        color=colour, label=label)
         if target:
             ax1.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")
         ax1.set(xlabel="seconds since the trainer started", ylabel="test accuracy", title=f"{model}: accuracy vs time")
