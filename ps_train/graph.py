@@ -75,12 +75,14 @@ def build_graph(cfg, backend, plan):
             sync_wait = v1.get_variable("hvdps/sync_wait", [plan.workers], tf.float64, zeros,
                                         trainable=False) if backend.sync else None
         grads = optimizer.compute_gradients(loss, var_list=model.trainable_variables)
-        with on_ps(v1, global_step, backend.sync):
+        if backend.sync:                         # PS: SyncReplicasOptimizer places its own update
             minimize = optimizer.apply_gradients(grads, global_step=global_step)
+        else:                                    # PS: each task updates its own variables
+            minimize = apply_on_each_ps(tf, cfg, make_lr_schedule(cfg, plan), grads, global_step)
         # Grouped with the update, not chained after it (a second PS round trip inside every
         # step), and its constants on the PS (else two more tensors sent per step). With the
-        # update's own constants on the PS (on_ps), a 1-PS MLP step moves 9 tensors between
-        # worker and PS (5 reads, 4 gradients); the bare loop of benchmarks/bare_ps.py moves 13.
+        # update's own constants on the PS (apply_on_each_ps), a 1-PS MLP step moves 9 tensors
+        # between worker and PS (5 reads, 4 gradients); the bare loop of benchmarks/bare_ps.py moves 13.
         # Measured: BENCHMARKS.md, "Both trainers against their bare-loop baselines".
         # The sync wait is timed on the same PS and grouped there with the counter, so the
         # worker still receives one control signal from it and no extra tensor.
@@ -186,18 +188,34 @@ def scaffold(graph, is_chief):
                              ready_for_local_init_op=v1.report_uninitialized_variables(saved))
 
 
-def on_ps(v1, global_step, sync):
-    """Where an async update is assembled: on the PS holding the global step.
+def apply_on_each_ps(tf, cfg, schedule, grads, global_step):
+    """An async update as k independent ones: one optimizer per PS task, for the variables on it.
 
-    Under replica_device_setter every op that is not a variable goes to the
-    worker, so the optimizer's constants (beta1, beta2, epsilon, ...) would be
-    created there and sent to the PS in a tensor RPC each, every step.
-    SyncReplicasOptimizer already builds its inner update on the global step's
-    device; it must not be moved as a whole (its per-worker local step is
-    placed beside its first op).
+    One optimizer over variables on k tasks keeps its shared state on one task
+    (Adam's beta1/beta2 powers beside its first variable), so each update on
+    another task reads both powers from there and signals back when done: at
+    k = 4, 10 tensors and 6 control signals between PS tasks every worker
+    step, each a RecvTensor RPC of its own, on top of the worker's traffic.
+    An optimizer per task keeps its state and its arithmetic on that task:
+    built under the task's device, its constants and learning rate are made
+    there too (under replica_device_setter they would otherwise be made on the
+    worker and sent every step). Each optimizer applies once per worker step,
+    so its powers advance exactly as the single optimizer's would. The step
+    counter is bumped beside the updates, not after them: an async update
+    orders nothing across tasks, and a chain would be a PS round trip more.
     """
-    import contextlib
-    return contextlib.nullcontext() if sync else v1.device(global_step.device)
+    v1 = tf.compat.v1
+    by_task = {}
+    for grad, var in grads:
+        if grad is not None:
+            by_task.setdefault(var.device, []).append((grad, var))
+    updates = []
+    for device, pairs in sorted(by_task.items()):
+        with v1.device(device):
+            updates.append(make_optimizer(cfg, schedule(global_step), api="v1").apply_gradients(pairs))
+    with v1.device(global_step.device):
+        updates.append(v1.assign_add(global_step, 1))
+    return tf.group(*updates)
 
 
 def time_token_wait(tf, minimize, sync_wait, rank):

@@ -4,7 +4,8 @@ Every tensor that crosses between a worker and a PS task is a RecvTensor RPC
 of its own; on a small model those RPCs, not the bytes, are the step. The
 update's constants (learning rate, Adam's beta1/beta2/epsilon, the step
 counter's index and increment) must live on the PS, so an async step sends
-the PS exactly one tensor per gradient and nothing else.
+the PS exactly one tensor per gradient and nothing else, and no PS task sends
+another anything.
 """
 import json
 import subprocess
@@ -49,7 +50,7 @@ with v1.Session(backend.server.target, config=backend.session_config()) as sess:
 # travel as _Recv too: an empty signal (e.g. the train op's group waiting for each PS's
 # update) that reaches its op through an Identity used only as a control input. Those are
 # left out: only a _Recv whose value some op reads carries data.
-edges, signals = [], 0
+edges, signals, signal_edges = [], 0, []
 for g in meta.partition_graphs:
     readers = {}
     for n in g.node:
@@ -60,12 +61,14 @@ for g in meta.partition_graphs:
                    for n, control in readers.get(name, []))
     for n in g.node:
         src, dst = n.attr["send_device"].s.decode(), n.attr["recv_device"].s.decode()
-        if n.op == "_Recv" and src.split("/")[1] != dst.split("/")[1]:
+        if n.op == "_Recv" and src.split("/")[1:4] != dst.split("/")[1:4]:
             if carries_data(n.name):
                 edges.append((n.attr["tensor_name"].s.decode(), src, dst))
             else:
                 signals += 1
-print("TRACE " + json.dumps({"edges": edges, "signals": signals, "worker_steps": counts, "sync_wait": waited,
+                signal_edges.append((n.attr["tensor_name"].s.decode(), src, dst))
+print("TRACE " + json.dumps({"edges": edges, "signals": signals, "signal_edges": signal_edges,
+                             "worker_steps": counts, "sync_wait": waited,
                              "variables": [v.op.name for v in graph.model.trainable_variables]}))
 '''
 
@@ -98,6 +101,7 @@ def trace_step(tmp_path, num_ps, optimizer, mode):
 @pytest.mark.parametrize("num_ps, optimizer, variables", [
     (1, "adam", 4),
     (2, "adam", 5),             # the 64 x 16 kernel (4 KB, over MIN_SHARD_BYTES) in one piece per PS task
+    (4, "adam", 7),
     (1, "momentum", 4),
 ])
 @pytest.mark.process
@@ -113,6 +117,10 @@ def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer, var
     assert len(to_ps) == n_vars and all("grad" in name for name in to_ps), to_ps
     # The worker reads each variable once, and the global step it fetches.
     assert len(to_worker) == n_vars + 1 and sum("global_step" in n for n in to_worker) == 1, to_worker
+    # Nothing crosses between PS tasks: each task's update reads its own optimizer state (Adam's
+    # powers) and signals no other task (ps_train.graph.apply_on_each_ps).
+    between = [name for name, src, dst in [*moves, *map(crossings, data["signal_edges"])] if src == dst == "ps"]
+    assert between == [], between
     # The counter still counts: 4 steps of this worker.
     assert data["worker_steps"] == [4]
 
