@@ -217,22 +217,33 @@ def _from(n):
 
 
 def plot(result, path):
-    """One panel per workload: step time against workers, measured points over the model's lines
-    (the same colour per method and shard count; rings solid, PS jobs dashed)."""
+    """crossover.png (``figure``) at ``path``; None without a workload to draw."""
     if not result:
         return None
+    import matplotlib.pyplot as plt
+    from common.files import write_atomic
+    fig = figure(result)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    plt.close(fig)
+    return path
+
+
+def figure(result):
+    """One panel per workload: step time against workers, measured points over the model's lines
+    (a colour and marker of its own per method and shard count, as the report's plots; rings
+    solid, PS jobs dashed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from common.files import write_atomic
     from matplotlib.lines import Line2D
     from matplotlib.ticker import ScalarFormatter
+    from hvdps.report import _styles
     fig, axes = plt.subplots(1, len(result), figsize=(9.5 * len(result), 5), squeeze=False)
     for w, ax in zip(result, axes[0]):
-        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        looks = _styles([s["name"] for s in w["series"]])
         handles = []
-        for i, s in enumerate(w["series"]):
-            c, style, mark = colours[i % len(colours)], "-" if s["ring"] else "--", "o" if s["ring"] else "s"
+        for s in w["series"]:
+            (c, mark), style = looks[s["name"]], "-" if s["ring"] else "--"
             if s["projected"]:
                 ax.plot(*zip(*[(n, 1e3 * t) for n, t in s["projected"]]), style, color=c, linewidth=1)
             if s["measured"]:
@@ -249,6 +260,4 @@ def plot(result, path):
         ax.grid(alpha=0.3, which="both")
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
-    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
-    plt.close(fig)
-    return path
+    return fig

@@ -115,3 +115,21 @@ def test_section_and_plot(tmp_path):
     assert "| 4 | bare MPI | 70 (40) | PS sync | 200 (400) | more than 2 | 10 |" in text
     path = cx.plot(result, str(tmp_path / "crossover.png"))
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("count", [2, 10, 12, 20])
+def test_every_series_of_the_plot_has_a_look_of_its_own(count):
+    """An emulated pass draws 12 series (three rings, three PS variants with 1, 2 and 4 shards):
+    past matplotlib's ten colours two methods would share one, told apart only by a marker."""
+    import matplotlib.pyplot as plt
+    series = [{"name": f"method {i}", "ring": i < 3, "projected": [(2, 0.1), (4, 0.2)], "measured": [(2, 0.1)]}
+              for i in range(count)]
+    fig = cx.figure([{"model": "mlp", "series": series}])
+    try:
+        legend = fig.axes[0].get_legend()
+        looks = [(tuple(h.get_color()), h.get_marker(), h.get_linestyle()) for h in legend.legend_handles]
+        assert [t.get_text() for t in legend.get_texts()] == [s["name"] for s in series]
+        assert len({(c, m) for c, m, _ in looks}) == count
+        assert [style for _, _, style in looks] == ["-" if s["ring"] else "--" for s in series]
+    finally:
+        plt.close(fig)
