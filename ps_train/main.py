@@ -24,6 +24,7 @@ to exit (ps_train/stop.py). Lines marked ``# PS:`` are the only differences
 from single-process code.
 """
 import os
+import re
 import sys
 import time
 
@@ -210,14 +211,25 @@ def open_session(cfg, backend, plan, graph):
             backend.is_chief, num_tokens=max(0, backend.replicas_to_aggregate - plan.workers)))
     # checkpoint_dir only to restore from: saving is the chief loop's (Checkpoints), because TF's
     # CheckpointSaverHook re-reads the global step from the PS after every step it thinks may be due
-    return tf.compat.v1.train.MonitoredTrainingSession(
-        master=backend.server.target, is_chief=backend.is_chief, hooks=hooks,
-        scaffold=scaffold(graph, backend.is_chief),
-        checkpoint_dir=os.path.join(cfg.train_dir, "checkpoints") if backend.is_chief else None,
-        save_checkpoint_steps=None,
-        save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
-        log_step_count_steps=0, config=backend.session_config(),
-        max_wait_secs=backend.startup_timeout, stop_grace_period_secs=5)
+    ckpt_dir = os.path.join(cfg.train_dir, "checkpoints")
+    try:
+        return tf.compat.v1.train.MonitoredTrainingSession(
+            master=backend.server.target, is_chief=backend.is_chief, hooks=hooks,
+            scaffold=scaffold(graph, backend.is_chief), checkpoint_dir=ckpt_dir if backend.is_chief else None,
+            save_checkpoint_steps=None,
+            save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
+            log_step_count_steps=0, config=backend.session_config(),
+            max_wait_secs=backend.startup_timeout, stop_grace_period_secs=5)
+    except tf.errors.NotFoundError as exc:
+        missing = re.search(r"Key (\S+) not found in checkpoint", str(exc))
+        if not (backend.is_chief and missing):
+            raise
+        # The same model, mode and PS count (check_resume_compatible), yet another graph: a checkpoint
+        # of an earlier ps_train (async Adam kept one pair of beta powers; it now keeps one per PS
+        # task), or a file edited by hand. The Saver's NotFoundError is a page of stack trace.
+        raise UsageError(f"--resume: {tf.train.latest_checkpoint(ckpt_dir)} holds no {missing.group(1)}, which "
+                         f"this job's graph restores: it was written by another version of ps_train or "
+                         f"another job (start a new --train_dir)") from None
 
 
 class _Transient(Exception):

@@ -58,3 +58,37 @@ def test_resume_into_the_same_job_continues(runs):
     r = run([*HVD, "--resume", "--train_steps", "18", "--probe_steps", "0", "--checkpoint_steps", "6",
              "--train_dir", str(hvd)], timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# A checkpoint that lacks one of the graph's variables, written the way TensorFlow writes one: every
+# tensor of the run's latest checkpoint but one, saved under the same prefix.
+DROP_ONE = """
+import sys
+import tensorflow as tf
+v1 = tf.compat.v1
+ckpt_dir, drop = sys.argv[1], sys.argv[2]
+path = tf.train.latest_checkpoint(ckpt_dir)
+reader = tf.train.load_checkpoint(path)
+names = sorted(reader.get_variable_to_shape_map())
+assert drop in names, names
+with tf.Graph().as_default():
+    kept = [v1.Variable(reader.get_tensor(n), name=n) for n in names if n != drop]
+    with v1.Session() as sess:
+        sess.run(v1.global_variables_initializer())
+        v1.train.Saver(kept, save_relative_paths=True).save(sess, path, write_meta_graph=False)
+"""
+
+
+def test_resume_from_a_checkpoint_without_one_of_the_graphs_variables_is_refused(runs, tmp_path):
+    """Same model, mode and PS count, another graph (a checkpoint of an earlier ps_train, whose async
+    Adam kept one pair of beta powers for every PS task): one line naming the missing tensor, not
+    the Saver's page of stack trace, and the run directory as it was."""
+    import shutil
+    _, _, ps = runs
+    damaged = tmp_path / "ps1"
+    shutil.copytree(ps, damaged)
+    r = run([sys.executable, "-c", DROP_ONE, str(damaged / "checkpoints"), "dense/bias"], timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    refused([*LAUNCH, "--num_workers", "1", "--resume", "--train_steps", "24", "--train_dir", str(damaged)], tmp_path,
+            f"error: --resume: {damaged}/checkpoints/model.ckpt-12 holds no dense/bias, which this job's graph "
+            f"restores")
