@@ -225,8 +225,8 @@ def open_session(cfg, backend, plan, graph):
         if not (backend.is_chief and missing):
             raise
         # The same model, mode and PS count (check_resume_compatible), yet another graph: a checkpoint
-        # of an earlier ps_train (async Adam kept one pair of beta powers; it now keeps one per PS
-        # task), or a file edited by hand. The Saver's NotFoundError is a page of stack trace.
+        # of another ps_train version (async Adam's beta powers are one pair per PS task), or a file
+        # edited by hand. The Saver's NotFoundError is a page of stack trace.
         raise UsageError(f"--resume: {tf.train.latest_checkpoint(ckpt_dir)} holds no {missing.group(1)}, which "
                          f"this job's graph restores: it was written by another version of ps_train or "
                          f"another job (start a new --train_dir)") from None

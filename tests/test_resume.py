@@ -80,9 +80,9 @@ with tf.Graph().as_default():
 
 
 def test_resume_from_a_checkpoint_without_one_of_the_graphs_variables_is_refused(runs, tmp_path):
-    """Same model, mode and PS count, another graph (a checkpoint of an earlier ps_train, whose async
-    Adam kept one pair of beta powers for every PS task): one line naming the missing tensor, not
-    the Saver's page of stack trace, and the run directory as it was."""
+    """Same model, mode and PS count, another graph (a checkpoint of another ps_train version, or
+    edited by hand): one line naming the missing tensor, not the Saver's page of stack trace, and
+    the run directory as it was."""
     import shutil
     _, _, ps = runs
     damaged = tmp_path / "ps1"
