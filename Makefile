@@ -67,10 +67,12 @@ $(STAMP): setup.py Makefile hvdps/stack.py hvdps/horovod_build.py patches/horovo
 # first logging interval (tracing, first exchange or session run). The MLP evaluates only at the end
 # (150 evaluations would weigh on its 1 ms steps); the CNN and rec evaluate every epoch, so their
 # verdicts' time to the target accuracy is measured. Raise DEMO_MLP_EPOCHS / DEMO_CNN_EPOCHS for steadier
-# figures.
+# figures. DEMO_ARGS adds flags to every run of the three (e.g. --train_steps 12 for a quick look).
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_WORKERS ?= 1,2
-DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4
+DEMO_ARGS ?=
+DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4 \
+    $(DEMO_ARGS)
 DEMO_REC_EPOCHS ?= 2
 demo: setup
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --eval_every_epoch false --model mlp \

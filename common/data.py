@@ -350,5 +350,7 @@ def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_
     # start_step may be a tensor (a PS worker learns its position only once the session runs);
     # skipping batches of indices costs nothing, the images are gathered after it.
     ds = tf.data.Dataset.from_tensor_slices(idx).batch(cfg.batch_size, drop_remainder=True).skip(start_step)
-    ds = ds.map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)), num_parallel_calls=tf.data.AUTOTUNE)
+    # a gather has no control flow to convert: AutoGraph would only parse this file's source once more
+    gather = tf.autograph.experimental.do_not_convert(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
+    ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)

@@ -86,7 +86,10 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
 
 def run_custom(backend, model, optimizer, train_ds, start_step, books):
     import tensorflow as tf
-    train_step = tf.function(backend.distribute(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape)))  # all-reduce
+    # autograph=False: the step is straight-line code (a model's own control flow is Keras'); AutoGraph would
+    # parse and rewrite its source and what it calls in every process before step 1
+    train_step = tf.function(backend.distribute(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape)),
+                             autograph=False)  # all-reduce
     step = start_step
     for x, y in train_ds:
         try:

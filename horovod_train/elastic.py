@@ -57,7 +57,7 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
     adapter = AllreduceAdapter(cfg, backend, model, optimizer, Checkpoints(cfg, model, optimizer),
                                lr=lambda step: float(optimizer.lr.numpy()))
     books = Bookkeeper(cfg, plan_now(), backend, RunLog.disabled(), adapter)
-    train_step = tf.function(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape))  # Horovod: all-reduce
+    train_step = tf.function(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape), autograph=False)  # Horovod: all-reduce
 
     def on_reset():
         backend.refresh()

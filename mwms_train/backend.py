@@ -125,7 +125,7 @@ class MWMSBackend(AllreduceBackend):
                     return ctx.all_reduce(tf.distribute.ReduceOp.SUM, value)
                 return ctx.all_gather(tf.expand_dims(value, 0), axis=0)
             self._fns[how] = tf.function(lambda value: strategy.experimental_local_results(
-                strategy.run(replica, args=(value,)))[0])
+                strategy.run(replica, args=(value,)))[0], autograph=False)
         try:
             return self._fns[how](tf.constant(np.asarray(array, dtype=np.float64))).numpy()
         except tf.errors.OpError as exc:

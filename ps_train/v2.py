@@ -288,7 +288,7 @@ def make_train_step(strategy, model, optimizer):
 
     replica_step = train_step_fn(model, optimizer)   # PS: the variables it updates live on the PS
 
-    @tf.function
+    @tf.function(autograph=False)
     def train_step(iterator):
         x, y = next(iterator)
         return strategy.run(replica_step, args=(x, y))
@@ -322,7 +322,9 @@ def shard_iterators(backend, cfg, plan, start):
     spec = input_lib.get_iterator_spec_from_dataset(backend.strategy, stream(0))
     remote = []
     for i, worker in enumerate(workers):
-        value = worker.create_resource(tf.function(lambda i=i: iter(stream(i))))
+        # autograph=False: the dataset is built by plain Python, with nothing for AutoGraph to convert in
+        # make_dataset or what it calls
+        value = worker.create_resource(tf.function(lambda i=i: iter(stream(i)), autograph=False))
         value._type_spec = spec                  # what create_per_worker_dataset sets too
         remote.append(value)
     return coordinator_values.PerWorkerDistributedIterator(tuple(remote))

@@ -150,7 +150,7 @@ def test_per_role_launch_every_role_exits_zero(tmp_path, tf_config):
 
 def test_async_survives_a_killed_worker(tmp_path):
     cluster = _cluster()
-    procs = _per_role(tmp_path, cluster, "--async", extra=["--epochs", "30", "--batch_size", "8"])
+    procs = _per_role(tmp_path, cluster, "--async", extra=["--epochs", "10", "--batch_size", "8"])
     try:
         _wait_for_steps(tmp_path / "run", 3)
         os.kill(procs["worker:1"].pid, signal.SIGKILL)
@@ -292,7 +292,7 @@ def test_restarted_chief_is_joined_by_the_survivors(tmp_path):
     """kill -9 the chief (async); restart it with --resume: the surviving worker pauses,
     then trains on with it, and nobody is reported lost."""
     cluster = _cluster()
-    extra = ["--epochs", "30", "--batch_size", "8"]
+    extra = ["--epochs", "15", "--batch_size", "8"]
     procs = _per_role(tmp_path, cluster, "--async", extra=extra)
     run_dir = tmp_path / "run"
     try:

@@ -125,7 +125,7 @@ def test_killed_worker_steps_run_elsewhere(tmp_path, classified):
         (tmp_path / "inject" / "sitecustomize.py").write_text(UNCLASSIFIED)
         role_env["chief:0"] = {"PYTHONPATH": f"{tmp_path / 'inject'}{os.pathsep}{REPO}"}
     cluster = _cluster(1, 2, chief=True)
-    procs = _per_role(tmp_path, cluster, "--async", extra=[*V2, "--epochs", "60", "--log_every", "20"],
+    procs = _per_role(tmp_path, cluster, "--async", extra=[*V2, "--epochs", "30", "--log_every", "20"],
                       role_env=role_env)
     try:
         _wait_for_steps(tmp_path / "run", 3)
@@ -196,7 +196,7 @@ def test_per_role_without_a_chief_is_a_usage_error(tmp_path):
 
 def test_compare_has_a_ps2_row(tmp_path):
     out = tmp_path / "cmp"
-    r = py("-m", "hvdps.compare", "--backends", "ps,ps2", "--workers", "2", "--epochs", "3", "--batch_size", "32",
+    r = py("-m", "hvdps.compare", "--backends", "ps:async,ps2", "--workers", "2", "--epochs", "3", "--batch_size", "32",
            "--out", str(out), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = (out / "report.md").read_text()

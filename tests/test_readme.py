@@ -6,8 +6,9 @@ copy of the repository's tracked files: no runs/, no build products, no earlier 
 from the variables the Makefile reads from the environment (DEMO_*, PYTEST_ARGS, FUZZ_EXAMPLES, EMU_COMPARE,
 SLURM_*); the README's own trainer and comparison lines run as written, except that the fixed ports
 of the one-role-per-process lines (localhost:2222 ...) are mapped to free ones and each line that
-trains gets ``--train_steps 30`` before its own flags (a line's own --train_steps would still win):
-the lines are checked to work, not to train to the end.
+trains gets ``--train_steps 20 --probe_steps 5`` before its own flags (a line's own flags would still
+win), as ``make demo`` gets them through DEMO_ARGS: the lines are checked to work, not to train to the
+end, and a CNN's 55-step compute probe would be a third of its run.
 
 Set-up: the checkout gets a copy of this suite's venv (hard links; the paths in its scripts moved)
 without its set-up stamp, so ``make demo`` runs the whole set-up recipe for real and, as on any
@@ -38,10 +39,10 @@ FENCE = re.compile(r"^( *)```(\w*)\s*$")
 TRAINS = re.compile(r"(?:(?<=horovod_train/main\.py)|(?<=mpi_train/main\.py)|(?<=ps_train/main\.py)"
                     r"|(?<=-m ps_train\.launch)|(?<=-m mwms_train\.launch))(?= --| \\$|$)"
                     r"|(?:(?<=^hvdps-compare)|(?<= --))(?= --workers)", re.M)
-STEPS = " --train_steps 30"
+STEPS = " --train_steps 20 --probe_steps 5"
 COMMANDS = ("make ", "hvdps-", "python ", "horovodrun ", "mpirun ", "sudo ", "TF_CONFIG=")
 SIZES = {
-    "DEMO_MLP_EPOCHS": "3", "DEMO_CNN_EPOCHS": "1", "DEMO_REC_EPOCHS": "1", "DEMO_WORKERS": "1",
+    "DEMO_ARGS": "--train_steps 12 --probe_steps 5", "DEMO_WORKERS": "1",
     "PYTEST_ARGS": "-m unit tests/test_config.py", "FUZZ_EXAMPLES": "5",
     "EMU_HOSTS": "3", "EMU_COMPARE": "--workers 2 --backends ps2 --model mlp --train_steps 20 --log_every 5 "
                                      "--warmup_steps 5",
