@@ -140,16 +140,8 @@ class HorovodBackend(AllreduceBackend):
         broadcast of variables that only rank 0 has waits forever.
         """
         import horovod.tensorflow as hvd_tf
-        import tensorflow as tf
-
-        # Horovod's broadcast_variables, traced without AutoGraph: its eager path wraps the same loop
-        # in a tf.function that AutoGraph converts, source rewriting in every rank for a loop over a list.
-        @tf.function(autograph=False)
-        def broadcast(variables):
-            for var in variables:
-                var.assign(hvd_tf.broadcast(var, root_rank=0))
-        broadcast(model.variables)
-        broadcast(optimizer.variables())
+        hvd_tf.broadcast_variables(model.variables, root_rank=0)
+        hvd_tf.broadcast_variables(optimizer.variables(), root_rank=0)
 
     def keras_callbacks(self):
         return [self.hvd.callbacks.BroadcastGlobalVariablesCallback(0),
