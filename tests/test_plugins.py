@@ -63,7 +63,7 @@ def test_example_through_compare_with_relative_paths(tmp_path):
 
 # Each model once, each backend twice: the two deepest (over a minute each under
 # the PS graph) under Horovod; the PS graph with and without BatchNorm statistics. No compute probe:
-# it builds and traces the model a second time (half of ResNet-101's run); test_metrics times it.
+# it builds and traces the model a second time (a third of ResNet-101's run); test_metrics times it.
 @pytest.mark.parametrize("model, side, backend", [("resnet101", 32, "horovod"), ("inception_v3", 75, "horovod"),
                                                   ("vgg16", 32, "ps"), ("mobilenet_v2", 32, "ps")])
 @pytest.mark.process
