@@ -67,20 +67,20 @@ $(STAMP): setup.py Makefile hvdps/stack.py hvdps/horovod_build.py patches/horovo
 # first logging interval (tracing, first exchange or session run). The MLP evaluates only at the end
 # (150 evaluations would weigh on its 1 ms steps); the CNN and rec evaluate every epoch, so their
 # verdicts' time to the target accuracy is measured. Raise DEMO_MLP_EPOCHS / DEMO_CNN_EPOCHS for steadier
-# figures. DEMO_ARGS adds flags to every run of the three (e.g. --train_steps 12 for a quick look).
+# figures. DEMO_ARGS ends each of the three comparisons' flags, so its own win (e.g. --train_steps 12 for a
+# quick look, --backends horovod for one method).
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_WORKERS ?= 1,2
 DEMO_ARGS ?=
-DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4 \
-    $(DEMO_ARGS)
+DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4
 DEMO_REC_EPOCHS ?= 2
 demo: setup
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --eval_every_epoch false --model mlp \
-	    --batch_size 32 --epochs $(DEMO_MLP_EPOCHS) --out $(DEMO_OUT)/mlp
+	    --batch_size 32 --epochs $(DEMO_MLP_EPOCHS) --out $(DEMO_OUT)/mlp $(DEMO_ARGS)
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --model cnn --dataset examples/digits28.py:load \
-	    --batch_size 64 --epochs $(DEMO_CNN_EPOCHS) --out $(DEMO_OUT)/cnn
+	    --batch_size 64 --epochs $(DEMO_CNN_EPOCHS) --out $(DEMO_OUT)/cnn $(DEMO_ARGS)
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,horovod:sparse_as_dense,mpi,ps --model rec \
-	    --dataset clicks --batch_size 64 --epochs $(DEMO_REC_EPOCHS) --target_accuracy 0.75 --out $(DEMO_OUT)/rec
+	    --dataset clicks --batch_size 64 --epochs $(DEMO_REC_EPOCHS) --target_accuracy 0.75 --out $(DEMO_OUT)/rec $(DEMO_ARGS)
 	$(BIN)/hvdps-compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs $(DEMO_OUT)/rec/runs --out $(DEMO_OUT)
 	-$(BIN)/hvdps-compare --project --from $(DEMO_OUT)/cnn/runs --bandwidth-gbps 25 --latency-us 10 \
 	    --max-workers 64 --out $(DEMO_OUT)/projection

@@ -16,6 +16,7 @@ re-formed ring); a collective waiting for a dead peer fails after ``--step_timeo
 seconds (``CommunicationOptions.timeout_seconds``), so the job ends in bounded time with
 one line, and ``--resume`` continues from rank 0's latest checkpoint.
 """
+import contextlib
 import pickle
 
 import numpy as np
@@ -87,8 +88,26 @@ class MWMSBackend(AllreduceBackend):
         """One step = one update averaging one batch from every worker (as Horovod)."""
         return make_plan(cfg, num_examples, self.world_size, batches_per_update=self.world_size)
 
+    @contextlib.contextmanager
     def scope(self):
-        return self.strategy.scope()
+        """The strategy's scope, with a model's averaged statistics (BatchNormalization's moving mean
+        and variance: ``synchronization=ON_READ``, ``aggregation=MEAN``) made mirrored instead. A
+        sync-on-read variable is averaged over the workers whenever it is read outside a step, by a
+        collective every worker must join; the chief alone reads to checkpoint and to write its
+        weights, and the workers' collectives would pair with different tensors (the job fails
+        at its first checkpoint). Mirrored, each step's update of the statistics is averaged over
+        the workers inside the step, which they all run, and a read is local. The average of the
+        workers' moving averages is the moving average of their averages, so the values are the
+        ones a sync-on-read read would give."""
+        import tensorflow as tf
+
+        def mirrored_statistics(next_creator, **kwargs):
+            if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ and \
+                    kwargs.get("aggregation") == tf.VariableAggregation.MEAN:
+                kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
+            return next_creator(**kwargs)
+        with self.strategy.scope(), tf.variable_creator_scope(mirrored_statistics):
+            yield
 
     def distribute(self, step):
         """The step runs on this worker's replica; ``apply_gradients`` sums the gradients over the

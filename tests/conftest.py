@@ -118,6 +118,13 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.unit)
 
 
+@pytest.fixture(scope="session")
+def jobs(tmp_path_factory):
+    """Each backend's run of the one small job (tests/jobs.py), launched once and shared."""
+    from tests.jobs import Jobs
+    return Jobs(str(tmp_path_factory.mktemp("jobs")))
+
+
 @pytest.fixture
 def digits_cfg():
     from common.config import make_config

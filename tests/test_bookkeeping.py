@@ -1,7 +1,6 @@
 """One bookkeeping for every backend: the same job logs, evaluates and checkpoints at the same global
 updates, labels its epochs alike and ends with a breakdown, whoever runs it (common/bookkeeper.py)."""
 import os
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -10,11 +9,8 @@ from common.bookkeeper import Adapter, Bookkeeper, crossed
 from common.config import make_config
 from common.metrics import read_records
 from common.plan import make_plan
-from tests.conftest import BIN, REPO, py, run
+from tests.jobs import CKPT_STEPS, EPOCHS, LAUNCH, LOG_EVERY
 
-LOG_EVERY, CKPT_STEPS, EPOCHS = 7, 10, 2
-FLAGS = ["--epochs", str(EPOCHS), "--log_every", str(LOG_EVERY), "--checkpoint_steps", str(CKPT_STEPS),
-         "--batch_size", "32", "--warmup_steps", "2"]
 
 
 # ---------------------------------------------------------------- the rule, in process
@@ -114,48 +110,14 @@ def test_elastic_epochs_are_told_by_the_loop():
 
 
 # ---------------------------------------------------------------- the same job under every backend
-HVD = os.path.join(REPO, "horovod_train", "main.py")
-MPI = os.path.join(REPO, "mpi_train", "main.py")
-MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none", "-map-by", "slot",
-          "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
-          "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
-
-
-def _elastic(tmp_path, out):
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\necho localhost:2\n")
-    script.chmod(0o755)
-    return run([os.path.join(BIN, "horovodrun"), "-np", "2", "--min-np", "2", "--max-np", "2",
-                "--host-discovery-script", str(script), "--network-interface", "lo", "--gloo-timeout-seconds", "10",
-                sys.executable, HVD, "--elastic", "--commit_steps", "5", *FLAGS, "--train_dir", out], timeout=300)
-
-
-LAUNCH = {
-    "horovod": lambda tmp, out: run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo",
-                                     sys.executable, HVD, *FLAGS, "--train_dir", out], timeout=300),
-    "mpi": lambda tmp, out: run([*MPIRUN, sys.executable, MPI, *FLAGS, "--train_dir", out], timeout=300),
-    "elastic": _elastic,
-    "ps sync": lambda tmp, out: py("-m", "ps_train.launch", "--num_workers", "2", "--sync", *FLAGS,
-                                   "--train_dir", out, timeout=300),
-    "ps async": lambda tmp, out: py("-m", "ps_train.launch", "--num_workers", "2", "--async", *FLAGS,
-                                    "--train_dir", out, timeout=300),
-    "ps2": lambda tmp, out: py("-m", "ps_train.launch", "--ps_api", "v2", "--num_workers", "2", *FLAGS,
-                               "--train_dir", out, timeout=300),
-    "mwms": lambda tmp, out: py("-m", "mwms_train.launch", "--num_workers", "2", *FLAGS, "--train_dir", out,
-                                timeout=300),
-}
-
-
 def _boundaries(every, total):
     return sorted({*range(every, total + 1, every), total})
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("backend", list(LAUNCH))
-def test_every_backend_keeps_the_same_books(tmp_path, backend):
-    out = str(tmp_path / "run")
-    r = LAUNCH[backend](tmp_path, out)
-    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+@pytest.mark.parametrize("backend", [b for b in LAUNCH if b != "one process"])
+def test_every_backend_keeps_the_same_books(jobs, backend):
+    out = jobs(backend)
     records = read_records(os.path.join(out, "metrics.jsonl"))
     header, summary = records[0], records[-1]
     plan = header["plan"]
@@ -168,7 +130,7 @@ def test_every_backend_keeps_the_same_books(tmp_path, backend):
     assert summary["breakdown"] and summary["wire"], summary              # a breakdown in every summary
     if backend != "ps async":                     # every update seen: exactly the boundaries
         assert logs == _boundaries(LOG_EVERY, total)
-        assert [s for _, s in evals] == [per_epoch, total]
+        assert [s for _, s in evals] == [per_epoch * e for e in range(1, EPOCHS + 1)]
         assert ckpts == _boundaries(CKPT_STEPS, total)
         return
     # async: the chief sees the global step jump by the other workers' updates (by how much
