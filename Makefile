@@ -62,8 +62,9 @@ $(STAMP): setup.py Makefile hvdps/stack.py hvdps/horovod_build.py patches/horovo
 # Three workloads: the MLP at batch 32 (little compute per byte exchanged: communication/latency-bound),
 # the CNN at batch 64 on 28x28 digits (compute-bound), and rec on the clicks log (4 embedding tables of
 # 100,000 x 16: a sparse gradient of ~18 kB of looked-up rows against 25.6 MB of tables, the regime where a
-# PS's sparse pull/push should beat a dense all-reduce; Horovod both ways). One merged report:
-# runs/demo-*/report.md, with each run's start-up, warm-up share and teardown. --warmup_steps 4 = the
+# PS's sparse pull/push should beat a dense all-reduce; Horovod both ways, TF's all-reduce all-gathers the
+# rows). One merged report: runs/demo-*/report.md, with each run's start-up, warm-up share and teardown.
+# --warmup_steps 4 = the
 # first logging interval (tracing, first exchange or session run). The MLP evaluates only at the end
 # (150 evaluations would weigh on its 1 ms steps); the CNN and rec evaluate every epoch, so their
 # verdicts' time to the target accuracy is measured. Raise DEMO_MLP_EPOCHS / DEMO_CNN_EPOCHS for steadier
@@ -79,7 +80,7 @@ demo: setup
 	    --batch_size 32 --epochs $(DEMO_MLP_EPOCHS) --out $(DEMO_OUT)/mlp $(DEMO_ARGS)
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --model cnn --dataset examples/digits28.py:load \
 	    --batch_size 64 --epochs $(DEMO_CNN_EPOCHS) --out $(DEMO_OUT)/cnn $(DEMO_ARGS)
-	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,horovod:sparse_as_dense,mpi,ps --model rec \
+	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,horovod:sparse_as_dense,mpi,mwms,ps --model rec \
 	    --dataset clicks --batch_size 64 --epochs $(DEMO_REC_EPOCHS) --target_accuracy 0.75 --out $(DEMO_OUT)/rec $(DEMO_ARGS)
 	$(BIN)/hvdps-compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs $(DEMO_OUT)/rec/runs --out $(DEMO_OUT)
 	-$(BIN)/hvdps-compare --project --from $(DEMO_OUT)/cnn/runs --bandwidth-gbps 25 --latency-us 10 \

@@ -90,23 +90,21 @@ class MWMSBackend(AllreduceBackend):
 
     @contextlib.contextmanager
     def scope(self):
-        """The strategy's scope, with a model's averaged statistics (BatchNormalization's moving mean
-        and variance: ``synchronization=ON_READ``, ``aggregation=MEAN``) made mirrored instead. A
-        sync-on-read variable is averaged over the workers whenever it is read outside a step, by a
-        collective every worker must join; the chief alone reads to checkpoint and to write its
-        weights, and the workers' collectives would pair with different tensors (the job fails
-        at its first checkpoint). Mirrored, each step's update of the statistics is averaged over
-        the workers inside the step, which they all run, and a read is local. The average of the
-        workers' moving averages is the moving average of their averages, so the values are the
-        ones a sync-on-read read would give."""
+        """The strategy's scope, where a model's averaged statistics (BatchNormalization's moving mean
+        and variance: sync-on-read, ``aggregation=MEAN``) are made ``ONLY_FIRST_REPLICA``: each worker
+        keeps its own, as each Horovod rank does, and the chief's are the ones checkpointed and
+        written. With MEAN, every read outside a step is an all-reduce every worker must join, and
+        the chief reads alone (a checkpoint, its weights): the workers' collectives would pair with
+        different tensors and the job would fail at its first checkpoint. Either way a step updates
+        its own worker's copy and sends nothing."""
         import tensorflow as tf
 
-        def mirrored_statistics(next_creator, **kwargs):
+        def own_statistics(next_creator, **kwargs):
             if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ and \
                     kwargs.get("aggregation") == tf.VariableAggregation.MEAN:
-                kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
+                kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
             return next_creator(**kwargs)
-        with self.strategy.scope(), tf.variable_creator_scope(mirrored_statistics):
+        with self.strategy.scope(), tf.variable_creator_scope(own_statistics):
             yield
 
     def distribute(self, step):

@@ -114,6 +114,8 @@ LAUNCH = {
                                "--train_dir", out, timeout=300), 2 * (DENSE + SPARSE)),
     "ps2": (lambda out: py("-m", "ps_train.launch", "--ps_api", "v2", "--num_workers", "2", *FLAGS,
                            "--train_dir", out, timeout=300), 2 * (DENSE + SPARSE)),
+    "mwms": (lambda out: py("-m", "mwms_train.launch", "--num_workers", "2", *FLAGS, "--train_dir", out, timeout=300),
+             DENSE + SPARSE),
 }
 
 
