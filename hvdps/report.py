@@ -363,7 +363,7 @@ def _bytes_sentence(runs):
     if sparse:
         text += (f" The embedding gradient of one batch is {sparse['sparse_bytes']:,} bytes of looked-up rows and "
                  f"their ids, the tables {sparse['sparse_table_bytes']:,} bytes: a PS pulls and pushes only the "
-                 f"rows, Horovod all-gathers every worker's rows, a dense all-reduce (bare MPI, Horovod's "
+                 f"rows, Horovod and TF's all-reduce (MWMS) all-gather every worker's rows, a dense all-reduce (bare MPI, Horovod's "
                  f"sparse_as_dense) moves the whole tables.")
     return text
 
@@ -563,6 +563,8 @@ def write_plots(rows, out):
     import matplotlib.pyplot as plt
     written = []
     groups = _workloads(rows)
+    # one look per method across the workloads' panels (and per method and workers in accuracy_vs_time.png)
+    styles = _styles(sorted({_label(r) for r in rows if r.get("samples_per_sec_median") and r.get("status") == "ok"}))
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
     for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
         series = {}
@@ -570,7 +572,7 @@ def write_plots(rows, out):
             if r.get("samples_per_sec_median") and r.get("status") == "ok":
                 series.setdefault(_label(r), []).append(r)
         ticks = sorted({r["workers"] for r in rs})
-        styles, drawn = _styles(sorted(series)), 0
+        drawn = 0
         for label, runs in sorted(series.items()):
             runs.sort(key=lambda r: r["workers"])
             colour, marker = styles[label]
@@ -594,15 +596,17 @@ def write_plots(rows, out):
             ax.set_xticks(ticks)
     written.append(_save(fig, out, "throughput.png", legend_size=8))
 
+    curve_label = lambda r: f"{_label(r)}, {r['workers']} worker(s)"      # noqa: E731
+    styles = _styles(list(dict.fromkeys(curve_label(r) for r in sorted(rows, key=lambda r: (_label(r), r["workers"]))
+                                        if (r.get("_curves") or {}).get("evals"))))
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
     for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
         target = next((r["target_accuracy"] for r in rs if r.get("target_accuracy")), None)
         shown = [r for r in sorted(rs, key=lambda r: (_label(r), r["workers"]))
                  if (r.get("_curves") or {}).get("evals")]
-        styles = _styles([f"{_label(r)}, {r['workers']} worker(s)" for r in shown])
         for r in shown:
             evals = r["_curves"]["evals"]
-            label = f"{_label(r)}, {r['workers']} worker(s)"
+            label = curve_label(r)
             colour, marker = styles[label]
             for ax, key in ((ax1, "accuracy"), (ax2, "loss")):
                 ax.plot([e["wall_time"] for e in evals], [e[key] for e in evals], f"{marker}-", ms=3,

@@ -186,3 +186,28 @@ def test_every_series_of_a_panel_has_a_look_of_its_own(count):
     styles = _styles([f"method {i}" for i in range(count)])
     looks = {(tuple(colour), marker) for colour, marker in styles.values()}
     assert len(styles) == count and len(looks) == count
+
+
+def test_a_method_looks_the_same_in_every_workloads_panel(tmp_path, monkeypatch):
+    """PS sync is the only method of the second workload: it keeps the colour and marker it has in the
+    first, beside Horovod, so a reader matches lines across panels by their look."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.axes import Axes
+    from hvdps.report import write_plots
+    drawn, errorbar = [], Axes.errorbar
+
+    def record(self, *args, **kw):
+        drawn.append((self.get_title() or id(self), kw["label"], tuple(kw["color"]), kw["fmt"]))
+        return errorbar(self, *args, **kw)
+    monkeypatch.setattr(Axes, "errorbar", record)
+    row = lambda model, backend, mode, workers: {          # noqa: E731
+        "model": model, "backend": backend, "mode": mode, "workers": workers, "status": "ok",
+        "samples_per_sec_median": 100.0 * workers, "samples_per_sec_error": 1.0, "scaling_efficiency": 1.0}
+    write_plots([row("a", "horovod", "sync", 1), row("a", "horovod", "sync", 2), row("a", "ps", "sync", 1),
+                 row("a", "ps", "sync", 2), row("b", "ps", "sync", 1), row("b", "ps", "sync", 2)], str(tmp_path))
+    looks = {}
+    for _, label, colour, fmt in drawn:
+        looks.setdefault(label, set()).add((colour, fmt))
+    assert sorted(looks) == ["Horovod", "PS sync"] and all(len(v) == 1 for v in looks.values()), drawn
+    assert looks["Horovod"] != looks["PS sync"]
