@@ -61,15 +61,14 @@ $(STAMP): setup.py Makefile hvdps/stack.py hvdps/horovod_build.py patches/horovo
 
 # Three workloads: the MLP at batch 32 (little compute per byte exchanged: communication/latency-bound),
 # the CNN at batch 64 on 28x28 digits (compute-bound), and rec on the clicks log (4 embedding tables of
-# 100,000 x 16: a sparse gradient of ~18 kB of looked-up rows against 25.6 MB of tables, the regime where a
-# PS's sparse pull/push should beat a dense all-reduce; Horovod both ways, TF's all-reduce all-gathers the
-# rows). One merged report: runs/demo-*/report.md, with each run's start-up, warm-up share and teardown.
-# --warmup_steps 4 = the
-# first logging interval (tracing, first exchange or session run). The MLP evaluates only at the end
-# (150 evaluations would weigh on its 1 ms steps); the CNN and rec evaluate every epoch, so their
-# verdicts' time to the target accuracy is measured. Raise DEMO_MLP_EPOCHS / DEMO_CNN_EPOCHS for steadier
-# figures. DEMO_ARGS ends each of the three comparisons' flags, so its own win (e.g. --train_steps 12 for a
-# quick look, --backends horovod for one method).
+# 100,000 x 16: a sparse gradient of ~18 kB of looked-up rows against 25.6 MB of tables, the regime where
+# a PS's sparse pull/push should beat a dense all-reduce; Horovod both ways, TF's all-reduce all-gathers
+# the rows). One merged report: runs/demo-*/report.md, with each run's start-up, warm-up share and
+# teardown. --warmup_steps 4 = the first logging interval (tracing, first exchange or session run). The
+# MLP evaluates only at the end (150 evaluations would weigh on its 1 ms steps); the CNN and rec evaluate
+# every epoch, so their verdicts' time to the target accuracy is measured. Raise DEMO_MLP_EPOCHS /
+# DEMO_CNN_EPOCHS for steadier figures. DEMO_ARGS ends each of the three comparisons' flags, so its own
+# win (e.g. --train_steps 12 for a quick look, --backends horovod for one method).
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_WORKERS ?= 1,2
 DEMO_ARGS ?=

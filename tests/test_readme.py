@@ -1,15 +1,16 @@
 """README.md's command blocks, run in order as a new user pastes them, on a fresh checkout.
 
 Every ```bash block of README.md runs, top to bottom, in one shell (``set -euo pipefail``, so
-``. .venv/bin/activate`` in one block holds for the next and any failing line fails the test), in a
-copy of the repository's tracked files: no runs/, no build products, no earlier output. Sizes come
-from the variables the Makefile reads from the environment (DEMO_*, PYTEST_ARGS, FUZZ_EXAMPLES, EMU_COMPARE,
-SLURM_*: ``make demo`` runs its three workloads under Horovod alone, one worker, 12 steps; every method's
-one-worker run is the README's first comparison below); the README's own trainer and comparison lines run as written, except that the fixed ports
-of the one-role-per-process lines (localhost:2222 ...) are mapped to free ones and each line that
-trains gets ``--train_steps 20 --probe_steps 5`` before its own flags (a line's own flags would still
-win), as ``make demo`` gets them through DEMO_ARGS: the lines are checked to work, not to train to the
-end, and a CNN's 55-step compute probe would be a third of its run.
+``. .venv/bin/activate`` in one block holds for the next and any failing line fails the test), in a copy of
+the repository's tracked files: no runs/, no build products, no earlier output. Sizes come from the
+variables the Makefile reads from the environment (DEMO_*, PYTEST_ARGS, FUZZ_EXAMPLES, EMU_COMPARE,
+SLURM_*: ``make demo`` runs its three workloads under Horovod alone, one worker, 12 steps; every
+method's one-worker run is in the README's first comparison); the README's own trainer and comparison
+lines run as written, except that the fixed ports of the one-role-per-process lines (localhost:2222 ...)
+are mapped to free ones and each line that trains gets ``--train_steps 20 --probe_steps 5`` before its
+own flags (a line's own flags would still win), as ``make demo`` gets them through DEMO_ARGS: the lines
+are checked to work, not to train to the end, and a CNN's 55-step compute probe would be a third of its
+run.
 
 Set-up: the checkout gets a copy of this suite's venv (hard links; the paths in its scripts moved)
 with its set-up stamp, so ``make demo`` finds the set-up done, as on a machine where ``make test``
