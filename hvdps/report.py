@@ -363,8 +363,8 @@ def _bytes_sentence(runs):
     if sparse:
         text += (f" The embedding gradient of one batch is {sparse['sparse_bytes']:,} bytes of looked-up rows and "
                  f"their ids, the tables {sparse['sparse_table_bytes']:,} bytes: a PS pulls and pushes only the "
-                 f"rows, Horovod and TF's all-reduce (MWMS) all-gather every worker's rows, a dense all-reduce (bare MPI, Horovod's "
-                 f"sparse_as_dense) moves the whole tables.")
+                 f"rows, Horovod and TF's all-reduce (MWMS) all-gather every worker's rows, a dense all-reduce "
+                 f"(bare MPI, Horovod's sparse_as_dense) moves the whole tables.")
     return text
 
 
