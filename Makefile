@@ -128,8 +128,9 @@ slurm: setup
 	    --out runs/slurm-$(shell date +%Y%m%d-%H%M%S) $(SLURM_JOBS) -- \
 	    $(SLURM_COMPARE) $(SLURM_TRAIN_ARGS) --eval_every_epoch false --checkpoint_every_epoch false --no-progress
 
-# PYTEST_ARGS picks part of the suite: make test PYTEST_ARGS="-m unit tests".
-PYTEST_ARGS ?= tests
+# PYTEST_ARGS picks part of the suite: make test PYTEST_ARGS="-m unit tests". The whole suite runs two tests at
+# a time (pytest-xdist; the root tier and each shared job on one worker: tests/conftest.py).
+PYTEST_ARGS ?= -n 2 --dist loadgroup tests
 test: setup
 	$(BIN)/python -m pytest -q --timeout 900 --durations=15 $(PYTEST_ARGS)
 

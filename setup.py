@@ -32,7 +32,7 @@ setup(
     extras_require={
         "gpu": ["tensorflow[and-cuda]>=2.15.1,<2.22"],
         "horovod": ["horovod==0.28.1"],
-        "test": ["pytest==8.3.3", "pytest-timeout==2.3.1", "jsonschema==4.23.0", "hypothesis>=6.100,<7"],
+        "test": ["pytest==8.3.3", "pytest-timeout==2.3.1", "pytest-xdist==3.8.0", "jsonschema==4.23.0", "hypothesis>=6.100,<7"],
     },
     entry_points={
         "console_scripts": [

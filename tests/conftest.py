@@ -110,12 +110,27 @@ def py(*args, **kw):
     return run([sys.executable, *args], **kw)
 
 
+# Tests that read one shared job (a fixture launched once per session or module) run on one pytest-xdist
+# worker, so the job is launched once, not once per worker.
+SHARED_JOBS = {"jobs": "jobs", "runs": "resume-runs"}
+
+
 def pytest_collection_modifyitems(items):
     """Tiers: a test that spawns processes is marked ``process`` (or ``root`` where it needs root:
-    namespaces, mounts); every other test is ``unit``, so ``pytest -m unit`` is the in-process tier."""
+    namespaces, mounts); every other test is ``unit``, so ``pytest -m unit`` is the in-process tier.
+
+    Under pytest-xdist (``make test`` runs two at a time, ``--dist loadgroup``), the root tier runs on one
+    worker, one test after another: the emulated clusters, SLURM's daemons and the mounts each own the
+    machine's namespaces, addresses and daemon ports while they run."""
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("process", "root")):
             item.add_marker(pytest.mark.unit)
+        if item.get_closest_marker("root"):
+            item.add_marker(pytest.mark.xdist_group("root"))
+        else:
+            shared = [SHARED_JOBS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_JOBS]
+            if shared:
+                item.add_marker(pytest.mark.xdist_group(shared[0]))
 
 
 @pytest.fixture(scope="session")
