@@ -72,7 +72,7 @@ $(STAMP): setup.py Makefile hvdps/stack.py hvdps/horovod_build.py patches/horovo
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_WORKERS ?= 1,2
 DEMO_ARGS ?=
-DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no-progress --log_every 4 --warmup_steps 4
+DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no_progress --log_every 4 --warmup_steps 4
 DEMO_REC_EPOCHS ?= 2
 demo: setup
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --eval_every_epoch false --model mlp \
@@ -82,8 +82,8 @@ demo: setup
 	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,horovod:sparse_as_dense,mpi,mwms,ps --model rec \
 	    --dataset clicks --batch_size 64 --epochs $(DEMO_REC_EPOCHS) --target_accuracy 0.75 --out $(DEMO_OUT)/rec $(DEMO_ARGS)
 	$(BIN)/hvdps-compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs $(DEMO_OUT)/rec/runs --out $(DEMO_OUT)
-	-$(BIN)/hvdps-compare --project --from $(DEMO_OUT)/cnn/runs --bandwidth-gbps 25 --latency-us 10 \
-	    --max-workers 64 --out $(DEMO_OUT)/projection
+	-$(BIN)/hvdps-compare --project --from $(DEMO_OUT)/cnn/runs --bandwidth_gbps 25 --latency_us 10 \
+	    --max_workers 64 --out $(DEMO_OUT)/projection
 
 # The comparison on an emulated cluster (root: network namespaces, tc tbf): EMU_HOSTS hosts, each link
 # EMU_RATE both ways, slow enough that the exchange dominates the MLP's step (1024 hidden units: M =
@@ -96,7 +96,7 @@ EMU_COMPARE ?= --workers 1,2,3 --backends horovod,mpi,mwms,ps,ps2 --num_ps 1,2 -
     --batch_size 32 --train_steps 40 --log_every 5 --warmup_steps 10
 emulate: setup
 	$(SUDO) $(BIN)/hvdps-emulate --hosts $(EMU_HOSTS) --rate $(EMU_RATE) --out runs/emulate-$(shell date +%Y%m%d-%H%M%S) -- \
-	    $(EMU_COMPARE) --eval_every_epoch false --checkpoint_every_epoch false --no-progress
+	    $(EMU_COMPARE) --eval_every_epoch false --checkpoint_every_epoch false --no_progress
 
 # The same at the scale users run (root, 20 emulated hosts, 20 TensorFlow processes at most): every
 # worker and PS task on a host of its own; the rings (Horovod, bare MPI, TF's MultiWorkerMirrored) against
@@ -109,12 +109,12 @@ EMU_SCALE_COMPARE ?= --workers 2,4,8,16 --backends horovod,mpi,mwms,ps,ps2 --num
     --hidden_units 1024 --batch_size 32 --train_steps 30 --log_every 5 --warmup_steps 10 --run_timeout 600
 emulate-scale: setup
 	-$(SUDO) $(BIN)/hvdps-emulate --hosts $(EMU_SCALE_HOSTS) --rate $(EMU_RATE) --out $(EMU_SCALE_OUT) -- \
-	    $(EMU_SCALE_COMPARE) --eval_every_epoch false --checkpoint_every_epoch false --no-progress
+	    $(EMU_SCALE_COMPARE) --eval_every_epoch false --checkpoint_every_epoch false --no_progress
 	$(BIN)/hvdps-project --from $(EMU_SCALE_OUT) --out $(EMU_SCALE_OUT)/projection
 
 # The shipped SLURM scripts and the comparison under a real SLURM (root): slurmctld and munged on the
 # emulated login node, one slurmd per emulated host; each script is submitted with sbatch (its runs and
-# output under OUT/sbatch), then hvdps-compare runs inside an allocation of every host (salloc,
+# output under OUT/sbatch), then hvdps compare runs inside an allocation of every host (salloc,
 # --hosts slurm). SLURM_TRAIN_ARGS sizes the scripts' training (their HVDPS_TRAIN_ARGS); SLURM_JOBS is the
 # scripts submitted (each --sbatch "[VAR=value ...] script"), SLURM_COMPARE the comparison's workers and backends.
 SLURM_HOSTS ?= 3
@@ -126,7 +126,7 @@ SLURM_COMPARE ?= --workers 1,2 --backends horovod,mpi,mwms,ps,ps:sync
 slurm: setup
 	$(SUDO) env HVDPS_TRAIN_ARGS="$(SLURM_TRAIN_ARGS)" $(BIN)/hvdps-emulate --slurm --hosts $(SLURM_HOSTS) --rate 1gbit \
 	    --out runs/slurm-$(shell date +%Y%m%d-%H%M%S) $(SLURM_JOBS) -- \
-	    $(SLURM_COMPARE) $(SLURM_TRAIN_ARGS) --eval_every_epoch false --checkpoint_every_epoch false --no-progress
+	    $(SLURM_COMPARE) $(SLURM_TRAIN_ARGS) --eval_every_epoch false --checkpoint_every_epoch false --no_progress
 
 # PYTEST_ARGS picks part of the suite: make test PYTEST_ARGS="-m unit tests". The whole suite runs two tests at
 # a time (pytest-xdist; the root tier and each shared job on one worker: tests/conftest.py).

@@ -36,6 +36,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
+            "hvdps=hvdps.cli:main",
             "hvdps-horovod=horovod_train.main:main",
             "hvdps-mpi=mpi_train.main:main",
             "hvdps-mwms=mwms_train.main:main",

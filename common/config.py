@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from typing import Optional, Tuple
 
 from common.errors import UsageError
@@ -279,7 +280,7 @@ def _n(x):
 
 class Parser(argparse.ArgumentParser):
     """argparse that fails with one ``error:`` line and exit 2 (no usage dump), takes flags only by
-    their full names (``--model`` must not silently mean ``--model-name``), and holds every value
+    their full names (``--model`` must not silently mean ``--model_name``), and holds every value
     to ``check_flag_value``: one validation for every entry point. A flag with a range of its own
     (below 0, or narrower) declares it with ``bound(dest, low, high)``."""
 
@@ -291,8 +292,25 @@ class Parser(argparse.ArgumentParser):
     def bound(self, dest, low=0, high=None, positive=False):
         self._bounds[dest] = (low, high, positive)
 
+    def spelled(self, args):
+        """``args`` with every hyphenated flag of this parser in its one spelling, underscores
+        (``--dry_run`` is ``--dry_run``, ``--num-ps`` is ``--num_ps``): the trainers' names, as
+        TensorFlow's own examples write them, with the other form kept working. Nothing after a
+        bare ``--`` (another program's flags) is touched."""
+        out = []
+        for i, arg in enumerate(args):
+            if arg == "--":
+                return out + args[i:]
+            if arg.startswith("--") and "-" in arg[2:].split("=", 1)[0]:
+                name, eq, value = arg.partition("=")
+                spelled = "--" + name[2:].replace("-", "_")
+                if name not in self._option_string_actions and spelled in self._option_string_actions:
+                    arg = spelled + eq + value
+            out.append(arg)
+        return out
+
     def parse_known_args(self, args=None, namespace=None):
-        ns, rest = super().parse_known_args(args, namespace)
+        ns, rest = super().parse_known_args(self.spelled(sys.argv[1:] if args is None else list(args)), namespace)
         for action in self._actions:
             if not action.option_strings or action.dest in ("help", argparse.SUPPRESS):
                 continue

@@ -177,7 +177,7 @@ def _address_of(host):
         try:
             return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
         except (socket.gaierror, IndexError, UnicodeError):
-            raise UsageError(f"host {host}: cannot resolve its address; name the network with --network-interface")
+            raise UsageError(f"host {host}: cannot resolve its address; name the network with --network_interface")
 
 
 def _ip(argv):
@@ -200,7 +200,7 @@ def local_network_of(host):
             return str(ipaddress.ip_interface(held.group(1)).network)
         cidr = re.search(r"inet (\S+)", _ip(["-4", "addr", "show", "dev", dev])).group(1)
     except (OSError, subprocess.SubprocessError, AttributeError):
-        raise UsageError(f"host {host}: cannot tell which network reaches it; name it with --network-interface")
+        raise UsageError(f"host {host}: cannot tell which network reaches it; name it with --network_interface")
     return str(ipaddress.ip_interface(cidr).network)
 
 

@@ -73,7 +73,7 @@ class CommFile(Strict):
 
 # ------------------------------------------------------------------ cluster.json
 class ClusterDescription(Strict):
-    """hvdps-emulate's description of the cluster it built: link rate, latency, counters."""
+    """hvdps emulate's description of the cluster it built: link rate, latency, counters."""
     rate: Optional[Text] = None
     rate_bps: Optional[Positive] = None
     latency_s: Optional[NonNeg] = None
@@ -85,7 +85,7 @@ class ClusterDescription(Strict):
 
 
 class LinksSpec(ClusterDescription):
-    """The same file given to ``hvdps-compare --links``: it must say where the counters are."""
+    """The same file given to ``hvdps compare --links``: it must say where the counters are."""
     rate_bps: Positive
     counters: Text
     ports: Annotated[Dict[str, Text], Field(min_length=1)]
@@ -106,7 +106,7 @@ class LinksFile(Strict):
 
 # ------------------------------------------------------------------ compare_run.json
 class RunRecord(Strict):
-    """What hvdps-compare records next to each run: its wall time from launch, its command."""
+    """What hvdps compare records next to each run: its wall time from launch, its command."""
     seconds: NonNeg
     launched_at: Optional[UnixTime] = None
     exit_code: Optional[int] = None
@@ -279,11 +279,11 @@ def read_comm(path):
 
 
 def read_cluster_description(path):
-    return _plain(read_json(path, ClusterDescription, "an hvdps-emulate cluster description"))
+    return _plain(read_json(path, ClusterDescription, "an hvdps emulate cluster description"))
 
 
 def read_links_spec(path):
-    return _plain(read_json(path, LinksSpec, "an hvdps-emulate cluster description"))
+    return _plain(read_json(path, LinksSpec, "an hvdps emulate cluster description"))
 
 
 def read_links(path):

@@ -1,6 +1,6 @@
 """The bundled digits as MNIST-sized 28x28 images (each pixel 3x3, 2 pixels of border).
 
-    hvdps-compare --model cnn --dataset examples/digits28.py:load --batch_size 128 ...
+    hvdps compare --model cnn --dataset examples/digits28.py:load --batch_size 128 ...
 
 The demo's compute-bound workload: real data at MNIST's shape without a download.
 """

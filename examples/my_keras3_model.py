@@ -1,5 +1,5 @@
 """A model plug-in written with Keras 3 (``import keras``), as TensorFlow 2.16 and later teach it:
-hvdps-compare --model examples/my_keras3_model.py:build --backends horovod,mpi,ps2 ...
+hvdps compare --model examples/my_keras3_model.py:build --backends horovod,mpi,ps2 ...
 
 The same small CNN as my_model.py. hvdps trains it under Horovod, bare MPI and TF2's
 ParameterServerStrategy (``ps2``) through the tf.Variables its layers compute with

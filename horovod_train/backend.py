@@ -72,7 +72,7 @@ class HorovodBackend(AllreduceBackend):
         super().__init__()
         self.fp16 = fp16_allreduce
         self.sparse_as_dense = sparse_as_dense
-        if sparse_as_dense:                  # a comparison row of its own (hvdps-compare 'horovod:sparse_as_dense')
+        if sparse_as_dense:                  # a comparison row of its own (hvdps compare 'horovod:sparse_as_dense')
             self.mode = "sparse_as_dense"
         self.num_groups = num_groups
         self.env = env or {}

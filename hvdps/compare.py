@@ -1,16 +1,16 @@
-"""hvdps-compare: run Horovod and parameter servers on one config and report side by side.
+"""hvdps compare: run Horovod and parameter servers on one config and report side by side.
 
-    hvdps-compare --workers 1,2 --backends horovod,ps --out runs/compare [trainer flags]
-    hvdps-compare --from runs/compare              # rebuild the report, no training
-    hvdps-compare --dry-run --workers 1,2,4         # print the exact commands
+    hvdps compare --workers 1,2 --backends horovod,ps --out runs/compare [trainer flags]
+    hvdps compare --from runs/compare              # rebuild the report, no training
+    hvdps compare --dry_run --workers 1,2,4         # print the exact commands
 
-    hvdps-compare --project ...                     # the scaling projection (hvdps-project)
+    hvdps compare --project ...                     # the scaling projection (hvdps project)
 
-    hvdps-compare --hosts hostfile --workers 2,4 ...  # across hosts: mpirun -H, PS roles over ssh
-    hvdps-compare --hosts slurm ...                   # inside a SLURM allocation (srun for PS roles)
-    hvdps-emulate --hosts 4 --rate 100mbit -- ...     # the same on an emulated cluster (root)
+    hvdps compare --hosts hostfile --workers 2,4 ...  # across hosts: mpirun -H, PS roles over ssh
+    hvdps compare --hosts slurm ...                   # inside a SLURM allocation (srun for PS roles)
+    hvdps emulate --hosts 4 --rate 100mbit -- ...     # the same on an emulated cluster (root)
 
-Every run goes through the real launcher (mpirun, python -m ps_train.launch;
+Every run goes through the real launcher (mpirun, hvdps launch ps;
 hvdps/launchers.py)
 with identical trainer flags, so model, data, seed, per-worker batch, global
 batch, learning-rate rule and samples seen are the same; only the distribution
@@ -19,7 +19,7 @@ differs. A failed run is recorded with its error and the others still run.
 With --hosts, every host is checked first (reachable through the remote
 shell, this repository and Python at the same paths, the run directory
 shared); the report lists each run's tasks by host and, where the links'
-counters can be read (hvdps-emulate), the bytes each link carried.
+counters can be read (hvdps emulate), the bytes each link carried.
 """
 import json
 import os
@@ -61,7 +61,7 @@ def make_remote(args):
     from common import remote
     if not args.hosts:
         for dest, flag in (("rsh", "--rsh"), ("ps_placement", "--ps_placement"), ("port", "--port"),
-                           ("network_interface", "--network-interface")):
+                           ("network_interface", "--network_interface")):
             if getattr(args, dest) is not None:
                 raise UsageError(f"{flag} applies only with --hosts")
         return None
@@ -87,7 +87,7 @@ def roles_of(launcher, remote, workers, num_ps):
 
 def run_shapes(args):
     """[(name, backend, mode, num_ps, workers, processes)] of every run the flags ask for, in order:
-    what plan_runs makes commands of, and what the memory check of hvdps-emulate counts."""
+    what plan_runs makes commands of, and what the memory check of hvdps emulate counts."""
     shapes = []
     for backend, mode in parse_variants(args.backends):
         launcher = get_launcher(backend)
@@ -133,7 +133,7 @@ def remote_task_lines(run):
 
 
 def load_links(path):
-    """The emulated cluster's description (written by hvdps-emulate): where its link counters are."""
+    """The emulated cluster's description (written by hvdps emulate): where its link counters are."""
     from common.schemas import read_links_spec
     return read_links_spec(path)
 
@@ -273,7 +273,7 @@ def _wait(p, run, timeout, bar):
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP reached hvdps-compare: stop the running job, report what finished."""
+    """SIGINT, SIGTERM or SIGHUP reached hvdps compare: stop the running job, report what finished."""
 
     def __init__(self, signum):
         self.signum = signum
@@ -316,7 +316,7 @@ def own_signals():
 
 
 def make_parser():
-    p = build_parser(__doc__.splitlines()[0], prog="hvdps-compare")
+    p = build_parser(__doc__.splitlines()[0], prog="hvdps compare")
     g = p.add_argument_group("comparison")
     g.add_argument("--workers", default="1,2", help="worker counts, e.g. 1,2,4")
     g.add_argument("--backends", default="horovod,ps", help="horovod, mpi (bare mpi4py Allreduce, the reference for Horovod), ps (both modes), ps:async, "
@@ -324,12 +324,12 @@ def make_parser():
     g.add_argument("--num_ps", default="1", help="parameter-server tasks for PS runs; 1,2 runs each PS variant "
                                                    "with 1 and with 2 shards")
     g.add_argument("--run_timeout", type=float, default=900, help="seconds before a run is stopped")
-    g.add_argument("--dry-run", dest="dry_run", action="store_true", help="print the commands, run nothing")
+    g.add_argument("--dry_run", dest="dry_run", action="store_true", help="print the commands, run nothing")
     g.add_argument("--from", dest="from_dirs", nargs="+", default=None,
                    help="rebuild the report from existing run directories")
-    g.add_argument("--no-progress", dest="progress", action="store_false")
+    g.add_argument("--no_progress", dest="progress", action="store_false")
     g.add_argument("--project", action="store_true",
-                   help="run the scaling projection instead (same as hvdps-project; see its --help)")
+                   help="run the scaling projection instead (same as hvdps project; see its --help)")
     h = p.add_argument_group("across hosts")
     h.add_argument("--hosts", default=None,
                    help="run on these hosts: a hostfile ('host slots=N' lines), h1:2,h2:2, or 'slurm' (the "
@@ -337,13 +337,13 @@ def make_parser():
     h.add_argument("--rsh", default=None,
                    help="remote shell called as 'AGENT HOST COMMAND' (Open MPI's plm_rsh_agent); default ssh, "
                         "srun inside an allocation")
-    h.add_argument("--network-interface", dest="network_interface", default=None,
+    h.add_argument("--network_interface", dest="network_interface", default=None,
                    help="interface or CIDR MPI's traffic stays on (default: the network that reaches the first host)")
     h.add_argument("--ps_placement", default=None, choices=("own", "beside"),
                    help="PS tasks on hosts of their own (the first hosts) or beside the workers")
     h.add_argument("--port", type=int, default=None, help="first port of the PS tasks on each host (default 2222)")
     h.add_argument("--links", default=None,
-                   help="an emulated cluster's description (hvdps-emulate writes it): sample its link counters")
+                   help="an emulated cluster's description (hvdps emulate writes it): sample its link counters")
     p.set_defaults(train_dir="runs/compare")
     p.bound("run_timeout", positive=True)
     return p
@@ -414,7 +414,7 @@ def main(argv=None):
     if args.run_timeout <= 0:
         raise UsageError(f"--run_timeout must be positive, got {args.run_timeout}")
     if args.resume:
-        raise UsageError("--resume does not apply to hvdps-compare: it starts fresh runs in --out; continue "
+        raise UsageError("--resume does not apply to hvdps compare: it starts fresh runs in --out; continue "
                          "one run with its trainer's command (the first line of runs/<name>.log) and --resume")
     if not args.dry_run and not args.from_dirs and any(get_launcher(b).graph_mode
                                                        for b, _ in parse_variants(args.backends)):

@@ -1,19 +1,19 @@
-"""hvdps-emulate: an emulated cluster on this machine, and the comparison run across it.
+"""hvdps emulate: an emulated cluster on this machine, and the comparison run across it.
 
-    sudo hvdps-emulate --hosts 4 --rate 100mbit -- --workers 2,3 --backends horovod,ps
-    sudo hvdps-emulate --cleanup          # remove what a killed run left behind
-    sudo hvdps-emulate --slurm --hosts 3 --sbatch hostfiles/slurm/ps.sbatch -- --workers 2 --backends horovod,ps
+    sudo hvdps emulate --hosts 4 --rate 100mbit -- --workers 2,3 --backends horovod,ps
+    sudo hvdps emulate --cleanup          # remove what a killed run left behind
+    sudo hvdps emulate --slurm --hosts 3 --sbatch hostfiles/slurm/ps.sbatch -- --workers 2 --backends horovod,ps
 
 With ``--slurm`` the hosts also run a real SLURM cluster (hvdps/slurm_lab.py: munged and slurmctld
 on the login node, ``slurmd -N hK`` on each host): each ``--sbatch`` script is submitted with
 ``sbatch --wait`` and its runs land in OUT/sbatch, then the comparison runs inside an allocation
-of every host (``salloc``, ``hvdps-compare --hosts slurm``: MPI through SLURM's own launch, PS
+of every host (``salloc``, ``hvdps compare --hosts slurm``: MPI through SLURM's own launch, PS
 roles through srun).
 
 N hosts are network namespaces on one bridge (itself in a namespace of its own),
 each with its own address and its link shaped in both directions to --rate by a
 token bucket (``tc qdisc ... tbf``: the host's side shapes what it sends, the
-switch's side what it receives). hvdps-compare then runs in a further namespace
+switch's side what it receives). hvdps compare then runs in a further namespace
 on the same bridge, the login node, with exactly the flags a real cluster takes:
 ``--hosts`` the hosts' addresses, ``--rsh`` an agent that enters a host's
 namespace the way ssh enters a host (hvdps/netns_agent.sh), and ``--links`` so
@@ -21,7 +21,7 @@ the report shows the bytes each link really carried. Every packet stays inside
 these namespaces: nothing is added to this machine's own network. The links'
 latency (half the median round trip of a TCP ping-pong between two hosts) is
 measured once the cluster is up and written to cluster.json beside the rate, so
-``hvdps-project --from OUT`` projects each run on the links it ran on.
+``hvdps project --from OUT`` projects each run on the links it ran on.
 
 Everything is removed on exit, on Ctrl-C or SIGTERM, when the comparison fails,
 and at the next start if a killed run left anything behind (a state file under
@@ -260,7 +260,7 @@ class EmulatedCluster:
 
     def measure_latency(self, rounds=200, timeout=30):
         """One-way latency between two hosts: half the median round trip of a 1-byte TCP
-        ping-pong (TCP_NODELAY) from h1 to h2 across the bridge, the alpha hvdps-project uses.
+        ping-pong (TCP_NODELAY) from h1 to h2 across the bridge, the alpha hvdps project uses.
         Both ends are processes this call starts and kills; every wait is bounded."""
         server = subprocess.Popen(["ip", "netns", "exec", self.hosts[1], sys.executable, "-c", PONG,
                                    self.addrs[1]], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -308,8 +308,8 @@ class EmulatedCluster:
 
 
 def make_parser():
-    p = Parser(prog="hvdps-emulate", description=__doc__.splitlines()[0],
-                                usage="hvdps-emulate --hosts N --rate RATE [--out DIR] -- [hvdps-compare flags]")
+    p = Parser(prog="hvdps emulate", description=__doc__.splitlines()[0],
+                                usage="hvdps emulate --hosts N --rate RATE [--out DIR] -- [hvdps compare flags]")
     p.add_argument("--hosts", type=int, default=4, help="emulated hosts (2-32)")
     p.add_argument("--rate", default="100mbit", help="each host's link, both directions, in tc's syntax")
     p.add_argument("--out", default=None, help="report folder (default runs/emulate-<date>)")
@@ -319,7 +319,7 @@ def make_parser():
     p.add_argument("--sbatch", action="append", default=[], metavar="'[VAR=VALUE ...] SCRIPT'",
                    help="with --slurm: submit this batch script (sbatch --wait, with these variables) before the "
                         "comparison; repeatable. Only these run when no comparison flags follow --")
-    p.add_argument("--cpus-per-node", type=int, default=CPUS_PER_NODE,
+    p.add_argument("--cpus_per_node", type=int, default=CPUS_PER_NODE,
                    help="CPUs each SLURM node declares (the shapes the scripts ask for)")
     return p
 
@@ -345,10 +345,10 @@ def check_cluster_memory(rest, available):
 
 def check_tools():
     if os.geteuid() != 0:
-        raise UsageError("hvdps-emulate needs root (it creates network namespaces and qdiscs); run it with sudo")
+        raise UsageError("hvdps emulate needs root (it creates network namespaces and qdiscs); run it with sudo")
     for tool in ("ip", "tc"):
         if not shutil.which(tool):
-            raise UsageError(f"hvdps-emulate needs '{tool}' (Debian: apt-get install iproute2)")
+            raise UsageError(f"hvdps emulate needs '{tool}' (Debian: apt-get install iproute2)")
 
 
 def parse_sbatch(text):
@@ -441,12 +441,12 @@ def main(argv=None):
     if args.slurm:
         check_slurm_tools()
         if not 1 <= args.cpus_per_node <= 256:
-            raise UsageError(f"--cpus-per-node must be 1-256, got {args.cpus_per_node}")
+            raise UsageError(f"--cpus_per_node must be 1-256, got {args.cpus_per_node}")
     args.sbatch = [parse_sbatch(s) for s in args.sbatch]
-    for flag in ("--hosts", "--rsh", "--links", "--network-interface", "--out", "--train_dir"):
-        if any(a == flag or a.startswith(flag + "=") for a in rest):
-            raise UsageError(f"{flag} is chosen by hvdps-emulate; give hvdps-emulate's own --out instead"
-                             if flag in ("--out", "--train_dir") else f"{flag} is chosen by hvdps-emulate")
+    for flag in ("--hosts", "--rsh", "--links", "--network_interface", "--out", "--train_dir"):
+        if any(a.split("=", 1)[0].replace("-", "_") == flag.replace("-", "_") for a in rest if a.startswith("--")):
+            raise UsageError(f"{flag} is chosen by hvdps emulate; give hvdps emulate's own --out instead"
+                             if flag in ("--out", "--train_dir") else f"{flag} is chosen by hvdps emulate")
     out = os.path.abspath(args.out or os.path.join("runs", time.strftime("emulate-%Y%m%d-%H%M%S")))
     if os.path.exists(os.path.join(out, "report.md")):
         raise UsageError(f"--out {out} already holds a report; choose another directory")
@@ -470,7 +470,7 @@ def main(argv=None):
         try:
             cluster.latency = cluster.measure_latency()
         except (RuntimeError, OSError, ValueError, IndexError, subprocess.TimeoutExpired) as exc:
-            print(f"note: could not measure the links' latency ({exc}); hvdps-project will need --latency-us",
+            print(f"note: could not measure the links' latency ({exc}); hvdps project will need --latency_us",
                   file=sys.stderr)
         make_dirs(out)
         names = host_names(args.hosts) if lab else None
@@ -485,7 +485,7 @@ def main(argv=None):
                   f"({args.cpus_per_node} CPUs each), partition lab", flush=True)
             code = submit_all(lab, args.sbatch, out)
         if rest or not args.sbatch:
-            compare = [sys.executable, "-m", "hvdps.compare", "--network-interface", f"{cluster.subnet}.0/24",
+            compare = [sys.executable, "-m", "hvdps.compare", "--network_interface", f"{cluster.subnet}.0/24",
                        "--links", desc, "--out", out, *rest]
             if lab:      # the whole comparison inside one allocation of every host, as on a real cluster
                 cmd = ["salloc", "--quiet", f"--nodes={args.hosts}", "--ntasks-per-node=1",
@@ -512,7 +512,7 @@ def main(argv=None):
             lab.down()
         signal.signal(signal.SIGINT, previous[signal.SIGINT])
         if left:
-            print(f"error: could not remove namespace(s) {', '.join(left)}; run hvdps-emulate --cleanup",
+            print(f"error: could not remove namespace(s) {', '.join(left)}; run hvdps emulate --cleanup",
                   file=sys.stderr)
             code = code or 1
         else:

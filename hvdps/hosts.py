@@ -1,8 +1,8 @@
-"""hvdps-hosts: one inventory (a hostfile) -> every format the launchers want.
+"""hvdps hosts: one inventory (a hostfile) -> every format the launchers want.
 
-    hvdps-hosts hostfiles/hostfile.example                  # all formats
-    hvdps-hosts inventory --format horovodrun               # horovodrun -np N -H h1:4,h2:4
-    hvdps-hosts inventory --format tf-config --num_ps 2     # one TF_CONFIG per task
+    hvdps hosts hostfiles/hostfile.example                  # all formats
+    hvdps hosts inventory --format horovodrun               # horovodrun -np N -H h1:4,h2:4
+    hvdps hosts inventory --format tf-config --num_ps 2     # one TF_CONFIG per task
 
 Parsing and validation live in common/hosts.py (the trainers use them too);
 this is only the command.
@@ -17,7 +17,7 @@ from common.hosts import parse_hostfile, tf_configs, to_cluster_spec, to_horovod
 
 @cli
 def main(argv=None):
-    p = Parser(prog="hvdps-hosts", description=__doc__.splitlines()[0])
+    p = Parser(prog="hvdps hosts", description=__doc__.splitlines()[0])
     p.add_argument("inventory", help="hostfile: one 'host slots=N' per line")
     p.add_argument("--format", default="all",
                    choices=("all", "horovodrun", "mpi-hostfile", "cluster-spec", "tf-config"))

@@ -1,7 +1,7 @@
 """Bytes that really crossed each host's link, beside what each method's algorithm predicts.
 
 Measured: the interface counters of each host's link, sampled while a run
-trains (``Sampler``, a thread of hvdps-compare) and read at the two ends of
+trains (``Sampler``, a thread of hvdps compare) and read at the two ends of
 the run's measured interval (the same interval the throughput is taken over,
 warm-up excluded), divided by the rounds in it. A *round* is one step of every
 worker: one update under all-reduce and sync PS, ``n`` updates under async PS.
@@ -20,7 +20,7 @@ Predicted, per host link and direction, from the gradient's measured sizes
   n x share in and n x share out per round, and a worker's link M each way
   (traffic between tasks on one host stays off the link).
 
-On the emulated cluster (hvdps-emulate) the counters are the switch ports of
+On the emulated cluster (hvdps emulate) the counters are the switch ports of
 the hosts' veths, read from /proc/PID/net/dev of a process in the switch's
 namespace: one read for every link, no process started per sample.
 """
@@ -171,7 +171,7 @@ def cores_busy(links, interval):
 
 def run_cores(run_dir, header, steps):
     """(cores busy over the run's measured interval, the machine's cores) from the run's links.json,
-    (None, None) where hvdps-emulate's sampler did not record them."""
+    (None, None) where hvdps emulate's sampler did not record them."""
     from common.metrics import measured_interval
     from common.schemas import read_links
     path = os.path.join(run_dir, LINKS_FILE)

@@ -127,7 +127,7 @@ class ParameterServers:
         return schedule.ps_time(n, grad, ps["bandwidth"], ps["alpha"], row.get("num_ps") or 1)
 
     def projected_step(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
-        """PS tasks on hosts of their own (hvdps-compare's ``--ps_placement own``). Sync: push all,
+        """PS tasks on hosts of their own (hvdps compare's ``--ps_placement own``). Sync: push all,
         then pull all, through the busiest PS link (n·S/B each way) or a worker's own (M/B),
         whichever is slower: compute + 2·(max(nS, M)/B + alpha). Async: a worker pushes and pulls
         on its own link while the others do the same; the busiest PS link carries n·S each way

@@ -10,7 +10,7 @@ Two layers:
   fusion buffer and cycle time, PS variable placement), so the share of the
   exchange that hides behind the backward pass comes from the model's own
   layers, not from a hand-set knob. Synchronous training also waits for the
-  slowest of n workers every step (``--straggler-cv``).
+  slowest of n workers every step (``--straggler_cv``).
 
 With ``--from RUNS`` the compute time, the gradient size, the model's layers
 and the overlap each run achieved come from hvdps runs:
@@ -348,7 +348,7 @@ MAX_WORKERS = 65536
 
 
 def cluster_of(path):
-    """The emulated cluster's description (hvdps-emulate's cluster.json) in ``path`` or up to two
+    """The emulated cluster's description (hvdps emulate's cluster.json) in ``path`` or up to two
     folders above it (a compare folder, its runs/, one run), or None."""
     here = os.path.abspath(path)
     for _ in range(3):
@@ -424,45 +424,47 @@ def heldout_of(path, layers, ring, ps, nets, args):
 def make_parser():
     import argparse
     from common.config import Parser
-    p = Parser(prog="hvdps-project", description="Project scaling efficiency to many workers "
+    p = Parser(prog="hvdps project", description="Project scaling efficiency to many workers "
                "(alpha-beta network, wait-free backprop schedule; no training); also reachable as "
-               "hvdps-compare --project")
+               "hvdps compare --project")
     p.add_argument("--from", "--compute-from", dest="from_dir", default=None,
                    help="hvdps runs (a compare directory or one run): compute time, gradient, the model's "
                         "layers and the overlap each run achieved are taken from them")
-    p.add_argument("--comm-json", dest="comm_json", default=None,
+    p.add_argument("--comm_json", dest="comm_json", default=None,
                    help="measured latency/bandwidth (benchmarks/results/comm.json) to fit the model from")
-    p.add_argument("--bandwidth-gbps", dest="bandwidth_gbps", type=float, default=None,
+    p.add_argument("--bandwidth_gbps", dest="bandwidth_gbps", type=float, default=None,
                    help="achievable link bandwidth in Gbit/s (overrides the measured fit)")
-    p.add_argument("--latency-us", dest="latency_us", type=float, default=None, help="per-message latency")
-    p.add_argument("--step-compute-ms", dest="step_compute_ms", type=float, default=None,
+    p.add_argument("--latency_us", dest="latency_us", type=float, default=None, help="per-message latency")
+    p.add_argument("--step_compute_ms", dest="step_compute_ms", type=float, default=None,
                    help="compute time of one step on one worker")
-    p.add_argument("--model-params", dest="model_params", type=float, default=None,
+    p.add_argument("--model_params", dest="model_params", type=float, default=None,
                    help="parameters (millions) of a model known only by size (no layers: nothing overlaps)")
-    p.add_argument("--model-name", dest="model_name", default=None,
+    p.add_argument("--model_name", dest="model_name", default=None,
                    help="a model whose layers ship with hvdps: resnet50, resnet101, inception_v3, vgg16, "
                         "mobilenet_v2 (ImageNet shapes)")
-    p.add_argument("--gpus-per-server", dest="gpus_per_server", type=int, default=1)
-    p.add_argument("--cycle-time-ms", dest="cycle_time_ms", type=float, default=1.0,
+    p.add_argument("--gpus_per_server", dest="gpus_per_server", type=int, default=1)
+    p.add_argument("--cycle_time_ms", dest="cycle_time_ms", type=float, default=1.0,
                    help="Horovod's HOROVOD_CYCLE_TIME (default 1, Horovod >= 0.21; 5 before)")
-    p.add_argument("--fusion-threshold-mb", dest="fusion_threshold_mb", type=float, default=128.0,
+    p.add_argument("--fusion_threshold_mb", dest="fusion_threshold_mb", type=float, default=128.0,
                    help="Horovod's fusion buffer in MiB (default 128, Horovod >= 0.21; 64 before)")
-    p.add_argument("--straggler-cv", dest="straggler_cv", type=float, default=0.03,
+    p.add_argument("--straggler_cv", dest="straggler_cv", type=float, default=0.03,
                    help="per-step coefficient of variation of a worker's compute; synchronous training "
                         "waits for the slowest of n every step (default 0.03)")
-    p.add_argument("--ps-placement", dest="ps_placement", default="split", choices=schedule.PLACEMENTS,
+    p.add_argument("--ps_sharding", dest="ps_sharding", default="split", choices=schedule.PLACEMENTS,
                    help="how variables go to PS shards: split (hvdps' PS trainers: large variables cut into "
                         "one piece per shard, then round robin), round_robin (replica_device_setter's "
                         "default, whole variables) or greedy by bytes (tf_cnn_benchmarks)")
-    p.add_argument("--ps-gpus-per-worker", dest="ps_gpus_per_worker", type=int, default=1,
+    p.add_argument("--ps-placement", dest="ps_sharding", choices=schedule.PLACEMENTS, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)   # the former name of --ps_sharding
+    p.add_argument("--ps_gpus_per_worker", dest="ps_gpus_per_worker", type=int, default=1,
                    help="GPUs driven by one PS worker task, which sums their gradients before the push and "
                         "reads each variable once for them (tf_cnn_benchmarks' --num_gpus); default 1, one "
                         "task per GPU as hvdps' PS trainer runs")
-    p.add_argument("--ps-bandwidth-gbps", dest="ps_bandwidth_gbps", type=float, default=None,
+    p.add_argument("--ps_bandwidth_gbps", dest="ps_bandwidth_gbps", type=float, default=None,
                    help="what the PS transport (TensorFlow's gRPC) really moves per process, in Gbit/s, "
-                        "when that is below the link's --bandwidth-gbps")
+                        "when that is below the link's --bandwidth_gbps")
     p.add_argument("--overlap", type=float, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--max-workers", dest="max_workers", type=int, default=512)
+    p.add_argument("--max_workers", dest="max_workers", type=int, default=512)
     for name, (low, high) in INPUT_RANGES.items():
         p.bound(name, low, high)
     p.bound("straggler_cv", 0, 1)
@@ -472,7 +474,7 @@ def make_parser():
     return p
 
 
-def network(args, fits, source="--comm-json", cluster=None):
+def network(args, fits, source="--comm_json", cluster=None):
     """(ring, ps) alpha/bandwidth: given flags win over an emulated cluster's links (their rate at
     TCP's goodput, their measured latency), which win over the measured fit; a fit that could
     not be made is refused in one line when it would be used."""
@@ -484,10 +486,10 @@ def network(args, fits, source="--comm-json", cluster=None):
     for fit in (ring, ps):
         if fit and "error" in fit and not given:
             raise UsageError(f"--project: cannot fit latency and bandwidth from {source}: {fit['error']}; "
-                             f"give the network as --bandwidth-gbps and --latency-us")
+                             f"give the network as --bandwidth_gbps and --latency_us")
     if args.bandwidth_gbps is not None or args.latency_us is not None:
         if (args.bandwidth_gbps is None or args.latency_us is None) and not ring:
-            raise UsageError("--project needs both --bandwidth-gbps and --latency-us, or a --comm-json")
+            raise UsageError("--project needs both --bandwidth_gbps and --latency_us, or a --comm_json")
         bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else ring["bandwidth"]
         lat = args.latency_us * 1e-6 if args.latency_us is not None else ring["alpha"]
         ring = ps = {"bandwidth": bw, "alpha": lat}
@@ -513,7 +515,7 @@ def run_projection(args):
     """The projection from measurements and/or given hardware."""
     from common.config import check_finite
     if args.overlap is not None:
-        raise UsageError("--overlap is gone: the overlap now comes from the model's layers (--model-name, "
+        raise UsageError("--overlap is gone: the overlap now comes from the model's layers (--model_name, "
                          "--from) or from what the runs measured (--from); see docs/projection.md")
     for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "cycle_time_ms",
                  "fusion_threshold_mb", "straggler_cv", "ps_bandwidth_gbps"):
@@ -524,15 +526,15 @@ def run_projection(args):
         if value is not None and not low <= value <= high:
             raise UsageError(f"--{name.replace('_', '-')} must be in [{low:g}, {high:g}], got {value!r}")
     if args.cycle_time_ms < 0 or args.fusion_threshold_mb < 0 or not 0 <= args.straggler_cv < 1:
-        raise UsageError("--cycle-time-ms and --fusion-threshold-mb must be >= 0, --straggler-cv in [0, 1)")
+        raise UsageError("--cycle_time_ms and --fusion_threshold_mb must be >= 0, --straggler_cv in [0, 1)")
     if not 1 <= args.gpus_per_server <= 1024 or not 1 <= args.max_workers <= MAX_WORKERS:
-        raise UsageError(f"--gpus-per-server must be in [1, 1024] and --max-workers in [1, {MAX_WORKERS}]")
+        raise UsageError(f"--gpus_per_server must be in [1, 1024] and --max_workers in [1, {MAX_WORKERS}]")
     if args.ps_gpus_per_worker < 1 or args.gpus_per_server % args.ps_gpus_per_worker:
-        raise UsageError(f"--ps-gpus-per-worker must divide --gpus-per-server ({args.gpus_per_server}), "
+        raise UsageError(f"--ps_gpus_per_worker must divide --gpus_per_server ({args.gpus_per_server}), "
                          f"got {args.ps_gpus_per_worker}")
     comm_json = args.comm_json or os.path.join(REPO, "benchmarks", "results", "comm.json")
     if args.comm_json and not os.path.exists(args.comm_json):
-        raise UsageError(f"--comm-json {args.comm_json}: no such file")
+        raise UsageError(f"--comm_json {args.comm_json}: no such file")
     if args.from_dir and not os.path.isdir(args.from_dir):
         raise UsageError(f"--from {args.from_dir}: no such directory")
     cluster = cluster_of(args.from_dir) if args.from_dir and not args.comm_json else None
@@ -544,13 +546,13 @@ def run_projection(args):
     ring, ps = network(args, fits, comm_json, cluster)
     if not ring or not ps:
         raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
-                         f"and no --bandwidth-gbps/--latency-us given")
+                         f"and no --bandwidth_gbps/--latency_us given")
     nets = networks(args, fits, ring, ps, cluster)
     own = {method.label(method.modes[0]): (method, nets[method.cost.network]) for method in methods.METHODS.values()
            if method.cost.collective and nets.get(method.cost.network) not in (None, ring)}
     profiles = known_models()
     if args.model_name and args.model_name not in profiles:
-        raise UsageError(f"unknown --model-name '{args.model_name}' (valid: {', '.join(profiles)})")
+        raise UsageError(f"unknown --model_name '{args.model_name}' (valid: {', '.join(profiles)})")
     layers = profiles[args.model_name]["layers"] if args.model_name else None
     if args.model_params and not layers:
         layers = single_layer(args.model_params * 4e6)
@@ -561,14 +563,14 @@ def run_projection(args):
         compute = compute or run_compute
         layers = layers or run_layers
     if not layers or not compute:
-        raise UsageError("--project needs the model (--model-name, --model-params or --from) "
-                         "and the compute time (--step-compute-ms or --from)")
+        raise UsageError("--project needs the model (--model_name, --model_params or --from) "
+                         "and the compute time (--step_compute_ms or --from)")
     grad = sum(l["grad_bytes"] for l in layers)
     workers = powers_of_two(1, args.max_workers)
     rows = project(layers, compute, workers, ring, ps,
                    per_server=args.gpus_per_server, cycle_s=args.cycle_time_ms / 1e3,
                    fusion_bytes=int(args.fusion_threshold_mb * (1 << 20)), straggler_cv=args.straggler_cv,
-                   placement=args.ps_placement, measured=measured, ps_towers=args.ps_gpus_per_worker, own=own)
+                   placement=args.ps_sharding, measured=measured, ps_towers=args.ps_gpus_per_worker, own=own)
     make_dirs(args.out)
     text = (f"# Scaling projection\n\ngradient {_size(grad)} in {len(layers)} layer(s), compute "
             f"{compute * 1e3:.1f} ms/step, ring: {ring['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
@@ -576,7 +578,7 @@ def run_projection(args):
             f"{ps['alpha'] * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server, "
             f"{args.ps_gpus_per_worker} GPU(s) per PS worker task; Horovod cycle "
             f"{args.cycle_time_ms:g} ms, fusion {args.fusion_threshold_mb:g} MiB; PS placement "
-            f"{args.ps_placement}; straggler cv {args.straggler_cv:g}\n\n")
+            f"{args.ps_sharding}; straggler cv {args.straggler_cv:g}\n\n")
     for label, (_, net) in own.items():
         text += (f"{label}: its own fit from {comm_json}, {net['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
                  f"{net['alpha'] * 1e6:.1f} us.\n\n")
@@ -616,7 +618,7 @@ def run_projection(args):
                        "own_fits": {label: net for label, (_, net) in own.items()},
                        "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
-                       "ps_placement": args.ps_placement, "ps_gpus_per_worker": args.ps_gpus_per_worker,
+                       "ps_sharding": args.ps_sharding, "ps_gpus_per_worker": args.ps_gpus_per_worker,
                        "measured_overlap": measured, "checked": checked, "crossover": cross,
                        "heldout": {"entries": held[0], "cores": held[1]}, "rows": rows}))
     if cross:

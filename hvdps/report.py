@@ -2,7 +2,7 @@
 
 Reads only what the trainers wrote (metrics.jsonl, docs/metrics.md), so a
 report can be rebuilt from run directories copied off a cluster
-(``hvdps-compare --from``) without training again.
+(``hvdps compare --from``) without training again.
 """
 import csv
 import io
@@ -24,7 +24,7 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "sparse_bytes", "sparse_table_bytes", "wire_rule",
            "ps_cpu_s", "ps_cpu_share", "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
            "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "error", "run_dir")
-RUN_RECORD = "compare_run.json"    # written by hvdps-compare next to each run: its wall time from launch
+RUN_RECORD = "compare_run.json"    # written by hvdps compare next to each run: its wall time from launch
 
 
 
@@ -84,7 +84,7 @@ def add_startup(row, curves, run_seconds, launched_at=None):
 
 def add_links(row, curves, roles):
     """Where the run's tasks ran (``--hosts``) and, where the links' counters were sampled
-    (hvdps-emulate), the bytes per round each host's link carried against the formula
+    (hvdps emulate), the bytes per round each host's link carried against the formula
     (hvdps/links.py), the busiest link's share of its rate, and the round time."""
     from common.metrics import measured_interval
     from hvdps.links import LINKS_FILE, cores_busy, link_rows

@@ -1,6 +1,6 @@
 """A real SLURM cluster on the emulated hosts: munged, slurmctld on the login node, one slurmd per host.
 
-    sudo hvdps-emulate --slurm --hosts 3 --sbatch hostfiles/slurm/horovod.sbatch -- --workers 2 ...
+    sudo hvdps emulate --slurm --hosts 3 --sbatch hostfiles/slurm/horovod.sbatch -- --workers 2 ...
 
 Debian's slurm-wlm 22.05 and munge, unmodified. Each emulated host (a network namespace, see
 hvdps/emulate.py) runs ``slurmd -N hK`` with its own address, the login namespace runs slurmctld and

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Remote-shell agent for hvdps inside a SLURM allocation, with ssh's calling convention
 # (`agent [options] HOST COMMAND`, as Open MPI's plm_rsh_agent): runs COMMAND as one task
-# on node HOST of the current allocation. hvdps-compare --hosts slurm uses it for PS roles;
+# on node HOST of the current allocation. hvdps compare --hosts slurm uses it for PS roles;
 # --overlap lets it share the node with the steps already running there.
 while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
 host=$1; shift

@@ -7,7 +7,7 @@ any MPI program (one process per GPU or CPU slot):
         python mpi_train/main.py                # add --allow-run-as-root as root
     srun --mpi=pmix -n 8 python mpi_train/main.py
     python mpi_train/main.py                    # world size 1
-    hvdps-compare --backends horovod,mpi,ps     # side by side
+    hvdps compare --backends horovod,mpi,ps     # side by side
 
 Lines marked ``# MPI:`` are the only differences from single-process code.
 """

@@ -1,7 +1,7 @@
 """Start every MultiWorkerMirroredStrategy worker task, each told the cluster and its index.
 
-    python -m mwms_train.launch --num_workers 2 [--implementation ring] [trainer flags...]
-    python -m mwms_train.launch --num_workers 4 --hosts h1:2,h2:2 [--rsh AGENT] [--port 2222] [...]
+    hvdps launch mwms --num_workers 2 [--implementation ring] [trainer flags...]
+    hvdps launch mwms --num_workers 4 --hosts h1:2,h2:2 [--rsh AGENT] [--port 2222] [...]
 
 What a TFJob or a batch script does per host, done here per process: every task gets a free
 port on --host (loopback by default, and it listens there only) and a TF_CONFIG naming the
@@ -35,7 +35,7 @@ def make_parser():
     """The trainer's own parser plus the launcher's flags: one parse validates everything."""
     from common.config import build_parser
     from mwms_train.backend import add_mwms_args
-    p = add_mwms_args(build_parser(__doc__.splitlines()[0], prog="python -m mwms_train.launch"))
+    p = add_mwms_args(build_parser(__doc__.splitlines()[0], prog="hvdps launch mwms"))
     g = p.add_argument_group("local launcher")
     g.add_argument("--num_workers", type=int, default=2)
     g.add_argument("--host", default="127.0.0.1",

@@ -2,7 +2,7 @@
 
 One task per worker, each told the cluster by TF_CONFIG (as Kubeflow's TFJob sets it) or by flags:
 
-    python -m mwms_train.launch --num_workers 2 --model cnn        # every worker on this machine
+    hvdps launch mwms --num_workers 2 --model cnn        # every worker on this machine
     TF_CONFIG='{"cluster":{"worker":["h1:2222","h2:2222"]},"task":{"type":"worker","index":0}}' \\
         python mwms_train/main.py --model cnn                      # and index 1 on h2
     python mwms_train/main.py --worker_hosts h1:2222,h2:2222 --task_index 0 --model cnn

@@ -1,9 +1,9 @@
 """Start a whole parameter-server cluster on this machine, for development and tests.
 
-    python -m ps_train.launch --num_ps 2 --num_workers 2 [--sync] [trainer flags...]
-    python -m ps_train.launch --max_restarts 3 --checkpoint_steps 100 [...]   # recover by itself
-    python -m ps_train.launch --ps_api v2 [...]     # TF2's ParameterServerStrategy, plus a chief task
-    python -m ps_train.launch --hosts h1,h2,h3 [--rsh AGENT] [--ps_placement own|beside] [...]
+    hvdps launch ps --num_ps 2 --num_workers 2 [--sync] [trainer flags...]
+    hvdps launch ps --max_restarts 3 --checkpoint_steps 100 [...]   # recover by itself
+    hvdps launch ps --ps_api v2 [...]     # TF2's ParameterServerStrategy, plus a chief task
+    hvdps launch ps --hosts h1,h2,h3 [--rsh AGENT] [--ps_placement own|beside] [...]
 
 Every role gets a free port on --host (loopback by default, and each task
 listens there only); each role's output lines are prefixed with its name
@@ -267,7 +267,7 @@ def make_parser():
     """The trainer's own parser plus the launcher's flags: one parse validates everything."""
     from ps_train.main import make_parser as trainer_parser
     p = trainer_parser()
-    p.prog = "python -m ps_train.launch"
+    p.prog = "hvdps launch ps"
     p.description = __doc__.splitlines()[0]
     g = p.add_argument_group("local launcher")
     g.add_argument("--num_ps", type=int, default=1)

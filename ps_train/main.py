@@ -13,7 +13,7 @@ or with Kubeflow's TF_CONFIG instead of the host flags (the chief, if listed, tr
 
 or all roles on this machine with free ports:
 
-    python -m ps_train.launch --num_ps 2 --num_workers 2 [--sync] [trainer flags]
+    hvdps launch ps --num_ps 2 --num_workers 2 [--sync] [trainer flags]
 
 ``--ps_api v2`` runs the same job on TensorFlow 2's ParameterServerStrategy
 instead (a chief that coordinates; see ps_train/v2.py for its launch lines).

@@ -20,7 +20,7 @@ Launch per role; the chief is a task of its own:
 
 or with TF_CONFIG holding a "chief" (a TFJob), or every role on this machine:
 
-    python -m ps_train.launch --ps_api v2 --num_ps 2 --num_workers 2
+    hvdps launch ps --ps_api v2 --num_ps 2 --num_workers 2
 
 Faults, as TensorFlow 2 defines them (GRPC_FAIL_FAST=use_caller): a lost
 worker's scheduled steps are retried on the others and training finishes

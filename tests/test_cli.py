@@ -26,7 +26,7 @@ MPIRUN = ["mpirun", "-np", "2", "--mca", "btl", "self,vader", "--mca", "oob_tcp_
           "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL", *HVD]
 LIST_TYPE = json.dumps({"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
                         "task": {"type": ["worker"], "index": 0}})
-BW = ["--bandwidth-gbps", "25", "--latency-us", "10", "--step-compute-ms", "100"]
+BW = ["--bandwidth_gbps", "25", "--latency_us", "10", "--step_compute_ms", "100"]
 
 # (entry point, arguments, extra environment, start of the one error line). {tmp}: the test's folder,
 # holding the files made by `files` below.
@@ -104,12 +104,12 @@ CASES = [
     (COMPARE, ["--num_ps", "1,x"], {}, "error: --num_ps expects numbers like 1,2,4, got '1,x'"),
     (COMPARE, ["--from", "{tmp}/junkrun"], {}, "error: --from: no runs (metrics.jsonl) found"),
     (COMPARE, ["--learning_rate", "inf"], {}, "error: --learning_rate must be a finite number, got inf"),
-    (PROJECT, ["--bandwidth-gbps", "nan", "--latency-us", "10"], {}, "error: --bandwidth-gbps must be a finite"),
-    (PROJECT, [*BW, "--model-name", "alexnet"], {}, "error: unknown --model-name 'alexnet'"),
-    (PROJECT, [*BW, "--model-name", "vgg16", "--overlap", "0.5"], {}, "error: --overlap is gone: the overlap now"),
-    (PROJECT, [*BW, "--model-name", "vgg16", "--cycle-time-ms", "-1"], {}, "error: --cycle-time-ms must be >= 0, got -1.0"),
+    (PROJECT, ["--bandwidth_gbps", "nan", "--latency_us", "10"], {}, "error: --bandwidth_gbps must be a finite"),
+    (PROJECT, [*BW, "--model_name", "alexnet"], {}, "error: unknown --model_name 'alexnet'"),
+    (PROJECT, [*BW, "--model_name", "vgg16", "--overlap", "0.5"], {}, "error: --overlap is gone: the overlap now"),
+    (PROJECT, [*BW, "--model_name", "vgg16", "--cycle_time_ms", "-1"], {}, "error: --cycle_time_ms must be >= 0, got -1.0"),
     (PROJECT, [*BW, "--from", "{tmp}/junkrun"], {}, "error: --from {tmp}/junkrun: no run has a per-step breakdown"),
-    (PROJECT, ["--comm-json", "/nope"], {}, "error: --comm-json /nope: no such file"),
+    (PROJECT, ["--comm_json", "/nope"], {}, "error: --comm_json /nope: no such file"),
     (COMPARE, ["--project", "--model", "cnn"], {}, "error: unrecognized arguments: --model cnn"),
     (HOSTS, ["{tmp}/binary"], {}, "error: {tmp}/binary: not a text file"),
     (HOSTS, ["{tmp}/inventory", "--port", "65535"], {}, "error: --port 65535: host a needs ports up to 65536"),
@@ -118,14 +118,14 @@ CASES = [
     (HOSTS, ["{tmp}/maxslots"], {}, "error: {tmp}/maxslots:1: slots=4 is more than max_slots=1"),
     (HOSTS, ["{tmp}/twoslots"], {}, "error: {tmp}/twoslots:1: slots given twice"),
     (HOSTS, ["{tmp}/hugeslots"], {}, "error: {tmp}/hugeslots:1: slots must be at most 4096, got 1000000000000"),
-    (PROJECT, ["--bandwidth-gbps", "1e-320", "--latency-us", "10"], {},
-     "error: --bandwidth-gbps must be in [1e-06, 1e+06], got 1e-320"),
-    (PROJECT, [*BW, "--model-params", "1e305"], {}, "error: --model-params must be in [1, 1e+13], got 1e+305"),
-    (PROJECT, [*BW, "--max-workers", "10000000000000000"], {}, "error: --max-workers must be in [1, 65536], "
+    (PROJECT, ["--bandwidth_gbps", "1e-320", "--latency_us", "10"], {},
+     "error: --bandwidth_gbps must be in [1e-06, 1e+06], got 1e-320"),
+    (PROJECT, [*BW, "--model_params", "1e305"], {}, "error: --model_params must be in [1, 1e+13], got 1e+305"),
+    (PROJECT, [*BW, "--max_workers", "10000000000000000"], {}, "error: --max_workers must be in [1, 65536], "
                                                                "got 10000000000000000"),
     # ---- data that would train silently wrong, refused before any process joins a job (built-in and plug-in)
     # ---- a plug-in that never returns: stopped by the run's own time budget, and named
-    (COMPARE, ["--model", "{tmp}/hangs_on_import.py:build", "--run_timeout", "3", "--dry-run"], {},
+    (COMPARE, ["--model", "{tmp}/hangs_on_import.py:build", "--run_timeout", "3", "--dry_run"], {},
      "error: --model {tmp}/hangs_on_import.py:build: importing {tmp}/hangs_on_import.py did not return within 3 s "
      "(--run_timeout)"),
     (COMPARE, ["--dataset", "{tmp}/plug.py:never_returns", "--run_timeout", "3", "--out", "{tmp}/out"], {},
@@ -135,9 +135,9 @@ CASES = [
     (MWMS_LAUNCH, ["--dataset", "{tmp}/plug.py:swallows_everything", "--timeout", "3"], {},
      "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--timeout)"),
     (LAUNCH, ["--num_ps", "100000"], {}, "error: --num_ps 100000 and --num_workers 2: 100002 tasks on this machine"),
-    (COMPARE, ["--workers", "100000", "--dry-run"], {}, "error: --workers 100000: more than the 1024 tasks one "
+    (COMPARE, ["--workers", "100000", "--dry_run"], {}, "error: --workers 100000: more than the 1024 tasks one "
                                                           "machine runs"),
-    (COMPARE, ["--workers", "8", "--hosts", "127.0.0.1:2,127.0.0.2:2", "--rsh", "/bin/true", "--dry-run"], {},
+    (COMPARE, ["--workers", "8", "--hosts", "127.0.0.1:2,127.0.0.2:2", "--rsh", "/bin/true", "--dry_run"], {},
      "error: --hosts has 4 slot(s) in all, 8 workers asked for"),
     (COMPARE, ["--train_dir", ""], {}, "error: --train_dir must not be empty"),
     # ---- a model plug-in that is not quite right: named in one line before training
@@ -248,7 +248,7 @@ CASES = [
      "error: --resume: batch_size was 32 in {tmp}/hvd2run/config.json, now 16"),
     (HVD, ["--resume", "--train_dir", "{tmp}/hvd2run", "--optimizer", "sgd"], {},
      "error: --resume: optimizer was 'adam' in {tmp}/hvd2run/config.json, now 'sgd'"),
-    (COMPARE, ["--resume"], {}, "error: --resume does not apply to hvdps-compare"),
+    (COMPARE, ["--resume"], {}, "error: --resume does not apply to hvdps compare"),
     # ---- outputs: never through a planted link, never into something that is not a folder
     (HVD, ["--train_dir", "{tmp}/linkrun"], {}, "error: {tmp}/linkrun/metrics.jsonl is a symbolic link (to "),
     (PS, [*PS_FLAGS, "--train_dir", "{tmp}/linkrun"], {}, "error: {tmp}/linkrun/metrics.jsonl is a symbolic link"),
@@ -258,7 +258,7 @@ CASES = [
     (COMPARE, ["--from", "{tmp}/okrun", "--out", "{tmp}/reported"], {}, "error: --out {tmp}/reported already holds a "
                                                                          "report"),
     (COMPARE, ["--batch_size", "5000"], {}, "error: batch 5000 x 2 workers exceeds the 1438 training examples"),
-    (PROJECT, [*BW, "--model-name", "vgg16", "--out", "{tmp}/binary"], {}, "error: --out {tmp}/binary exists and is "
+    (PROJECT, [*BW, "--model_name", "vgg16", "--out", "{tmp}/binary"], {}, "error: --out {tmp}/binary exists and is "
                                                                            "not a directory"),
     # ---- inputs that would block or never end: FIFOs and devices are refused before a byte is read
     (HOSTS, ["{tmp}/fifo"], {}, "error: {tmp}/fifo: hostfile is a FIFO, not a regular file"),
@@ -266,9 +266,9 @@ CASES = [
     (COMPARE, ["--from", "{tmp}/fiforun"], {}, "error: {tmp}/fiforun/metrics.jsonl: a metrics file is a FIFO, not a regular"),
     (PROJECT, [*BW, "--from", "{tmp}/fiforun"], {}, "error: {tmp}/fiforun/metrics.jsonl: a metrics file is a FIFO, not a "),
     (PS, ["--job_name=worker", "--cluster_spec", "{tmp}/fifo"], {}, "error: {tmp}/fifo: "),
-    (COMPARE, ["--links", "{tmp}/fifo"], {}, "error: {tmp}/fifo: an hvdps-emulate cluster description is a FIFO, not a regular file"),
-    (PROJECT, ["--comm-json", "{tmp}/fifo", "--model-name", "vgg16"], {}, "error: {tmp}/fifo: a comm_bandwidth.py result file is a FIFO"),
-    (PROJECT, ["--comm-json", "{tmp}/np1.json", "--model-name", "vgg16"], {},
+    (COMPARE, ["--links", "{tmp}/fifo"], {}, "error: {tmp}/fifo: an hvdps emulate cluster description is a FIFO, not a regular file"),
+    (PROJECT, ["--comm_json", "{tmp}/fifo", "--model_name", "vgg16"], {}, "error: {tmp}/fifo: a comm_bandwidth.py result file is a FIFO"),
+    (PROJECT, ["--comm_json", "{tmp}/np1.json", "--model_name", "vgg16"], {},
      "error: {tmp}/np1.json: np: input should be greater than or equal to 2 (got 1)"),
     # ---- where tasks listen
     (LAUNCH, ["--host", "nonexistent.invalid"], {}, "error: --host nonexistent.invalid: cannot resolve it"),
@@ -300,8 +300,8 @@ CASES = [
     (LAUNCH, ["--seed", "-7"], {}, "error: --seed must be in [0, 4294967295], got -7"),
     (COMPARE, ["--backends", ""], {}, "error: --backends"),
     (COMPARE, ["--run_timeout", "nan"], {}, "error: --run_timeout must be a finite number, got nan"),
-    (PROJECT, ["--bandwidth-gbps", "25", "--latency-us", "-1", "--step-compute-ms", "100"], {}, "error: --latency-us"),
-    (PROJECT, [*BW, "--model-name", "vgg16", "--straggler-cv", "-1"], {}, "error: --straggler-cv must be in [0, 1], "
+    (PROJECT, ["--bandwidth_gbps", "25", "--latency_us", "-1", "--step_compute_ms", "100"], {}, "error: --latency_us"),
+    (PROJECT, [*BW, "--model_name", "vgg16", "--straggler_cv", "-1"], {}, "error: --straggler_cv must be in [0, 1], "
                                                                           "got -1.0"),
     # ---- under mpirun: one line for the whole job (rank 1 stays quiet), mpirun passes exit 2 on
     (MPIRUN, ["--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
@@ -547,3 +547,77 @@ def test_hosts_command(tmp_path, text, code, out):
     r = run([*HOSTS, str(f)], timeout=30)
     assert r.returncode == code, r.stderr
     assert out.format(f=f) in (r.stdout + r.stderr)
+
+
+# ---------------------------------------------------------------- the one command: hvdps SUBCOMMAND
+def _hvdps(argv):
+    """``hvdps ARGV`` in-process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+    from hvdps import cli
+    out, err = io.StringIO(), io.StringIO()
+    saved = sys.argv
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv) or 0
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            sys.argv = saved
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_hvdps_help_lists_every_subcommand_and_method_package():
+    code, out, _ = _hvdps(["--help"])
+    assert code == 0
+    for sub in ("compare", "project", "emulate", "hosts", "train horovod|mpi|mwms|ps", "launch mwms|ps"):
+        assert f"\n  {sub} " in out, out
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "error: a subcommand is needed (valid: compare, project, emulate, hosts, train, launch)"),
+    (["comapre"], "error: unknown subcommand 'comapre' (valid: compare, project, emulate, hosts, train, launch)"),
+    (["train"], "error: hvdps train: unknown method none (valid: horovod, mpi, mwms, ps)"),
+    (["train", "ps2"], "error: hvdps train: unknown method 'ps2' (valid: horovod, mpi, mwms, ps)"),
+    (["launch", "horovod"], "error: hvdps launch: unknown method 'horovod' (valid: mwms, ps)"),
+    (["train", "horovod", "--batch_size", "-4"], "error: --batch_size must be positive"),
+    (["train", "horovod", "--batch-size", "0"], "error: --batch_size must be positive"),    # the other spelling
+    (["launch", "ps", "--num-workers", "0"], "error: --num_ps and --num_workers must be at least 1"),
+    (["project", "--bandwidth-gbps", "-3"], "error: --bandwidth_gbps must be in [1e-06, 1e+06], got -3.0"),
+    (["compare", "--dry-run", "--workers", "0"], "error: --workers"),
+])
+def test_hvdps_bad_input_is_one_line(argv, message):
+    code, _, err = _hvdps(argv)
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(message), (code, err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--dry-run", "--no-progress", "--network-interface", "lo"],
+    ["--dry_run", "--no_progress", "--network_interface", "lo"],
+    ["--dry-run=", "--no-progress"],
+])
+def test_hyphen_and_underscore_spell_the_same_flag(argv):
+    from hvdps.compare import make_parser
+    parser = make_parser()
+    assert parser.spelled(argv)[0].startswith("--dry_run")
+    if "lo" in argv:
+        args = parser.parse_args(["--workers", "2", *argv])
+        assert (args.dry_run, args.progress, args.network_interface) == (True, False, "lo")
+
+
+def test_spelling_leaves_values_and_another_programs_flags_alone():
+    from hvdps.compare import make_parser
+    parser = make_parser()
+    argv = ["--rsh", "ssh -o x", "--not-ours", "--dry-run", "--", "--dry-run", "--network-interface"]
+    assert parser.spelled(argv) == ["--rsh", "ssh -o x", "--not-ours", "--dry_run", "--", "--dry-run",
+                                    "--network-interface"]
+
+
+def test_hvdps_compare_dry_run_is_the_console_scripts(tmp_path):
+    """``hvdps compare`` is hvdps-compare's own main: the same lines, whichever spelling."""
+    flags = ["--workers", "1,2", "--backends", "horovod,ps:sync", "--batch_size", "16", "--out", str(tmp_path / "c")]
+    code, a, _ = _hvdps(["compare", "--dry-run", *flags])
+    assert code == 0
+    code, b, _ = _hvdps(["compare", "--dry_run", *flags])
+    assert code == 0 and a == b and "ps_train.launch --num_ps 1 --num_workers 2 --sync" in a

@@ -259,12 +259,13 @@ def test_what_a_killed_run_left_is_removed_at_the_next_start(tmp_path):
     (["--hosts", "abc"], "invalid int value: 'abc'"),
     (["--rate", "fast"], "expected a rate like 100mbit"),
     (["--rate", "1bit"], "tc refused it"),
-    (["--", "--hosts", "a,b"], "--hosts is chosen by hvdps-emulate"),
-    (["--", "--out", "x"], "--out is chosen by hvdps-emulate"),
+    (["--", "--hosts", "a,b"], "--hosts is chosen by hvdps emulate"),
+    (["--", "--out", "x"], "--out is chosen by hvdps emulate"),
+    (["--", "--network-interface=lo"], "--network_interface is chosen by hvdps emulate"),   # either spelling
     (["--sbatch", "hostfiles/slurm/none.sbatch"], "--sbatch hostfiles/slurm/none.sbatch: no such file"),
     (["--sbatch", "PS_MODE=v2"], "expected '[VAR=VALUE ...] SCRIPT'"),
     (["--sbatch", "'unclosed"], "No closing quotation"),
-    (["--slurm", "--cpus-per-node", "0"], "--cpus-per-node must be 1-256"),
+    (["--slurm", "--cpus-per-node", "0"], "--cpus_per_node must be 1-256"),
     (["--hosts", "16", "--", "--workers", "16", "--backends", "horovod", "--dataset", "synthetic", "--image_shape",
       "64,64,3", "--hidden_units", "20000"], "run horovod-sync-w16 starts 16 TensorFlow tasks on this machine"),
 ])

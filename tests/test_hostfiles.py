@@ -43,7 +43,7 @@ def test_script_trainer_flags_are_accepted(path):
     calls = re.findall(r"python ((?:horovod|ps|mwms)_train/main\.py)([^\n]*)", text)
     # a variable the script gives a default (VAR=${VAR:-value}) stands for that value, any other for "x"
     given = dict(re.findall(r"^(\w+)=\$\{\1:-([^}]*)\}", text, re.M))
-    compare = re.findall(r"^hvdps-compare ([^\n]*)", text, re.M)
+    compare = re.findall(r"^hvdps compare ([^\n]*)", text, re.M)
     assert calls or compare, "no trainer or comparison call found"
     for rest in compare:          # the comparison with the script's default flags
         words = [w for w in shlex.split(rest) if w not in ("${COMPARE_ARGS[@]}", "${TRAIN_ARGS[@]}")]

@@ -70,9 +70,9 @@ def test_fit_from_comm_uses_ring_formula():
 @pytest.mark.process
 def test_project_command(tmp_path):
     out = tmp_path / "p"
-    r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth-gbps", "25", "--latency-us", "10",
-             "--model-name", "resnet101", "--step-compute-ms", "580", "--gpus-per-server", "4",
-             "--straggler-cv", "0", "--out", str(out)], timeout=120)
+    r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth_gbps", "25", "--latency_us", "10",
+             "--model_name", "resnet101", "--step_compute_ms", "580", "--gpus_per_server", "4",
+             "--straggler_cv", "0", "--out", str(out)], timeout=120)
     assert r.returncode == 0, r.stderr
     data = json.load(open(out / "projection.json"))
     ring512 = next(x for x in data["rows"] if x["workers"] == 512 and x["arch"] == "ring all-reduce")
@@ -90,8 +90,8 @@ def test_project_command(tmp_path):
 # TensorFlow's 2017 benchmarks page, Inception V3 142 and VGG-16 154 images/s; ResNet-101 is not on
 # it and is interpolated by FLOPs between ResNet-50 (219) and ResNet-152 (91.8): 129 images/s.
 COMPUTE_S = {"inception_v3": 64 / 142, "resnet101": 64 / 129, "vgg16": 64 / 154}
-HOROVOD_2018 = ["--cycle-time-ms", "5", "--fusion-threshold-mb", "64", "--straggler-cv", "0.03",
-                "--gpus-per-server", "4", "--ps-placement", "greedy"]
+HOROVOD_2018 = ["--cycle_time_ms", "5", "--fusion_threshold_mb", "64", "--straggler_cv", "0.03",
+                "--gpus_per_server", "4", "--ps_sharding", "greedy"]
 ROCE = {"bandwidth": 0.9 * 25e9 / 8, "alpha": 5e-6}        # 25 Gbit/s RoCE, 90% goodput, 5 us
 TCP = {"bandwidth": 0.9 * 25e9 / 8, "alpha": 25e-6}        # 25 GbE TCP, 25 us
 PUBLISHED = [
@@ -149,9 +149,9 @@ def test_ps_resnet101_trails_inception_v3_by_its_bytes(towers, ps_gbps):
 @pytest.mark.process
 def test_published_command_line_matches(tmp_path):
     # the documented command gives the same figure as the function the checks use
-    r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth-gbps", "22.5", "--latency-us", "5",
-             "--model-name", "vgg16", "--step-compute-ms", str(1e3 * 64 / 154), *HOROVOD_2018,
-             "--max-workers", "512", "--out", str(tmp_path)], timeout=120)
+    r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth_gbps", "22.5", "--latency_us", "5",
+             "--model_name", "vgg16", "--step_compute_ms", str(1e3 * 64 / 154), *HOROVOD_2018,
+             "--max_workers", "512", "--out", str(tmp_path)], timeout=120)
     assert r.returncode == 0, r.stderr
     rows = json.load(open(tmp_path / "projection.json"))["rows"]
     got = next(x for x in rows if x["workers"] == 512 and x["arch"] == "ring all-reduce")["efficiency"]
@@ -160,10 +160,10 @@ def test_published_command_line_matches(tmp_path):
 
 @pytest.mark.process
 def test_ps_layout_flags_reach_the_schedule(tmp_path):
-    # --ps-gpus-per-worker and --ps-bandwidth-gbps give what project() gives with the same inputs
-    r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth-gbps", "22.5", "--latency-us", "25",
-             "--model-name", "resnet101", "--step-compute-ms", str(1e3 * 64 / 129), *HOROVOD_2018,
-             "--ps-gpus-per-worker", "4", "--ps-bandwidth-gbps", "6.4", "--max-workers", "128",
+    # --ps_gpus_per_worker and --ps_bandwidth_gbps give what project() gives with the same inputs
+    r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth_gbps", "22.5", "--latency_us", "25",
+             "--model_name", "resnet101", "--step_compute_ms", str(1e3 * 64 / 129), *HOROVOD_2018,
+             "--ps_gpus_per_worker", "4", "--ps_bandwidth_gbps", "6.4", "--max_workers", "128",
              "--out", str(tmp_path)], timeout=120)
     assert r.returncode == 0, r.stderr
     data = json.load(open(tmp_path / "projection.json"))
@@ -205,7 +205,7 @@ def test_project_from_runs(tmp_path):
     fake_sync_run(tmp_path / "runs" / "mpi-1", "mpi", 1, 0.010, 0.010)
     out = tmp_path / "p"
     r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--from", str(tmp_path / "runs"),
-             "--bandwidth-gbps", "10", "--latency-us", "20", "--max-workers", "64", "--out", str(out)],
+             "--bandwidth_gbps", "10", "--latency_us", "20", "--max_workers", "64", "--out", str(out)],
             timeout=180)
     assert r.returncode == 0, r.stderr
     data = json.load(open(out / "projection.json"))
@@ -222,7 +222,7 @@ def test_project_from_runs(tmp_path):
     assert "## Crossover" not in text and not (out / "crossover.png").exists()
     fake_sync_run(tmp_path / "runs" / "ps-2", "ps", 2, 0.010, 0.030, num_ps=1)
     r = run([os.path.join(BIN, "hvdps-project"), "--from", str(tmp_path / "runs"),
-             "--bandwidth-gbps", "10", "--latency-us", "20", "--out", str(out)], timeout=180)
+             "--bandwidth_gbps", "10", "--latency_us", "20", "--out", str(out)], timeout=180)
     assert r.returncode == 0, r.stderr
     text = (out / "projection.md").read_text()
     assert "## Crossover: ring all-reduce against parameter servers" in text and "![crossover](crossover.png)" in text
@@ -235,7 +235,7 @@ def test_project_from_runs(tmp_path):
     for n, step in ((4, 0.050), (8, 0.090)):
         fake_sync_run(tmp_path / "runs" / f"ps-{n}", "ps", n, 0.010, step, num_ps=1)
     r = run([os.path.join(BIN, "hvdps-project"), "--from", str(tmp_path / "runs"),
-             "--bandwidth-gbps", "10", "--latency-us", "20", "--out", str(out)], timeout=180)
+             "--bandwidth_gbps", "10", "--latency_us", "20", "--out", str(out)], timeout=180)
     assert r.returncode == 0, r.stderr
     assert "## Held out: fitted at the two smallest worker counts" in (out / "projection.md").read_text()
     held = json.load(open(out / "projection.json"))["heldout"]
@@ -244,21 +244,21 @@ def test_project_from_runs(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--bandwidth-gbps", "-3", "--latency-us", "10"], "--bandwidth-gbps must be in [1e-06, 1e+06], got -3.0"),
-    (["--comm-json", "{bad}"], "bad.json: not valid JSON"),
-    (["--comm-json", "/no/such.json"], "--comm-json /no/such.json: no such file"),
-    (["--bandwidth-gbps", "25", "--latency-us", "10", "--overlap", "0.5"], "--overlap is gone"),
-    (["--bandwidth-gbps", "25", "--latency-us", "10", "--from", "/no/runs"], "--from /no/runs: no such directory"),
-    (["--bandwidth-gbps", "25", "--latency-us", "10", "--straggler-cv", "1.5"], "--straggler-cv must be in [0, 1], got 1.5"),
-    (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-placement", "random"], "invalid choice: 'random'"),
-    (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-gpus-per-worker", "3", "--gpus-per-server", "4"],
-     "--ps-gpus-per-worker must divide --gpus-per-server (4), got 3"),
-    (["--bandwidth-gbps", "25", "--latency-us", "10", "--ps-bandwidth-gbps", "0"],
-     "--ps-bandwidth-gbps must be in [1e-06, 1e+06], got 0.0"),
+    (["--bandwidth_gbps", "-3", "--latency_us", "10"], "--bandwidth_gbps must be in [1e-06, 1e+06], got -3.0"),
+    (["--comm_json", "{bad}"], "bad.json: not valid JSON"),
+    (["--comm_json", "/no/such.json"], "--comm_json /no/such.json: no such file"),
+    (["--bandwidth_gbps", "25", "--latency_us", "10", "--overlap", "0.5"], "--overlap is gone"),
+    (["--bandwidth_gbps", "25", "--latency_us", "10", "--from", "/no/runs"], "--from /no/runs: no such directory"),
+    (["--bandwidth_gbps", "25", "--latency_us", "10", "--straggler_cv", "1.5"], "--straggler_cv must be in [0, 1], got 1.5"),
+    (["--bandwidth_gbps", "25", "--latency_us", "10", "--ps_sharding", "random"], "invalid choice: 'random'"),
+    (["--bandwidth_gbps", "25", "--latency_us", "10", "--ps_gpus_per_worker", "3", "--gpus_per_server", "4"],
+     "--ps_gpus_per_worker must divide --gpus_per_server (4), got 3"),
+    (["--bandwidth_gbps", "25", "--latency_us", "10", "--ps_bandwidth_gbps", "0"],
+     "--ps_bandwidth_gbps must be in [1e-06, 1e+06], got 0.0"),
     # the shipped loopback measurements: the ring's small exchanges are too fast to fit a latency
     ([], "cannot fit latency and bandwidth from"),
-    (["--comm-json", "{tiny}"], "ring all-reduce: the fitted latency is"),
-    (["--comm-json", "{tiny}", "--bandwidth-gbps", "25"], "give the network as --bandwidth-gbps and --latency-us"),
+    (["--comm_json", "{tiny}"], "ring all-reduce: the fitted latency is"),
+    (["--comm_json", "{tiny}", "--bandwidth_gbps", "25"], "give the network as --bandwidth_gbps and --latency_us"),
 ])
 def test_project_bad_input(tmp_path, args, message):
     bad = tmp_path / "bad.json"
@@ -267,13 +267,13 @@ def test_project_bad_input(tmp_path, args, message):
     tiny.write_text(json.dumps({"np": 2, "results": [
         {"impl": "horovod-mpi", "bytes": b, "seconds": t} for b, t in ((30000, 1e-5), (1e6, 8e-4), (1e8, 0.08))]}))
     args = [str(bad) if a == "{bad}" else str(tiny) if a == "{tiny}" else a for a in args]
-    r = run([os.path.join(BIN, "hvdps-compare"), "--project", *args, "--model-name", "vgg16",
-             "--step-compute-ms", "100", "--out", str(tmp_path / "p")], timeout=60)
+    r = run([os.path.join(BIN, "hvdps-compare"), "--project", *args, "--model_name", "vgg16",
+             "--step_compute_ms", "100", "--out", str(tmp_path / "p")], timeout=60)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_project_needs_inputs(tmp_path):
-    r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth-gbps", "25", "--latency-us", "10",
+    r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth_gbps", "25", "--latency_us", "10",
              "--out", str(tmp_path / "p")], timeout=60)
     assert r.returncode == 2 and "needs the model" in r.stderr
 
@@ -394,8 +394,8 @@ def test_projection_lines_for_tf_ring_from_a_comm_file(tmp_path):
     comm = tmp_path / "comm.json"
     comm.write_text(json.dumps({"np": 2, "results": res}))
     out = tmp_path / "p"
-    assert pj.main(["--comm-json", str(comm), "--model-name", "resnet101", "--step-compute-ms", "500",
-                    "--max-workers", "64", "--straggler-cv", "0", "--out", str(out)]) == 0
+    assert pj.main(["--comm_json", str(comm), "--model_name", "resnet101", "--step_compute_ms", "500",
+                    "--max_workers", "64", "--straggler_cv", "0", "--out", str(out)]) == 0
     data = json.load(open(out / "projection.json"))
     (label, fit), = data["own_fits"].items()
     assert fit["alpha"] == pytest.approx(3e-4) and "MWMS" in label

@@ -1,0 +1,84 @@
+"""hvdps: one command, a subcommand for each thing a user does.
+
+    hvdps compare --workers 1,2 --backends horovod,ps --out runs/cmp    # train side by side, one report
+    hvdps project --from runs/cmp/runs --bandwidth_gbps 25 ...          # those runs on another network
+    hvdps emulate --hosts 4 --rate 50mbit --out runs/emu -- ...         # the comparison on shaped hosts (root)
+    hvdps hosts hostfiles/hostfile.example                              # one inventory to every format
+    hvdps train horovod|mpi|mwms|ps [trainer flags]                     # one trainer process
+    hvdps launch ps|mwms [flags]                                        # a whole local (or --hosts) job
+
+The trainers and launchers are found by their packages (``<method>_train/main.py``,
+``<method>_train/launch.py``), so a method added as a package is a subcommand with no edit here.
+Each subcommand is the module's own ``main``: the same flags, checks and exit codes as
+``python horovod_train/main.py`` or ``hvdps launch ps``, which keep working, as do
+``horovodrun -np 4 python horovod_train/main.py`` and ``mpirun ... python mpi_train/main.py``.
+Every flag takes its underscore spelling (``--num_ps``, ``--dry_run``) and the hyphenated one alike.
+"""
+import importlib
+import os
+import sys
+
+from common.errors import UsageError, cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# subcommand: (module whose main() it runs, what it does)
+TOOLS = {
+    "compare": ("hvdps.compare", "train one model several ways and report them side by side"),
+    "project": ("hvdps.projection", "project measured or described runs to other networks and worker counts"),
+    "emulate": ("hvdps.emulate", "run a comparison on an emulated cluster of shaped hosts (root)"),
+    "hosts": ("hvdps.hosts", "write one host inventory in every launcher's format"),
+}
+GROUPS = {"train": ("main", "one trainer process of a method (under horovodrun, mpirun, srun or alone)"),
+          "launch": ("launch", "a whole job of a method's tasks, here or --hosts")}
+
+
+def methods(kind):
+    """{method: module} of the method packages (``<name>_train``) that have ``<kind>.py``."""
+    found = {}
+    for entry in sorted(os.listdir(REPO)):
+        if entry.endswith("_train") and os.path.isfile(os.path.join(REPO, entry, f"{kind}.py")):
+            found[entry[:-len("_train")]] = f"{entry}.{kind}"
+    return found
+
+
+def usage():
+    rows = [(name, what) for name, (_, what) in TOOLS.items()]
+    rows += [(f"{group} {'|'.join(methods(kind))}", what) for group, (kind, what) in GROUPS.items()]
+    width = max(len(name) for name, _ in rows) + 2
+    return "\n".join(["usage: hvdps SUBCOMMAND [flags]   (hvdps SUBCOMMAND --help for its flags)", "", "subcommands:",
+                      *(f"  {name:<{width}}{what}" for name, what in rows)])
+
+
+def resolve(argv):
+    """(module, the subcommand's own argv, its program name) for ``hvdps ARGV``; UsageError otherwise."""
+    if not argv:
+        raise UsageError("a subcommand is needed (valid: " + ", ".join([*TOOLS, *GROUPS]) + "); hvdps --help lists them")
+    name, rest = argv[0], argv[1:]
+    if name in TOOLS:
+        return TOOLS[name][0], rest, f"hvdps {name}"
+    if name in GROUPS:
+        found = methods(GROUPS[name][0])
+        if not rest or rest[0] not in found:
+            got = f"'{rest[0]}'" if rest else "none"
+            raise UsageError(f"hvdps {name}: unknown method {got} (valid: {', '.join(found)})")
+        return found[rest[0]], rest[1:], f"hvdps {name} {rest[0]}"
+    raise UsageError(f"unknown subcommand '{name}' (valid: {', '.join([*TOOLS, *GROUPS])})")
+
+
+@cli
+def _dispatch(argv):
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage())
+        return 0
+    module, rest, prog = resolve(argv)
+    sys.argv = [prog, *rest]          # main() reads its own flags, as when it is the process (a PS task
+    return importlib.import_module(module).main()   # re-executes itself with sys.orig_argv: hvdps again)
+
+
+def main(argv=None):
+    return _dispatch(sys.argv[1:] if argv is None else list(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
