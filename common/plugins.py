@@ -37,7 +37,7 @@ class _Expired(BaseException):
 
 def bound_plugins(seconds, flag):
     """From here on, every plug-in import and call in this process shares ``seconds`` (the run's
-    --run_timeout or --timeout): a plug-in that never returns is stopped and named in one line,
+    --run_timeout): a plug-in that never returns is stopped and named in one line,
     not left to hang the launcher before any job starts. 0 or None: unbounded."""
     global _budget
     _budget = (time.monotonic() + seconds, seconds, flag) if seconds else None

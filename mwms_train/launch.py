@@ -7,7 +7,7 @@ What a TFJob or a batch script does per host, done here per process: every task 
 port on --host (loopback by default, and it listens there only) and a TF_CONFIG naming the
 whole cluster and its own index. Output lines carry the task's name (``[worker:1]``); the exit
 code is worker 0's. A worker that fails or is killed ends the job at once (synchronous
-training cannot go on without it), and Ctrl-C, SIGTERM or --timeout tear every task down;
+training cannot go on without it), and Ctrl-C, SIGTERM or --run_timeout tear every task down;
 the tasks also die with the launcher. The process machinery is the PS launcher's
 (ps_train/launch.py: Cluster, supervise).
 
@@ -16,6 +16,7 @@ through the remote shell (ssh, srun's agent under --hosts slurm, or --rsh) with 
 --task_index in its command line, listening on its host's own address at --port and up, and
 tethered to its connection (common/tether.py), so the same teardown reaches every host.
 """
+import argparse
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ from common.config import argv_of
 from common.errors import UsageError, cli
 from common.procs import child_env, free_ports, loopback_only_env
 
-LAUNCHER_FLAGS = ("num_workers", "host", "pin_workers", "timeout", "hosts", "rsh", "port")
+LAUNCHER_FLAGS = ("num_workers", "host", "pin_workers", "run_timeout", "hosts", "rsh", "port")
 CHOSEN_BY_LAUNCHER = ("worker_hosts", "task_index")
 
 
@@ -42,7 +43,9 @@ def make_parser():
                    help="address every task listens on and is reached at (loopback: nothing else can connect)")
     g.add_argument("--pin_workers", action="store_true",
                    help="pin worker i to core i (equal core budget per worker, for scaling benchmarks)")
-    g.add_argument("--timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
+    g.add_argument("--run_timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
+    g.add_argument("--timeout", dest="run_timeout", type=float, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)   # the former name of --run_timeout
     g.add_argument("--hosts", default=None,
                    help="start the workers on these hosts instead: hostfile, h1:2,h2:2 or 'slurm' (the allocation)")
     g.add_argument("--rsh", default=None, help="with --hosts: remote shell called as 'AGENT HOST COMMAND' "
@@ -60,9 +63,9 @@ def parse_args(argv):
     refuse_chosen(args, CHOSEN_BY_LAUNCHER)
     if not 1 <= args.num_workers <= 1024:
         raise UsageError(f"--num_workers must be in [1, 1024], got {args.num_workers}")
-    check_finite("timeout", args.timeout)
-    if args.timeout < 0:
-        raise UsageError(f"--timeout must be >= 0, got {args.timeout}")
+    check_finite("run_timeout", args.run_timeout)
+    if args.run_timeout < 0:
+        raise UsageError(f"--run_timeout must be >= 0, got {args.run_timeout}")
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be 1-65535, got {args.port}")
     if not args.hosts and (args.rsh or args.port != 2222):
@@ -82,7 +85,7 @@ def parse_args(argv):
         args.host_ip = ip
     check_mwms_flags(args)
     from common.plugins import bound_plugins
-    bound_plugins(args.timeout, "--timeout")      # the checks below import and call plug-ins
+    bound_plugins(args.run_timeout, "--run_timeout")      # the checks below import and call plug-ins
     cfg = from_args(args)
     from common.data import num_examples      # the data checks and the batch, once, before a task starts
     from common.plan import steps_per_epoch
@@ -138,7 +141,7 @@ def main(argv=None):
     else:
         cluster = Cluster(build_tasks(args.num_workers, args.host, args.host_ip, pin=args.pin_workers),
                           trainer_argv, env=child_env())
-    code, ended_by, _ = run_cluster(cluster, sync=True, timeout=args.timeout or None, chief_name="worker:0")
+    code, ended_by, _ = run_cluster(cluster, sync=True, timeout=args.run_timeout or None, chief_name="worker:0")
     return last_words(cluster, code, ended_by, cluster.errors.get("worker:0") or next(iter(cluster.errors.values()), None))
 
 

@@ -19,6 +19,7 @@ shell (ssh, srun's agent, or --rsh), listens on its host's own address at
 --port and up, and is tethered to its connection (common/tether.py), so the
 same teardown reaches every host.
 """
+import argparse
 import ctypes
 import json
 import os
@@ -283,14 +284,16 @@ def make_parser():
     g.add_argument("--ps_placement", default="own", choices=("own", "beside"),
                    help="with --hosts: each PS on a host of its own (own) or on the workers' hosts (beside)")
     g.add_argument("--port", type=int, default=2222, help="with --hosts: first port on each host (Kubeflow: 2222)")
-    g.add_argument("--timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
+    g.add_argument("--run_timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
+    g.add_argument("--timeout", dest="run_timeout", type=float, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)   # the former name of --run_timeout
     g.add_argument("--max_restarts", type=int, default=0,
                    help="when the job fails (a PS or the chief lost, a sync worker gone), restart every role "
                         "from the latest checkpoint up to this many times (see --checkpoint_steps)")
     return p
 
 
-LAUNCHER_FLAGS = ("num_ps", "num_workers", "host", "pin_workers", "timeout", "max_restarts", "hosts", "rsh",
+LAUNCHER_FLAGS = ("num_ps", "num_workers", "host", "pin_workers", "run_timeout", "max_restarts", "hosts", "rsh",
                   "ps_placement", "port")
 
 
@@ -332,15 +335,15 @@ def parse_args(argv):
                              "; the local launcher starts every task here (other machines: --hosts)")
     if args.max_restarts < 0:
         raise UsageError(f"--max_restarts must be >= 0, got {args.max_restarts}")
-    check_finite("timeout", args.timeout)
-    if args.timeout < 0:
-        raise UsageError(f"--timeout must be >= 0, got {args.timeout}")
+    check_finite("run_timeout", args.run_timeout)
+    if args.run_timeout < 0:
+        raise UsageError(f"--run_timeout must be >= 0, got {args.run_timeout}")
     if not args.hosts and args.num_ps + args.num_workers > MAX_LOCAL_TASKS:
         raise UsageError(f"--num_ps {args.num_ps} and --num_workers {args.num_workers}: {args.num_ps + args.num_workers} "
                          f"tasks on this machine, more than the {MAX_LOCAL_TASKS} the local launcher starts "
                          f"(a port, a process and a TensorFlow runtime each); other machines: --hosts")
     from common.plugins import bound_plugins
-    bound_plugins(args.timeout, "--timeout")      # the checks below import and call plug-ins
+    bound_plugins(args.run_timeout, "--run_timeout")      # the checks below import and call plug-ins
     cfg = from_args(args)
     check_ps_flags(args)
     from common.data import num_examples      # the data checks and the batch, once, before a task starts
@@ -368,7 +371,7 @@ def run_once(args, trainer_argv):
     else:
         cluster = Cluster(build_tasks(args.num_ps, args.num_workers, args.host, pin=args.pin_workers, chief=v2),
                           trainer_argv, env=child_env())
-    code, ended_by, role = run_cluster(cluster, args.sync, args.timeout or None,
+    code, ended_by, role = run_cluster(cluster, args.sync, args.run_timeout or None,
                                        chief_name="chief:0" if v2 else "worker:0")
     cluster.say("cpu seconds: " + ", ".join(f"{n} {c:.1f}" for n, c in sorted(cluster.cpu.items())))
     cluster.ended_by_role = role

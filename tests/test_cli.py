@@ -86,8 +86,8 @@ CASES = [
     # ---- local PS launcher
     (LAUNCH, ["--num_workers", "0"], {}, "error: --num_ps and --num_workers must be at least 1"),
     (LAUNCH, ["--job_name", "ps"], {}, "error: --job_name is chosen by the launcher"),
-    (LAUNCH, ["--timeout", "-5"], {}, "error: --timeout must be >= 0, got -5.0"),
-    (LAUNCH, ["--timeout", "nan"], {}, "error: --timeout must be a finite number, got nan"),
+    (LAUNCH, ["--timeout", "-5"], {}, "error: --run_timeout must be >= 0, got -5.0"),     # the former name
+    (LAUNCH, ["--run_timeout", "nan"], {}, "error: --run_timeout must be a finite number, got nan"),
     (LAUNCH, ["--learning_rate", "nan"], {}, "error: --learning_rate must be a finite number, got nan"),
     (LAUNCH, ["--step_timeout", "inf"], {}, "error: --step_timeout must be a finite number, got inf"),
     (LAUNCH, ["--threads_per_worker", "-1"], {}, "error: --threads_per_worker must be >= 0, got -1"),
@@ -130,10 +130,10 @@ CASES = [
      "(--run_timeout)"),
     (COMPARE, ["--dataset", "{tmp}/plug.py:never_returns", "--run_timeout", "3", "--out", "{tmp}/out"], {},
      "error: --dataset {tmp}/plug.py:never_returns: the plug-in did not return within 3 s (--run_timeout)"),
-    (LAUNCH, ["--dataset", "{tmp}/plug.py:spins", "--timeout", "3"], {},
-     "error: --dataset {tmp}/plug.py:spins: the plug-in did not return within 3 s (--timeout)"),
+    (LAUNCH, ["--dataset", "{tmp}/plug.py:spins", "--run_timeout", "3"], {},
+     "error: --dataset {tmp}/plug.py:spins: the plug-in did not return within 3 s (--run_timeout)"),
     (MWMS_LAUNCH, ["--dataset", "{tmp}/plug.py:swallows_everything", "--timeout", "3"], {},
-     "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--timeout)"),
+     "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--run_timeout)"),
     (LAUNCH, ["--num_ps", "100000"], {}, "error: --num_ps 100000 and --num_workers 2: 100002 tasks on this machine"),
     (COMPARE, ["--workers", "100000", "--dry_run"], {}, "error: --workers 100000: more than the 1024 tasks one "
                                                           "machine runs"),
