@@ -237,10 +237,10 @@ def figure(result):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.ticker import ScalarFormatter
-    from hvdps.report import _styles
+    from hvdps.report import series_styles
     fig, axes = plt.subplots(1, len(result), figsize=(9.5 * len(result), 5), squeeze=False)
     for w, ax in zip(result, axes[0]):
-        looks = _styles([s["name"] for s in w["series"]])
+        looks = series_styles([s["name"] for s in w["series"]])
         handles = []
         for s in w["series"]:
             (c, mark), style = looks[s["name"]], "-" if s["ring"] else "--"

@@ -157,11 +157,8 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
             add(n, label, schedule.ps_step(layers, compute_s, n, ps["bandwidth"], ps["alpha"], k,
                                            per_server, placement, towers=ps_towers))
         for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
-            # BytePS with k CPU servers moves 2n(n-1)M/((n^2+kn-2k)B): a ring on a link
-            # (n^2+kn-2k)/n^2 times faster, so the same schedule at that bandwidth
-            scale = (n * n + k * n - 2 * k) / float(n * n)
-            res = schedule.ring_step(layers, compute_s, n, ring["bandwidth"] * scale, ring["alpha"],
-                                     fusion_bytes, cycle_s)
+            res = schedule.ring_step(layers, compute_s, n, ring["bandwidth"] * schedule.byteps_link_scale(n, k),
+                                     ring["alpha"], fusion_bytes, cycle_s)
             add(n, label, res)
         for label, (method, net) in (own or {}).items():
             row = {"workers": n, "compute_s": compute_s, "grad_bytes_per_step": grad, "mode": method.modes[0]}

@@ -460,7 +460,7 @@ def _details(r):
 MARKERS = "os^Dv<>"          # 7, prime to tab20's 20 colours: 140 series before a look repeats
 
 
-def _styles(labels):
+def series_styles(labels):
     """{label: (colour, marker)}, one each: matplotlib's ten colours repeat from the eleventh line,
     so past ten the 20 of tab20, and the marker varies too, so no two of a panel's series look
     alike (an emulated pass has 12: three rings, three PS variants with 1, 2 and 4 shards)."""
@@ -564,7 +564,7 @@ def write_plots(rows, out):
     written = []
     groups = _workloads(rows)
     # one look per method across the workloads' panels (and per method and workers in accuracy_vs_time.png)
-    styles = _styles(sorted({_label(r) for r in rows if r.get("samples_per_sec_median") and r.get("status") == "ok"}))
+    styles = series_styles(sorted({_label(r) for r in rows if r.get("samples_per_sec_median") and r.get("status") == "ok"}))
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
     for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
         series = {}
@@ -597,7 +597,7 @@ def write_plots(rows, out):
     written.append(_save(fig, out, "throughput.png", legend_size=8))
 
     curve_label = lambda r: f"{_label(r)}, {r['workers']} worker(s)"      # noqa: E731
-    styles = _styles(list(dict.fromkeys(curve_label(r) for r in sorted(rows, key=lambda r: (_label(r), r["workers"]))
+    styles = series_styles(list(dict.fromkeys(curve_label(r) for r in sorted(rows, key=lambda r: (_label(r), r["workers"]))
                                         if (r.get("_curves") or {}).get("evals"))))
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
     for (model, rs), (ax1, ax2) in zip(groups.items(), axes):

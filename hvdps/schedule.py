@@ -212,12 +212,9 @@ def straggler_factor(n, cv):
     return 1.0 + cv * NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
-def byteps_time(n, nbytes, bandwidth, k):
-    """Best exchange time with n workers and k extra CPU-only servers (BytePS, OSDI'20, section 3.1).
-
-    2n(n-1)M / ((n^2 + kn - 2k) B): all-reduce's 2(n-1)M/(nB) at k = 0, and M/B
-    (every byte crosses each worker's link once each way) at k = n.
-    """
-    if n <= 1:
-        return 0.0
-    return 2.0 * n * (n - 1) * nbytes / ((n * n + k * n - 2 * k) * bandwidth)
+def byteps_link_scale(n, k):
+    """How many times faster than a ring's the exchange of n workers with k extra CPU-only servers is
+    (BytePS, OSDI'20, section 3.1): it moves 2n(n-1)M/((n^2 + kn - 2k)B), all-reduce's 2(n-1)M/(nB)
+    at k = 0 and M/B (every byte crosses each worker's link once each way) at k = n; so the ring's
+    schedule on a link (n^2 + kn - 2k)/n^2 times faster."""
+    return (n * n + k * n - 2 * k) / float(n * n) if n > 1 else 1.0

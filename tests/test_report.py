@@ -182,8 +182,8 @@ def test_shards_section_only_for_several_ps_tasks():
 def test_every_series_of_a_panel_has_a_look_of_its_own(count):
     """matplotlib's default colours repeat from the eleventh line: an emulated pass draws 12 methods
     in throughput.png and 48 runs in accuracy_vs_time.png."""
-    from hvdps.report import _styles
-    styles = _styles([f"method {i}" for i in range(count)])
+    from hvdps.report import series_styles
+    styles = series_styles([f"method {i}" for i in range(count)])
     looks = {(tuple(colour), marker) for colour, marker in styles.values()}
     assert len(styles) == count and len(looks) == count
 

@@ -109,5 +109,7 @@ def test_straggler_factor(n, cv, low, high):
     (2, 1, 2 * 2 * 1 * 0.1 / (4 + 2 - 2)),
 ])
 def test_byteps(n, k, expected):
-    assert s.byteps_time(n, 1e8, 1e9, k) == pytest.approx(expected)
-    assert s.byteps_time(n, 1e8, 1e9, n) <= s.byteps_time(n, 1e8, 1e9, k) <= s.byteps_time(n, 1e8, 1e9, 0)
+    """The ring's time on the scaled link is BytePS' 2n(n-1)M/((n^2+kn-2k)B) with k servers."""
+    time = lambda k: ring_allreduce_time(n, 1e8, 1e9 * s.byteps_link_scale(n, k), 0.0)
+    assert time(k) == pytest.approx(expected)
+    assert time(n) <= time(k) <= time(0)
