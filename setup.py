@@ -14,6 +14,7 @@ setup(
     python_requires=">=3.9,<3.14",
     packages=find_packages(include=["common", "common.*", "horovod_train", "horovod_train.*",
                                     "ps_train", "ps_train.*", "mpi_train", "mpi_train.*", "mwms_train", "mwms_train.*",
+                                    "tf_cluster", "tf_cluster.*",
                                     "hvdps", "hvdps.*"]),
     package_data={"hvdps": ["model_profiles.json"],     # layer profiles of the benchmark models
                   "common": ["digits.csv.gz"]},       # the bundled data set (common/data.py: load_digits)

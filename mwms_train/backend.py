@@ -284,13 +284,13 @@ def resolve_workers(args, environ):
 
 def listen_on_own_address(address, bind, who):
     """This task's gRPC server (started by the strategy, on every interface by TensorFlow's
-    default) binds its own cluster address instead: the PS tasks' rule (ps_train/listen.py), which
+    default) binds its own cluster address instead: the PS tasks' rule (tf_cluster/listen.py), which
     may re-execute the process with the bind shim. Already in place under the local launcher,
     whose tasks inherit a loopback-only environment."""
     if address is None:
         return
     import os
-    from ps_train.listen import choose_address, restrict_listening
+    from tf_cluster.listen import choose_address, restrict_listening
     host, port = parse_address(address, who)
     ip, note = choose_address(host, bind)
     if note:

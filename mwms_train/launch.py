@@ -9,7 +9,7 @@ whole cluster and its own index. Output lines carry the task's name (``[worker:1
 code is worker 0's. A worker that fails or is killed ends the job at once (synchronous
 training cannot go on without it), and Ctrl-C, SIGTERM or --run_timeout tear every task down;
 the tasks also die with the launcher. The process machinery is the PS launcher's
-(ps_train/launch.py: Cluster, supervise).
+(tf_cluster/supervise.py: Cluster, supervise).
 
 With --hosts the workers fill the hosts' slots in order (as mpirun places ranks), each started
 through the remote shell (ssh, srun's agent under --hosts slurm, or --rsh) with --worker_hosts and
@@ -27,6 +27,7 @@ if __package__ in (None, ""):
 from common.config import argv_of
 from common.errors import UsageError, cli
 from common.procs import child_env, free_ports, loopback_only_env
+from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
 
 LAUNCHER_FLAGS = ("num_workers", "host", "pin_workers", "run_timeout", "hosts", "rsh", "port")
 CHOSEN_BY_LAUNCHER = ("worker_hosts", "task_index")
@@ -57,7 +58,6 @@ def make_parser():
 def parse_args(argv):
     from common.config import check_finite, from_args
     from mwms_train.backend import check_mwms_flags
-    from ps_train.launch import refuse_chosen
     p = make_parser()
     args = p.parse_args(argv)
     refuse_chosen(args, CHOSEN_BY_LAUNCHER)
@@ -76,7 +76,7 @@ def parse_args(argv):
         args.train_dir = os.path.abspath(args.train_dir)
         args.host_ip = None
     else:
-        from ps_train.listen import bindable, resolve
+        from tf_cluster.listen import bindable, resolve
         ip = resolve(args.host)
         if ip is None or not bindable(ip):
             raise UsageError(f"--host {args.host}: " + ("cannot resolve it" if ip is None else
@@ -133,14 +133,13 @@ def build_remote_tasks(args, trainer_argv):
 
 @cli
 def main(argv=None):
-    from ps_train.launch import Cluster, last_words, run_cluster
     args, parser = parse_args(sys.argv[1:] if argv is None else argv)
     trainer_argv = argv_of(args, parser, skip=LAUNCHER_FLAGS)
     if args.hosts:
-        cluster = Cluster(build_remote_tasks(args, trainer_argv), [], env=child_env())
+        cluster = Cluster(build_remote_tasks(args, trainer_argv), [], env=child_env(), marker="mwms_train")
     else:
         cluster = Cluster(build_tasks(args.num_workers, args.host, args.host_ip, pin=args.pin_workers),
-                          trainer_argv, env=child_env())
+                          trainer_argv, env=child_env(), marker="mwms_train")
     code, ended_by, _ = run_cluster(cluster, sync=True, timeout=args.run_timeout or None, chief_name="worker:0")
     return last_words(cluster, code, ended_by, cluster.errors.get("worker:0") or next(iter(cluster.errors.values()), None))
 

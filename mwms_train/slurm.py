@@ -2,7 +2,7 @@
 
     srun python -m mwms_train.slurm [--port 2222] -- python mwms_train/main.py [flags]
 
-Every task of the job step is a worker (ps_train/slurm.py's ``slurm_tf_config``: the step's nodes in
+Every task of the job step is a worker (tf_cluster/slurm.py's ``slurm_tf_config``: the step's nodes in
 order, ports counted up on each node); the command runs in place of this process with ``TF_CONFIG`` set, as on Kubeflow.
 """
 import os
@@ -13,7 +13,7 @@ if __package__ in (None, ""):
 
 from common.config import Parser
 from common.errors import UsageError, cli
-from ps_train.slurm import exec_with_tf_config, slurm_tf_config
+from tf_cluster.slurm import exec_with_tf_config, slurm_tf_config
 
 
 @cli

@@ -44,7 +44,7 @@ class PSBackend(Backend):
         self.address = cluster[job][index]
         self.chief_address = cluster[self.replica_list[0][0]][0]
         self.threads = 0
-        self.bind_address = None       # None: every interface (ps_train/listen.py decides)
+        self.bind_address = None       # None: every interface (tf_cluster/listen.py decides)
         self.server = None
 
     # ---------------------------------------------------------------- interface

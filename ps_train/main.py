@@ -47,7 +47,7 @@ from ps_train.backend import PSBackend, describe_placement, shard_bytes
 from ps_train.chief import WaitMeter, WorkerTracker, evaluate
 from ps_train.cluster import add_ps_args, resolve_cluster
 from ps_train.graph import build_graph, data_position, scaffold
-from ps_train.listen import listen_only_on
+from tf_cluster.listen import listen_only_on
 from ps_train.peers import ChiefWatch, PSWatch
 
 
@@ -68,7 +68,7 @@ def main(argv=None):
         check_train_dir(cfg)
         if cfg.resume:
             check_resume_compatible(cfg, cfg.train_dir, backend)
-    if argv is None:                             # PS: listen on this task's address only (ps_train/listen.py)
+    if argv is None:                             # PS: listen on this task's address only (tf_cluster/listen.py)
         listen_only_on(backend, args.bind)
     num_train = 0 if backend.is_ps else num_examples(cfg)
     if not backend.is_ps:                        # a Keras 3 plug-in: one line before joining (common/keras3.py)

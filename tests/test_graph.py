@@ -24,7 +24,7 @@ from common.config import make_config
 from common.data import load_arrays
 from ps_train.backend import PSBackend
 from ps_train.graph import build_graph
-from ps_train.listen import listen_only_on
+from tf_cluster.listen import listen_only_on
 import tensorflow as tf
 v1 = tf.compat.v1
 cluster, optimizer, sync = json.loads(sys.argv[1]), sys.argv[2], sys.argv[4] == "sync"

@@ -125,7 +125,7 @@ def test_slurm_task_tf_config(procid, nodes, tasks, num_ps, chief, want):
 ])
 def test_slurm_task_tf_config_for_all_reduce(procid, nodes, tasks, index, cluster):
     """mwms.sbatch: every task a worker, in SLURM's task order, which the trainer's cluster reader takes."""
-    from ps_train.slurm import slurm_tf_config
+    from tf_cluster.slurm import slurm_tf_config
     env = {"SLURM_PROCID": str(procid), "SLURM_STEP_NODELIST": nodes, "SLURM_STEP_TASKS_PER_NODE": tasks}
     config = json.loads(slurm_tf_config(lambda total: {"worker": total}, 2222, env))
     assert config == {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}

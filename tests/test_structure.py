@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import REPO
 
-PACKAGES = ("common", "hvdps", "horovod_train", "mpi_train", "mwms_train", "ps_train")
+PACKAGES = ("common", "hvdps", "horovod_train", "mpi_train", "mwms_train", "ps_train", "tf_cluster")
 
 
 def project_imports():
@@ -79,3 +79,17 @@ def test_common_imports_no_backend():
             if isinstance(node, ast.Attribute) and node.attr == "distribute":
                 assert not (isinstance(node.value, ast.Name) and node.value.id == "tf"), module
         assert not any(d.split(".")[0] in ("horovod_train", "mpi_train", "ps_train", "hvdps") for d in deps), module
+
+
+@pytest.mark.unit
+def test_a_method_package_imports_no_other_method():
+    """A method is its package: what two of them share (the TensorFlow cluster plumbing of PS and
+    MultiWorkerMirrored: listening, supervision, SLURM's TF_CONFIG) lives in tf_cluster/, and the two
+    all-reduce trainers' loop in common/, so no method package reaches into another's."""
+    methods = [p for p in PACKAGES if p.endswith("_train")]
+    for module, deps in project_imports().items():
+        own = module.split(".")[0]
+        if own in methods:
+            assert not [d for d in deps if d.split(".")[0] in methods and d.split(".")[0] != own], (module, deps)
+        if own == "tf_cluster":
+            assert not [d for d in deps if d.split(".")[0] in methods + ["hvdps"]], (module, deps)
