@@ -113,6 +113,10 @@ def py(*args, **kw):
 # Tests that read one shared job (a fixture launched once per session or module) run on one pytest-xdist
 # worker, so the job is launched once, not once per worker.
 SHARED_JOBS = {"jobs": "jobs", "runs": "resume-runs"}
+# The root tier runs one test after another on one worker, except the README's walk-through, which runs
+# beside it on the other: each emulated cluster is namespaces of its own (named by its pid, on a bridge
+# of its own), each SLURM of them daemons in those namespaces with their own state folder and socket.
+ROOT_GROUPS = {"test_readme": "readme"}
 
 
 def pytest_collection_modifyitems(items):
@@ -120,13 +124,13 @@ def pytest_collection_modifyitems(items):
     namespaces, mounts); every other test is ``unit``, so ``pytest -m unit`` is the in-process tier.
 
     Under pytest-xdist (``make test`` runs two at a time, ``--dist loadgroup``), the root tier runs on one
-    worker, one test after another: the emulated clusters, SLURM's daemons and the mounts each own the
-    machine's namespaces, addresses and daemon ports while they run."""
+    worker, one test after another, and the README's walk-through (which brings up clusters of its own)
+    on the other."""
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("process", "root")):
             item.add_marker(pytest.mark.unit)
         if item.get_closest_marker("root"):
-            item.add_marker(pytest.mark.xdist_group("root"))
+            item.add_marker(pytest.mark.xdist_group(ROOT_GROUPS.get(item.module.__name__.rsplit(".", 1)[-1], "root")))
         else:
             shared = [SHARED_JOBS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_JOBS]
             if shared:

@@ -168,8 +168,10 @@ def test_every_readme_command_block_runs_in_order_on_a_fresh_checkout(tmp_path):
     rows = json.load(open(os.path.join(runs, demo[0], "results.json")))
     rows = rows["rows"] if isinstance(rows, dict) else rows
     assert sorted({r["model"] for r in rows}) == ["cnn", "mlp", "rec"] and all(r["status"] == "ok" for r in rows), rows
-    # nothing the README started is left: namespaces, SLURM daemons, trainers from the checkout
-    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-                if n.startswith("hvdps-")]
+    # nothing the README started is left: namespaces (an emulation names its own hvdps-<pid>-*; one still
+    # running, another test's, is not the README's), SLURM daemons, trainers from the checkout
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    owners = {int(m.group(1)) for m in (re.match(r"^hvdps-(\d+)-", n) for n in names) if m}
+    assert not [pid for pid in owners if not os.path.exists(f"/proc/{pid}")], names
     left = subprocess.run(["pgrep", "-f", checkout], capture_output=True, text=True).stdout.split()
     assert not left, left
