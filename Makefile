@@ -16,8 +16,8 @@ STAMP    := $(VENV)/.hvdps-ready-tf$(TF)
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The interpreter set-up checks: the venv's once it exists, else the one it would be made from.
 SETUP_PY  = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
-DEMO_MLP_EPOCHS ?= 150
-DEMO_CNN_EPOCHS ?= 10
+DEMO_MLP_EPOCHS ?= 15
+DEMO_CNN_EPOCHS ?= 3
 # The environment of the processes the project starts (Open MPI as root, quiet TF, the repo on
 # PYTHONPATH) is set in one place: common/procs.py:child_env, used by every launcher and the tests.
 
@@ -65,24 +65,27 @@ $(STAMP): setup.py Makefile hvdps/stack.py hvdps/horovod_build.py patches/horovo
 # a PS's sparse pull/push should beat a dense all-reduce; Horovod both ways, TF's all-reduce all-gathers
 # the rows). One merged report: runs/demo-*/report.md, with each run's start-up, warm-up share and
 # teardown. --warmup_steps 4 = the first logging interval (tracing, first exchange or session run). The
-# MLP evaluates only at the end (150 evaluations would weigh on its 1 ms steps); the CNN and rec evaluate
-# every epoch, so their verdicts' time to the target accuracy is measured. Raise DEMO_MLP_EPOCHS /
-# DEMO_CNN_EPOCHS for steadier figures. DEMO_ARGS ends each of the three comparisons' flags, so its own
-# win (e.g. --train_steps 12 for a quick look, --backends horovod for one method).
+# MLP evaluates only at the end (an evaluation per epoch would weigh on its 1 ms steps); the CNN and rec
+# evaluate every epoch, so their verdicts' time to the target accuracy is measured. The sizes are the
+# first answer's, in under 10 minutes: every method reaches the CNN's 0.9 by its third epoch and rec's
+# 0.75 by its second, and the compute probe times 20 steps. Raise DEMO_MLP_EPOCHS / DEMO_CNN_EPOCHS (and
+# DEMO_ARGS="--probe_steps 50") for steadier figures. DEMO_ARGS ends each of the three comparisons'
+# flags, so its own win (e.g. --train_steps 12 for a quick look, --backends horovod for one method).
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_WORKERS ?= 1,2
 DEMO_ARGS ?=
-DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no_progress --log_every 4 --warmup_steps 4
+DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no_progress --log_every 4 --warmup_steps 4 \
+    --probe_steps 20
 DEMO_REC_EPOCHS ?= 2
 demo: setup
-	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --eval_every_epoch false --model mlp \
+	-$(BIN)/hvdps compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --eval_every_epoch false --model mlp \
 	    --batch_size 32 --epochs $(DEMO_MLP_EPOCHS) --out $(DEMO_OUT)/mlp $(DEMO_ARGS)
-	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --model cnn --dataset examples/digits28.py:load \
+	-$(BIN)/hvdps compare $(DEMO_COMMON) --backends horovod,mpi,mwms,ps --model cnn --dataset examples/digits28.py:load \
 	    --batch_size 64 --epochs $(DEMO_CNN_EPOCHS) --out $(DEMO_OUT)/cnn $(DEMO_ARGS)
-	-$(BIN)/hvdps-compare $(DEMO_COMMON) --backends horovod,horovod:sparse_as_dense,mpi,mwms,ps --model rec \
+	-$(BIN)/hvdps compare $(DEMO_COMMON) --backends horovod,horovod:sparse_as_dense,mpi,mwms,ps --model rec \
 	    --dataset clicks --batch_size 64 --epochs $(DEMO_REC_EPOCHS) --target_accuracy 0.75 --out $(DEMO_OUT)/rec $(DEMO_ARGS)
-	$(BIN)/hvdps-compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs $(DEMO_OUT)/rec/runs --out $(DEMO_OUT)
-	-$(BIN)/hvdps-compare --project --from $(DEMO_OUT)/cnn/runs --bandwidth_gbps 25 --latency_us 10 \
+	$(BIN)/hvdps compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs $(DEMO_OUT)/rec/runs --out $(DEMO_OUT)
+	-$(BIN)/hvdps compare --project --from $(DEMO_OUT)/cnn/runs --bandwidth_gbps 25 --latency_us 10 \
 	    --max_workers 64 --out $(DEMO_OUT)/projection
 
 # The comparison on an emulated cluster (root: network namespaces, tc tbf): EMU_HOSTS hosts, each link
@@ -95,7 +98,7 @@ EMU_RATE ?= 50mbit
 EMU_COMPARE ?= --workers 1,2,3 --backends horovod,mpi,mwms,ps,ps2 --num_ps 1,2 --model mlp --hidden_units 1024 \
     --batch_size 32 --train_steps 40 --log_every 5 --warmup_steps 10
 emulate: setup
-	$(SUDO) $(BIN)/hvdps-emulate --hosts $(EMU_HOSTS) --rate $(EMU_RATE) --out runs/emulate-$(shell date +%Y%m%d-%H%M%S) -- \
+	$(SUDO) $(BIN)/hvdps emulate --hosts $(EMU_HOSTS) --rate $(EMU_RATE) --out runs/emulate-$(shell date +%Y%m%d-%H%M%S) -- \
 	    $(EMU_COMPARE) --eval_every_epoch false --checkpoint_every_epoch false --no_progress
 
 # The same at the scale users run (root, 20 emulated hosts, 20 TensorFlow processes at most): every
@@ -108,9 +111,9 @@ EMU_SCALE_OUT := runs/emulate-scale-$(shell date +%Y%m%d-%H%M%S)
 EMU_SCALE_COMPARE ?= --workers 2,4,8,16 --backends horovod,mpi,mwms,ps,ps2 --num_ps 1,2,4 --model mlp \
     --hidden_units 1024 --batch_size 32 --train_steps 30 --log_every 5 --warmup_steps 10 --run_timeout 600
 emulate-scale: setup
-	-$(SUDO) $(BIN)/hvdps-emulate --hosts $(EMU_SCALE_HOSTS) --rate $(EMU_RATE) --out $(EMU_SCALE_OUT) -- \
+	-$(SUDO) $(BIN)/hvdps emulate --hosts $(EMU_SCALE_HOSTS) --rate $(EMU_RATE) --out $(EMU_SCALE_OUT) -- \
 	    $(EMU_SCALE_COMPARE) --eval_every_epoch false --checkpoint_every_epoch false --no_progress
-	$(BIN)/hvdps-project --from $(EMU_SCALE_OUT) --out $(EMU_SCALE_OUT)/projection
+	$(BIN)/hvdps project --from $(EMU_SCALE_OUT) --out $(EMU_SCALE_OUT)/projection
 
 # The shipped SLURM scripts and the comparison under a real SLURM (root): slurmctld and munged on the
 # emulated login node, one slurmd per emulated host; each script is submitted with sbatch (its runs and
@@ -124,7 +127,7 @@ SLURM_JOBS ?= --sbatch hostfiles/slurm/horovod.sbatch --sbatch "HVDPS_LAUNCH=mpi
     --sbatch "PS_MODE=v2 hostfiles/slurm/ps.sbatch" --sbatch hostfiles/slurm/mwms.sbatch
 SLURM_COMPARE ?= --workers 1,2 --backends horovod,mpi,mwms,ps,ps:sync
 slurm: setup
-	$(SUDO) env HVDPS_TRAIN_ARGS="$(SLURM_TRAIN_ARGS)" $(BIN)/hvdps-emulate --slurm --hosts $(SLURM_HOSTS) --rate 1gbit \
+	$(SUDO) env HVDPS_TRAIN_ARGS="$(SLURM_TRAIN_ARGS)" $(BIN)/hvdps emulate --slurm --hosts $(SLURM_HOSTS) --rate 1gbit \
 	    --out runs/slurm-$(shell date +%Y%m%d-%H%M%S) $(SLURM_JOBS) -- \
 	    $(SLURM_COMPARE) $(SLURM_TRAIN_ARGS) --eval_every_epoch false --checkpoint_every_epoch false --no_progress
 
