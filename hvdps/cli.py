@@ -10,7 +10,7 @@
 The trainers and launchers are found by their packages (``<method>_train/main.py``,
 ``<method>_train/launch.py``), so a method added as a package is a subcommand with no edit here.
 Each subcommand is the module's own ``main``: the same flags, checks and exit codes as
-``python horovod_train/main.py`` or ``hvdps launch ps``, which keep working, as do
+``python horovod_train/main.py`` or ``python -m ps_train.launch``, which keep working, as do
 ``horovodrun -np 4 python horovod_train/main.py`` and ``mpirun ... python mpi_train/main.py``.
 Every flag takes its underscore spelling (``--num_ps``, ``--dry_run``) and the hyphenated one alike.
 """

@@ -1,7 +1,7 @@
 """How to start a whole job of each method, on this machine or on --hosts.
 
 The comparison and the benchmarks start every run through these, with the
-real launchers (``mpirun`` for Horovod and bare MPI, ``hvdps launch ps`` for PS),
+real launchers (``mpirun`` for Horovod and bare MPI, ``python -m ps_train.launch`` for PS),
 so what they measure is what a user's launch line does. Which launcher a method
 name starts is the method registry's (hvdps/methods.py: ``get_launcher``); these
 classes know how to launch, not what they are called.
@@ -169,7 +169,7 @@ class PS2Launcher(PSLauncher):
 
 class MWMSLauncher(Launcher):
     """TensorFlow's MultiWorkerMirroredStrategy: one task per worker, each told the cluster and its
-    index (``hvdps launch mwms``, locally or --hosts through the remote shell); its
+    index (``python -m mwms_train.launch``, locally or --hosts through the remote shell); its
     all-reduce is TensorFlow's collective ops over gRPC."""
 
     def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable,

@@ -52,6 +52,8 @@ def test_report_values(tmp_path):
             c["samples_per_sec_median"]
         assert c["backend"] == j["backend"] and c["status"] == j["status"]
     report = (out / "report.md").read_text()
+    assert report.startswith("# hvdps comparison\n\n## Verdict\n\n- **mlp**, 2 worker(s):")   # the answer first
+    assert report.index("## Verdict") < report.index("## Runs") < report.index("| workload |")
     assert "| mlp | horovod | sync | 2 | - | 180 | 180 ± 0 | 90% |" in report
     assert "reaches the target accuracy 0.9 first, in" in report        # both did: ranked by time first
     assert "Throughput: Horovod 180 samples/s: 2.00x PS async (90)." in report

@@ -211,3 +211,14 @@ def test_a_method_looks_the_same_in_every_workloads_panel(tmp_path, monkeypatch)
         looks.setdefault(label, set()).add((colour, fmt))
     assert sorted(looks) == ["Horovod", "PS sync"] and all(len(v) == 1 for v in looks.values()), drawn
     assert looks["Horovod"] != looks["PS sync"]
+
+
+@pytest.mark.parametrize("step, compute, says", [
+    (0.17714, 0.20807, "177.14 = compute (208.07 alone) + overhead within noise"),   # faster than its probe
+    (0.36530, 0.40514, "365.30 = compute (405.14 alone) + overhead within noise"),
+    (0.0402, 0.0131, "40.20 = 13.10 + 27.10"),
+    (0.0131, 0.0131, "13.10 = 13.10 + 0.00"),
+])
+def test_a_step_faster_than_its_compute_is_noise_not_a_negative_overhead(step, compute, says):
+    from hvdps.report import _split
+    assert _split({"step_s": step, "compute_s": compute, "overhead_s": step - compute}) == says
