@@ -153,11 +153,51 @@ class Step(_AtStep):
     type: Literal["step"]
     samples_seen: Optional[Index] = None
     samples_per_sec: Optional[NonNeg] = None
+    worker_steps: Optional[List[Index]] = None              # PS: every worker's applied batches
+    sync_wait_total_s: Optional[List[NonNeg]] = None        # sync PS: each worker's wait so far
+    lost_workers: Optional[List[Text]] = None
 
 
 class Eval(_AtStep):
     type: Literal["eval"]
     epoch: Optional[NonNeg] = None
+
+
+class Throughput(Strict):
+    """The summary's samples/s over the logging intervals (common.metrics.throughput_stats)."""
+    median: Optional[NonNeg] = None
+    mean: Optional[NonNeg] = None
+    error: Optional[NonNeg] = None
+    n: Optional[Index] = None
+
+
+class Wire(Strict):
+    """What one step put on the network by the method's rule (common.backend: ring_wire, ps_wire)."""
+    bytes_per_step_per_worker: Optional[NonNeg] = None
+    bytes_per_update_per_ps: Optional[NonNeg] = None
+    wire_rule: Optional[Text] = None
+
+
+class Breakdown(Wire):
+    """One worker's step split into compute and overhead (common.probe.breakdown). The overhead is
+    the step minus a compute timed in runs of its own: noise can make it negative."""
+    step_s: Optional[NonNeg] = None
+    compute_s: Optional[NonNeg] = None
+    overhead_s: Optional[Finite] = None
+    overhead_share: Optional[Finite] = None
+    exchange_s: Optional[NonNeg] = None
+    wait_s: Optional[NonNeg] = None
+    wait_share: Optional[Finite] = None
+    probe: Optional[Text] = None
+
+
+class Gradient(Strict):
+    """One worker's gradient of one batch as measured (common.models.gradient_sizes)."""
+    dense_bytes: Optional[NonNeg] = None
+    sparse_bytes: Optional[NonNeg] = None
+    sparse_table_bytes: Optional[NonNeg] = None
+    sparse_rows: Optional[NonNeg] = None
+    sparse_unique_rows: Optional[NonNeg] = None
 
 
 class Summary(Strict):
@@ -166,13 +206,18 @@ class Summary(Strict):
     total_time: Optional[NonNeg] = None
     steps: Optional[Index] = None
     samples_seen: Optional[Index] = None
-    throughput: Optional[Dict[str, Optional[Finite]]] = None
+    throughput: Optional[Throughput] = None
     time_to_target: Optional[NonNeg] = None
     final_test_accuracy: Optional[Fraction] = None
     final_test_loss: Optional[Finite] = None
     grad_bytes_per_step: Optional[NonNeg] = None
-    breakdown: Optional[Dict[str, Any]] = None
-    wire: Optional[Dict[str, Any]] = None
+    breakdown: Optional[Breakdown] = None
+    wire: Optional[Wire] = None
+    gradient: Optional[Gradient] = None
+    worker_steps: Optional[List[Index]] = None
+    sync_wait_total_s: Optional[List[NonNeg]] = None
+    lost_workers: Optional[List[Text]] = None
+    max_weight_divergence: Optional[NonNeg] = None
 
 
 RECORDS = {"header": Header, "step": Step, "eval": Eval, "summary": Summary}

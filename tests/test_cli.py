@@ -621,3 +621,50 @@ def test_hvdps_compare_dry_run_is_the_console_scripts(tmp_path):
     assert code == 0
     code, b, _ = _hvdps(["compare", "--dry_run", *flags])
     assert code == 0 and a == b and "ps_train.launch --num_ps 1 --num_workers 2 --sync" in a
+
+
+def _recorded_run(folder):
+    """A small recorded run, as a trainer writes it (common.metrics.MetricsWriter), with a breakdown."""
+    from common.config import make_config
+    from common.metrics import MetricsWriter, throughput_stats
+    from common.plan import make_plan
+    w = MetricsWriter(str(folder))
+    cfg = make_config()
+    w.header(cfg, "horovod", "sync", 2, 0, make_plan(cfg, 1000, 2, 2))
+    w.step(10, 640, 0.5, 100.0)
+    w.eval(1, 10, 0.3, 0.95, target=0.9)
+    w.summary("ok", 10, 1280, throughput_stats([100, 110, 90]), 0.3, 0.95, 1000,
+              breakdown={"step_s": 0.02, "compute_s": 0.01, "overhead_s": 0.01, "overhead_share": 0.5},
+              gradient={"dense_bytes": 1000, "sparse_bytes": 0, "sparse_table_bytes": 0})
+    w.close()
+    return folder / "metrics.jsonl"
+
+
+@pytest.mark.parametrize("record, field, value, refused", [
+    ("summary", "breakdown", {"step_s": 0.02, "compute_s": True}, "compute_s"),   # was projected as 1,000 ms
+    ("summary", "breakdown", {"step_s": 0.02, "compute_s": 0.01, "exchange_s": [1, 2]}, "exchange_s"),
+    ("summary", "throughput", {"median": "100"}, "throughput.median"),
+    ("summary", "gradient", {"dense_bytes": "1000"}, "gradient.dense_bytes"),
+    ("step", "sync_wait_total_s", ["1", "2"], "sync_wait_total_s[0]"),
+    ("step", "loss", None, None),                                        # a step without its loss: taken
+    ("step", "samples_seen", None, None),
+    ("header", "mode", None, {"compare": "no runs", "project": None}),   # compare cannot place it: one line
+])
+@pytest.mark.parametrize("command", [["compare"], ["project", "--bandwidth_gbps", "25", "--latency_us", "10"]])
+def test_a_crafted_record_is_one_line_or_taken_never_a_traceback(tmp_path, record, field, value, refused, command):
+    """Recorded runs read back by ``--from``: a wrong-typed field is refused by the reader in one line,
+    a missing optional one is taken (the report and the projection handle its absence)."""
+    path = _recorded_run(tmp_path / "run")
+    lines = [json.loads(l) for l in path.read_text().splitlines()]
+    for r in lines:
+        if r["type"] == record:
+            r.pop(field, None) if value is None else r.__setitem__(field, value)
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    code, _, err = _hvdps([*command, "--from", str(tmp_path / "run"), "--out", str(tmp_path / "out")])
+    errors = [l for l in err.splitlines() if l.startswith("error:")]
+    assert "Traceback" not in err, err
+    refused = refused.get(command[0]) if isinstance(refused, dict) else refused
+    if refused is None:
+        assert code == 0 and not errors, err
+    else:
+        assert code == 2 and len(errors) == 1 and refused in errors[0], err

@@ -132,6 +132,15 @@ def metrics_file(tmp_path, records, tail=""):
     (1, "global_step", "ten", "global_step: input should be a valid integer"),
     (3, "final_test_accuracy", -0.1, "final_test_accuracy: input should be greater than or equal to 0"),
     (3, "throughput", {"median": "fast"}, "throughput.median: input should be a valid number"),
+    # sub-records the report and the projection compute with are typed too, not left as dicts
+    (3, "breakdown", {"compute_s": True}, "breakdown.compute_s: input should be a valid number"),
+    (3, "breakdown", {"exchange_s": [1, 2]}, "breakdown.exchange_s: input should be a valid number"),
+    (3, "breakdown", {"step_s": -0.5}, "breakdown.step_s: input should be greater than or equal to 0"),
+    (3, "wire", {"bytes_per_step_per_worker": "many"}, "wire.bytes_per_step_per_worker: input should be a valid"),
+    (3, "gradient", {"dense_bytes": None, "sparse_bytes": {}}, "gradient.sparse_bytes: input should be a valid"),
+    (3, "sync_wait_total_s", ["1.5", "2"], "sync_wait_total_s[0]: input should be a valid number"),
+    (1, "worker_steps", [3, -1], "worker_steps[1]: input should be greater than or equal to 0"),
+    (1, "lost_workers", "worker:1", "lost_workers: input should be a valid list"),
 ])
 def test_metrics_record_breaking_its_schema_is_refused_by_line(tmp_path, index, key, value, named):
     records = json.loads(json.dumps(METRIC))
