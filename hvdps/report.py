@@ -542,6 +542,8 @@ def write_breakdown_plot(rows, out):
             ax.bar(xs, wait, bottom=[c + o - w for c, o, w in zip(compute, overhead, wait)],
                    label="of which waiting for the other workers (measured)")
         ax.set_xticks(list(xs), labels, fontsize=8)
+        # bars stick to the axes' edge: room above the tallest, so neither it nor the legend hides it
+        ax.set_ylim(0, 1.25 * max(c + o for c, o in zip(compute, overhead)))
         ax.set(ylabel="ms per worker step", title=f"{model}: where a step's time goes")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)

@@ -67,6 +67,7 @@ def test_breakdown_plot_stacks_the_wait(tmp_path):
     def keep(fig, *args, **kw):          # read the bars back from the figure that is written
         saved["bars"] = [(p.get_x(), p.get_y(), p.get_height()) for p in fig.axes[0].patches]
         saved["labels"] = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        saved["top"] = fig.axes[0].get_ylim()[1]
         return real(fig, *args, **kw)
     plt.Figure.savefig = keep
     try:
@@ -81,6 +82,7 @@ def test_breakdown_plot_stacks_the_wait(tmp_path):
     assert heights == [6.0, 3.0, 2.0, 2.0, 0.0, 5.0]
     assert saved["bars"][5][1] == pytest.approx(5.0)      # the wait starts where compute + rest end
     assert any("waiting for the other workers" in label for label in saved["labels"])
+    assert saved["top"] > 1.1 * 10.0              # the tallest bar (10 ms) is held whole, with room above
 
 
 def test_sentence_names_the_slowest_rank():
