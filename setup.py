@@ -12,9 +12,8 @@ setup(
     version="0.1.0",
     description="Train one TensorFlow model several ways (Horovod or TensorFlow all-reduce vs parameter servers) and compare",
     python_requires=">=3.9,<3.14",
-    packages=find_packages(include=["common", "common.*", "horovod_train", "horovod_train.*",
-                                    "ps_train", "ps_train.*", "mpi_train", "mpi_train.*", "mwms_train", "mwms_train.*",
-                                    "tf_cluster", "tf_cluster.*",
+    # every method package (<name>_train: its trainer, launcher and registry entry) is found by its name
+    packages=find_packages(include=["common", "common.*", "*_train", "*_train.*", "tf_cluster", "tf_cluster.*",
                                     "hvdps", "hvdps.*"]),
     package_data={"hvdps": ["model_profiles.json"],     # layer profiles of the benchmark models
                   "common": ["digits.csv.gz"]},       # the bundled data set (common/data.py: load_digits)

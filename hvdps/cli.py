@@ -15,12 +15,11 @@ Each subcommand is the module's own ``main``: the same flags, checks and exit co
 Every flag takes its underscore spelling (``--num_ps``, ``--dry_run``) and the hyphenated one alike.
 """
 import importlib
-import os
 import sys
 
 from common.errors import UsageError, cli
+from hvdps.methods import method_packages
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # subcommand: (module whose main() it runs, what it does)
 TOOLS = {
@@ -33,18 +32,9 @@ GROUPS = {"train": ("main", "one trainer process of a method (under horovodrun, 
           "launch": ("launch", "a whole job of a method's tasks, here or --hosts")}
 
 
-def methods(kind):
-    """{method: module} of the method packages (``<name>_train``) that have ``<kind>.py``."""
-    found = {}
-    for entry in sorted(os.listdir(REPO)):
-        if entry.endswith("_train") and os.path.isfile(os.path.join(REPO, entry, f"{kind}.py")):
-            found[entry[:-len("_train")]] = f"{entry}.{kind}"
-    return found
-
-
 def usage():
     rows = [(name, what) for name, (_, what) in TOOLS.items()]
-    rows += [(f"{group} {'|'.join(methods(kind))}", what) for group, (kind, what) in GROUPS.items()]
+    rows += [(f"{group} {'|'.join(method_packages(kind))}", what) for group, (kind, what) in GROUPS.items()]
     width = max(len(name) for name, _ in rows) + 2
     return "\n".join(["usage: hvdps SUBCOMMAND [flags]   (hvdps SUBCOMMAND --help for its flags)", "", "subcommands:",
                       *(f"  {name:<{width}}{what}" for name, what in rows)])
@@ -58,7 +48,7 @@ def resolve(argv):
     if name in TOOLS:
         return TOOLS[name][0], rest, f"hvdps {name}"
     if name in GROUPS:
-        found = methods(GROUPS[name][0])
+        found = method_packages(GROUPS[name][0])
         if not rest or rest[0] not in found:
             got = f"'{rest[0]}'" if rest else "none"
             raise UsageError(f"hvdps {name}: unknown method {got} (valid: {', '.join(found)})")

@@ -48,7 +48,7 @@ OVERLAP = [1.5 + 0.5 * i for i in range(18)] + [math.inf]    # p searched: 1.5 .
 def lockstep(row):
     """Whether every worker computes at the same moment each step (a ring, sync PS)."""
     method = methods.lookup(row.get("backend"))
-    return bool(method) and (method.cost.collective or row.get("mode") == "sync")
+    return bool(method) and method.cost.lockstep(row.get("mode"))
 
 
 def contended_compute(row, cores):

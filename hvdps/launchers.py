@@ -95,10 +95,12 @@ class Launcher:
         return []
 
 
-class HorovodLauncher(Launcher):
-    """Horovod; the mode ``sparse_as_dense`` (only when asked for, 'horovod:sparse_as_dense')
-    all-reduces embedding gradients as whole tables instead of all-gathering their slices."""
-    main = ("horovod_train", "main.py")
+class MPIRunLauncher(Launcher):
+    """One ``mpirun`` line that starts every rank of a trainer (``main``: its package and script), on
+    this machine (loopback, shared memory) or across ``remote``'s hosts with Open MPI's own remote
+    launch. ``dense_mode``: the mode whose ranks all-reduce embedding tables whole."""
+    main = None                  # (package, script), set by the method package's launcher
+    dense_mode = None
 
     def env(self, remote=None):
         return {} if remote else loopback_only_env()   # across hosts MPI binds the network it is given
@@ -107,8 +109,8 @@ class HorovodLauncher(Launcher):
                 remote=None):
         from common.remote import take_slots
         main = os.path.join(REPO, *self.main)
-        if mode == "sparse_as_dense":
-            trainer_argv = ["--sparse_as_dense", *trainer_argv]
+        if mode is not None and mode == self.dense_mode:
+            trainer_argv = [f"--{mode}", *trainer_argv]
         mpirun = shutil.which("mpirun") or "mpirun"
         bind = ["-bind-to", "core", "-map-by", "core"] if pin_cores else ["-bind-to", "none", "-map-by", "slot"]
         threads = ["--threads_per_worker", "1"] if pin_cores else []
@@ -122,70 +124,36 @@ class HorovodLauncher(Launcher):
                 "-x", "TF_CPP_MIN_LOG_LEVEL", python, main, *threads, *trainer_argv]
 
 
-class MPILauncher(HorovodLauncher):
-    """The bare-MPI reference (mpi_train): the same mpirun line, another main."""
-    main = ("mpi_train", "main.py")
+class TaskLauncher(Launcher):
+    """A method's own local launcher (``python -m <package>.launch``), which starts one task per
+    role here or through the remote shell on ``--hosts``. ``module``: that launcher; ``placement``:
+    it takes ``--ps_placement``; ``extra``: flags every job of the method passes."""
+    module = None
+    placement = False
 
+    def launcher_argv(self, workers, mode, num_ps):
+        """The launcher's own flags for a job of ``workers`` workers."""
+        return ["--num_workers", str(workers)]
 
-class PSLauncher(Launcher):
-    graph_mode = True
-
-    def server_tasks(self, num_ps):
-        return num_ps
-
-    def command(self, workers, trainer_argv, mode="async", num_ps=1, pin_cores=False, python=sys.executable,
+    def command(self, workers, trainer_argv, mode=None, num_ps=1, pin_cores=False, python=sys.executable,
                 remote=None):
         pin = ["--pin_workers", "--threads_per_worker", "1"] if pin_cores else []
         where = []
         if remote:
-            where = ["--hosts", remote.hosts_text, "--ps_placement", remote.placement, "--port", str(remote.port)]
+            where = ["--hosts", remote.hosts_text]
+            if self.placement:
+                where += ["--ps_placement", remote.placement]
+            where += ["--port", str(remote.port)]
             if remote.rsh_given:
                 where += ["--rsh", shlex.join(remote.agent)]
-        return [python, "-u", "-m", "ps_train.launch", "--num_ps", str(num_ps), "--num_workers", str(workers),
-                f"--{mode}", *pin, *where, *trainer_argv]
+        return [python, "-u", "-m", self.module, *self.launcher_argv(workers, mode, num_ps), *pin, *where,
+                *trainer_argv]
 
     def task_lines(self, cmd):
-        """ps_train.launch --hosts starts each task through the remote shell: one line per task."""
+        """The launcher's --hosts starts each task through the remote shell: one line per task."""
+        import importlib
         from common.config import argv_of
-        from ps_train.launch import LAUNCHER_FLAGS, build_remote_tasks, parse_args
-        args, parser = parse_args(cmd[4:])
-        tasks, _ = build_remote_tasks(args, argv_of(args, parser, skip=LAUNCHER_FLAGS),
-                                      chief=self.server_tasks(args.num_ps) > args.num_ps)
-        return [(name, shlex.join(argv)) for name, argv, _ in tasks]
-
-
-class PS2Launcher(PSLauncher):
-    """TensorFlow 2's ParameterServerStrategy: the same launcher with ``--ps_api v2``; asynchronous
-    only, and one more process, the chief that coordinates (it does not train)."""
-    graph_mode = False
-
-    def server_tasks(self, num_ps):
-        return num_ps + 1
-
-    def command(self, workers, trainer_argv, mode="async", num_ps=1, pin_cores=False, python=sys.executable,
-                remote=None):
-        return super().command(workers, ["--ps_api", "v2", *trainer_argv], mode, num_ps, pin_cores, python, remote)
-
-
-class MWMSLauncher(Launcher):
-    """TensorFlow's MultiWorkerMirroredStrategy: one task per worker, each told the cluster and its
-    index (``python -m mwms_train.launch``, locally or --hosts through the remote shell); its
-    all-reduce is TensorFlow's collective ops over gRPC."""
-
-    def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable,
-                remote=None):
-        pin = ["--pin_workers", "--threads_per_worker", "1"] if pin_cores else []
-        where = []
-        if remote:
-            where = ["--hosts", remote.hosts_text, "--port", str(remote.port)]
-            if remote.rsh_given:
-                where += ["--rsh", shlex.join(remote.agent)]
-        return [python, "-u", "-m", "mwms_train.launch", "--num_workers", str(workers), *pin, *where, *trainer_argv]
-
-    def task_lines(self, cmd):
-        """mwms_train.launch --hosts starts each worker through the remote shell: one line per worker."""
-        from common.config import argv_of
-        from mwms_train.launch import LAUNCHER_FLAGS, build_remote_tasks, parse_args
-        args, parser = parse_args(cmd[4:])
-        return [(name, shlex.join(argv)) for name, argv, _ in
-                build_remote_tasks(args, argv_of(args, parser, skip=LAUNCHER_FLAGS))]
+        launch = importlib.import_module(self.module)
+        args, parser = launch.parse_args(cmd[4:])
+        return [(name, shlex.join(argv)) for name, argv in
+                launch.remote_task_lines(args, argv_of(args, parser, skip=launch.LAUNCHER_FLAGS))]

@@ -1,25 +1,31 @@
-"""Every distribution method hvdps compares, one entry each: the only module that knows their names.
+"""The registry of the distribution methods hvdps compares: it collects each method package's entry
+(``<name>_train/method.py``: ``METHODS``) and is the only module the rest of hvdps asks about them.
 
 A method is what ``--backends`` names (``horovod``, ``mpi``, ``mwms``, ``ps``, ``ps2``) with its modes
-(``ps:sync``, ``horovod:sparse_as_dense``). Its entry holds all that hvdps knows of it:
+(``ps:sync``, ``horovod:sparse_as_dense``). Its entry, declared in its own package, holds all that
+hvdps knows of it:
 
 - the names and labels: its modes, the ones the bare name runs, the report's label per mode;
-- its launcher (hvdps/launchers.py), locally and across hosts;
+- its launcher (a subclass of hvdps/launchers.py's mpirun line or task launcher), locally and across hosts;
 - its cost model: what each host's link carries per round (checked against the emulated
   cluster's counters), the exchange's alpha-beta time, and the step the projection expects;
 - the report's wording for its distribution overhead, alone and with peers, and its waits.
 
 The per-worker wire rule the trainers record (``common.backend.ring_wire`` / ``ps_wire``) and the
 formulas here share their pieces (``common.backend.ring_share``, ``hvdps.schedule``), so each
-formula is written once. Everything else asks this module (``get``, ``lookup``,
+formula is written once; this module holds the cost models the entries pick from. Everything else asks this module (``get``, ``lookup``,
 ``parse_variants``) and never compares a method's name; an unknown name is refused with the
 valid ones listed, as Model Garden's ``get_distribution_strategy`` does.
 """
+import functools
+import importlib
+import os
 from dataclasses import dataclass, field
 
 from common.backend import ring_share
 from common.errors import UsageError
-from hvdps import launchers, schedule
+from common.procs import REPO
+from hvdps import schedule
 
 
 # ------------------------------------------------------------------ cost models
@@ -33,6 +39,15 @@ def combine(compute, terms, factors=None, compute_with=None):
                for name, (waits, seconds) in terms.items())
 
 
+@dataclass(frozen=True)
+class Network:
+    """An exchange family comm.json measures on its own (benchmarks/comm_bandwidth.py): the cost
+    models' network key, the prefix of its rows, and what the projection calls it."""
+    network: str
+    prefix: str
+    what: str
+
+
 class Ring:
     """Ring all-reduce: every rank sends and receives 2(n-1)/n of each dense tensor per step,
     rank to rank (no server). ``dense_modes``: the modes that all-reduce embedding tables whole
@@ -41,15 +56,21 @@ class Ring:
     fusion, played out by schedule.ring_step); otherwise one all-reduce after it. ``network``: the
     fit of latency and bandwidth the projection costs it with (hvdps/projection.py: ``allreduce``,
     fitted from Horovod's measured collectives, or a family of its own such as TensorFlow's ring),
-    where no flag or emulated cluster gives every method the same network. ``polls``: its ranks spin
+    where no flag or emulated cluster gives every method the same network; ``measured``: the
+    ``Network`` comm.json's rows of this method fit (None: costed with another's). ``polls``: its ranks spin
     while they wait (Open MPI's progress loop, Horovod's background thread), so the busy share of the
     cores measures their waiting, not their work (hvdps/heldout.py fits no cores floor for it)."""
     collective = True       # no server tasks; one worker alone exchanges nothing
     arch = "ring"           # the projection's architecture this method is measured against
 
-    def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network="allreduce", polls=False):
+    def lockstep(self, mode):
+        """Every rank computes at the same moment each step (they all wait for the all-reduce)."""
+        return True
+
+    def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network="allreduce", polls=False,
+                 measured=None):
         self.dense_modes, self.wait_free, self.network = tuple(dense_modes), wait_free, network
-        self.polls = polls
+        self.polls, self.measured = polls, measured
         self.how = how or ("ring, wait-free schedule of the layers" if wait_free
                            else "ring Allreduce after back-propagation")
 
@@ -101,6 +122,11 @@ class ParameterServers:
     arch = "PS k=1"
     network = "ps"
     polls = False            # gRPC's threads block while they wait
+    lockstep_modes = ("sync",)   # the workers wait for each other's gradients before each update
+
+    def lockstep(self, mode):
+        """Sync workers compute at the same moment each step; async ones each at their own pace."""
+        return mode in self.lockstep_modes
 
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
         dense, sparse = (gradient.get(k) or 0 for k in ("dense_bytes", "sparse_bytes"))
@@ -135,7 +161,7 @@ class ParameterServers:
         terms = self.step_terms(row, header, layers, ring, ps, fusion_bytes, cycle_s)
         if terms is None:
             return None, None
-        how = "push all, then pull all" if row.get("mode") == "sync" else "own link or busiest PS link"
+        how = "push all, then pull all" if self.lockstep(row.get("mode")) else "own link or busiest PS link"
         return combine(row["compute_s"], terms), how
 
     def step_terms(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
@@ -150,7 +176,7 @@ class ParameterServers:
         bw, alpha = ps["bandwidth"], ps["alpha"]
         busiest = n * shard / bw
         own = (True, 2 * (grad / bw + alpha))
-        if row.get("mode") == "sync":
+        if self.lockstep(row.get("mode")):
             return {"own link": own, "PS link": (True, 2 * (busiest + alpha))}
         return {"own link": own, "PS link": (False, busiest + alpha)}
 
@@ -184,48 +210,59 @@ class Method:
         return [(self.alone.get(mode) if alone else None) or self.overhead.get(mode, "distribution")]
 
 
-_HVD_ALONE = ("Horovod's machinery with no peer to exchange with (one worker: no all-reduce traffic, no "
-              "slower rank)")
+def method_packages(kind="method"):
+    """{method package's short name: module} of the packages (``<name>_train``) that have
+    ``<kind>.py``: the trainers (``main``), the local launchers (``launch``) and the registry's
+    entries (``method``) are found by where they are, so a new method is a new package."""
+    found = {}
+    for entry in sorted(os.listdir(REPO)):
+        if entry.endswith("_train") and os.path.isfile(os.path.join(REPO, entry, f"{kind}.py")):
+            found[entry[:-len("_train")]] = f"{entry}.{kind}"
+    return found
 
-METHODS = {m.name: m for m in (
-    Method("horovod", {"sync": "Horovod", "sparse_as_dense": "Horovod (sparse as dense)"},
-           launchers.HorovodLauncher, Ring(dense_modes=("sparse_as_dense",), wait_free=True, polls=True),
-           overhead={"sync": "Horovod's negotiation, fusion and ring all-reduce of the gradients, and "
-                             "waiting for the slower rank",
-                     "sparse_as_dense": "Horovod's negotiation, fusion and ring all-reduce of the gradients "
-                                        "(embedding tables whole), and waiting for the slower rank"},
-           default_modes=("sync",), alone={"sync": _HVD_ALONE, "sparse_as_dense": _HVD_ALONE}),
-    Method("mpi", {"sync": "bare MPI"}, launchers.MPILauncher, Ring(dense_modes=("sync",), polls=True),
-           overhead={"sync": "the MPI_Allreduce of the gradients and waiting for the slower rank"},
-           alone={"sync": "the MPI calls with no peer to exchange with (one worker: no traffic, no slower rank)"}),
-    Method("mwms", {"sync": "TF all-reduce (MWMS)"}, launchers.MWMSLauncher,
-           Ring(dense_modes=(), network="mwms"),
-           overhead={"sync": "TensorFlow's collective all-reduce of the gradients (after back-propagation, in "
-                             "apply_gradients) and waiting for the slower worker"},
-           alone={"sync": "the strategy's machinery with no peer to exchange with (one worker: no all-reduce "
-                          "traffic, no slower rank)"}),
-    Method("ps", {"async": "PS async", "sync": "PS sync"}, launchers.PSLauncher, ParameterServers(),
-           overhead={"async": "pushing gradients to and pulling weights from the parameter servers",
-                     "sync": "the PS round trip and waiting for the slower workers' gradients before each update"},
-           waits={"sync": ("waiting for the other workers' gradients and the update (measured at the token queue)",
-                           "the PS round trip and the rest")},
-           waits_alone=("the update on the PS before the token comes back (one worker: no one else to wait for)",
-                        "the PS round trip and the rest")),
-    Method("ps2", {"async": "PS v2 (TF2 strategy)"}, launchers.PS2Launcher, ParameterServers(),
-           overhead={"async": "the coordinator's dispatch and the PS round trip"}),
-)}
+
+@functools.lru_cache(maxsize=None)
+def _registry():
+    """{name: Method} from every method package's ``METHODS`` (collected on first use: each package
+    imports this module for ``Method`` and its cost model)."""
+    found = {}
+    for module in method_packages().values():
+        for method in importlib.import_module(module).METHODS:
+            if method.name in found:
+                raise RuntimeError(f"two methods are called {method.name!r} ({module})")
+            found[method.name] = method
+    return found
+
+
+def __getattr__(name):
+    """``METHODS``: the registry, {name: Method}, in the packages' order."""
+    if name == "METHODS":
+        return _registry()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def networks_measured():
+    """{network: (comm.json's row prefix, what)}: the exchange families comm.json measures, as the
+    ring methods declare them (hvdps/projection.py fits each)."""
+    out = {}
+    for method in _registry().values():
+        fit = getattr(method.cost, "measured", None)
+        if fit is not None:
+            out.setdefault(fit.network, (fit.prefix, fit.what))
+    return out
 
 
 def lookup(name):
     """The method called ``name``, or None (a run recorded by a method this version does not know)."""
-    return METHODS.get(name)
+    return _registry().get(name)
 
 
 def get(name):
     """The method called ``name``; an unknown name is a usage error listing the valid ones."""
-    if name not in METHODS:
-        raise UsageError(f"unknown backend '{name}' (valid: {', '.join(sorted(METHODS))})")
-    return METHODS[name]
+    registry = _registry()
+    if name not in registry:
+        raise UsageError(f"unknown backend '{name}' (valid: {', '.join(sorted(registry))})")
+    return registry[name]
 
 
 def get_launcher(name, **options):

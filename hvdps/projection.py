@@ -31,6 +31,8 @@ from common.schemas import read_cluster_description, read_comm
 from hvdps import crossover, heldout, methods, schedule
 from hvdps.schedule import ps_time, ring_allreduce_time  # noqa: F401  (the projection's formulas)
 
+RING, PS = "ring all-reduce", "parameter servers"     # the projection's two families: a panel each
+
 
 def efficiency(compute, comm, overlap=0.0):
     return compute / (compute + (1.0 - overlap) * comm)
@@ -65,8 +67,9 @@ def fit_alpha_beta(points):
 
 
 def fit_from_comm(comm_results, np_=2):
-    """alpha/B for ring all-reduce (Horovod rows: ``allreduce``; TensorFlow's MultiWorkerMirrored
-    rows: ``mwms``) and PS push/pull from comm.json results.
+    """alpha/B for each ring family the methods say comm.json measures (hvdps/methods.py:
+    ``networks_measured``: Horovod's rows fit ``allreduce``, TensorFlow's MultiWorkerMirrored rows
+    ``mwms``) and PS push/pull from comm.json results.
 
     The 2-rank ring moves M/B and pays 2 alphas, so t = 2*alpha + M/B; push and
     pull each pay one alpha and move M once. A family whose points cannot be fitted
@@ -86,8 +89,7 @@ def fit_from_comm(comm_results, np_=2):
         return {"alpha": a / (2 * (np_ - 1)), "bandwidth": b * 2.0 * (np_ - 1) / np_}
 
     fits = {}
-    for key, prefix, what in (("allreduce", "horovod", "ring all-reduce"),
-                              ("mwms", "mwms", "TensorFlow's ring all-reduce")):
+    for key, (prefix, what) in methods.networks_measured().items():
         rows = [r for r in comm_results if r["impl"].startswith(prefix)]
         if rows:
             fits[key] = ring_fit(rows, what)
@@ -137,41 +139,45 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
     PS rows: a fixed number of shards each (``shards``), and one PS per server
     (k = n / per_server), the layout that grows with the cluster; ``ps_towers``
     GPUs share one worker task (schedule.ps_step). ``workers`` counts GPUs.
-    ``measured``: {arch label: overlap} from runs; each adds rows where that
-    overlap is applied to the alpha-beta exchange time instead of the schedule.
+    ``measured``: {arch label: (overlap, collective)} from runs; each adds rows where that
+    overlap is applied to the alpha-beta exchange time (the ring's if the method is collective,
+    else the PS's) instead of the schedule. Every row names its family (``RING`` or ``PS``),
+    the panel the plot draws it in.
     """
     grad = sum(l["grad_bytes"] for l in layers)
     rows = []
 
-    def add(n, arch, res, comm=None):
+    def add(n, arch, res, family, comm=None):
         wait = compute_s * (schedule.straggler_factor(n, straggler_cv) - 1.0)
         step = res["step_s"] + wait
-        rows.append({"workers": n, "arch": arch, "comm_s": res["comm_s"] if comm is None else comm,
+        rows.append({"workers": n, "arch": arch, "family": family, "comm_s": res["comm_s"] if comm is None else comm,
                      "overlap": res["overlap"], "straggler_s": wait, "step_s": step,
                      "efficiency": compute_s / step})
 
     for n in workers:
-        add(n, "ring all-reduce", schedule.ring_step(layers, compute_s, n, ring["bandwidth"], ring["alpha"],
-                                                     fusion_bytes, cycle_s))
+        add(n, RING, schedule.ring_step(layers, compute_s, n, ring["bandwidth"], ring["alpha"],
+                                        fusion_bytes, cycle_s), RING)
         for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]:
             add(n, label, schedule.ps_step(layers, compute_s, n, ps["bandwidth"], ps["alpha"], k,
-                                           per_server, placement, towers=ps_towers))
+                                           per_server, placement, towers=ps_towers), PS)
         for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
             res = schedule.ring_step(layers, compute_s, n, ring["bandwidth"] * schedule.byteps_link_scale(n, k),
                                      ring["alpha"], fusion_bytes, cycle_s)
-            add(n, label, res)
+            add(n, label, res, PS)
         for label, (method, net) in (own or {}).items():
             row = {"workers": n, "compute_s": compute_s, "grad_bytes_per_step": grad, "mode": method.modes[0]}
             step, _ = method.cost.projected_step(row, {}, layers, net, ps, fusion_bytes, cycle_s)
             t = method.cost.exchange_s(row, net, ps) or 0.0
             add(n, label, {"step_s": step, "comm_s": t,
-                           "overlap": max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0})
-        for label, overlap in (measured or {}).items():
-            if label.startswith("ring"):
+                           "overlap": max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0},
+                RING if method.cost.collective else PS)
+        for label, (overlap, collective) in (measured or {}).items():
+            if collective:
                 t = ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"])
             else:
                 t = ps_time(n, grad, ps["bandwidth"], ps["alpha"], shards[0], per_server)
-            add(n, label, {"step_s": compute_s + (1 - overlap) * t, "comm_s": t, "overlap": overlap})
+            add(n, label, {"step_s": compute_s + (1 - overlap) * t, "comm_s": t, "overlap": overlap},
+                RING if collective else PS)
     return rows
 
 
@@ -193,8 +199,8 @@ def plot(rows, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     archs = list(dict.fromkeys(r["arch"] for r in rows))
-    families = [("ring all-reduce", [a for a in archs if a.startswith("ring")]),
-                ("parameter servers", [a for a in archs if not a.startswith("ring")])]
+    family = {r["arch"]: r.get("family", PS) for r in rows}
+    families = [(RING, [a for a in archs if family[a] == RING]), (PS, [a for a in archs if family[a] == PS])]
     families = [(name, members) for name, members in families if members]
     fig, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 4.5), squeeze=False, sharey=True)
     workers = sorted({r["workers"] for r in rows})
@@ -325,7 +331,7 @@ def from_runs(path, ring, ps, nets=None):
             continue
         label = method.cost.arch + f" (overlap of {r['backend']}"
         label += f" {r.get('mode') or ''} x{r['workers']}: {ov:.0%})".replace("  ", " ")
-        measured[label] = ov
+        measured[label] = (ov, method.cost.collective)
         notes.append(f"{os.path.basename(r['run_dir'])}: compute {1e3 * r['compute_s']:.2f} ms, step "
                      f"{1e3 * r['step_s']:.2f} ms, exchange {1e3 * t:.2f} ms ({how}) -> overlap {ov:.0%}")
     return compute, layers, measured, notes
@@ -604,7 +610,7 @@ def run_projection(args):
     if held[0]:
         text += "\n".join(heldout.section(*held)) + "\n"
     text += table(rows) + "\n"
-    ring_rows = [r for r in rows if r["arch"] == "ring all-reduce" and r["workers"] > 1]
+    ring_rows = [r for r in rows if r["arch"] == RING and r["workers"] > 1]
     if ring_rows:
         top = ring_rows[-1]
         text += (f"\nRing all-reduce at {top['workers']} workers: {top['overlap']:.0%} of its exchange hides "

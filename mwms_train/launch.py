@@ -131,6 +131,11 @@ def build_remote_tasks(args, trainer_argv):
     return tasks
 
 
+def remote_task_lines(args, trainer_argv):
+    """[(task, argv)] that ``--hosts`` starts through the remote shell (hvdps compare's dry run)."""
+    return [(name, argv) for name, argv, _ in build_remote_tasks(args, trainer_argv)]
+
+
 @cli
 def main(argv=None):
     args, parser = parse_args(sys.argv[1:] if argv is None else argv)

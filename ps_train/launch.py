@@ -107,6 +107,12 @@ def make_parser():
     return p
 
 
+def remote_task_lines(args, trainer_argv):
+    """[(task, argv)] that ``--hosts`` starts through the remote shell (hvdps compare's dry run)."""
+    tasks, _ = build_remote_tasks(args, trainer_argv, chief=args.ps_api == "v2")
+    return [(name, argv) for name, argv, _ in tasks]
+
+
 LAUNCHER_FLAGS = ("num_ps", "num_workers", "host", "pin_workers", "run_timeout", "max_restarts", "hosts", "rsh",
                   "ps_placement", "port")
 

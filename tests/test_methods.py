@@ -10,6 +10,11 @@ from hvdps import launchers, methods
 from tests.conftest import REPO
 
 NAMES = set(methods.METHODS)
+MODES = {mode for m in methods.METHODS.values() for mode in m.modes}
+# what a branch on a method could compare instead of its name: the report's labels, the cost model's
+# architecture ("ring", "PS k=1")
+LABELS = {label for m in methods.METHODS.values() for label in m.labels.values()} | \
+    {m.cost.arch for m in methods.METHODS.values()}
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -73,9 +78,25 @@ def _names_compared(tree):
             return [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in NAMES]
         return []
 
+    def constants(node):
+        return [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) else \
+            [e.value for e in getattr(node, "elts", []) if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+
     found = []
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("startswith", "endswith") and node.args:
+            # a label's or name's prefix: "ring" of "ring all-reduce", "PS" of "PS sync"
+            hits = [c for c in constants(node.args[0]) if len(c) >= 2 and any(
+                (t.startswith(c) if node.func.attr == "startswith" else t.endswith(c)) for t in NAMES | LABELS)]
+            if hits:
+                found.append((node.lineno, hits))
         if isinstance(node, ast.Compare):
+            # a mode or a label: ``mode == "sync"`` is the registry's (Method.cost.lockstep) to answer
+            sides = [node.left, *node.comparators]
+            hits = [c for side in sides for c in constants(side) if c in MODES | LABELS]
+            if hits:
+                found.append((node.lineno, hits))
             sides = [node.left, *node.comparators]
             hits = [v for side in sides for v in named(side)]
             # "ps" is also a TF cluster role ("ps", "worker", "chief"): it counts only beside a backend
@@ -93,7 +114,8 @@ def test_no_module_branches_on_a_method_name():
     """Only the registry knows the methods' names: the application and common tiers ask it. (The
     trainers' own packages and the CLI's help texts may name themselves.)"""
     offenders = []
-    for path in sorted(glob.glob(os.path.join(REPO, "hvdps", "*.py")) + glob.glob(os.path.join(REPO, "common", "*.py"))):
+    for path in sorted(glob.glob(os.path.join(REPO, "hvdps", "*.py")) + glob.glob(os.path.join(REPO, "common", "*.py"))
+                       + glob.glob(os.path.join(REPO, "tf_cluster", "*.py"))):
         if os.path.basename(path) == "methods.py":
             continue
         with open(path) as f:
@@ -105,5 +127,7 @@ def test_no_module_branches_on_a_method_name():
 def test_the_check_sees_a_branch():
     """The scan above finds the patterns it forbids (a check that cannot fail proves nothing)."""
     code = ('if row["backend"] == "ps": pass\nif backend in ("horovod", "mpi"): pass\n'
-            'NAMES = {("ps2", "async"): "x"}\nfor role in ("ps", "worker"): pass\nif role == "ps": pass\n')
-    assert [line for line, _ in _names_compared(ast.parse(code))] == [1, 2, 3]
+            'NAMES = {("ps2", "async"): "x"}\nfor role in ("ps", "worker"): pass\nif role == "ps": pass\n'
+            'if label.startswith("ring"): pass\nif row.get("mode") == "sync": pass\nif arch in ("PS sync",): pass\n'
+            'if task.startswith("ps:"): pass\nif path.endswith(".gz"): pass\n')
+    assert [line for line, _ in _names_compared(ast.parse(code))] == [1, 2, 3, 6, 7, 8]

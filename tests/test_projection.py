@@ -283,9 +283,11 @@ def test_plot_two_families_and_coinciding_curves_once(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = [{"arch": a, "workers": n, "efficiency": e} for n in (1, 2, 4) for a, e in (
-        ("ring all-reduce", 1 / n ** 0.1), ("PS k=1", 1 / n), ("PS, 1 per server", 1 / n),
-        ("PS k=1 (overlap of ps async x2: 0%)", 0.9 / n), ("PS k=1 (overlap of ps sync x2: 0%)", 0.9 / n))]
+    rows = [{"arch": a, "family": f, "workers": n, "efficiency": e} for n in (1, 2, 4) for a, f, e in (
+        ("ring all-reduce", pj.RING, 1 / n ** 0.1), ("PS k=1", pj.PS, 1 / n), ("PS, 1 per server", pj.PS, 1 / n),
+        ("PS k=1 (overlap of ps async x2: 0%)", pj.PS, 0.9 / n),
+        ("PS k=1 (overlap of ps sync x2: 0%)", pj.PS, 0.9 / n),
+        ("TF all-reduce (MWMS)", pj.RING, 0.8 / n))]
     saved = {}
     real = plt.Figure.savefig
 
@@ -297,7 +299,7 @@ def test_plot_two_families_and_coinciding_curves_once(tmp_path):
         pj.plot(rows, str(tmp_path / "p.png"), "t")
     finally:
         plt.Figure.savefig = real
-    assert saved["legends"] == [["ring all-reduce"],
+    assert saved["legends"] == [["ring all-reduce", "TF all-reduce (MWMS)"],
                                 ["PS k=1 = PS, 1 per server", "PS k=1 (overlap of ps async x2, ps sync x2: 0%)"]]
 
 
