@@ -6,9 +6,9 @@
 PYTHON   ?= python3
 VENV     ?= .venv
 BIN      := $(VENV)/bin
-# TF picks the TensorFlow stack (hvdps/stack.py): auto (2.21.0 with tf-keras on Python 3.10-3.13, 2.18.1 on 3.9),
+# TF picks the TensorFlow stack (hvdps/install/stack.py): auto (2.21.0 with tf-keras on Python 3.10-3.13, 2.18.1 on 3.9),
 # 2.21, 2.18 or 2.15 (2.15.1, Python 3.9-3.11). The stamp names it, so another TF= sets up again. Horovod
-# 0.28.1 is compiled against the stack with patches/horovod-0.28.1.patch (hvdps/horovod_build.py) and the
+# 0.28.1 is compiled against the stack with patches/horovod-0.28.1.patch (hvdps/install/horovod_build.py) and the
 # wheel cached by Horovod, TensorFlow, Python, MPI and patch in ~/.cache/hvdps (HVDPS_CACHE): a later
 # set-up on this machine, in any clone, installs it instead of compiling for 15 minutes.
 TF       ?= auto
@@ -25,8 +25,8 @@ DEMO_CNN_EPOCHS ?= 3
 
 setup: $(STAMP)
 
-$(STAMP): setup.py Makefile hvdps/stack.py hvdps/horovod_build.py patches/horovod-0.28.1.patch common/native/bind_to.c
-	@out=$$($(SETUP_PY) hvdps/stack.py "$(TF)" 2>/dev/null) || { \
+$(STAMP): setup.py Makefile hvdps/install/stack.py hvdps/install/horovod_build.py patches/horovod-0.28.1.patch common/native/bind_to.c
+	@out=$$($(SETUP_PY) hvdps/install/stack.py "$(TF)" 2>/dev/null) || { \
 	  echo "$${out:-error: $(SETUP_PY) is not a Python 3 interpreter: run make PYTHON=python3.12}"; exit 1; }
 	@command -v mpirun >/dev/null && command -v patch >/dev/null && [ -e /usr/include/x86_64-linux-gnu/openmpi/include/mpi.h -o -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
 	  || { echo "== installing Open MPI from Debian"; \
@@ -39,13 +39,13 @@ $(STAMP): setup.py Makefile hvdps/stack.py hvdps/horovod_build.py patches/horovo
 	@[ -x $(BIN)/python ] || { echo "== creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
 	@echo "== installing TensorFlow and build tools"
 	@$(BIN)/pip install -q --upgrade pip setuptools wheel
-	@$(BIN)/pip uninstall -q -y tensorflow-cpu 2>/dev/null || true   # every stack is tensorflow (hvdps/stack.py)
-	@pins=$$($(BIN)/python hvdps/stack.py "$(TF)") && $(BIN)/pip install -q $$pins "cmake<4" packaging && \
+	@$(BIN)/pip uninstall -q -y tensorflow-cpu 2>/dev/null || true   # every stack is tensorflow (hvdps/install/stack.py)
+	@pins=$$($(BIN)/python hvdps/install/stack.py "$(TF)") && $(BIN)/pip install -q $$pins "cmake<4" packaging && \
 	  case "$$pins" in *tf-keras*) ;; *) $(BIN)/pip uninstall -q -y tf-keras 2>/dev/null || true;; esac
-	@$(BIN)/python hvdps/horovod_build.py --check >/dev/null 2>&1 || { \
-	  wheel=$$($(BIN)/python hvdps/horovod_build.py) || { echo "$$wheel"; exit 1; }; \
+	@$(BIN)/python hvdps/install/horovod_build.py --check >/dev/null 2>&1 || { \
+	  wheel=$$($(BIN)/python hvdps/install/horovod_build.py) || { echo "$$wheel"; exit 1; }; \
 	  $(BIN)/pip uninstall -q -y horovod 2>/dev/null; $(BIN)/pip install -q "$$wheel" && \
-	  $(BIN)/python hvdps/horovod_build.py --record; }
+	  $(BIN)/python hvdps/install/horovod_build.py --record; }
 	@echo "== installing hvdps and test tools"
 	@$(BIN)/pip install -q -e ".[test]"
 	@echo "== building the bind shim (local servers listen on loopback / their own address only)"

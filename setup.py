@@ -2,7 +2,7 @@
 
 The Horovod wheel is deliberately *not* an install_requires: it must be compiled
 against the TensorFlow already in the environment, with the project's patch
-(hvdps/horovod_build.py, patches/), and letting pip resolve it would build the
+(hvdps/install/horovod_build.py, patches/), and letting pip resolve it would build the
 unpatched release in an isolated env against the wrong TensorFlow.
 """
 from setuptools import find_packages, setup
@@ -15,10 +15,11 @@ setup(
     # every method package (<name>_train: its trainer, launcher and registry entry) is found by its name
     packages=find_packages(include=["common", "common.*", "*_train", "*_train.*", "tf_cluster", "tf_cluster.*",
                                     "hvdps", "hvdps.*"]),
-    package_data={"hvdps": ["model_profiles.json"],     # layer profiles of the benchmark models
+    package_data={"hvdps.cost": ["model_profiles.json"],   # layer profiles of the benchmark models
+                  "hvdps.measure": ["*.sh"],             # the remote-shell agents (namespaces, SLURM)
                   "common": ["digits.csv.gz"]},       # the bundled data set (common/data.py: load_digits)
     install_requires=[
-        # The stack is pinned by make setup (hvdps/stack.py): 2.21 (numpy 2) on Python 3.10-3.13, 2.18 and
+        # The stack is pinned by make setup (hvdps/install/stack.py): 2.21 (numpy 2) on Python 3.10-3.13, 2.18 and
         # 2.15 (numpy 1) selectable. `tensorflow`, not `tensorflow-cpu`: tf-keras depends on the former.
         "tensorflow>=2.15.1,<2.22",
         "numpy>=1.23,<3",
@@ -43,10 +44,10 @@ setup(
             "hvdps-mwms-launch=mwms_train.launch:main",
             "hvdps-ps=ps_train.main:main",
             "hvdps-ps-launch=ps_train.launch:main",
-            "hvdps-compare=hvdps.compare:main",
-            "hvdps-project=hvdps.projection:main",
-            "hvdps-hosts=hvdps.hosts:main",
-            "hvdps-emulate=hvdps.emulate:main",
+            "hvdps-compare=hvdps.commands.compare:main",
+            "hvdps-project=hvdps.commands.project:main",
+            "hvdps-hosts=hvdps.commands.hosts:main",
+            "hvdps-emulate=hvdps.commands.emulate:main",
         ],
     },
 )

@@ -37,7 +37,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from hvdps import emulate                                    # noqa: E402
+from common.errors import UsageError                        # noqa: E402
+from hvdps.commands import emulate                          # noqa: E402
+from hvdps.measure import cluster as emulated               # noqa: E402
 from hvdps.launchers import Remote, remote_mpi_flags     # noqa: E402
 from common.procs import child_env                           # noqa: E402
 from comm_bandwidth import MWMS_TASK, PS_TASK                # noqa: E402  (this folder is on sys.path)
@@ -88,7 +90,7 @@ def tcp_stream(cluster, nbytes, repeats, warmup):
     sink = subprocess.Popen(in_ns(cluster.hosts[1], [sys.executable, "-c", SINK, cluster.addrs[1], str(nbytes)]),
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
-        port = emulate.read_line(sink, 30, "the TCP sink")
+        port = emulated.read_line(sink, 30, "the TCP sink")
         out = subprocess.run(in_ns(cluster.hosts[0], [sys.executable, "-c", SOURCE, cluster.addrs[1], port,
                                                       str(nbytes), str(repeats), str(warmup)]),
                              capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
@@ -123,7 +125,7 @@ def ring(cluster, workers, sizes, repeats, warmup, impl, detail=False, env=(), p
         extra_env, extra_args = extra_env + ["-x", f"HOROVOD_TIMELINE={timeline}"], ["--with-mpi4py"]
     remote = Remote(hosts_text=",".join(cluster.addrs[:workers]),
                         hosts=tuple((a, 1) for a in cluster.addrs[:workers]),
-                        agent=(emulate.AGENT,), rsh_given=True, network=f"{cluster.subnet}.0/24")
+                        agent=(emulated.AGENT,), rsh_given=True, network=f"{cluster.subnet}.0/24")
     argv = ["mpirun", "-np", str(workers), "--host", ",".join(cluster.addrs[:workers]), "-bind-to", "none",
             *(remote_mpi_flags(remote) if preconnect else without_preconnect(remote_mpi_flags(remote))),
             "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
@@ -224,7 +226,7 @@ def ps(cluster, sizes, repeats, warmup):
                               stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env,
                               start_new_session=True)
     try:
-        emulate.read_line(server, 120, "the PS task")
+        emulated.read_line(server, 120, "the PS task")
         p = subprocess.run(in_ns(cluster.hosts[0], [sys.executable, COMM, "--worker", "ps", "--cluster-json",
                                                     json.dumps(spec), "--sizes-json", json.dumps(sizes),
                                                     "--repeats", str(repeats), "--warmup", str(warmup)]),
@@ -289,24 +291,24 @@ def main():
         emulate.check_tools()
         workers = [int(w) for w in args.workers.split(",")]
         if min(workers) < 2 or max(workers) > args.hosts:
-            raise emulate.UsageError(f"--workers {args.workers}: each must be 2..--hosts ({args.hosts})")
+            raise UsageError(f"--workers {args.workers}: each must be 2..--hosts ({args.hosts})")
         exchanges = args.exchanges.split(",")
         wrong = sorted(set(exchanges) - {"tcp", "mpi4py", "horovod", "mwms", "ps"})
         if wrong:
-            raise emulate.UsageError(f"--exchanges: {', '.join(wrong)}: choose from tcp, mpi4py, horovod, mwms, ps")
+            raise UsageError(f"--exchanges: {', '.join(wrong)}: choose from tcp, mpi4py, horovod, mwms, ps")
         from comm_bandwidth import MPI4PY_OPTIONS
         for variant in filter(None, args.mpi4py_variants.split(",")):
             if set(variant.split("+")) - MPI4PY_OPTIONS:
-                raise emulate.UsageError(f"--mpi4py-variants: {variant}: options are "
+                raise UsageError(f"--mpi4py-variants: {variant}: options are "
                                          f"{', '.join(sorted(MPI4PY_OPTIONS))}, joined by +")
         if any("=" not in kv for kv in args.horovod_env.split()):
-            raise emulate.UsageError(f"--horovod-env: {args.horovod_env}: NAME=VALUE pairs, space-separated")
-    except (emulate.UsageError, ValueError) as exc:
+            raise UsageError(f"--horovod-env: {args.horovod_env}: NAME=VALUE pairs, space-separated")
+    except (UsageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     sizes = [(f"{mb}MB", int(float(mb) * 2**20)) for mb in args.sizes_mb.split(",")]
-    emulate.cleanup_stale()
-    cluster = emulate.EmulatedCluster(args.hosts, args.rate, args.queue_ms)
+    emulated.cleanup_stale()
+    cluster = emulated.EmulatedCluster(args.hosts, args.rate, args.queue_ms)
     results = []
     t0 = time.time()
     try:

@@ -19,7 +19,8 @@ update. Every backend's intervals are therefore counted in global updates.
 import os
 
 from common.models import gradient_sizes
-from common.training import check_alive, save_weights_npz
+from common.run_dir import save_weights_npz
+from common.watchdog import check_alive
 
 
 def crossed(prev, step, every):

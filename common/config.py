@@ -7,12 +7,12 @@ runs really trained the same model on the same data with the same batch.
 import argparse
 import dataclasses
 import json
-import math
 import os
-import sys
 from typing import Optional, Tuple
 
 from common.errors import UsageError
+from common.flags import Parser, boolean, shape, check_finite
+from common.memory import check_memory
 
 MODELS = ("mlp", "cnn", "rec", "resnet50", "resnet101", "inception_v3", "vgg16", "mobilenet_v2")
 # Keras applications (weights=None): the models of Horovod's and tf_cnn_benchmarks' published
@@ -118,12 +118,6 @@ def _known_or_plugin(name, value, allowed):
                          f"file.py:function of your own: docs/plugins.md)")
 
 
-def check_finite(name, value):
-    """NaN and inf pass every ``<`` / ``>`` check, so they are refused by name first."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(f"--{name} must be a finite number, got {value}")
-
-
 POSITIVE = ("batch_size", "learning_rate", "hidden_units", "log_every", "num_classes", "synthetic_samples",
             "embedding_rows", "embedding_dim")
 
@@ -170,159 +164,6 @@ def validate(cfg):
         raise UsageError(f"--model {cfg.model} needs --image_shape of at least {side},{side},3")
 
 
-# What one TensorFlow task holds before its model and data: the runtime, the Python process and
-# the gRPC or MPI buffers (proportional set size 0.3-0.4 GiB per task of a PS job of the MLP here).
-TF_PROCESS_BYTES = 512 << 20
-
-
-def memory_estimate(cfg):
-    """[(flags, bytes, what)]: the least one process holds for the built-in models and data, from
-    the config alone (no TensorFlow): float32 weights with their gradient, two optimizer slots and
-    a broadcast copy (5 x the parameters), the synthetic arrays (drawn as float64, kept as
-    float32), the CNN's activations for one batch (forward and backward). Plug-ins and the
-    Keras applications' activations are not estimated; TensorFlow reports those itself."""
-    from common.data import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES
-    parts = []
-    classes = 10 if cfg.dataset in ("digits", "mnist") else cfg.num_classes
-    shape = {"digits": (8, 8, 1), "mnist": (28, 28, 1), "synthetic": tuple(cfg.image_shape)}.get(cfg.dataset)
-    if cfg.model == "rec":
-        table = 4 * CLICK_FEATURES * cfg.embedding_rows * cfg.embedding_dim
-        parts.append((f"--embedding_rows {cfg.embedding_rows} x --embedding_dim {cfg.embedding_dim}", 3 * table,
-                      f"{CLICK_FEATURES} tables of {table / 2**30:.1f} GiB with their gradient and a copy"))
-    if cfg.dataset == "synthetic":
-        n = cfg.synthetic_samples + min(SYNTHETIC_TEST_SAMPLES, max(8, cfg.synthetic_samples // 4))
-        parts.append((f"--image_shape {','.join(map(str, shape))} x --synthetic_samples {cfg.synthetic_samples}",
-                      12 * n * math.prod(shape), "the synthetic images"))
-    if shape and cfg.model == "mlp":
-        features = math.prod(shape)
-        params = features * cfg.hidden_units + cfg.hidden_units * (classes + 1) + classes
-        parts.append((f"--hidden_units {cfg.hidden_units}", 20 * params,
-                      f"the MLP's {params:.3g} weights with gradient, optimizer slots and a copy"))
-    if shape and cfg.model == "cnn":
-        h, w, c = shape
-        params = 9 * c * 32 + 9 * 32 * 64 + (h // 2) * (w // 2) * 64 * 128 + 128 * classes
-        activations = 4 * 3 * cfg.batch_size * h * w * (32 + 64)
-        parts.append((f"--image_shape {','.join(map(str, shape))}", 20 * params + activations,
-                      f"the CNN's {params:.3g} weights and one batch's activations"))
-    return parts
-
-
-def check_memory(cfg):
-    """A model or data set that cannot fit in this machine's memory is refused up front with the
-    estimate, rather than a MemoryError traceback (or the OOM killer) once the job has started."""
-    from common.procs import machine_memory
-    memory = machine_memory()
-    parts = memory_estimate(cfg)
-    total = sum(b for _, b, _ in parts)
-    if memory and total > memory:
-        flags, _, what = max(parts, key=lambda p: p[1])
-        raise UsageError(f"{flags}: about {total / 2**30:,.1f} GiB per process ({what}); this machine has "
-                         f"{memory / 2**30:.1f} GiB")
-
-
-def _shape(text):
-    try:
-        shape = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected H,W,C such as 28,28,1, got '{text}'")
-    return shape
-
-
-def _bool(text):
-    low = text.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got '{text}'")
-
-
-# What no flag of any entry point may be: numbers past these are typos or overflow, not settings
-# (2**48 steps, bytes or seconds; a float above 1e15 is past every rate, size or time hvdps takes).
-FLAG_INT_MAX = 2 ** 48
-FLAG_FLOAT_MAX = 1e15
-
-
-def check_flag_value(flag, value, low=0, high=None, positive=False):
-    """The rule every parsed flag value meets, whatever the entry point: no empty or blank string
-    (an empty --train_dir would mean "here", an empty --hosts "locally"), no NaN or infinity (they
-    pass every < and > check), no number below ``low`` (0 unless the flag says) or past the
-    bounds above. Per-flag meaning (a port's range, a known model name) is checked after this."""
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            check_flag_value(flag, v, low)
-        return
-    if isinstance(value, str):
-        if not value.strip():
-            raise UsageError(f"{flag} must not be empty")
-        if "\0" in value:
-            raise UsageError(f"{flag} must not contain a NUL byte")
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(f"{flag} must be a finite number, got {value}")
-    if high is not None and not ((low < value if positive else low <= value) and value <= high):
-        raise UsageError(f"{flag} must be in {'(' if positive else '['}{_n(low)}, {_n(high)}], got {value!r}")
-    if positive and value <= 0:
-        raise UsageError(f"{flag} must be positive, got {value!r}")
-    if value < low:
-        raise UsageError(f"{flag} must be >= {_n(low)}, got {value!r}")
-    limit = FLAG_INT_MAX if isinstance(value, int) else FLAG_FLOAT_MAX
-    if value > limit:
-        raise UsageError(f"{flag} must be at most {_n(limit)}, got {value!r}")
-
-
-def _n(x):
-    """A bound as a user writes it: 604800, 4294967295, 1e-06, 0.5."""
-    return str(x) if isinstance(x, int) else f"{x:g}"
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse that fails with one ``error:`` line and exit 2 (no usage dump), takes flags only by
-    their full names (``--model`` must not silently mean ``--model_name``), and holds every value
-    to ``check_flag_value``: one validation for every entry point. A flag with a range of its own
-    (below 0, or narrower) declares it with ``bound(dest, low, high)``."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-        self._bounds = {}
-
-    def bound(self, dest, low=0, high=None, positive=False):
-        self._bounds[dest] = (low, high, positive)
-
-    def spelled(self, args):
-        """``args`` with every hyphenated flag of this parser in its one spelling, underscores
-        (``--dry_run`` is ``--dry_run``, ``--num-ps`` is ``--num_ps``): the trainers' names, as
-        TensorFlow's own examples write them, with the other form kept working. Nothing after a
-        bare ``--`` (another program's flags) is touched."""
-        out = []
-        for i, arg in enumerate(args):
-            if arg == "--":
-                return out + args[i:]
-            if arg.startswith("--") and "-" in arg[2:].split("=", 1)[0]:
-                name, eq, value = arg.partition("=")
-                spelled = "--" + name[2:].replace("-", "_")
-                if name not in self._option_string_actions and spelled in self._option_string_actions:
-                    arg = spelled + eq + value
-            out.append(arg)
-        return out
-
-    def parse_known_args(self, args=None, namespace=None):
-        ns, rest = super().parse_known_args(self.spelled(sys.argv[1:] if args is None else list(args)), namespace)
-        for action in self._actions:
-            if not action.option_strings or action.dest in ("help", argparse.SUPPRESS):
-                continue
-            value = getattr(ns, action.dest, None)
-            if value is not None and value is not action.default:
-                check_flag_value(action.option_strings[0], value, *self._bounds.get(action.dest, (0, None, False)))
-        return ns, rest
-
-    def error(self, message):
-        raise UsageError(message)
-
-
 def build_parser(description, prog=None):
     """Flags shared by both trainers; each backend adds its own on the result.
 
@@ -345,7 +186,7 @@ def build_parser(description, prog=None):
                    help=f"before world-size scaling (default: {DEFAULTS_HELP})")
     g.add_argument("--optimizer", default=argparse.SUPPRESS, help=f"one of {', '.join(OPTIMIZERS)} (default: {DEFAULTS_HELP})")
     g.add_argument("--momentum", type=float, default=d.momentum, help="for --optimizer momentum")
-    g.add_argument("--scale_lr", type=_bool, default=d.scale_lr, help="multiply lr by the number of workers")
+    g.add_argument("--scale_lr", type=boolean, default=d.scale_lr, help="multiply lr by the number of workers")
     g.add_argument("--lr_warmup_epochs", type=float, default=d.lr_warmup_epochs,
                    help="epochs of linear warm-up to the scaled rate (synchronous backends)")
     g.add_argument("--epochs", type=int, default=d.epochs,
@@ -360,16 +201,16 @@ def build_parser(description, prog=None):
                    help="the test accuracy time-to-accuracy is measured to")
     g.add_argument("--log_every", type=int, default=d.log_every, help="global updates between metric records (crossed, for every backend alike)")
     g.add_argument("--warmup_steps", type=int, default=d.warmup_steps, help="steps excluded from throughput")
-    g.add_argument("--image_shape", type=_shape, default=d.image_shape, help="synthetic data: H,W,C")
+    g.add_argument("--image_shape", type=shape, default=d.image_shape, help="synthetic data: H,W,C")
     g.add_argument("--num_classes", type=int, default=d.num_classes, help="synthetic data")
     g.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples, help="synthetic data: examples")
     g.add_argument("--embedding_rows", type=int, default=d.embedding_rows,
                    help="rec: rows of each of the 4 categorical features' embedding tables")
     g.add_argument("--embedding_dim", type=int, default=d.embedding_dim, help="rec: width of an embedding row")
-    g.add_argument("--shuffle", type=_bool, default=d.shuffle, help="a new order of the data every epoch (dealt out to the workers)")
-    g.add_argument("--eval_every_epoch", type=_bool, default=d.eval_every_epoch,
+    g.add_argument("--shuffle", type=boolean, default=d.shuffle, help="a new order of the data every epoch (dealt out to the workers)")
+    g.add_argument("--eval_every_epoch", type=boolean, default=d.eval_every_epoch,
                    help="test accuracy after every epoch (false: only at the end)")
-    g.add_argument("--checkpoint_every_epoch", type=_bool, default=d.checkpoint_every_epoch,
+    g.add_argument("--checkpoint_every_epoch", type=boolean, default=d.checkpoint_every_epoch,
                    help="false: checkpoint only at the end (benchmarks: a save stalls every worker)")
     g.add_argument("--checkpoint_steps", type=int, default=d.checkpoint_steps,
                    help="also checkpoint every N updates (0: per --checkpoint_every_epoch); a restart loses "

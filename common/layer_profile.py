@@ -8,7 +8,7 @@ forward FLOPs (a layer's backward pass costs about twice its forward pass,
 for every layer alike), so only the shares matter.
 
 ``python -m common.layer_profile`` rewrites the profiles of the named
-benchmark models that ship with the projection (hvdps/model_profiles.json), so
+benchmark models that ship with the projection (hvdps/cost/model_profiles.json), so
 projecting needs neither TensorFlow nor minutes of model building.
 """
 import json
@@ -22,7 +22,7 @@ from common.files import write_atomic
 # The benchmark models at the input size of their published figures (ImageNet).
 PUBLISHED_INPUTS = {"resnet50": (224, 224, 3), "resnet101": (224, 224, 3), "inception_v3": (299, 299, 3),
                     "vgg16": (224, 224, 3), "mobilenet_v2": (224, 224, 3)}
-PROFILES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hvdps",
+PROFILES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hvdps", "cost",
                         "model_profiles.json")
 
 

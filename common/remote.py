@@ -21,7 +21,7 @@ from common.hosts import parse_host_list, parse_hostfile
 from common.procs import REPO, run_bounded
 
 SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
-SRUN_AGENT = os.path.join(REPO, "hvdps", "srun_agent.sh")
+SRUN_AGENT = os.path.join(REPO, "hvdps", "measure", "srun_agent.sh")
 PLACEMENTS = ("own", "beside")
 
 

@@ -96,7 +96,7 @@ Sample = Annotated[List[NonNeg], Field(min_length=3, max_length=3)]     # [unix 
 
 
 class LinksFile(Strict):
-    """A run's sampled link counters (hvdps/links.py: Sampler.save)."""
+    """A run's sampled link counters (hvdps/measure/links.py: Sampler.save)."""
     series: Dict[str, List[Sample]]
     roles: Optional[Dict[str, Any]] = None
     rate_bps: Optional[Positive] = None

@@ -11,8 +11,11 @@ from common.data import make_dataset
 from common.errors import RunError, describe
 from common.models import build_model, loss_fn, make_optimizer, train_step_fn
 from common.probe import compute_step_time
-from common.training import (Checkpoints, RunLog, check_resume_compatible, create_slots, eval_sums, finish_eval,
-                             make_lr_schedule, refuse_finished)
+from common.checkpoints import Checkpoints
+from common.evaluation import eval_sums, finish_eval
+from common.optim import create_slots, make_lr_schedule
+from common.run_dir import check_resume_compatible, refuse_finished
+from common.runlog import RunLog
 
 
 class AllreduceAdapter(Adapter):

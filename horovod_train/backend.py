@@ -41,7 +41,7 @@ def add_horovod_args(parser):
 def tuning_env(args):
     """Flags -> the environment variables Horovod reads at init (explicit env wins if flag unset)."""
     from common.errors import UsageError
-    from common.config import check_finite
+    from common.flags import check_finite
     if args.commit_steps < 1:
         raise UsageError(f"--commit_steps must be >= 1, got {args.commit_steps}")
     if args.num_groups < 0:

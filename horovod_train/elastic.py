@@ -11,7 +11,7 @@ and at each epoch end. When a rank dies, the survivors roll back to the last
 commit; when the world changes size (a failure, or the discovery script adding
 slots), every rank recomputes from the state what depends on the size:
 
-- the learning rate: the warm-up rule of common.training with the *current*
+- the learning rate: the warm-up rule of common.optim with the *current*
   world size (Goyal et al.'s lr x workers), from the update count;
 - the data: the current epoch's permutation, sharded over the new world,
   resumed at ``samples done // (batch x workers)``: with interleaved sharding
@@ -27,7 +27,9 @@ from common.errors import UsageError
 from common.models import train_step_fn
 from common.plan import make_plan
 from common.sync_loop import AllreduceAdapter
-from common.training import Checkpoints, RunLog, create_slots, make_lr_schedule
+from common.checkpoints import Checkpoints
+from common.optim import create_slots, make_lr_schedule
+from common.runlog import RunLog
 
 
 def train_elastic(cfg, args, backend, model, optimizer, num_train):

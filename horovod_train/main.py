@@ -23,7 +23,7 @@ from common.config import build_parser, from_args
 from common.data import num_examples
 from common.errors import cli
 from common.models import build_model, make_optimizer
-from common.training import check_resume_compatible, check_train_dir
+from common.run_dir import check_resume_compatible, check_train_dir
 from common.procs import launcher_rank
 from common.sync_loop import train_allreduce
 from horovod_train.backend import (HorovodBackend, add_horovod_args, joining_elastic_job, mark_elastic_job,

@@ -23,10 +23,10 @@ from hvdps.methods import method_packages
 
 # subcommand: (module whose main() it runs, what it does)
 TOOLS = {
-    "compare": ("hvdps.compare", "train one model several ways and report them side by side"),
-    "project": ("hvdps.projection", "project measured or described runs to other networks and worker counts"),
-    "emulate": ("hvdps.emulate", "run a comparison on an emulated cluster of shaped hosts (root)"),
-    "hosts": ("hvdps.hosts", "write one host inventory in every launcher's format"),
+    "compare": ("hvdps.commands.compare", "train one model several ways and report them side by side"),
+    "project": ("hvdps.commands.project", "project measured or described runs to other networks and worker counts"),
+    "emulate": ("hvdps.commands.emulate", "run a comparison on an emulated cluster of shaped hosts (root)"),
+    "hosts": ("hvdps.commands.hosts", "write one host inventory in every launcher's format"),
 }
 GROUPS = {"train": ("main", "one trainer process of a method (under horovodrun, mpirun, srun or alone)"),
           "launch": ("launch", "a whole job of a method's tasks, here or --hosts")}

@@ -12,7 +12,7 @@ hvdps knows of it:
 - the report's wording for its distribution overhead, alone and with peers, and its waits.
 
 The per-worker wire rule the trainers record (``common.backend.ring_wire`` / ``ps_wire``) and the
-formulas here share their pieces (``common.backend.ring_share``, ``hvdps.schedule``), so each
+formulas here share their pieces (``common.backend.ring_share``, ``hvdps.cost.schedule``), so each
 formula is written once; this module holds the cost models the entries pick from. Everything else asks this module (``get``, ``lookup``,
 ``parse_variants``) and never compares a method's name; an unknown name is refused with the
 valid ones listed, as Model Garden's ``get_distribution_strategy`` does.
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from common.backend import ring_share
 from common.errors import UsageError
 from common.procs import REPO
-from hvdps import schedule
+from hvdps.cost import schedule
 
 
 # ------------------------------------------------------------------ cost models
 def combine(compute, terms, factors=None, compute_with=None):
     """A step from a cost model's terms: the longest of (compute, where the term waits for it) +
-    factor x seconds. ``factors``: {term: factor} (hvdps/heldout.py fits them; 1 otherwise);
+    factor x seconds. ``factors``: {term: factor} (hvdps/cost/heldout.py fits them; 1 otherwise);
     ``compute_with``: the compute the terms wait for, if not ``compute`` (contended compute)."""
     factors = factors or {}
     base = compute if compute_with is None else compute_with
@@ -54,12 +54,12 @@ class Ring:
     (otherwise their slices are all-gathered, which is not the ring's rule: no link prediction).
     ``wait_free``: the exchange starts while back-propagation runs (Horovod's background thread and
     fusion, played out by schedule.ring_step); otherwise one all-reduce after it. ``network``: the
-    fit of latency and bandwidth the projection costs it with (hvdps/projection.py: ``allreduce``,
+    fit of latency and bandwidth the projection costs it with (hvdps/cost/projection.py: ``allreduce``,
     fitted from Horovod's measured collectives, or a family of its own such as TensorFlow's ring),
     where no flag or emulated cluster gives every method the same network; ``measured``: the
     ``Network`` comm.json's rows of this method fit (None: costed with another's). ``polls``: its ranks spin
     while they wait (Open MPI's progress loop, Horovod's background thread), so the busy share of the
-    cores measures their waiting, not their work (hvdps/heldout.py fits no cores floor for it)."""
+    cores measures their waiting, not their work (hvdps/cost/heldout.py fits no cores floor for it)."""
     collective = True       # no server tasks; one worker alone exchanges nothing
     arch = "ring"           # the projection's architecture this method is measured against
 
@@ -243,7 +243,7 @@ def __getattr__(name):
 
 def networks_measured():
     """{network: (comm.json's row prefix, what)}: the exchange families comm.json measures, as the
-    ring methods declare them (hvdps/projection.py fits each)."""
+    ring methods declare them (hvdps/cost/projection.py fits each)."""
     out = {}
     for method in _registry().values():
         fit = getattr(method.cost, "measured", None)

@@ -23,7 +23,7 @@ from common.data import num_examples
 from common.errors import cli
 from common.procs import launcher_rank
 from common.sync_loop import train_allreduce
-from common.training import check_resume_compatible, check_train_dir
+from common.run_dir import check_resume_compatible, check_train_dir
 from mpi_train.backend import MPIBackend, mpi_env_check
 
 

@@ -241,7 +241,7 @@ def add_mwms_args(parser):
 
 def check_mwms_flags(args):
     """The flags that do not depend on the cluster (the local launcher checks them once, too)."""
-    from common.config import check_finite
+    from common.flags import check_finite
     for name in ("step_timeout", "startup_timeout"):
         check_finite(name, getattr(args, name))
         if not 0 < getattr(args, name) <= MAX_TIMEOUT_S:

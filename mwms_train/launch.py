@@ -56,7 +56,8 @@ def make_parser():
 
 
 def parse_args(argv):
-    from common.config import check_finite, from_args
+    from common.config import from_args
+    from common.flags import check_finite
     from mwms_train.backend import check_mwms_flags
     p = make_parser()
     args = p.parse_args(argv)
@@ -92,7 +93,7 @@ def parse_args(argv):
     steps_per_epoch(num_examples(cfg), args.num_workers, cfg.batch_size)
     if args.resume:              # refused here, before a task starts
         import types
-        from common.training import check_resume_compatible, check_train_dir
+        from common.run_dir import check_resume_compatible, check_train_dir
         check_train_dir(cfg)
         check_resume_compatible(cfg, args.train_dir, types.SimpleNamespace(
             name="mwms", mode="sync", world_size=args.num_workers, num_ps=0))

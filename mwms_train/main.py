@@ -22,7 +22,7 @@ from common.config import build_parser, from_args
 from common.data import num_examples
 from common.errors import cli
 from common.sync_loop import train_allreduce
-from common.training import check_resume_compatible, check_train_dir
+from common.run_dir import check_resume_compatible, check_train_dir
 from mwms_train.backend import MWMSBackend, add_mwms_args, listen_on_own_address, resolve_workers
 
 

@@ -12,7 +12,7 @@ import time
 
 from common.errors import RunError
 from common.procs import port_open
-from common.training import finish_eval
+from common.evaluation import finish_eval
 
 ASYNC_LOST_AFTER = 10.0   # seconds without a step before an async worker is reported lost
 

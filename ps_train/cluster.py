@@ -6,7 +6,7 @@ waits forever for a peer at the wrong address.
 """
 import os
 
-from common.config import check_finite
+from common.flags import check_finite
 from common.errors import UsageError
 from common.hosts import parse_address, parse_cluster_spec, parse_tf_config, validate_cluster
 

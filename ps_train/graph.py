@@ -17,7 +17,7 @@ from typing import Any
 from common.data import make_dataset
 from common.keras3 import refuse_graph_mode
 from common.models import build_model, eval_batch_sums, make_optimizer, state_updates, total_loss
-from common.training import make_lr_schedule
+from common.optim import make_lr_schedule
 
 
 @dataclasses.dataclass

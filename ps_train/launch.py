@@ -122,7 +122,8 @@ MAX_LOCAL_TASKS = 1024
 
 def parse_args(argv):
     """(launcher + trainer args, the parser): the trainer flags validated once, here."""
-    from common.config import check_finite, from_args
+    from common.config import from_args
+    from common.flags import check_finite
     from ps_train.cluster import check_ps_flags
     p = make_parser()
     args = p.parse_args(argv)
@@ -164,7 +165,7 @@ def parse_args(argv):
         from common.models import check_plugin_for_graph_mode
         check_plugin_for_graph_mode(cfg)         # a Keras 3 plug-in: refused before a task starts
     if args.resume:              # refused here, before a task starts or launch.json is written
-        from common.training import check_resume_compatible, check_train_dir
+        from common.run_dir import check_resume_compatible, check_train_dir
         v2 = args.ps_api == "v2"
         job = types.SimpleNamespace(name="ps2" if v2 else "ps", mode="sync" if args.sync and not v2 else "async",
                                     world_size=args.num_workers, num_ps=args.num_ps)

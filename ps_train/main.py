@@ -39,8 +39,10 @@ from common.files import make_dirs
 from common.models import check_plugin_for_graph_mode
 from common.probe import compute_step_time
 from common.bookkeeper import Adapter, Bookkeeper
-from common.training import (RunLog, Watchdog, check_resume_compatible, check_train_dir, refuse_finished,
-                             remove_partial_checkpoints)
+from common.checkpoints import remove_partial_checkpoints
+from common.run_dir import check_resume_compatible, check_train_dir, refuse_finished
+from common.runlog import RunLog
+from common.watchdog import Watchdog
 from ps_train import stop, v2
 from ps_train.stop import hard_exit
 from ps_train.backend import PSBackend, describe_placement, shard_bytes

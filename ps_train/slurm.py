@@ -22,7 +22,7 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.config import Parser
+from common.flags import Parser
 from common.errors import UsageError, cli
 from tf_cluster.slurm import exec_with_tf_config, slurm_tf_config
 

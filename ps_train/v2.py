@@ -45,8 +45,12 @@ from common.plan import make_plan
 from common.probe import compute_step_time
 from common.procs import port_open, wait_for_ports
 from common.bookkeeper import Adapter, Bookkeeper
-from common.training import (Checkpoints, RunLog, Watchdog, eval_sums, finish_eval, make_lr_schedule,
-                             refuse_finished)
+from common.checkpoints import Checkpoints
+from common.evaluation import eval_sums, finish_eval
+from common.optim import make_lr_schedule
+from common.run_dir import refuse_finished
+from common.runlog import RunLog
+from common.watchdog import Watchdog
 from ps_train.backend import check_port_free, describe_placement, shard_bytes
 
 

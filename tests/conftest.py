@@ -97,7 +97,7 @@ def assert_big_batch_equal(two_dir, one_dir):
     import numpy as np
     from common.config import make_config
     from common.models import build_model
-    from common.training import load_weights_npz
+    from common.run_dir import load_weights_npz
     two = load_weights_npz(os.path.join(two_dir, "weights.npz"))
     one = load_weights_npz(os.path.join(one_dir, "weights.npz"))
     init = build_model(make_config(seed=42)).get_weights()

@@ -598,7 +598,7 @@ def test_hvdps_bad_input_is_one_line(argv, message):
     ["--dry-run=", "--no-progress"],
 ])
 def test_hyphen_and_underscore_spell_the_same_flag(argv):
-    from hvdps.compare import make_parser
+    from hvdps.commands.compare import make_parser
     parser = make_parser()
     assert parser.spelled(argv)[0].startswith("--dry_run")
     if "lo" in argv:
@@ -607,7 +607,7 @@ def test_hyphen_and_underscore_spell_the_same_flag(argv):
 
 
 def test_spelling_leaves_values_and_another_programs_flags_alone():
-    from hvdps.compare import make_parser
+    from hvdps.commands.compare import make_parser
     parser = make_parser()
     argv = ["--rsh", "ssh -o x", "--not-ours", "--dry-run", "--", "--dry-run", "--network-interface"]
     assert parser.spelled(argv) == ["--rsh", "ssh -o x", "--not-ours", "--dry_run", "--", "--dry-run",

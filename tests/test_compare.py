@@ -8,7 +8,8 @@ import pytest
 
 from common.plan import make_plan
 from hvdps.methods import parse_variants
-from hvdps.report import collect, write_report
+from hvdps.measure.runs import collect
+from hvdps.render.report import write_report
 from common.config import make_config
 from common.errors import UsageError
 from common.metrics import MetricsWriter, throughput_stats
@@ -220,7 +221,7 @@ def test_signal_mid_run_stops_every_job_and_reports_what_finished(tmp_path, back
 ])
 def test_rebuilt_report_shows_every_distinct_config(configs, keys):
     """--from runs of one model with different settings: one config per run, never one for all."""
-    from hvdps.compare import runs_configs
+    from hvdps.commands.compare import runs_configs
     rows = [{"run_dir": d, "model": m, "_curves": {"header": {"config": c}}} for d, m, c in configs]
     assert sorted(runs_configs(rows)) == sorted(keys)
 
@@ -250,7 +251,7 @@ Either request fewer slots for your application, or make more slots
     ("", None),
 ])
 def test_a_failed_run_is_named_by_its_cause_not_a_frame(tmp_path, log, expected):
-    from hvdps.compare import _last_error
+    from hvdps.commands.compare import _last_error
     (tmp_path / "run.log").write_text(log)
     assert _last_error(str(tmp_path / "run.log")) == expected
 

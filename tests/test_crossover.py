@@ -1,8 +1,9 @@
-"""The crossover (hvdps/crossover.py): from which n the ring beats one PS, and the PS shards that
+"""The crossover (hvdps/cost/crossover.py): from which n the ring beats one PS, and the PS shards that
 match it, on runs and a step model whose answers are worked out by hand."""
 import pytest
 
-from hvdps import crossover as cx
+from hvdps.cost import crossover as cx
+from hvdps.render import crossover as rcx
 
 pytestmark = pytest.mark.unit
 
@@ -104,16 +105,16 @@ def test_each_line_takes_the_compute_measured_at_the_nearest_worker_count():
 ])
 def test_nothing_to_set_side_by_side_gives_no_section(runs, tmp_path):
     result = cx.analyse(runs, model_step)
-    assert result == [] and cx.section(result) == [] and cx.plot(result, str(tmp_path / "x.png")) is None
+    assert result == [] and rcx.section(result) == [] and rcx.plot(result, str(tmp_path / "x.png")) is None
 
 
 def test_section_and_plot(tmp_path):
     result = cx.analyse(RUNS, model_step)
-    text = "\n".join(cx.section(result))
+    text = "\n".join(rcx.section(result))
     assert "## Crossover: ring all-reduce against parameter servers" in text
     assert "| PS sync | 4 | 2 |" in text                       # measured from 4, projected from 2
     assert "| 4 | bare MPI | 70 (40) | PS sync | 200 (400) | more than 2 | 10 |" in text
-    path = cx.plot(result, str(tmp_path / "crossover.png"))
+    path = rcx.plot(result, str(tmp_path / "crossover.png"))
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
@@ -124,7 +125,7 @@ def test_every_series_of_the_plot_has_a_look_of_its_own(count):
     import matplotlib.pyplot as plt
     series = [{"name": f"method {i}", "ring": i < 3, "projected": [(2, 0.1), (4, 0.2)], "measured": [(2, 0.1)]}
               for i in range(count)]
-    fig = cx.figure([{"model": "mlp", "series": series}])
+    fig = rcx.figure([{"model": "mlp", "series": series}])
     try:
         legend = fig.axes[0].get_legend()
         looks = [(tuple(h.get_color()), h.get_marker(), h.get_linestyle()) for h in legend.legend_handles]

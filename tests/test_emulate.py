@@ -29,7 +29,7 @@ def need_root():
 
 
 def emulate(*argv, timeout=600):
-    return subprocess.run([sys.executable, "-m", "hvdps.emulate", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hvdps.commands.emulate", *argv], capture_output=True, text=True,
                           env=env(), cwd=REPO, timeout=timeout)
 
 
@@ -46,7 +46,7 @@ def ours(pid):
 
 def start(out, backends, train_steps, **kw):
     """hvdps-emulate on 3 hosts at 50 Mbit/s, comparing ``backends`` at 2 workers; the Popen."""
-    return subprocess.Popen([sys.executable, "-m", "hvdps.emulate", "--hosts", "3", "--rate", "50mbit",
+    return subprocess.Popen([sys.executable, "-m", "hvdps.commands.emulate", "--hosts", "3", "--rate", "50mbit",
                              "--out", str(out), "--", "--workers", "2", "--backends", backends,
                              "--train_steps", str(train_steps), *FAST], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env(), cwd=REPO, **kw)
@@ -109,7 +109,7 @@ def test_ring_and_one_ps_across_shaped_hosts(tmp_path):
     # The projection from these runs, with the links' rate and measured latency (cluster.json).
     cluster = json.load(open(out / "cluster.json"))
     assert 1e-6 < cluster["latency_s"] < 5e-3, cluster         # an idle veth pair: tens of microseconds
-    proj = subprocess.run([sys.executable, "-m", "hvdps.projection", "--from", str(out), "--out",
+    proj = subprocess.run([sys.executable, "-m", "hvdps.cost.projection", "--from", str(out), "--out",
                            str(tmp_path / "proj")], capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
     assert proj.returncode == 0, proj.stderr[-3000:]
     checked = {r["backend"]: r for r in json.load(open(tmp_path / "proj" / "projection.json"))["checked"]}
@@ -129,7 +129,7 @@ def test_six_workers_and_two_split_ps_tasks_on_eight_hosts(tmp_path):
     method's formula says: a ring link 2(n-1)/n x M each way, the busiest PS link at most 1.1 x n x M/k
     (the model split over the k tasks); the ring's round is the shorter, measured as projected."""
     out = tmp_path / "emu"
-    p = subprocess.Popen([sys.executable, "-m", "hvdps.emulate", "--hosts", "8", "--rate", "50mbit",
+    p = subprocess.Popen([sys.executable, "-m", "hvdps.commands.emulate", "--hosts", "8", "--rate", "50mbit",
                           "--out", str(out), "--", "--workers", "6", "--backends", "horovod,ps:sync",
                           "--num_ps", "2", "--train_steps", "30", *FAST], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env=env(), cwd=REPO, start_new_session=True)
@@ -152,7 +152,7 @@ def test_six_workers_and_two_split_ps_tasks_on_eight_hosts(tmp_path):
     assert 0.95 * n * model / k <= ps["busiest_link_bytes"] <= 1.1 * n * model / k, (ps["busiest_link_bytes"], model)
     assert ps["round_s"] > ring["round_s"], (ps["round_s"], ring["round_s"])
 
-    proj = subprocess.run([sys.executable, "-m", "hvdps.projection", "--from", str(out), "--out",
+    proj = subprocess.run([sys.executable, "-m", "hvdps.cost.projection", "--from", str(out), "--out",
                            str(tmp_path / "proj")], capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
     assert proj.returncode == 0, proj.stderr[-3000:]
     checked = {r["backend"]: r for r in json.load(open(tmp_path / "proj" / "projection.json"))["checked"]}
@@ -217,7 +217,7 @@ def test_the_agent_enters_the_host_with_an_open_mpi_folder_of_its_own():
     """netns_agent.sh runs the command in the host's namespace with Open MPI's session folder under
     /tmp/hvdps-ompi/<namespace> (the hosts share /tmp and a hostname); removing the namespace
     removes the folder."""
-    from hvdps.emulate import AGENT, remove_namespaces
+    from hvdps.measure.cluster import AGENT, remove_namespaces
     ns = f"hvdps-{os.getpid()}-agent"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
@@ -270,7 +270,7 @@ def test_what_a_killed_run_left_is_removed_at_the_next_start(tmp_path):
       "64,64,3", "--hidden_units", "20000"], "run horovod-sync-w16 starts 16 TensorFlow tasks on this machine"),
 ])
 def test_bad_input_one_line_and_nothing_left(argv, message):
-    p = subprocess.Popen([sys.executable, "-m", "hvdps.emulate", *argv], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "hvdps.commands.emulate", *argv], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
     _, err = p.communicate(timeout=120)
     lines = err.strip().splitlines()

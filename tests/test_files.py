@@ -10,8 +10,9 @@ import pytest
 
 from common.errors import UsageError
 from common.files import WriteError, check_regular, make_dirs, open_append, open_new, read_input, write_atomic
-from common.training import RUN_OUTPUTS
-from hvdps.report import collect, runs_from_dirs, write_report
+from common.run_dir import RUN_OUTPUTS
+from hvdps.measure.runs import collect, runs_from_dirs
+from hvdps.render.report import write_report
 from tests.conftest import REPO, env, run, snapshot
 
 HVD = os.path.join(REPO, "horovod_train", "main.py")

@@ -288,7 +288,7 @@ def test_trainer_flags_are_taken_or_refused_in_one_line(name, data):
             one_line(exc)
 
 
-@pytest.mark.parametrize("module", ["ps_train.launch", "mwms_train.launch", "hvdps.emulate"])
+@pytest.mark.parametrize("module", ["ps_train.launch", "mwms_train.launch", "hvdps.commands.emulate"])
 @given(data=st.data())
 def test_launcher_flags_are_taken_or_refused_in_one_line(module, data):
     import importlib
@@ -303,7 +303,7 @@ def test_launcher_flags_are_taken_or_refused_in_one_line(module, data):
 
 @given(data=st.data())
 def test_compare_dry_run_takes_or_refuses_every_flag(tmp_path_factory, monkeypatch, data):
-    from hvdps import compare
+    from hvdps.commands import compare
     folder = str(tmp_path_factory.mktemp("cmp"))
     monkeypatch.chdir(folder)
     argv = flag_argv(compare.make_parser(), data)
@@ -315,7 +315,7 @@ def test_compare_dry_run_takes_or_refuses_every_flag(tmp_path_factory, monkeypat
 
 @given(data=st.data())
 def test_projection_takes_or_refuses_every_flag(tmp_path_factory, data):
-    from hvdps import projection
+    from hvdps.commands import project as projection
     folder = str(tmp_path_factory.mktemp("prj"))
     base = ["--bandwidth-gbps", "10", "--latency-us", "20", "--model-params", "25", "--step-compute-ms", "100",
             "--max-workers", "64"]
@@ -331,7 +331,7 @@ def test_projection_takes_or_refuses_every_flag(tmp_path_factory, data):
 def test_projection_from_any_comm_file_ends_in_time(tmp_path_factory, data):
     """A comm.json that passes its schema still has to give an answer or one line, in bounded time:
     fits from extreme but finite times must not loop or overflow."""
-    from hvdps import projection
+    from hvdps.commands import project as projection
     folder = str(tmp_path_factory.mktemp("cj"))
     rows = data.draw(st.lists(st.fixed_dictionaries({
         "impl": st.sampled_from(["horovod-mpi", "mwms", "ps-push", "ps-pull"]),

@@ -1,10 +1,11 @@
-"""The held-out check (hvdps/heldout.py): terms fitted at the two smallest worker counts, the larger
+"""The held-out check (hvdps/cost/heldout.py): terms fitted at the two smallest worker counts, the larger
 runs predicted from them, on hand-built runs whose answers are worked out here."""
 import math
 
 import pytest
 
-from hvdps import heldout
+from hvdps.cost import heldout
+from hvdps.render import heldout as rheld
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +38,7 @@ def test_a_constant_exchange_factor_fitted_small_predicts_large():
     assert got[16]["factors"] == {"PS link": pytest.approx(1.2)}
     assert got[16]["contended_compute_s"] == pytest.approx(0.016)           # 8 workers a core
     assert all(e["ratio"] == pytest.approx(1.0) for e in got.values())
-    assert heldout.summary(list(got.values())) == (2, 2)
+    assert rheld.summary(list(got.values())) == (2, 2)
 
 
 def test_the_cores_floor_binds_when_the_fitted_runs_kept_the_cores_busy():
@@ -82,7 +83,7 @@ def test_one_overlap_p_fitted_at_the_small_runs_of_every_method():
     assert {e["overlap_p"] for e in entries} == {4.0}
     assert all(e["factors"] == {"own link": 1.0, "PS link": 1.0} for e in entries)
     assert all(e["ratio"] == pytest.approx(1.0) for e in entries)
-    assert "p = 4" in "\n".join(heldout.section(entries))
+    assert "p = 4" in "\n".join(rheld.section(entries))
 
 
 @pytest.mark.parametrize("backend, floor", [("horovod", False), ("mpi", False), ("mwms", True), ("ps", True)])
@@ -113,7 +114,7 @@ def test_which_methods_compute_in_lock_step(backend, mode, lockstep):
 ])
 def test_nothing_to_hold_out_gives_no_entries(rows):
     assert heldout.analyse(rows, model, cores=2) == []
-    assert heldout.section([]) == []
+    assert rheld.section([]) == []
 
 
 def test_a_link_factor_fitted_where_the_link_bound_predicts_where_it_binds_later():
@@ -138,7 +139,7 @@ def test_a_link_that_never_bound_keeps_the_model_as_it_is():
 def test_the_section_counts_the_held_out_runs_and_marks_the_misses():
     rows = [run("horovod", "sync", n, s) for n, s in ((2, 0.102), (4, 0.202), (8, 0.402), (16, 1.202))]
     entries = heldout.analyse(rows, model)
-    text = "\n".join(heldout.section(entries))
+    text = "\n".join(rheld.section(entries))
     assert "**1 of 2 held-out runs within measured / predicted 0.85-1.15.**" in text
     assert "| Horovod | 2, 4 workers | PS link 1.00 |" in text
     assert "| horovod-sync-w16 | 16 | held out |" in text and "| **1.50** |" in text

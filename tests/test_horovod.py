@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from common.metrics import load_run
-from common.training import load_weights_npz
+from common.run_dir import load_weights_npz
 from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, run
 
 pytestmark = pytest.mark.process

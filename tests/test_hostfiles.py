@@ -14,7 +14,7 @@ from horovod_train.backend import add_horovod_args
 from mwms_train.backend import add_mwms_args
 from ps_train.main import make_parser as ps_parser
 from common.config import build_parser
-from hvdps.compare import make_parser as compare_make_parser
+from hvdps.commands.compare import make_parser as compare_make_parser
 from tests.conftest import BIN, REPO, run
 
 HF = os.path.join(REPO, "hostfiles")

@@ -210,7 +210,7 @@ def test_horovods_own_tape_takes_keras3_variables(tmp_path, controller):
     (["keras 3.15.1", "tf-keras 2.21.0"], "keras 3.15.1: run0; tf-keras 2.21.0: run1"),
 ])
 def test_report_says_which_keras_built_each_run(kinds, expected):
-    from hvdps.report import environment_of
+    from hvdps.measure.runs import environment_of
     rows = [{"run_dir": f"/x/runs/run{i}", "_curves": {"header": {"keras": k, "versions": {"keras": "3.15.1"}}}}
             for i, k in enumerate(kinds)]
     assert environment_of(rows)["model built with"] == expected

@@ -114,8 +114,8 @@ def test_no_module_branches_on_a_method_name():
     """Only the registry knows the methods' names: the application and common tiers ask it. (The
     trainers' own packages and the CLI's help texts may name themselves.)"""
     offenders = []
-    for path in sorted(glob.glob(os.path.join(REPO, "hvdps", "*.py")) + glob.glob(os.path.join(REPO, "common", "*.py"))
-                       + glob.glob(os.path.join(REPO, "tf_cluster", "*.py"))):
+    for path in sorted(glob.glob(os.path.join(REPO, "hvdps", "**", "*.py"), recursive=True)
+                       + glob.glob(os.path.join(REPO, "common", "*.py")) + glob.glob(os.path.join(REPO, "tf_cluster", "*.py"))):
         if os.path.basename(path) == "methods.py":
             continue
         with open(path) as f:

@@ -212,7 +212,7 @@ def test_tensorboard_scalars_also_against_samples_seen(tmp_path):
     """Backends count global steps differently (async PS: one worker batch; all-reduce: a batch from
     every worker); the by_samples/ tags put every backend on one axis."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from common.training import TensorBoard
+    from common.runlog import TensorBoard
     tb = TensorBoard(str(tmp_path))
     tb.scalars(10, 640, loss=0.5)
     tb.scalars(20, 1280, loss=0.25, test_accuracy=float("nan"))   # non-finite values are dropped

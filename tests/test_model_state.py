@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from common.metrics import load_run
-from common.training import load_weights_npz
+from common.run_dir import load_weights_npz
 from tests.conftest import REPO
 
 # weights.npz in model.weights order: dense kernel, BN gamma, beta, moving mean, moving variance, ...

@@ -11,7 +11,7 @@ import pytest
 
 from common.metrics import load_run
 from common.procs import free_ports
-from common.training import load_weights_npz
+from common.run_dir import load_weights_npz
 from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, env, kill_rank_mid_run, py, run
 
 pytestmark = pytest.mark.process

@@ -4,7 +4,10 @@ import os
 
 import pytest
 
-from hvdps import projection as pj
+from hvdps.cost import projection as pj
+from hvdps.commands import project as cmd
+from hvdps.cost import schedule
+from hvdps.render import projection as rpj
 from tests.conftest import BIN, run
 
 
@@ -15,7 +18,7 @@ from tests.conftest import BIN, run
     (512, 178e6, 3.125e9, 1e-5, 2 * 511 / 512 * 178e6 / 3.125e9 + 2 * 511 * 1e-5),
 ])
 def test_ring(n, nbytes, bw, alpha, expected):
-    assert pj.ring_allreduce_time(n, nbytes, bw, alpha) == pytest.approx(expected)
+    assert schedule.ring_allreduce_time(n, nbytes, bw, alpha) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("n, k, g, expected", [
@@ -25,7 +28,7 @@ def test_ring(n, nbytes, bw, alpha, expected):
     (8, 8, 4, 2 * 0.4),            # server NIC with 4 workers is now the bottleneck
 ])
 def test_ps(n, k, g, expected):
-    assert pj.ps_time(n, 100e6, 1e9, 0.0, shards=k, per_server=g) == pytest.approx(expected)
+    assert schedule.ps_time(n, 100e6, 1e9, 0.0, shards=k, per_server=g) == pytest.approx(expected)
 
 
 def test_efficiency_and_overlap():
@@ -53,7 +56,7 @@ def test_fit_refuses_what_it_cannot_measure(points, why):
 @pytest.mark.parametrize("nbytes, text", [(30040, "30.0 kB"), (605224, "605.2 kB"), (102334368, "102.3 MB"),
                                           (512, "512 bytes")])
 def test_gradient_size_in_a_unit_that_shows_it(nbytes, text):
-    assert pj._size(nbytes) == text
+    assert rpj._size(nbytes) == text
 
 
 def test_fit_from_comm_uses_ring_formula():
@@ -76,7 +79,7 @@ def test_project_command(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.load(open(out / "projection.json"))
     ring512 = next(x for x in data["rows"] if x["workers"] == 512 and x["arch"] == "ring all-reduce")
-    t = pj.ring_allreduce_time(512, data["grad_bytes"], 25e9 / 8, 10e-6)
+    t = schedule.ring_allreduce_time(512, data["grad_bytes"], 25e9 / 8, 10e-6)
     # the schedule hides part of the exchange: better than nothing hidden, never better than free
     assert 0.58 / (0.58 + t) < ring512["efficiency"] < 1.0
     assert ring512["step_s"] == pytest.approx(0.58 + (1 - ring512["overlap"]) * ring512["comm_s"], rel=0.05)
@@ -214,11 +217,11 @@ def test_project_from_runs(tmp_path):
     (label, overlap), = data["measured_overlap"].items()
     assert overlap == pytest.approx(0.5) and label.startswith("ring (overlap of mpi")
     row = next(x for x in data["rows"] if x["workers"] == 64 and x["arch"] == label)
-    t = pj.ring_allreduce_time(64, 605224, 10e9 / 8, 20e-6)
+    t = schedule.ring_allreduce_time(64, 605224, 10e9 / 8, 20e-6)
     assert row["step_s"] == pytest.approx(0.010 + 0.5 * t + row["straggler_s"])
     text = (out / "projection.md").read_text()
     assert "exchange 4.00 ms (measured) -> overlap 50%" in text
-    # Ring and PS runs of one workload: the crossover section and its plot (hvdps/crossover.py).
+    # Ring and PS runs of one workload: the crossover section and its plot (hvdps/cost/crossover.py).
     assert "## Crossover" not in text and not (out / "crossover.png").exists()
     fake_sync_run(tmp_path / "runs" / "ps-2", "ps", 2, 0.010, 0.030, num_ps=1)
     r = run([os.path.join(BIN, "hvdps-project"), "--from", str(tmp_path / "runs"),
@@ -231,7 +234,7 @@ def test_project_from_runs(tmp_path):
     assert v["ps"] == "PS sync" and v["ring_wins_from_measured"] == 2 and w["workers"] == [2]
     assert (out / "crossover.png").read_bytes()[:4] == b"\x89PNG"
     assert "## Held out" not in text                       # one worker count per method: nothing to predict
-    # PS at 2, 4 and 8 workers: fitted at 2 and 4, 8 predicted (hvdps/heldout.py)
+    # PS at 2, 4 and 8 workers: fitted at 2 and 4, 8 predicted (hvdps/cost/heldout.py)
     for n, step in ((4, 0.050), (8, 0.090)):
         fake_sync_run(tmp_path / "runs" / f"ps-{n}", "ps", n, 0.010, step, num_ps=1)
     r = run([os.path.join(BIN, "hvdps-project"), "--from", str(tmp_path / "runs"),
@@ -296,7 +299,7 @@ def test_plot_two_families_and_coinciding_curves_once(tmp_path):
         return real(fig, *args, **kw)
     plt.Figure.savefig = keep
     try:
-        pj.plot(rows, str(tmp_path / "p.png"), "t")
+        rpj.plot(rows, str(tmp_path / "p.png"), "t")
     finally:
         plt.Figure.savefig = real
     assert saved["legends"] == [["ring all-reduce", "TF all-reduce (MWMS)"],
@@ -343,18 +346,18 @@ def test_cluster_description_is_found_above_the_runs(tmp_path, where):
     (tmp_path / "out" / "runs" / "ps-sync-w2-ps1").mkdir(parents=True)
     (tmp_path / "out" / "cluster.json").write_text(json.dumps({"rate": "50mbit", "rate_bps": 5e7,
                                                                "latency_s": 4e-5}))
-    desc = pj.cluster_of(str(tmp_path / where))
+    desc = cmd.cluster_of(str(tmp_path / where))
     assert desc["rate_bps"] == 5e7
-    assert pj.cluster_of(str(tmp_path)) is None
+    assert cmd.cluster_of(str(tmp_path)) is None
 
 
 def test_network_from_the_cluster_is_its_rate_at_tcp_goodput_and_its_latency():
     class Args:
         bandwidth_gbps = latency_us = ps_bandwidth_gbps = None
-    ring, ps = pj.network(Args(), {}, cluster={"rate_bps": 5e7, "latency_s": 4e-5})
+    ring, ps = cmd.network(Args(), {}, cluster={"rate_bps": 5e7, "latency_s": 4e-5})
     assert ring == ps == {"bandwidth": pytest.approx(5e7 / 8 * 1448 / 1514), "alpha": 4e-5}
     Args.bandwidth_gbps, Args.latency_us = 1.0, 10.0            # given flags win
-    ring, _ = pj.network(Args(), {}, cluster={"rate_bps": 5e7, "latency_s": 4e-5})
+    ring, _ = cmd.network(Args(), {}, cluster={"rate_bps": 5e7, "latency_s": 4e-5})
     assert ring == {"bandwidth": 1e9 / 8, "alpha": pytest.approx(1e-5)}
 
 
@@ -378,14 +381,14 @@ def test_a_method_is_costed_with_its_own_fit_only_where_the_network_is_measured(
         latency_us = flags.get("latency_us")
         ps_bandwidth_gbps = None
     ring, ps, tf_ring = {"bandwidth": B, "alpha": A}, {"bandwidth": B, "alpha": A}, {"bandwidth": B / 2, "alpha": 3 * A}
-    nets = pj.networks(Args(), {"allreduce": ring, "mwms": tf_ring}, ring, ps, cluster)
+    nets = cmd.networks(Args(), {"allreduce": ring, "mwms": tf_ring}, ring, ps, cluster)
     row = {"backend": "mwms", "mode": "sync", "workers": 3, "compute_s": C, "grad_bytes_per_step": M}
     step, _ = pj.projected_step(row, {}, pj.single_layer(M), ring, ps, 128 << 20, 1e-3, nets)
     net = tf_ring if own else ring
-    assert step == pytest.approx(C + pj.ring_allreduce_time(3, M, net["bandwidth"], net["alpha"]), rel=1e-9)
+    assert step == pytest.approx(C + schedule.ring_allreduce_time(3, M, net["bandwidth"], net["alpha"]), rel=1e-9)
     # bare MPI's ring is the shared one either way
     step, _ = pj.projected_step(dict(row, backend="mpi"), {}, pj.single_layer(M), ring, ps, 128 << 20, 1e-3, nets)
-    assert step == pytest.approx(C + pj.ring_allreduce_time(3, M, B, A), rel=1e-9)
+    assert step == pytest.approx(C + schedule.ring_allreduce_time(3, M, B, A), rel=1e-9)
 
 
 def test_projection_lines_for_tf_ring_from_a_comm_file(tmp_path):
@@ -396,11 +399,11 @@ def test_projection_lines_for_tf_ring_from_a_comm_file(tmp_path):
     comm = tmp_path / "comm.json"
     comm.write_text(json.dumps({"np": 2, "results": res}))
     out = tmp_path / "p"
-    assert pj.main(["--comm_json", str(comm), "--model_name", "resnet101", "--step_compute_ms", "500",
+    assert cmd.main(["--comm_json", str(comm), "--model_name", "resnet101", "--step_compute_ms", "500",
                     "--max_workers", "64", "--straggler_cv", "0", "--out", str(out)]) == 0
     data = json.load(open(out / "projection.json"))
     (label, fit), = data["own_fits"].items()
     assert fit["alpha"] == pytest.approx(3e-4) and "MWMS" in label
     tf64 = next(r for r in data["rows"] if r["workers"] == 64 and r["arch"] == label)
-    assert tf64["step_s"] == pytest.approx(0.5 + pj.ring_allreduce_time(64, data["grad_bytes"], 8e8, 3e-4), rel=1e-6)
+    assert tf64["step_s"] == pytest.approx(0.5 + schedule.ring_allreduce_time(64, data["grad_bytes"], 8e8, 3e-4), rel=1e-6)
     assert label in open(out / "projection.md").read()

@@ -11,7 +11,7 @@ import pytest
 
 from common.errors import RunError
 from common.metrics import load_run, read_records
-from common.training import load_weights_npz
+from common.run_dir import load_weights_npz
 from common.procs import free_ports
 from tests.conftest import REPO, env, py, run
 from tests.ps_helpers import MAIN, FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights

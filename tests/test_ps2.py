@@ -7,7 +7,7 @@ import time
 import pytest
 
 from common.metrics import load_run, read_records
-from common.training import load_weights_npz
+from common.run_dir import load_weights_npz
 from tests.conftest import REPO, descendants, py, run
 from tests.ps_helpers import FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights
 
@@ -196,7 +196,7 @@ def test_per_role_without_a_chief_is_a_usage_error(tmp_path):
 
 def test_compare_has_a_ps2_row(tmp_path):
     out = tmp_path / "cmp"
-    r = py("-m", "hvdps.compare", "--backends", "ps:async,ps2", "--workers", "2", "--epochs", "3", "--batch_size", "32",
+    r = py("-m", "hvdps.commands.compare", "--backends", "ps:async,ps2", "--workers", "2", "--epochs", "3", "--batch_size", "32",
            "--out", str(out), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = (out / "report.md").read_text()

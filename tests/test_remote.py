@@ -9,7 +9,8 @@ import pytest
 
 from common import remote
 from common.errors import UsageError
-from hvdps import compare, links
+from hvdps.commands import compare
+from hvdps.measure import links
 from tests.conftest import REPO, env
 
 HOSTS = [("h1", 1), ("h2", 1), ("h3", 2)]

@@ -1,7 +1,9 @@
-"""The report's per-run sentences and breakdown bars (hvdps/report.py): what dominates a step."""
+"""The report's per-run sentences and breakdown bars (hvdps/render/report.py): what dominates a step."""
 import pytest
 
-from hvdps.report import explanations, step_parts, write_breakdown_plot
+from hvdps.render.report import explanations, step_parts
+
+from hvdps.render.plots import write_breakdown_plot
 
 
 def row(backend, mode, step_ms, compute_ms, wait_ms=None, **extra):
@@ -127,7 +129,7 @@ def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=
      ["Start-up of these runs: Horovod 14.0 s."], ["10.0 s"]),
 ])
 def test_verdict_ranks_by_time_to_target_and_calls_noise(rows, says, never_says):
-    from hvdps.report import verdicts
+    from hvdps.render.report import verdicts
     (text,) = verdicts(rows)
     for part in says:
         assert part in text, text
@@ -170,13 +172,13 @@ def ps_row(num_ps, shares, placement, backend="ps"):
      "ps:0 4,000 (13%), ps:1 26,040 (87%) | 1.73 | - |"),
 ])
 def test_shards_section_says_how_each_ps_task_is_loaded(r, says):
-    from hvdps.report import shards_section
+    from hvdps.render.report import shards_section
     text = "\n".join(shards_section([r]))
     assert text.startswith("## Model bytes per PS task") and says in text, text
 
 
 def test_shards_section_only_for_several_ps_tasks():
-    from hvdps.report import shards_section
+    from hvdps.render.report import shards_section
     assert shards_section([ps_row(1, {"ps:0": 30040}, {}), {"backend": "horovod", "workers": 2}]) == []
 
 
@@ -184,7 +186,7 @@ def test_shards_section_only_for_several_ps_tasks():
 def test_every_series_of_a_panel_has_a_look_of_its_own(count):
     """matplotlib's default colours repeat from the eleventh line: an emulated pass draws 12 methods
     in throughput.png and 48 runs in accuracy_vs_time.png."""
-    from hvdps.report import series_styles
+    from hvdps.render.styles import series_styles
     styles = series_styles([f"method {i}" for i in range(count)])
     looks = {(tuple(colour), marker) for colour, marker in styles.values()}
     assert len(styles) == count and len(looks) == count
@@ -196,7 +198,7 @@ def test_a_method_looks_the_same_in_every_workloads_panel(tmp_path, monkeypatch)
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.axes import Axes
-    from hvdps.report import write_plots
+    from hvdps.render.plots import write_plots
     drawn, errorbar = [], Axes.errorbar
 
     def record(self, *args, **kw):
@@ -222,5 +224,5 @@ def test_a_method_looks_the_same_in_every_workloads_panel(tmp_path, monkeypatch)
     (0.0131, 0.0131, "13.10 = 13.10 + 0.00"),
 ])
 def test_a_step_faster_than_its_compute_is_noise_not_a_negative_overhead(step, compute, says):
-    from hvdps.report import _split
+    from hvdps.render.report import _split
     assert _split({"step_s": step, "compute_s": compute, "overhead_s": step - compute}) == says

@@ -1,8 +1,8 @@
 """The wait-free back-propagation schedule against hand-computed steps."""
 import pytest
 
-from hvdps import schedule as s
-from hvdps.projection import ps_time, ring_allreduce_time
+from hvdps.cost import schedule as s
+from hvdps.cost.schedule import ps_time, ring_allreduce_time
 
 
 def layers(*pairs):

@@ -17,7 +17,7 @@ import pytest
 
 from common.metrics import read_records
 from common.procs import child_env
-from hvdps.slurm_lab import SLURM_TOOLS
+from hvdps.measure.slurm_lab import SLURM_TOOLS
 from tests.conftest import REPO, run
 
 pytestmark = pytest.mark.root
@@ -69,7 +69,7 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
 
     out = tmp_path / "emu"
     p = subprocess.Popen(
-        [sys.executable, "-m", "hvdps.emulate", "--slurm", "--hosts", "3", "--rate", "1gbit", "--out", str(out),
+        [sys.executable, "-m", "hvdps.commands.emulate", "--slurm", "--hosts", "3", "--rate", "1gbit", "--out", str(out),
          "--sbatch", "hostfiles/slurm/horovod.sbatch", "--sbatch", "PS_MODE=sync hostfiles/slurm/ps.sbatch",
          "--sbatch", "PS_MODE=v2 hostfiles/slurm/ps.sbatch", "--sbatch", "hostfiles/slurm/mwms.sbatch",
          # the comparison as a batch job: it runs on the first node, itself one of the hosts

@@ -136,7 +136,7 @@ def test_every_backend_trains_the_sparse_workload(tmp_path, backend):
 @pytest.mark.unit
 @pytest.mark.parametrize("key, value", [("embedding_rows", ROWS // 2), ("embedding_dim", DIM * 2)])
 def test_resume_refuses_another_table_size(tmp_path, key, value):
-    from common.training import check_resume_compatible
+    from common.run_dir import check_resume_compatible
     cfg().save(str(tmp_path))
     with pytest.raises(UsageError, match=f"--resume: {key} was"):
         check_resume_compatible(cfg().replace(**{key: value}), str(tmp_path))

@@ -1,5 +1,6 @@
 """The tree's shape: no import circle among the project's modules (module-level and deferred imports
-alike), and common/ free of Horovod and tf.distribute."""
+alike), common/ free of Horovod and tf.distribute, no method package reaching into another, and the
+application (hvdps/) split by job."""
 import ast
 import os
 
@@ -12,22 +13,29 @@ METHOD_PACKAGES = tuple(sorted(e for e in os.listdir(REPO) if e.endswith("_train
 PACKAGES = ("common", "hvdps", "tf_cluster", *METHOD_PACKAGES)
 
 
+def module_files():
+    """Every module of the project's packages, sub-packages included, as a path from the repository."""
+    for pkg in PACKAGES:
+        for root, dirs, files in os.walk(os.path.join(REPO, pkg)):
+            dirs[:] = sorted(d for d in dirs if os.path.isfile(os.path.join(root, d, "__init__.py")))
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    yield os.path.relpath(os.path.join(root, name), REPO)
+
+
 def project_imports():
     """{module: {project modules it imports anywhere in its file}}."""
     graph = {}
-    for pkg in PACKAGES:
-        for name in sorted(os.listdir(os.path.join(REPO, pkg))):
-            if not name.endswith(".py"):
-                continue
-            module = f"{pkg}.{name[:-3]}".replace(".__init__", "")
-            tree = ast.parse(open(os.path.join(REPO, pkg, name)).read())
-            found = set()
-            for node in ast.walk(tree):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                         [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
-                         if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-                found |= {n for n in names if n.split(".")[0] in PACKAGES}
-            graph[module] = found
+    for path in module_files():
+        module = path[:-3].replace(os.sep, ".").replace(".__init__", "")
+        tree = ast.parse(open(os.path.join(REPO, path)).read())
+        found = set()
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            found |= {n for n in names if n.split(".")[0] in PACKAGES}
+        graph[module] = found
     modules = set(graph)
     return {m: {d for d in deps if d in modules and d != m} for m, deps in graph.items()}
 
@@ -95,3 +103,41 @@ def test_a_method_package_imports_no_other_method():
             assert not [d for d in deps if d.split(".")[0] in methods and d.split(".")[0] != own], (module, deps)
         if own == "tf_cluster":
             assert not [d for d in deps if d.split(".")[0] in methods + ["hvdps"]], (module, deps)
+
+
+# hvdps/'s folders by job, and what each may import of the others: the cost model and the measurement
+# know nothing of how results are shown or asked for; rendering shows the cost model's results; the
+# command lines put all three together. (hvdps/ itself: the hvdps command, the method registry, the
+# launchers; install/: set-up.)
+JOBS = {"cost": set(), "measure": set(), "render": {"cost"}, "commands": {"cost", "measure", "render"},
+        "install": set()}
+
+
+@pytest.mark.unit
+def test_the_application_is_split_by_job():
+    graph = project_imports()
+    folders = sorted(d for d in os.listdir(os.path.join(REPO, "hvdps"))
+                     if os.path.isfile(os.path.join(REPO, "hvdps", d, "__init__.py")))
+    assert folders == sorted(JOBS), folders
+    for module, deps in graph.items():
+        parts = module.split(".")
+        if parts[0] != "hvdps" or len(parts) < 3:
+            continue
+        used = {d.split(".")[1] for d in deps if d.startswith("hvdps.") and d.split(".")[1] in JOBS}
+        assert used <= JOBS[parts[1]] | {parts[1]}, (module, sorted(used - JOBS[parts[1]] - {parts[1]}))
+
+
+@pytest.mark.unit
+def test_only_the_command_lines_read_a_command_line():
+    """A module outside hvdps/commands/ (and the hvdps dispatcher, and set-up's scripts) neither parses
+    flags nor has a main: what projects, measures or renders is called with typed values."""
+    for path in module_files():
+        if not path.startswith("hvdps" + os.sep) or path.startswith(tuple(os.path.join("hvdps", d) for d in
+                                                                          ("commands", "install"))):
+            continue
+        if path == os.path.join("hvdps", "cli.py"):
+            continue
+        tree = ast.parse(open(os.path.join(REPO, path)).read())
+        assert not [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"], path
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Parser"
+                    or isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "ArgumentParser"], path

@@ -3,7 +3,7 @@ import io
 
 import pytest
 
-from common.training import Progress
+from common.runlog import Progress
 
 
 class Tty(io.StringIO):

@@ -8,13 +8,13 @@ import csv
 import io
 import json
 import os
-import textwrap
 
 from common.backend import MIN_SHARD_BYTES
-from common.errors import UsageError
 from common.files import make_dirs, write_atomic
-from common.metrics import load_run, read_records
 from hvdps import methods
+from hvdps.render.plots import write_plots
+from hvdps.render.styles import name_of
+
 
 COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_per_sec_median",
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
@@ -24,96 +24,6 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "sparse_bytes", "sparse_table_bytes", "wire_rule",
            "ps_cpu_s", "ps_cpu_share", "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
            "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "error", "run_dir")
-RUN_RECORD = "compare_run.json"    # written by hvdps compare next to each run: its wall time from launch
-
-
-
-def collect(runs):
-    rows = []
-    for run in runs:
-        if os.path.exists(os.path.join(run["run_dir"], "metrics.jsonl")):
-            row, curves = load_run(run["run_dir"])
-        else:
-            row, curves = {"backend": run["backend"], "mode": run["mode"], "workers": run["workers"],
-                           "status": "failed", "run_dir": run["run_dir"]}, {}
-        row.setdefault("backend", run["backend"])
-        row["backend"], row["mode"], row["workers"] = run["backend"], run["mode"], run["workers"]
-        if run.get("returncode") not in (None, 0):
-            row["status"] = "interrupted" if run.get("interrupted") else "failed"
-        row["error"] = run.get("error")
-        row["oversubscribed"] = run.get("oversubscribed", False)
-        row["_curves"] = curves
-        record = _run_record(run["run_dir"])
-        add_startup(row, curves, run.get("seconds") or record.get("seconds"),
-                    run.get("launched_at") or record.get("launched_at"))
-        add_links(row, curves, run.get("roles") or record.get("roles"))
-        rows.append(row)
-    add_scaling(rows)
-    return rows
-
-
-def _run_record(run_dir):
-    from common.schemas import read_run_record
-    path = os.path.join(run_dir, RUN_RECORD)
-    return read_run_record(path) if os.path.lexists(path) else {}
-
-
-def add_startup(row, curves, run_seconds, launched_at=None):
-    """Warm-up = the trainer's time before its first measured interval (tracing, the excluded
-    steps, the first negotiation or session); its share of the trainer's wall time says whether
-    the throughput columns describe steady state. Start-up = everything from launch to that point
-    (processes, cluster, TensorFlow import, then the warm-up): what one run of this backend
-    costs before it trains at speed. Teardown = the trainer's end to the job's exit (releasing PS
-    tasks, MPI finalisation); known when the launch time was recorded, else it is counted in
-    start-up (runs recorded before launch times were)."""
-    steps = (curves or {}).get("steps") or []
-    total = ((curves or {}).get("summary") or {}).get("total_time")
-    counted = [i for i, s in enumerate(steps) if s.get("samples_per_sec") is not None]
-    if not counted or not total:
-        return
-    first = counted[0]
-    row["warmup_s"] = steps[first - 1]["wall_time"] if first > 0 else 0.0
-    row["warmup_share"] = row["warmup_s"] / total
-    start = ((curves or {}).get("header") or {}).get("start_time")
-    if run_seconds and launched_at and start:
-        row["startup_s"] = max(0.0, start - launched_at) + row["warmup_s"]
-        row["teardown_s"] = max(0.0, launched_at + run_seconds - (start + total))
-    elif run_seconds:
-        row["startup_s"] = max(0.0, run_seconds - total) + row["warmup_s"]
-
-
-def add_links(row, curves, roles):
-    """Where the run's tasks ran (``--hosts``) and, where the links' counters were sampled
-    (hvdps emulate), the bytes per round each host's link carried against the formula
-    (hvdps/links.py), the busiest link's share of its rate, and the round time."""
-    from common.metrics import measured_interval
-    from hvdps.links import LINKS_FILE, cores_busy, link_rows
-    row["roles"] = roles or None
-    from common.schemas import read_links
-    path = os.path.join(row["run_dir"], LINKS_FILE)
-    if not os.path.lexists(path) or not curves:
-        return
-    links = read_links(path)
-    interval = measured_interval(curves.get("header") or {}, curves.get("steps") or [])
-    row["cores_busy"] = cores_busy(links, interval)
-    table = link_rows(None, row, curves, links, interval)
-    if not table:
-        return
-    row["links"], row["roles"] = table, row["roles"] or links.get("roles")
-    busiest = max(table, key=lambda x: max(x["in"], x["out"]))
-    way = "in" if busiest["in"] >= busiest["out"] else "out"
-    row["busiest_link_bytes"] = busiest[way]
-    row["busiest_link_predicted"] = busiest["predicted_" + way]
-    # Worst measured/formula over the links that carry a tenth of the model or more: on a shard of a few
-    # kB the fixed costs of each RPC (step counter reads, headers) outweigh the tensors themselves.
-    floor = 0.1 * (row.get("grad_bytes_per_step") or 0)
-    ratios = [x[w] / x["predicted_" + w] for x in table for w in ("in", "out")
-              if x.get("predicted_" + w) and x["predicted_" + w] >= floor]
-    row["link_bytes_ratio"] = max(ratios, key=lambda q: abs(q - 1)) if ratios else None
-    row["round_s"] = (interval[1] - interval[0]) / busiest["rounds"]
-    row["link_rate_bps"] = links.get("rate_bps")
-    if row["link_rate_bps"]:
-        row["link_utilisation"] = row["busiest_link_bytes"] * 8 / row["round_s"] / row["link_rate_bps"]
 
 
 def links_section(rows):
@@ -128,7 +38,7 @@ def links_section(rows):
         lines += ["Bytes each host's link carried per round (one step of every worker), from the interface "
                   "counters over the measured interval, against the formula (ring: 2(n-1)/n x M each way on "
                   "every host with ranks; PS: each task's share of M per worker on another host, each way; "
-                  "hvdps/links.py). Counters include Ethernet/IP/TCP headers (about 4-5% at a 1500-byte MTU). "
+                  "hvdps/measure/links.py). Counters include Ethernet/IP/TCP headers (about 4-5% at a 1500-byte MTU). "
                   + (f"Each link: {rate / 1e6:g} Mbit/s both ways. " if rate else "") +
                   "*Busiest link* = its bytes per round over the round time, as a share of the link's rate; "
                   "*cores busy* = the share of the machine's cores busy over the measured interval (every "
@@ -202,15 +112,6 @@ def _link_sentence(r):
     return text + "."
 
 
-def add_scaling(rows):
-    """Efficiency = throughput(n) / (n * throughput(1)) within the same workload, backend and mode."""
-    base = {(r.get("model"), r["backend"], r["mode"], r.get("num_ps")): r.get("samples_per_sec_median")
-            for r in rows if r["workers"] == 1 and r.get("status") == "ok"}
-    for r in rows:
-        b, t = base.get((r.get("model"), r["backend"], r["mode"], r.get("num_ps"))), r.get("samples_per_sec_median")
-        r["scaling_efficiency"] = (t / (r["workers"] * b)) if b and t and r.get("status") == "ok" else None
-
-
 def _fmt(v, digits=3):
     if v is None:
         return "-"
@@ -281,11 +182,6 @@ def write_report(rows, out, cfg_dict, environment):
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     write_atomic(os.path.join(out, "report.md"), "\n".join(lines))
     return "\n".join(["# hvdps comparison", ""] + table + [""] + findings + ([""] + reasons if reasons else []))
-
-
-def name_of(r):
-    name = methods.label(r["backend"], r["mode"])
-    return name + (f" ({r['num_ps']} PS)" if (r.get("num_ps") or 0) > 1 else "")
 
 
 def within_noise(a, b):
@@ -466,201 +362,3 @@ def _details(r):
     return text
 
 
-MARKERS = "os^Dv<>"          # 7, prime to tab20's 20 colours: 140 series before a look repeats
-
-
-def series_styles(labels):
-    """{label: (colour, marker)}, one each: matplotlib's ten colours repeat from the eleventh line,
-    so past ten the 20 of tab20, and the marker varies too, so no two of a panel's series look
-    alike (an emulated pass has 12: three rings, three PS variants with 1, 2 and 4 shards)."""
-    import matplotlib
-    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    return {label: (cmap(i % cmap.N), MARKERS[i % len(MARKERS)]) for i, label in enumerate(labels)}
-
-
-LEGEND_INSIDE = 6                # more entries than this: one legend beside the row, not over its lines
-LEGEND_ROWS = 24                 # entries per column of such a legend
-
-
-def _save(fig, out, name, legend_size):
-    """Grid and legend on every panel that has a labelled line; the PNG written; its name. A row of
-    panels whose legend would hide its lines (more than LEGEND_INSIDE entries: an emulated pass has
-    48 runs) gets one legend, its panels' entries once each, right of its last panel; the PNG
-    grows to hold it."""
-    import math
-    import matplotlib.pyplot as plt
-    rows, beside = {}, []
-    for ax in fig.axes:
-        ax.grid(alpha=0.3)
-        rows.setdefault(ax.get_subplotspec().rowspan.start if ax.get_subplotspec() else id(ax), []).append(ax)
-    for axes in rows.values():
-        entries = {}
-        for ax in axes:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
-                entries.setdefault(label, handle)
-        if len(entries) > LEGEND_INSIDE:
-            legend = axes[-1].legend(list(entries.values()), list(entries), fontsize=legend_size, loc="upper left",
-                                     bbox_to_anchor=(1.01, 1.0), ncol=math.ceil(len(entries) / LEGEND_ROWS))
-            legend.set_in_layout(False)        # the panels keep their size; the saved PNG widens instead
-            beside.append(legend)
-            continue
-        for ax in axes:
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=legend_size)
-    fig.tight_layout()
-    write_atomic(os.path.join(out, name), lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight",
-                                                                bbox_extra_artists=beside))
-    plt.close(fig)
-    return name
-
-
-def write_breakdown_plot(rows, out):
-    """Stacked bars per backend x workers: compute vs distribution overhead, ms per worker step;
-    the overhead split into the measured wait for the other workers and the rest where a run has
-    it. One panel per workload, each on its own scale (a 1 ms MLP step beside a 80 ms CNN step
-    would be invisible)."""
-    import matplotlib.pyplot as plt
-    runs = [r for r in rows if r.get("status") == "ok" and r.get("step_s") is not None and r.get("compute_s")]
-    if not runs:
-        return None
-    groups = _workloads(runs)
-    fig, axes = plt.subplots(len(groups), 1, figsize=(max(6, 1.1 * max(map(len, groups.values())) + 3),
-                                                     3.6 * len(groups)), squeeze=False)
-    for (model, group), (ax,) in zip(groups.items(), axes):
-        group = sorted(group, key=lambda r: (_label(r), r["workers"]))
-        # a bar is 1.1 inch wide: a method's name wraps at word boundaries so its neighbours' stay legible
-        labels = [textwrap.fill(_label(r), 16, break_long_words=False) + f"\n{r['workers']} worker(s)"
-                  for r in group]
-        compute = [1000 * min(r["compute_s"], r["step_s"]) for r in group]
-        overhead = [1000 * max(r["step_s"] - r["compute_s"], 0.0) for r in group]
-        wait = [min(1000 * max(r.get("wait_s") or 0.0, 0.0), o) for r, o in zip(group, overhead)]
-        xs = range(len(group))
-        ax.bar(xs, compute, label="compute (no exchange)")
-        ax.bar(xs, [o - w for o, w in zip(overhead, wait)], bottom=compute,
-               label="distribution overhead" + (" (the rest)" if any(wait) else ""))
-        if any(wait):
-            ax.bar(xs, wait, bottom=[c + o - w for c, o, w in zip(compute, overhead, wait)],
-                   label="of which waiting for the other workers (measured)")
-        ax.set_xticks(list(xs), labels, fontsize=8)
-        # bars stick to the axes' edge: room above the tallest, so neither it nor the legend hides it
-        ax.set_ylim(0, 1.25 * max(c + o for c, o in zip(compute, overhead)))
-        ax.set(ylabel="ms per worker step", title=f"{model}: where a step's time goes")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    write_atomic(os.path.join(out, "breakdown.png"), lambda f: fig.savefig(f, format="png", dpi=100))
-    plt.close(fig)
-    return "breakdown.png"
-
-
-def _workloads(rows):
-    """{workload: its rows}, in a stable order: one panel each in every plot."""
-    out = {}
-    for r in rows:
-        out.setdefault(r.get("model") or "-", []).append(r)
-    return dict(sorted(out.items()))
-
-
-def _label(r):
-    return name_of(r)
-
-
-def write_plots(rows, out):
-    """throughput.png (throughput with its 95% interval, and scaling efficiency, against workers)
-    and accuracy_vs_time.png: one row of panels per workload, so lines of different models never
-    join, each panel titled with its workload; worker ticks are the worker counts run."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    written = []
-    groups = _workloads(rows)
-    # one look per method across the workloads' panels (and per method and workers in accuracy_vs_time.png)
-    styles = series_styles(sorted({_label(r) for r in rows if r.get("samples_per_sec_median") and r.get("status") == "ok"}))
-    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
-    for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
-        series = {}
-        for r in rs:
-            if r.get("samples_per_sec_median") and r.get("status") == "ok":
-                series.setdefault(_label(r), []).append(r)
-        ticks = sorted({r["workers"] for r in rs})
-        drawn = 0
-        for label, runs in sorted(series.items()):
-            runs.sort(key=lambda r: r["workers"])
-            colour, marker = styles[label]
-            ax1.errorbar([r["workers"] for r in runs], [r["samples_per_sec_median"] for r in runs],
-                         yerr=[r.get("samples_per_sec_error") or 0.0 for r in runs], fmt=f"{marker}-", capsize=4,
-                         color=colour, label=label)
-            eff = [(r["workers"], r["scaling_efficiency"]) for r in runs if r.get("scaling_efficiency") is not None]
-            if eff:
-                ax2.plot(*zip(*eff), f"{marker}-", color=colour, label=label)
-                drawn += 1
-        if not drawn:                                  # e.g. make emulate-scale: 2 workers and up
-            ax2.text(0.5, 0.5, "no 1-worker run of this workload:\nscaling efficiency needs throughput(1)",
-                     ha="center", va="center", transform=ax2.transAxes, color="grey")
-        ax1.set(xlabel="workers", ylabel="samples/sec (median, 95% interval)", title=f"{model}: throughput")
-        rates = [r["samples_per_sec_median"] for runs in series.values() for r in runs]
-        if rates and max(rates) > 20 * min(rates):   # e.g. one worker with no link against shaped links:
-            ax1.set_yscale("log")                      # a linear axis would flatten every multi-worker run
-        ax2.set(xlabel="workers", ylabel="throughput(n) / (n x throughput(1))", ylim=(0, 1.2),
-                title=f"{model}: scaling efficiency")
-        for ax in (ax1, ax2):
-            ax.set_xticks(ticks)
-    written.append(_save(fig, out, "throughput.png", legend_size=8))
-
-    curve_label = lambda r: f"{_label(r)}, {r['workers']} worker(s)"      # noqa: E731
-    styles = series_styles(list(dict.fromkeys(curve_label(r) for r in sorted(rows, key=lambda r: (_label(r), r["workers"]))
-                                        if (r.get("_curves") or {}).get("evals"))))
-    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
-    for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
-        target = next((r["target_accuracy"] for r in rs if r.get("target_accuracy")), None)
-        shown = [r for r in sorted(rs, key=lambda r: (_label(r), r["workers"]))
-                 if (r.get("_curves") or {}).get("evals")]
-        for r in shown:
-            evals = r["_curves"]["evals"]
-            label = curve_label(r)
-            colour, marker = styles[label]
-            for ax, key in ((ax1, "accuracy"), (ax2, "loss")):
-                ax.plot([e["wall_time"] for e in evals], [e[key] for e in evals], f"{marker}-", ms=3,
-                        color=colour, label=label)
-        if target:
-            ax1.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")
-        ax1.set(xlabel="seconds since the trainer started", ylabel="test accuracy", title=f"{model}: accuracy vs time")
-        ax2.set(xlabel="seconds since the trainer started", ylabel="test loss", title=f"{model}: loss vs time")
-    written.append(_save(fig, out, "accuracy_vs_time.png", legend_size=7))
-    stacked = write_breakdown_plot(rows, out)
-    return written + ([stacked] if stacked else [])
-
-
-def environment_of(rows):
-    import platform
-    header = next(((r.get("_curves") or {}).get("header") for r in rows if (r.get("_curves") or {}).get("header")), {})
-    env = {"host": header.get("host", platform.node()), "cores": os.cpu_count()}
-    env.update({k: v for k, v in (header.get("versions") or {}).items()})
-    by_keras = {}                    # which Keras built each run's model (common/keras3.py: keras_of)
-    for r in rows:
-        kind = ((r.get("_curves") or {}).get("header") or {}).get("keras")
-        if kind:
-            by_keras.setdefault(kind, []).append(os.path.basename(r.get("run_dir") or "?"))
-    if len(by_keras) == 1:
-        env["model built with"] = f"{next(iter(by_keras))} (every run)"
-    elif by_keras:
-        env["model built with"] = "; ".join(f"{k}: {', '.join(names)}" for k, names in sorted(by_keras.items()))
-    return env
-
-
-def runs_from_dirs(dirs):
-    """Runs found below the given directories (each holding metrics.jsonl, or runs/*)."""
-    runs = []
-    for d in dirs:
-        if not os.path.isdir(d):
-            raise UsageError(f"--from {d}: no such directory")
-        candidates = [d] if os.path.exists(os.path.join(d, "metrics.jsonl")) else \
-            sorted(os.path.join(root, "") [:-1] for root, _, files in os.walk(d) if "metrics.jsonl" in files)
-        for c in candidates:
-            header = next((r for r in read_records(os.path.join(c, "metrics.jsonl")) if r["type"] == "header"), None)
-            if header and all(k in header for k in ("backend", "mode", "world_size")):
-                runs.append({"backend": header["backend"], "mode": header["mode"],
-                             "workers": header["world_size"], "run_dir": c, "returncode": None})
-    if not runs:
-        raise UsageError(f"--from: no runs (metrics.jsonl) found in {', '.join(dirs)}")
-    return sorted(runs, key=lambda r: (r["backend"], r["mode"], r["workers"]))

@@ -3,7 +3,7 @@ many PS shards a PS job needs to match the ring at each worker count, measured a
 
 This is the answer a user comparing the two comes for, so it is read from one comparison's runs
 (``make emulate-scale``: every method at 2 to 16 workers, PS jobs with 1, 2 and 4 shards) and set
-beside what the projection's step model gives for the same shapes (hvdps/projection.py). The
+beside what the projection's step model gives for the same shapes (hvdps/cost/projection.py). The
 model's lines also fill the worker and shard counts that were not run: each line is fed the
 compute the runs of its method measured at the nearest worker count, since on a shared machine a
 step's compute grows with the processes beside it.
@@ -14,7 +14,8 @@ Which methods are rings and which are PS jobs comes from the method registry (hv
 """
 import statistics
 
-from hvdps import methods, schedule
+from hvdps import methods
+from hvdps.cost import schedule
 
 MAX_SHARDS = 64      # the projected shard count searched: a PS job needing more than this never matches
 
@@ -173,91 +174,3 @@ def closest(step_with, ring_s, most=MAX_SHARDS):
     return k, s / ring_s
 
 
-def _ms(s):
-    return "-" if s is None else f"{1e3 * s:.0f}"
-
-
-def section(result):
-    """Markdown: per workload, where the ring overtakes one PS and the shards that match it."""
-    if not result:
-        return []
-    lines = ["## Crossover: ring all-reduce against parameter servers", "",
-             "At each worker count n, the fastest ring measured there against each PS variant: from which n "
-             "the ring is faster than one PS, and the fewest PS shards whose step is no slower than the "
-             "ring's. Measured: the runs; projected: the model above for the same shapes, each fed the "
-             "compute its method measured at the nearest n (hvdps/crossover.py). Step times in ms.", ""]
-    for w in result:
-        lines += [f"**{w['model']}** ({w['grad_bytes'] / 1e3:.0f} kB of gradient per step), workers "
-                  f"{', '.join(map(str, w['workers']))}:", "",
-                  "| PS variant | ring faster than one PS from n = (measured) | (projected) |", "|---|---|---|"]
-        for v in w["variants"]:
-            lines.append(f"| {v['ps']} | {_from(v['ring_wins_from_measured'])} | "
-                         f"{_from(v['ring_wins_from_projected'])} |")
-        lines += ["", "| n | fastest ring | ring step: measured (projected) | PS variant | one PS: measured "
-                  "(projected) | PS shards to match the ring: measured | projected |",
-                  "|---|---|---|---|---|---|---|"]
-        for v in w["variants"]:
-            for b in v["by_n"]:
-                shards = (str(b["shards_measured"]) if b["shards_measured"] else
-                          f"more than {b['shards_measured_tried']}" if b["shards_measured_tried"] else "-")
-                lines.append(f"| {b['workers']} | {b['ring'] or '-'} | {_ms(b['ring_measured_s'])} "
-                             f"({_ms(b['ring_projected_s'])}) | {v['ps']} | {_ms(b['ps1_measured_s'])} "
-                             f"({_ms(b['ps1_projected_s'])}) | {shards} | "
-                             f"{b['shards_projected'] or _none(b['closest_projected'])} |")
-        lines.append("")
-    return lines
-
-
-def _none(best):
-    return f"none up to {MAX_SHARDS}" + (f" (nearest: {best[0]}, at {best[1]:.2f}x the ring)" if best else "")
-
-
-def _from(n):
-    return "not in the range run" if n is None else str(n)
-
-
-def plot(result, path):
-    """crossover.png (``figure``) at ``path``; None without a workload to draw."""
-    if not result:
-        return None
-    import matplotlib.pyplot as plt
-    from common.files import write_atomic
-    fig = figure(result)
-    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
-    plt.close(fig)
-    return path
-
-
-def figure(result):
-    """One panel per workload: step time against workers, measured points over the model's lines
-    (a colour and marker of its own per method and shard count, as the report's plots; rings
-    solid, PS jobs dashed)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import ScalarFormatter
-    from hvdps.report import series_styles
-    fig, axes = plt.subplots(1, len(result), figsize=(9.5 * len(result), 5), squeeze=False)
-    for w, ax in zip(result, axes[0]):
-        looks = series_styles([s["name"] for s in w["series"]])
-        handles = []
-        for s in w["series"]:
-            (c, mark), style = looks[s["name"]], "-" if s["ring"] else "--"
-            if s["projected"]:
-                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s["projected"]]), style, color=c, linewidth=1)
-            if s["measured"]:
-                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s["measured"]]), mark, color=c, markersize=5)
-            handles.append(Line2D([], [], color=c, linestyle=style, marker=mark, markersize=5, label=s["name"]))
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(ScalarFormatter())
-        ticks = sorted({n for s in w["series"] for n, _ in s["projected"] + s["measured"]})
-        ax.set_xticks(ticks, [str(n) for n in ticks])
-        ax.set(xlabel="workers", ylabel="step time (ms)",
-               title=f"{w['model']}: measured (points) and projected (lines) step time")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.tight_layout()
-    return fig

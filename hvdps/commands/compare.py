@@ -30,7 +30,11 @@ import subprocess
 import sys
 import time
 
-from common.config import TF_PROCESS_BYTES, argv_of, build_parser, check_finite, from_args, memory_estimate
+from common.config import argv_of, build_parser, from_args
+
+from common.flags import check_finite
+
+from common.memory import TF_PROCESS_BYTES, memory_estimate
 from common.data import num_examples
 from common.errors import UsageError, cli
 from common.files import make_dirs, open_new, writable_dir, write_atomic
@@ -40,7 +44,8 @@ from common.plugins import bound_plugins
 from common.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
 from hvdps.methods import get_launcher, parse_variants
-from hvdps.report import RUN_RECORD, collect, environment_of, runs_from_dirs, write_report
+from hvdps.measure.runs import RUN_RECORD, collect, environment_of, runs_from_dirs
+from hvdps.render.report import write_report
 
 
 MAX_LOCAL_WORKERS = 1024      # the local launchers' bound (ps_train.launch, mwms_train.launch)
@@ -198,8 +203,8 @@ def dry_run_preamble():
 
 def execute(runs, timeout, progress=True, links=None):
     """Run each job in turn; a failure is recorded, never fatal. ``links``: sample the hosts' link
-    counters while each job runs (hvdps.links)."""
-    from hvdps.links import Sampler
+    counters while each job runs (hvdps.measure.links)."""
+    from hvdps.measure.links import Sampler
     from tqdm import tqdm
     env, repo = child_env(), REPO
     bar = tqdm(runs, desc="runs", unit="run", disable=None if progress else True,  # None: off when not a TTY
@@ -401,8 +406,8 @@ def check_out(out, from_dirs):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--project" in argv:          # a sub-command with its own flags, not a training option
-        from hvdps import projection
-        return projection.main([a for a in argv if a != "--project"])
+        from hvdps.commands import project
+        return project.main([a for a in argv if a != "--project"])
     parser = make_parser()
     args = parser.parse_args(argv)
     absolute_paths(args)             # every run starts in the repository, not in the user's folder

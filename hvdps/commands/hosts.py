@@ -10,7 +10,7 @@ this is only the command.
 import json
 import sys
 
-from common.config import Parser
+from common.flags import Parser
 from common.errors import UsageError, cli
 from common.hosts import parse_hostfile, tf_configs, to_cluster_spec, to_horovod_hosts, to_mpi_hostfile
 

@@ -1,9 +1,9 @@
 """Horovod 0.28.1 compiled against the TensorFlow installed, with hvdps's patch, cached as a wheel.
 
-    python hvdps/horovod_build.py            # prints the wheel's path (built now, or from the cache)
-    python hvdps/horovod_build.py --key      # prints the cache key only
-    python hvdps/horovod_build.py --record   # after installing the wheel: note its key in the venv
-    python hvdps/horovod_build.py --check    # exit 0 if the Horovod installed is the one --key names
+    python hvdps/install/horovod_build.py            # prints the wheel's path (built now, or from the cache)
+    python hvdps/install/horovod_build.py --key      # prints the cache key only
+    python hvdps/install/horovod_build.py --record   # after installing the wheel: note its key in the venv
+    python hvdps/install/horovod_build.py --check    # exit 0 if the Horovod installed is the one --key names
 
 ``make setup`` runs this with the venv's interpreter after TensorFlow is installed, then installs the
 wheel it prints. Horovod's last release predates TensorFlow 2.19 and Keras 3, so the sdist from PyPI
@@ -25,7 +25,7 @@ import tempfile
 HOROVOD = "0.28.1"
 SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
 HERE = os.path.dirname(os.path.abspath(__file__))
-PATCH = os.path.join(os.path.dirname(HERE), "patches", f"horovod-{HOROVOD}.patch")
+PATCH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "patches", f"horovod-{HOROVOD}.patch")
 BUILD_ENV = {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_MPI": "1", "HOROVOD_WITH_GLOO": "1",
              "HOROVOD_WITHOUT_PYTORCH": "1", "HOROVOD_WITHOUT_MXNET": "1", "MAKEFLAGS": "-j2"}
 
@@ -150,7 +150,7 @@ def main(argv):
                 f.write(cache_key() + "\n")
             return 0
         if argv:
-            print("error: usage: python hvdps/horovod_build.py [--key | --check | --record]")
+            print("error: usage: python hvdps/install/horovod_build.py [--key | --check | --record]")
             return 2
         folder = cache_dir()
         wheel = cached_wheel(folder)

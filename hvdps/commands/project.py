@@ -1,24 +1,9 @@
-"""Projecting step time and scaling efficiency past this machine, from what was measured.
+"""hvdps project: scaling efficiency projected past this machine, from runs or described hardware.
 
-Two layers:
-
-- the alpha-beta cost of one exchange of an M-byte gradient among n workers on
-  links of bandwidth B and per-message latency alpha (ring all-reduce
-  2(n-1)/n M/B + 2(n-1) alpha; PS with k shards 2 max(nM/(kB), gM/B) + 2 alpha);
-- when that exchange happens: hvdps/schedule.py plays out wait-free
-  back-propagation layer by layer (gradients leave as they appear, Horovod's
-  fusion buffer and cycle time, PS variable placement), so the share of the
-  exchange that hides behind the backward pass comes from the model's own
-  layers, not from a hand-set knob. Synchronous training also waits for the
-  slowest of n workers every step (``--straggler_cv``).
-
-With ``--from RUNS`` the compute time, the gradient size, the model's layers
-and the overlap each run achieved come from hvdps runs:
-overlap = (compute + exchange - step) / exchange, with the exchange measured
-(bare MPI's exchange_s) or costed with the fitted alpha-beta model.
+The command line of the projection (hvdps/cost/projection.py): it reads the inputs (hvdps runs, a
+measured comm.json, an emulated cluster's links, flags), picks the network each method is costed
+with, and writes projection.md/json/png (hvdps/render/projection.py).
 """
-import json
-import math
 import os
 import sys
 
@@ -27,226 +12,12 @@ from common.files import make_dirs, write_atomic
 from common.metrics import load_run
 from common.procs import REPO
 from common.schemas import read_cluster_description, read_comm
-
-from hvdps import crossover, heldout, methods, schedule
-from hvdps.schedule import ps_time, ring_allreduce_time  # noqa: F401  (the projection's formulas)
-
-RING, PS = "ring all-reduce", "parameter servers"     # the projection's two families: a panel each
-
-
-def efficiency(compute, comm, overlap=0.0):
-    return compute / (compute + (1.0 - overlap) * comm)
-
-
-class Unmeasurable(ValueError):
-    """The measurements do not determine latency and bandwidth (see fit_alpha_beta)."""
-
-
-def fit_alpha_beta(points):
-    """Least-squares fit of t = alpha + bytes/B to (bytes, seconds) points -> (alpha, B).
-
-    Refused (Unmeasurable) where the points cannot carry the fit, instead of clamping to a
-    latency of 0 or an infinite bandwidth that every projection would then repeat: a fitted
-    intercept <= 0 means the smallest exchanges were too fast to separate a latency from the
-    noise of the large ones; a slope <= 0, that time did not grow with size."""
-    pts = [(float(b), float(t)) for b, t in points if t > 0]
-    if len(pts) < 2:
-        raise Unmeasurable("need at least two measurements to fit latency and bandwidth")
-    n = len(pts)
-    mx = sum(b for b, _ in pts) / n
-    my = sum(t for _, t in pts) / n
-    sxx = sum((b - mx) ** 2 for b, _ in pts)
-    slope = sum((b - mx) * (t - my) for b, t in pts) / sxx if sxx else 0.0
-    if slope <= 0:
-        raise Unmeasurable("the exchange time does not grow with the message size")
-    alpha = my - slope * mx
-    if alpha <= 0:
-        raise Unmeasurable(f"the fitted latency is {alpha * 1e6:.1f} us: the smallest exchanges "
-                           f"({min(b for b, _ in pts):,.0f} bytes) are too fast to measure one")
-    return alpha, 1.0 / slope
-
-
-def fit_from_comm(comm_results, np_=2):
-    """alpha/B for each ring family the methods say comm.json measures (hvdps/methods.py:
-    ``networks_measured``: Horovod's rows fit ``allreduce``, TensorFlow's MultiWorkerMirrored rows
-    ``mwms``) and PS push/pull from comm.json results.
-
-    The 2-rank ring moves M/B and pays 2 alphas, so t = 2*alpha + M/B; push and
-    pull each pay one alpha and move M once. A family whose points cannot be fitted
-    gets ``{"error": why}`` instead of numbers (``network`` refuses to use it).
-    """
-    def pts(prefix):
-        return [(r["bytes"], r["seconds"]) for r in comm_results if r["impl"].startswith(prefix)]
-
-    def ring_fit(rows, what):
-        best = {}
-        for r in rows:   # the best setting per size: what a tuned trainer gets
-            best[r["bytes"]] = min(best.get(r["bytes"], float("inf")), r["seconds"])
-        try:
-            a, b = fit_alpha_beta(best.items())
-        except Unmeasurable as exc:
-            return {"error": f"{what}: {exc}"}
-        return {"alpha": a / (2 * (np_ - 1)), "bandwidth": b * 2.0 * (np_ - 1) / np_}
-
-    fits = {}
-    for key, (prefix, what) in methods.networks_measured().items():
-        rows = [r for r in comm_results if r["impl"].startswith(prefix)]
-        if rows:
-            fits[key] = ring_fit(rows, what)
-    for impl in ("ps-push", "ps-pull"):
-        p = pts(impl)
-        if p:
-            try:
-                a, b = fit_alpha_beta(p)
-                fits[impl] = {"alpha": a, "bandwidth": b}
-            except Unmeasurable as exc:
-                fits[impl] = {"error": f"{impl}: {exc}"}
-    bad = [fits[k]["error"] for k in ("ps-push", "ps-pull") if "error" in fits.get(k, {})]
-    if bad:
-        fits["ps"] = {"error": "; ".join(bad)}
-    elif "ps-push" in fits and "ps-pull" in fits:
-        fits["ps"] = {"alpha": (fits["ps-push"]["alpha"] + fits["ps-pull"]["alpha"]) / 2,
-                      "bandwidth": 2 / (1 / fits["ps-push"]["bandwidth"] + 1 / fits["ps-pull"]["bandwidth"])}
-    return fits
-
-
-def powers_of_two(lo, hi):
-    out, n = [], lo
-    while n <= hi:
-        out.append(n)
-        n *= 2
-    return out
-
-
-def known_models():
-    from common.layer_profile import load_profiles
-    return load_profiles()
-
-
-def single_layer(grad_bytes):
-    """A model known only by its size: every gradient appears at the end of backprop (nothing hides)."""
-    return [{"name": "all", "grad_bytes": int(grad_bytes), "tensors": [int(grad_bytes)], "flops": 1}]
-
-
-def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, cycle_s=1e-3,
-            fusion_bytes=128 << 20, straggler_cv=0.0, placement="split", measured=None, ps_towers=1,
-            own=None):
-    """Rows of projected step time and efficiency for each worker count and architecture.
-
-    ``own``: {label: (method, fit)} for collective methods measured with a network of their own
-    (TensorFlow's ring): each adds rows by its method's step model (hvdps/methods.py) on that fit.
-
-    PS rows: a fixed number of shards each (``shards``), and one PS per server
-    (k = n / per_server), the layout that grows with the cluster; ``ps_towers``
-    GPUs share one worker task (schedule.ps_step). ``workers`` counts GPUs.
-    ``measured``: {arch label: (overlap, collective)} from runs; each adds rows where that
-    overlap is applied to the alpha-beta exchange time (the ring's if the method is collective,
-    else the PS's) instead of the schedule. Every row names its family (``RING`` or ``PS``),
-    the panel the plot draws it in.
-    """
-    grad = sum(l["grad_bytes"] for l in layers)
-    rows = []
-
-    def add(n, arch, res, family, comm=None):
-        wait = compute_s * (schedule.straggler_factor(n, straggler_cv) - 1.0)
-        step = res["step_s"] + wait
-        rows.append({"workers": n, "arch": arch, "family": family, "comm_s": res["comm_s"] if comm is None else comm,
-                     "overlap": res["overlap"], "straggler_s": wait, "step_s": step,
-                     "efficiency": compute_s / step})
-
-    for n in workers:
-        add(n, RING, schedule.ring_step(layers, compute_s, n, ring["bandwidth"], ring["alpha"],
-                                        fusion_bytes, cycle_s), RING)
-        for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]:
-            add(n, label, schedule.ps_step(layers, compute_s, n, ps["bandwidth"], ps["alpha"], k,
-                                           per_server, placement, towers=ps_towers), PS)
-        for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
-            res = schedule.ring_step(layers, compute_s, n, ring["bandwidth"] * schedule.byteps_link_scale(n, k),
-                                     ring["alpha"], fusion_bytes, cycle_s)
-            add(n, label, res, PS)
-        for label, (method, net) in (own or {}).items():
-            row = {"workers": n, "compute_s": compute_s, "grad_bytes_per_step": grad, "mode": method.modes[0]}
-            step, _ = method.cost.projected_step(row, {}, layers, net, ps, fusion_bytes, cycle_s)
-            t = method.cost.exchange_s(row, net, ps) or 0.0
-            add(n, label, {"step_s": step, "comm_s": t,
-                           "overlap": max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0},
-                RING if method.cost.collective else PS)
-        for label, (overlap, collective) in (measured or {}).items():
-            if collective:
-                t = ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"])
-            else:
-                t = ps_time(n, grad, ps["bandwidth"], ps["alpha"], shards[0], per_server)
-            add(n, label, {"step_s": compute_s + (1 - overlap) * t, "comm_s": t, "overlap": overlap},
-                RING if collective else PS)
-    return rows
-
-
-def table(rows):
-    archs = list(dict.fromkeys(r["arch"] for r in rows))
-    by = {(r["workers"], r["arch"]): r for r in rows}
-    lines = ["| workers | " + " | ".join(f"{a} eff. (step ms)" for a in archs) + " |",
-             "|---|" + "---|" * len(archs)]
-    for n in sorted({r["workers"] for r in rows}):
-        cells = [f"{100 * by[(n, a)]['efficiency']:.0f}% ({1e3 * by[(n, a)]['step_s']:.0f})" for a in archs]
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def plot(rows, path, title):
-    """Two panels, ring all-reduce and parameter servers, so neither family's lines hide the other's;
-    the curves with an overlap measured in the user's runs are dashed beside the schedule's."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    archs = list(dict.fromkeys(r["arch"] for r in rows))
-    family = {r["arch"]: r.get("family", PS) for r in rows}
-    families = [(RING, [a for a in archs if family[a] == RING]), (PS, [a for a in archs if family[a] == PS])]
-    families = [(name, members) for name, members in families if members]
-    fig, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 4.5), squeeze=False, sharey=True)
-    workers = sorted({r["workers"] for r in rows})
-    for (family, members), ax in zip(families, axes[0]):
-        curves = {}                  # identical curves drawn once, their names joined
-        for arch in members:
-            rs = [r for r in rows if r["arch"] == arch]
-            key = tuple((r["workers"], round(r["efficiency"], 4)) for r in rs)
-            curves.setdefault(key, []).append(arch)
-        for key, names in curves.items():
-            ax.plot([w for w, _ in key], [e for _, e in key], "--" if all("overlap of" in a for a in names) else "-",
-                    marker="o", label=_joined_label(names), markersize=3)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(workers, [str(w) for w in workers])
-        ax.set(xlabel="workers", ylabel="projected scaling efficiency", ylim=(0, 1.05), title=f"{family}: {title}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
-    plt.close(fig)
-
-
-def _joined_label(names):
-    """One legend entry for curves that coincide: 'PS k=1 (overlap of ps async x1: 0%)' and
-    '... x2: 0%)' become 'PS k=1 (overlap of ps async x1, ps async x2: 0%)', wrapped to fit."""
-    import textwrap
-    heads = {n.split(" (overlap of ")[0] for n in names}
-    if len(names) > 1 and len(heads) == 1 and all(" (overlap of " in n for n in names):
-        inner = [n.split(" (overlap of ", 1)[1].rstrip(")") for n in names]
-        tails = {i.rsplit(": ", 1)[-1] for i in inner}
-        if len(tails) == 1:
-            names = [f"{heads.pop()} (overlap of {', '.join(i.rsplit(': ', 1)[0] for i in inner)}: {tails.pop()})"]
-    return textwrap.fill(" = ".join(names), 48)
-
-
-def dumps(obj):
-    return json.dumps(obj, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
-
-
-# ------------------------------------------------------------ runs as inputs
-def _size(nbytes):
-    """A gradient's size in the unit that shows it (a 30 kB MLP is not "0.0 MB")."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes:.0f} bytes"
+from hvdps import methods
+from hvdps.cost import crossover, heldout, schedule
+from hvdps.cost.projection import (RING, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
+                                   project, projected_step, ring_of, run_exchange_s, single_layer)
+from hvdps.render import crossover as crossover_render, heldout as heldout_render
+from hvdps.render.projection import _size, check_table, dumps, plot, table
 
 
 def find_runs(path):
@@ -258,29 +29,6 @@ def find_runs(path):
         if "metrics.jsonl" in files:
             found.append(root)
     return sorted(found)
-
-
-def ring_of(method, ring, nets):
-    """The latency and bandwidth ``method``'s ring is costed with: its own fit (``nets``, by the
-    cost model's ``network``) where there is one, else the ring's."""
-    return (nets or {}).get(getattr(method.cost, "network", None)) or ring
-
-
-def run_exchange_s(row, ring, ps, nets=None):
-    """The run's exchange time per step: measured where the backend times it, else the alpha-beta
-    cost of its method (hvdps/methods.py)."""
-    if row.get("exchange_s"):
-        return row["exchange_s"], "measured"
-    method = methods.lookup(row.get("backend"))
-    t = method.cost.exchange_s(row, ring_of(method, ring, nets), ps) if method else None
-    return (t, "alpha-beta") if t is not None else (None, None)
-
-
-def measured_overlap(row, exchange_s):
-    """(compute + exchange - step) / exchange, clipped to [0, 1]: how much of the exchange the run hid."""
-    if not exchange_s or not row.get("compute_s") or not row.get("step_s"):
-        return None
-    return max(0.0, min(1.0, (row["compute_s"] + exchange_s - row["step_s"]) / exchange_s))
 
 
 def model_layers_of(run_dir):
@@ -337,16 +85,12 @@ def from_runs(path, ring, ps, nets=None):
     return compute, layers, measured, notes
 
 
-# ------------------------------------------------- projected against measured
-# What TCP carries of a link's rate: 1448 payload bytes (IPv4, TCP with timestamps) per 1514-byte
-# frame of a 1500-byte MTU, the bytes tbf counts.
-TCP_GOODPUT = 1448 / 1514
-
-
 # What a projection input may be: from a 1 kbit/s link to a 1 Pbit/s one, and so on. Outside
 # these the arithmetic overflows or underflows into infinities and zeros, not an answer.
 INPUT_RANGES = {"bandwidth_gbps": (1e-6, 1e6), "ps_bandwidth_gbps": (1e-6, 1e6), "latency_us": (1e-3, 1e9),
                 "step_compute_ms": (1e-6, 1e9), "model_params": (1, 1e13)}
+
+
 MAX_WORKERS = 65536
 
 
@@ -362,16 +106,6 @@ def cluster_of(path):
                 return desc
         here = os.path.dirname(here)
     return None
-
-
-def projected_step(row, header, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
-    """(the step time the network model gives this run, how): its own compute, its gradient M, its
-    worker count n and, for PS, the bytes its busiest PS task holds (header ``ps_shard_bytes``), by
-    its method's step model (hvdps/methods.py); (None, None) for a method this version lacks."""
-    method = methods.lookup(row.get("backend"))
-    if method is None:
-        return None, None
-    return method.cost.projected_step(row, header, layers, ring_of(method, ring, nets), ps, fusion_bytes, cycle_s)
 
 
 def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
@@ -390,16 +124,6 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
                      "measured_step_s": row["step_s"], "projected_step_s": projected,
                      "ratio": row["step_s"] / projected})
     return rows
-
-
-def check_table(rows):
-    out = ["| run | backend | mode | workers | PS | measured step (ms) | projected (ms) | measured / projected | model |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['run']} | {r['backend']} | {r['mode'] or '-'} | {r['workers']} | {r['num_ps'] or '-'} | "
-                   f"{1e3 * r['measured_step_s']:.1f} | {1e3 * r['projected_step_s']:.1f} | {r['ratio']:.2f} | "
-                   f"{r['how']} |")
-    return "\n".join(out)
 
 
 def heldout_of(path, layers, ring, ps, nets, args):
@@ -426,7 +150,7 @@ def heldout_of(path, layers, ring, ps, nets, args):
 # ---------------------------------------------------------------- command line
 def make_parser():
     import argparse
-    from common.config import Parser
+    from common.flags import Parser
     p = Parser(prog="hvdps project", description="Project scaling efficiency to many workers "
                "(alpha-beta network, wait-free backprop schedule; no training); also reachable as "
                "hvdps compare --project")
@@ -516,7 +240,7 @@ def networks(args, fits, ring, ps, cluster=None):
 
 def run_projection(args):
     """The projection from measurements and/or given hardware."""
-    from common.config import check_finite
+    from common.flags import check_finite
     if args.overlap is not None:
         raise UsageError("--overlap is gone: the overlap now comes from the model's layers (--model_name, "
                          "--from) or from what the runs measured (--from); see docs/projection.md")
@@ -605,10 +329,10 @@ def run_projection(args):
                                   lambda row, header: projected_step(row, header, layers, ring, ps, fusion, cycle,
                                                                      nets)[0], layers=layers)
         if cross:
-            text += "\n".join(crossover.section(cross)) + "\n![crossover](crossover.png)\n\n"
+            text += "\n".join(crossover_render.section(cross)) + "\n![crossover](crossover.png)\n\n"
     held = heldout_of(args.from_dir, layers, ring, ps, nets, args) if args.from_dir else ([], None)
     if held[0]:
-        text += "\n".join(heldout.section(*held)) + "\n"
+        text += "\n".join(heldout_render.section(*held)) + "\n"
     text += table(rows) + "\n"
     ring_rows = [r for r in rows if r["arch"] == RING and r["workers"] > 1]
     if ring_rows:
@@ -625,7 +349,7 @@ def run_projection(args):
                        "measured_overlap": measured, "checked": checked, "crossover": cross,
                        "heldout": {"entries": held[0], "cores": held[1]}, "rows": rows}))
     if cross:
-        crossover.plot(cross, os.path.join(args.out, "crossover.png"))
+        crossover_render.plot(cross, os.path.join(args.out, "crossover.png"))
     plot(rows, os.path.join(args.out, "projection.png"), f"{_size(grad)} gradients, "
          f"{compute * 1e3:.0f} ms compute")
     print(text)

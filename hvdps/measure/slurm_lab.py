@@ -3,7 +3,7 @@
     sudo hvdps emulate --slurm --hosts 3 --sbatch hostfiles/slurm/horovod.sbatch -- --workers 2 ...
 
 Debian's slurm-wlm 22.05 and munge, unmodified. Each emulated host (a network namespace, see
-hvdps/emulate.py) runs ``slurmd -N hK`` with its own address, the login namespace runs slurmctld and
+hvdps/commands/emulate.py) runs ``slurmd -N hK`` with its own address, the login namespace runs slurmctld and
 munged, and every job, step and ``srun`` lands in the namespace of the node SLURM chose, so a job's
 traffic crosses the shaped links as on a real cluster. The hosts' names resolve through
 ``/etc/netns/<namespace>/hosts``, which ``ip netns exec`` mounts over /etc/hosts for everything
@@ -72,7 +72,7 @@ class SlurmLab:
         d = self.dir
         nodes = "\n".join(f"NodeName={n} NodeAddr={a} CPUs={self.cpus} RealMemory=2000 State=UNKNOWN"
                           for n, a in zip(self.names, self.cluster.addrs))
-        return f"""# written by hvdps/slurm_lab.py for an emulated cluster; removed with it
+        return f"""# written by hvdps/measure/slurm_lab.py for an emulated cluster; removed with it
 ClusterName=hvdps
 SlurmctldHost=login({self.cluster.subnet}.254)
 SlurmUser=root

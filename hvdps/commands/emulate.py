@@ -4,7 +4,7 @@
     sudo hvdps emulate --cleanup          # remove what a killed run left behind
     sudo hvdps emulate --slurm --hosts 3 --sbatch hostfiles/slurm/ps.sbatch -- --workers 2 --backends horovod,ps
 
-With ``--slurm`` the hosts also run a real SLURM cluster (hvdps/slurm_lab.py: munged and slurmctld
+With ``--slurm`` the hosts also run a real SLURM cluster (hvdps/measure/slurm_lab.py: munged and slurmctld
 on the login node, ``slurmd -N hK`` on each host): each ``--sbatch`` script is submitted with
 ``sbatch --wait`` and its runs land in OUT/sbatch, then the comparison runs inside an allocation
 of every host (``salloc``, ``hvdps compare --hosts slurm``: MPI through SLURM's own launch, PS
@@ -16,7 +16,7 @@ token bucket (``tc qdisc ... tbf``: the host's side shapes what it sends, the
 switch's side what it receives). hvdps compare then runs in a further namespace
 on the same bridge, the login node, with exactly the flags a real cluster takes:
 ``--hosts`` the hosts' addresses, ``--rsh`` an agent that enters a host's
-namespace the way ssh enters a host (hvdps/netns_agent.sh), and ``--links`` so
+namespace the way ssh enters a host (hvdps/measure/netns_agent.sh), and ``--links`` so
 the report shows the bytes each link really carried. Every packet stays inside
 these namespaces: nothing is added to this machine's own network. The links'
 latency (half the median round trip of a TCP ping-pong between two hosts) is
@@ -28,7 +28,6 @@ and at the next start if a killed run left anything behind (a state file under
 /run/hvdps-emulate names what each run created). Deleting a namespace deletes
 its veth and the qdiscs on it; processes in it are killed first.
 """
-import ipaddress
 import json
 import os
 import re
@@ -39,272 +38,13 @@ import subprocess
 import sys
 import time
 
-from common.config import Parser, from_args
+from common.config import from_args
 from common.errors import UsageError, cli
+from common.flags import Parser
 from common.files import make_dirs, write_atomic
 from common.procs import REPO, available_memory, child_env
-from hvdps.slurm_lab import CPUS_PER_NODE, SlurmLab, check_slurm_tools, host_names, remove_netns_etc
-
-STATE_DIR = "/run/hvdps-emulate"
-AGENT = os.path.join(REPO, "hvdps", "netns_agent.sh")
-OMPI_TMP = "/tmp/hvdps-ompi"      # one Open MPI session folder per emulated host (netns_agent.sh)
-PREFIX = "hvdps-"
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$", re.I)
-_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-
-
-def parse_rate(text):
-    """tc's rate syntax (100mbit, 1gbit, 500kbit) -> bits per second."""
-    m = _RATE.match(text.strip())
-    if not m:
-        raise UsageError(f"--rate {text!r}: expected a rate like 100mbit, 1gbit or 500kbit")
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
-def sh(*argv, timeout=30):
-    """Run one ip/tc command; its own error line if it fails."""
-    r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError((r.stderr.strip() or r.stdout.strip() or f"exit {r.returncode}").splitlines()[0])
-    return r.stdout
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def _namespaces():
-    try:
-        return [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.strip()]
-    except (RuntimeError, OSError):
-        return []
-
-
-def remove_namespaces(names, grace=3.0):
-    """Kill every process in these namespaces (TERM, then KILL), then delete them, and the Open MPI
-    session folders the agent gave each (hvdps/netns_agent.sh)."""
-    asked, names = list(names), [n for n in names if n in set(_namespaces())]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = []
-        for ns in names:
-            try:
-                pids += [int(p) for p in sh("ip", "netns", "pids", ns).split()]
-            except (RuntimeError, ValueError, OSError):
-                pass
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 1.0)
-        while pids and time.monotonic() < deadline and any(_alive(p) for p in pids):
-            time.sleep(0.1)
-    for ns in reversed(names):
-        try:
-            sh("ip", "netns", "del", ns)
-        except (RuntimeError, OSError):
-            pass
-    for ns in asked:
-        shutil.rmtree(os.path.join(OMPI_TMP, ns), ignore_errors=True)
-    try:
-        os.rmdir(OMPI_TMP)            # only once no other cluster's hosts have theirs in it
-    except OSError:
-        pass
-
-
-def cleanup_stale(out=sys.stdout):
-    """Remove what runs that are no longer alive left: namespaces named hvdps-<pid>-*, their state."""
-    removed = []
-    owners = {}
-    for ns in _namespaces():
-        m = re.match(rf"^{PREFIX}(\d+)-", ns)
-        if m:
-            owners.setdefault(int(m.group(1)), []).append(ns)
-    if os.path.isdir(STATE_DIR):
-        for name in os.listdir(STATE_DIR):
-            m = re.match(r"^(\d+)\.json$", name)
-            if m:
-                owners.setdefault(int(m.group(1)), [])
-    if os.path.isdir(OMPI_TMP):          # session folders whose namespace went another way
-        for name in os.listdir(OMPI_TMP):
-            m = re.match(rf"^{PREFIX}(\d+)-", name)
-            if m:
-                owners.setdefault(int(m.group(1)), [])
-                if name not in owners[int(m.group(1))]:
-                    owners[int(m.group(1))].append(name)
-    for pid, names in owners.items():
-        if pid != os.getpid() and _alive(pid):
-            continue
-        remove_namespaces(names)
-        remove_netns_etc(names)
-        shutil.rmtree(os.path.join(STATE_DIR, f"{pid}-slurm"), ignore_errors=True)
-        removed += names
-        try:
-            os.unlink(os.path.join(STATE_DIR, f"{pid}.json"))
-        except OSError:
-            pass
-    if removed:
-        print(f"removed {len(removed)} namespace(s) a stopped run left behind: {', '.join(removed)}", file=out)
-    return removed
-
-
-def _free_subnet():
-    """A 10.231.X.0/24 that no interface or route of this machine and no live emulation uses."""
-    used = sh("ip", "-o", "addr") + sh("ip", "route")
-    taken = set()
-    for ns in _namespaces():
-        if ns.startswith(PREFIX):
-            try:
-                taken |= set(re.findall(r"10\.231\.(\d+)\.", sh("ip", "-n", ns, "-o", "addr")))
-            except (RuntimeError, OSError):
-                pass
-    for x in range(1, 255):
-        net = ipaddress.ip_network(f"10.231.{x}.0/24")
-        if str(x) not in taken and not any(ipaddress.ip_address(a) in net for a in
-                                           re.findall(r"\b(\d+\.\d+\.\d+\.\d+)", used)):
-            return f"10.231.{x}"
-    raise UsageError("no free 10.231.X.0/24 subnet for the emulated cluster")
-
-
-# The latency probe's two ends (run inside two host namespaces): an echo server on the host's
-# own address, and a client that prints the median round trip of ROUNDS 1-byte exchanges.
-PONG = """
-import socket, sys
-s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1)
-print(s.getsockname()[1], flush=True)
-c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-while True:
-    b = c.recv(1)
-    if not b:
-        break
-    c.sendall(b)
-"""
-PING = """
-import socket, statistics, sys, time
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
-c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-times = []
-for _ in range(int(sys.argv[3])):
-    t = time.perf_counter(); c.sendall(b"x"); c.recv(1); times.append(time.perf_counter() - t)
-print(statistics.median(times[10:] or times))
-"""
-
-
-def read_line(proc, timeout, what="the latency probe's server"):
-    """The first line ``proc`` prints, or RuntimeError after ``timeout`` seconds."""
-    import select
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline().strip() if ready else ""
-    if not line:
-        raise RuntimeError(f"{what} did not start within {timeout} s")
-    return line
-
-
-class EmulatedCluster:
-    """N shaped hosts and a login namespace on one bridge; ``down`` removes all of it."""
-
-    def __init__(self, count, rate, queue_ms=200):
-        self.count, self.rate, self.rate_bps = count, rate, parse_rate(rate)
-        self.queue_ms = queue_ms
-        self.tag = f"{PREFIX}{os.getpid()}"
-        self.sw, self.login = f"{self.tag}-sw", f"{self.tag}-login"
-        self.hosts = [f"{self.tag}-h{i + 1}" for i in range(count)]
-        self.subnet = None
-        self.addrs = []
-        self.sleeper = None
-        self.latency = {}
-        self.state = os.path.join(STATE_DIR, f"{os.getpid()}.json")
-
-    def up(self):
-        os.makedirs(STATE_DIR, exist_ok=True)
-        self.subnet = _free_subnet()
-        self.addrs = [f"{self.subnet}.{i + 1}" for i in range(self.count)]
-        with open(self.state, "w") as f:      # first, so a crash while building is cleaned up next time
-            json.dump({"pid": os.getpid(), "namespaces": [self.sw, self.login, *self.hosts]}, f)
-        sh("ip", "netns", "add", self.sw)
-        sh("ip", "-n", self.sw, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", self.sw, "link", "set", "br0", "up")
-        for ns, port, addr in [*zip(self.hosts, [f"h{i + 1}" for i in range(self.count)], self.addrs),
-                               (self.login, "login", f"{self.subnet}.254")]:
-            sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", self.sw)
-            sh("ip", "-n", self.sw, "link", "set", port, "master", "br0", "up")
-            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-        self.shape()
-        # A process in the switch's namespace: its /proc/PID/net/dev is every link's counters.
-        self.sleeper = subprocess.Popen(["ip", "netns", "exec", self.sw, "sleep", "infinity"],
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-        return self
-
-    def shape(self):
-        """A token bucket on both ends of each host's link: the host's eth0 shapes what it sends,
-        the switch port what it receives. Burst: 5 ms at the rate (at least 16 kB, a few frames);
-        a queue of 200 ms, so TCP sees delay rather than drops and no retransmission is counted."""
-        burst = max(16 * 1024, int(self.rate_bps / 8 * 0.005))
-        for i, ns in enumerate(self.hosts):
-            for where, dev in (("-n", ns), ("-n", self.sw)):
-                device = "eth0" if dev == ns else f"h{i + 1}"
-                try:
-                    sh("tc", where, dev, "qdisc", "add", "dev", device, "root", "tbf", "rate", self.rate,
-                       "burst", str(burst), "latency", f"{self.queue_ms}ms")
-                except RuntimeError as exc:
-                    raise UsageError(f"--rate {self.rate}: tc refused it: {exc}")
-
-    def measure_latency(self, rounds=200, timeout=30):
-        """One-way latency between two hosts: half the median round trip of a 1-byte TCP
-        ping-pong (TCP_NODELAY) from h1 to h2 across the bridge, the alpha hvdps project uses.
-        Both ends are processes this call starts and kills; every wait is bounded."""
-        server = subprocess.Popen(["ip", "netns", "exec", self.hosts[1], sys.executable, "-c", PONG,
-                                   self.addrs[1]], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                  text=True, start_new_session=True)
-        try:
-            port = read_line(server, timeout)
-            out = subprocess.run(["ip", "netns", "exec", self.hosts[0], sys.executable, "-c", PING,
-                                  self.addrs[1], port, str(rounds)], capture_output=True, text=True,
-                                 timeout=timeout, stdin=subprocess.DEVNULL)
-            if out.returncode:
-                raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "ping failed")
-            rtt = float(out.stdout.split()[0])
-            return {"rtt_s": rtt, "latency_s": rtt / 2, "latency_rounds": rounds}
-        finally:
-            try:
-                os.killpg(server.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            server.wait(timeout=5)
-
-    def describe(self, names=None):
-        """``names``: the hosts' names when the comparison knows them by name (SLURM's node names)."""
-        return {"counters": f"/proc/{self.sleeper.pid}/net/dev",
-                "ports": {(names[i] if names else a): f"h{i + 1}" for i, a in enumerate(self.addrs)},
-                "rate": self.rate, "rate_bps": self.rate_bps, "subnet": f"{self.subnet}.0/24",
-                "namespaces": dict(zip(self.addrs, self.hosts)), **self.latency}
-
-    def netns_map(self):
-        return ",".join(f"{a}={n}" for a, n in zip(self.addrs, self.hosts))
-
-    def down(self):
-        remove_namespaces([self.sw, self.login, *self.hosts])
-        if self.sleeper:
-            try:
-                self.sleeper.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        left = [n for n in _namespaces() if n.startswith(self.tag + "-")]
-        if not left:
-            try:
-                os.unlink(self.state)
-            except OSError:
-                pass
-        return left
+from hvdps.measure.cluster import AGENT, EmulatedCluster, cleanup_stale, parse_rate
+from hvdps.measure.slurm_lab import CPUS_PER_NODE, SlurmLab, check_slurm_tools, host_names
 
 
 def make_parser():
@@ -326,11 +66,11 @@ def make_parser():
 
 def check_cluster_memory(rest, available):
     """Refuse, before any namespace exists, a comparison whose largest run would not fit: every
-    emulated host is this machine, so all of a run's tasks share its memory (hvdps.compare's
+    emulated host is this machine, so all of a run's tasks share its memory (hvdps.commands.compare's
     check, which a comparison across real hosts skips). ``rest``: the comparison's flags. A flag
     the comparison itself refuses is left to it, to be named in its own words."""
     from common.plugins import bound_plugins
-    from hvdps import compare
+    from hvdps.commands import compare
     args = compare.make_parser().parse_args(rest)
     if args.from_dirs:
         return
@@ -485,7 +225,7 @@ def main(argv=None):
                   f"({args.cpus_per_node} CPUs each), partition lab", flush=True)
             code = submit_all(lab, args.sbatch, out)
         if rest or not args.sbatch:
-            compare = [sys.executable, "-m", "hvdps.compare", "--network_interface", f"{cluster.subnet}.0/24",
+            compare = [sys.executable, "-m", "hvdps.commands.compare", "--network_interface", f"{cluster.subnet}.0/24",
                        "--links", desc, "--out", out, *rest]
             if lab:      # the whole comparison inside one allocation of every host, as on a real cluster
                 cmd = ["salloc", "--quiet", f"--nodes={args.hosts}", "--ntasks-per-node=1",

@@ -1,0 +1,213 @@
+"""Projecting step time and scaling efficiency past this machine, from what was measured.
+
+Two layers:
+
+- the alpha-beta cost of one exchange of an M-byte gradient among n workers on
+  links of bandwidth B and per-message latency alpha (ring all-reduce
+  2(n-1)/n M/B + 2(n-1) alpha; PS with k shards 2 max(nM/(kB), gM/B) + 2 alpha);
+- when that exchange happens: hvdps/cost/schedule.py plays out wait-free
+  back-propagation layer by layer (gradients leave as they appear, Horovod's
+  fusion buffer and cycle time, PS variable placement), so the share of the
+  exchange that hides behind the backward pass comes from the model's own
+  layers, not from a hand-set knob. Synchronous training also waits for the
+  slowest of n workers every step (``--straggler_cv``).
+
+With ``--from RUNS`` the compute time, the gradient size, the model's layers
+and the overlap each run achieved come from hvdps runs:
+overlap = (compute + exchange - step) / exchange, with the exchange measured
+(bare MPI's exchange_s) or costed with the fitted alpha-beta model.
+"""
+
+from hvdps import methods
+from hvdps.cost import schedule
+from hvdps.cost.schedule import ps_time, ring_allreduce_time
+
+
+RING, PS = "ring all-reduce", "parameter servers"     # the projection's two families: a panel each
+
+
+def efficiency(compute, comm, overlap=0.0):
+    return compute / (compute + (1.0 - overlap) * comm)
+
+
+class Unmeasurable(ValueError):
+    """The measurements do not determine latency and bandwidth (see fit_alpha_beta)."""
+
+
+def fit_alpha_beta(points):
+    """Least-squares fit of t = alpha + bytes/B to (bytes, seconds) points -> (alpha, B).
+
+    Refused (Unmeasurable) where the points cannot carry the fit, instead of clamping to a
+    latency of 0 or an infinite bandwidth that every projection would then repeat: a fitted
+    intercept <= 0 means the smallest exchanges were too fast to separate a latency from the
+    noise of the large ones; a slope <= 0, that time did not grow with size."""
+    pts = [(float(b), float(t)) for b, t in points if t > 0]
+    if len(pts) < 2:
+        raise Unmeasurable("need at least two measurements to fit latency and bandwidth")
+    n = len(pts)
+    mx = sum(b for b, _ in pts) / n
+    my = sum(t for _, t in pts) / n
+    sxx = sum((b - mx) ** 2 for b, _ in pts)
+    slope = sum((b - mx) * (t - my) for b, t in pts) / sxx if sxx else 0.0
+    if slope <= 0:
+        raise Unmeasurable("the exchange time does not grow with the message size")
+    alpha = my - slope * mx
+    if alpha <= 0:
+        raise Unmeasurable(f"the fitted latency is {alpha * 1e6:.1f} us: the smallest exchanges "
+                           f"({min(b for b, _ in pts):,.0f} bytes) are too fast to measure one")
+    return alpha, 1.0 / slope
+
+
+def fit_from_comm(comm_results, np_=2):
+    """alpha/B for each ring family the methods say comm.json measures (hvdps/methods.py:
+    ``networks_measured``: Horovod's rows fit ``allreduce``, TensorFlow's MultiWorkerMirrored rows
+    ``mwms``) and PS push/pull from comm.json results.
+
+    The 2-rank ring moves M/B and pays 2 alphas, so t = 2*alpha + M/B; push and
+    pull each pay one alpha and move M once. A family whose points cannot be fitted
+    gets ``{"error": why}`` instead of numbers (``network`` refuses to use it).
+    """
+    def pts(prefix):
+        return [(r["bytes"], r["seconds"]) for r in comm_results if r["impl"].startswith(prefix)]
+
+    def ring_fit(rows, what):
+        best = {}
+        for r in rows:   # the best setting per size: what a tuned trainer gets
+            best[r["bytes"]] = min(best.get(r["bytes"], float("inf")), r["seconds"])
+        try:
+            a, b = fit_alpha_beta(best.items())
+        except Unmeasurable as exc:
+            return {"error": f"{what}: {exc}"}
+        return {"alpha": a / (2 * (np_ - 1)), "bandwidth": b * 2.0 * (np_ - 1) / np_}
+
+    fits = {}
+    for key, (prefix, what) in methods.networks_measured().items():
+        rows = [r for r in comm_results if r["impl"].startswith(prefix)]
+        if rows:
+            fits[key] = ring_fit(rows, what)
+    for impl in ("ps-push", "ps-pull"):
+        p = pts(impl)
+        if p:
+            try:
+                a, b = fit_alpha_beta(p)
+                fits[impl] = {"alpha": a, "bandwidth": b}
+            except Unmeasurable as exc:
+                fits[impl] = {"error": f"{impl}: {exc}"}
+    bad = [fits[k]["error"] for k in ("ps-push", "ps-pull") if "error" in fits.get(k, {})]
+    if bad:
+        fits["ps"] = {"error": "; ".join(bad)}
+    elif "ps-push" in fits and "ps-pull" in fits:
+        fits["ps"] = {"alpha": (fits["ps-push"]["alpha"] + fits["ps-pull"]["alpha"]) / 2,
+                      "bandwidth": 2 / (1 / fits["ps-push"]["bandwidth"] + 1 / fits["ps-pull"]["bandwidth"])}
+    return fits
+
+
+def powers_of_two(lo, hi):
+    out, n = [], lo
+    while n <= hi:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def known_models():
+    from common.layer_profile import load_profiles
+    return load_profiles()
+
+
+def single_layer(grad_bytes):
+    """A model known only by its size: every gradient appears at the end of backprop (nothing hides)."""
+    return [{"name": "all", "grad_bytes": int(grad_bytes), "tensors": [int(grad_bytes)], "flops": 1}]
+
+
+def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, cycle_s=1e-3,
+            fusion_bytes=128 << 20, straggler_cv=0.0, placement="split", measured=None, ps_towers=1,
+            own=None):
+    """Rows of projected step time and efficiency for each worker count and architecture.
+
+    ``own``: {label: (method, fit)} for collective methods measured with a network of their own
+    (TensorFlow's ring): each adds rows by its method's step model (hvdps/methods.py) on that fit.
+
+    PS rows: a fixed number of shards each (``shards``), and one PS per server
+    (k = n / per_server), the layout that grows with the cluster; ``ps_towers``
+    GPUs share one worker task (schedule.ps_step). ``workers`` counts GPUs.
+    ``measured``: {arch label: (overlap, collective)} from runs; each adds rows where that
+    overlap is applied to the alpha-beta exchange time (the ring's if the method is collective,
+    else the PS's) instead of the schedule. Every row names its family (``RING`` or ``PS``),
+    the panel the plot draws it in.
+    """
+    grad = sum(l["grad_bytes"] for l in layers)
+    rows = []
+
+    def add(n, arch, res, family, comm=None):
+        wait = compute_s * (schedule.straggler_factor(n, straggler_cv) - 1.0)
+        step = res["step_s"] + wait
+        rows.append({"workers": n, "arch": arch, "family": family, "comm_s": res["comm_s"] if comm is None else comm,
+                     "overlap": res["overlap"], "straggler_s": wait, "step_s": step,
+                     "efficiency": compute_s / step})
+
+    for n in workers:
+        add(n, RING, schedule.ring_step(layers, compute_s, n, ring["bandwidth"], ring["alpha"],
+                                        fusion_bytes, cycle_s), RING)
+        for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]:
+            add(n, label, schedule.ps_step(layers, compute_s, n, ps["bandwidth"], ps["alpha"], k,
+                                           per_server, placement, towers=ps_towers), PS)
+        for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
+            res = schedule.ring_step(layers, compute_s, n, ring["bandwidth"] * schedule.byteps_link_scale(n, k),
+                                     ring["alpha"], fusion_bytes, cycle_s)
+            add(n, label, res, PS)
+        for label, (method, net) in (own or {}).items():
+            row = {"workers": n, "compute_s": compute_s, "grad_bytes_per_step": grad, "mode": method.modes[0]}
+            step, _ = method.cost.projected_step(row, {}, layers, net, ps, fusion_bytes, cycle_s)
+            t = method.cost.exchange_s(row, net, ps) or 0.0
+            add(n, label, {"step_s": step, "comm_s": t,
+                           "overlap": max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0},
+                RING if method.cost.collective else PS)
+        for label, (overlap, collective) in (measured or {}).items():
+            if collective:
+                t = ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"])
+            else:
+                t = ps_time(n, grad, ps["bandwidth"], ps["alpha"], shards[0], per_server)
+            add(n, label, {"step_s": compute_s + (1 - overlap) * t, "comm_s": t, "overlap": overlap},
+                RING if collective else PS)
+    return rows
+
+
+def ring_of(method, ring, nets):
+    """The latency and bandwidth ``method``'s ring is costed with: its own fit (``nets``, by the
+    cost model's ``network``) where there is one, else the ring's."""
+    return (nets or {}).get(getattr(method.cost, "network", None)) or ring
+
+
+def run_exchange_s(row, ring, ps, nets=None):
+    """The run's exchange time per step: measured where the backend times it, else the alpha-beta
+    cost of its method (hvdps/methods.py)."""
+    if row.get("exchange_s"):
+        return row["exchange_s"], "measured"
+    method = methods.lookup(row.get("backend"))
+    t = method.cost.exchange_s(row, ring_of(method, ring, nets), ps) if method else None
+    return (t, "alpha-beta") if t is not None else (None, None)
+
+
+def measured_overlap(row, exchange_s):
+    """(compute + exchange - step) / exchange, clipped to [0, 1]: how much of the exchange the run hid."""
+    if not exchange_s or not row.get("compute_s") or not row.get("step_s"):
+        return None
+    return max(0.0, min(1.0, (row["compute_s"] + exchange_s - row["step_s"]) / exchange_s))
+
+
+# ------------------------------------------------- projected against measured
+# What TCP carries of a link's rate: 1448 payload bytes (IPv4, TCP with timestamps) per 1514-byte
+# frame of a 1500-byte MTU, the bytes tbf counts.
+TCP_GOODPUT = 1448 / 1514
+
+
+def projected_step(row, header, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
+    """(the step time the network model gives this run, how): its own compute, its gradient M, its
+    worker count n and, for PS, the bytes its busiest PS task holds (header ``ps_shard_bytes``), by
+    its method's step model (hvdps/methods.py); (None, None) for a method this version lacks."""
+    method = methods.lookup(row.get("backend"))
+    if method is None:
+        return None, None
+    return method.cost.projected_step(row, header, layers, ring_of(method, ring, nets), ps, fusion_bytes, cycle_s)
+

@@ -1,0 +1,25 @@
+"""What every plot shares: one colour and marker per series, and where a long legend goes."""
+from hvdps import methods
+
+
+MARKERS = "os^Dv<>"          # 7, prime to tab20's 20 colours: 140 series before a look repeats
+
+
+def series_styles(labels):
+    """{label: (colour, marker)}, one each: matplotlib's ten colours repeat from the eleventh line,
+    so past ten the 20 of tab20, and the marker varies too, so no two of a panel's series look
+    alike (an emulated pass has 12: three rings, three PS variants with 1, 2 and 4 shards)."""
+    import matplotlib
+    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {label: (cmap(i % cmap.N), MARKERS[i % len(MARKERS)]) for i, label in enumerate(labels)}
+
+
+LEGEND_INSIDE = 6                # more entries than this: one legend beside the row, not over its lines
+
+
+LEGEND_ROWS = 24                 # entries per column of such a legend
+
+
+def name_of(r):
+    name = methods.label(r["backend"], r["mode"])
+    return name + (f" ({r['num_ps']} PS)" if (r.get("num_ps") or 0) > 1 else "")
