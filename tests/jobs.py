@@ -1,8 +1,10 @@
 """One small job, launched the way each backend launches it, at most once per test session.
 
-test_bookkeeping.py reads a run's books (where it logged, evaluated and checkpointed) and
-test_model_state.py its BatchNorm statistics and final accuracy against one process: different
-checks of the same run. On this 2-core machine a two-worker run is 10-30 s of start-up, import and
+test_bookkeeping.py reads a run's books (where it logged, evaluated and checkpointed),
+test_model_state.py its BatchNorm statistics and final accuracy against one process, and each
+method's own test file (test_horovod.py, test_mpi.py, test_mwms.py, test_ps.py, test_ps2.py,
+test_elastic.py) that its launcher trains it to the target accuracy with what the method promises
+(identical weights, the sample budget, where the variables live): different checks of the same run. On this 2-core machine a two-worker run is 10-30 s of start-up, import and
 teardown whatever a test reads from it, so each backend's run is shared (the ``jobs`` fixture in
 tests/conftest.py), and the job has what both read: a model with state of its own (examples/bn_mlp.py),
 an evaluation every epoch, and checkpoints and logs on their own step counts.
@@ -58,6 +60,11 @@ class Jobs:
         self.root, self.done = root, {}
 
     def __call__(self, backend):
+        return self.launched(backend)[1]
+
+    def launched(self, backend):
+        """(the launch's CompletedProcess, its run directory): for a test that reads what the
+        launcher printed as well as what the run wrote."""
         if backend not in self.done:
             folder = os.path.join(self.root, backend.replace(" ", "_"))
             os.makedirs(folder)
@@ -65,4 +72,4 @@ class Jobs:
             self.done[backend] = (LAUNCH[backend](folder, out), out)
         r, out = self.done[backend]
         assert r.returncode == 0, f"{backend}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-        return out
+        return r, out

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from common.metrics import read_records
-from tests.conftest import BIN, REPO, env, run
+from tests.conftest import BIN, REPO, env
 
 pytestmark = pytest.mark.process
 
@@ -74,11 +74,10 @@ def _all_ranks(tmp_path):
     return _ranks_on("localhost", tmp_path / "run") + _ranks_on("127.0.0.1", tmp_path / "run")
 
 
-def test_static_elastic_run_trains(tmp_path):
-    _discovery(tmp_path, "localhost:2\n")
-    r = run(_horovodrun(tmp_path, 2, 2, 2, "--epochs", "3"), timeout=240)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    summary = _records(tmp_path, "summary")[-1]
+def test_static_elastic_run_trains(jobs):
+    """The shared job (tests/jobs.py) under horovodrun --host-discovery-script with a fixed 2 slots."""
+    import pathlib
+    summary = _records(pathlib.Path(jobs("elastic")).parent, "summary")[-1]
     assert summary["status"] == "ok" and summary["final_test_accuracy"] >= 0.9
     assert summary["max_weight_divergence"] == 0.0
 

@@ -57,19 +57,6 @@ def _finish(p, timeout=60):
     return out
 
 
-@pytest.mark.parametrize("how", ["sigint", "sigterm"])
-def test_interrupt_tears_everything_down(tmp_path, how):
-    p, lines, pids = _start(tmp_path, "--num_ps", "1", "--num_workers", "2", *LONG)
-    assert len(pids) == 3, "".join(lines)
-    assert all(_alive(pid) for pid in pids.values())
-    p.send_signal(signal.SIGINT if how == "sigint" else signal.SIGTERM)
-    out = _finish(p)
-    assert p.returncode == 130, out
-    assert "[launch] interrupted: stopping the cluster" in out
-    time.sleep(0.5)
-    assert not [n for n, pid in pids.items() if _alive(pid)]
-
-
 def test_killed_ps_stops_cluster_with_failure(tmp_path):
     p, lines, pids = _start(tmp_path, "--num_ps", "1", "--num_workers", "2", *LONG)
     assert "ps:0" in pids, "".join(lines)
@@ -105,21 +92,27 @@ def _listeners(pids):
     return found
 
 
-@pytest.mark.parametrize("api, tasks", [("v1", 4), ("v2", 5)])      # v2: and the chief (coordinator)
-def test_every_task_listens_on_loopback_only(tmp_path, api, tasks):
-    """TensorFlow's gRPC server binds every interface by itself; hvdps' tasks must not."""
+@pytest.mark.parametrize("api, tasks, how", [("v1", 4, "sigint"), ("v2", 5, "sigterm")])  # v2: and the chief
+def test_every_task_listens_on_loopback_only_and_an_interrupt_tears_everything_down(tmp_path, api, tasks, how):
+    """TensorFlow's gRPC server binds every interface by itself; hvdps' tasks must not. Then Ctrl-C (or
+    SIGTERM) of the launcher stops every task and exits 130."""
     p, lines, pids = _start(tmp_path, "--num_ps", "2", "--num_workers", "2", "--ps_api", api, *LONG)
     try:
         assert len(pids) == tasks, "".join(lines)
+        assert all(_alive(pid) for pid in pids.values())
         found = _listeners(pids.values())
     finally:
-        p.send_signal(signal.SIGINT)
-        _finish(p)
+        p.send_signal(signal.SIGINT if how == "sigint" else signal.SIGTERM)
+        out = _finish(p)
     assert set(found) == set(pids.values()), (found, pids)       # every task's server was seen
     for pid, addrs in found.items():
         for addr in addrs:
             host = addr.rsplit(":", 1)[0]
             assert host in ("127.0.0.1", "[::ffff:127.0.0.1]"), (pid, addrs)
+    assert p.returncode == 130, out
+    assert "[launch] interrupted: stopping the cluster" in out
+    time.sleep(0.5)
+    assert not [n for n, pid in pids.items() if _alive(pid)]
 
 
 @pytest.mark.parametrize("mode", ["--async", "--sync"])

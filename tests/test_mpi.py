@@ -29,9 +29,9 @@ def ok(result):
     return result
 
 
-def test_two_ranks_reach_accuracy(tmp_path):
-    out = str(tmp_path / "run")
-    ok(mpirun(2, *FAST, "--train_dir", out))
+def test_two_ranks_reach_accuracy(jobs):
+    """The shared job (tests/jobs.py: 4 epochs at batch 32) under mpirun."""
+    out = jobs("mpi")
     row, curves = load_run(out)
     assert row["status"] == "ok" and row["backend"] == "mpi" and row["mode"] == "sync" and row["workers"] == 2
     assert row["global_batch"] == 64 and row["final_test_accuracy"] >= 0.90, row

@@ -109,7 +109,7 @@ BROKEN = {
 }
 
 
-@pytest.mark.parametrize("flag, spec, message", [
+BROKEN_CASES = [
     ("--model", "no_such_pkg.models:build", "error: --model no_such_pkg.models:build: no module named 'no_such_pkg'"),
     ("--model", "{d}/missing.py:build", "error: --model {d}/missing.py:build: no such file {d}/missing.py"),
     ("--model", "json:build", "error: --model json:build: json has no attribute 'build'"),
@@ -134,12 +134,39 @@ BROKEN = {
                                            "FileNotFoundError: /data/train.npz"),
     ("--dataset", "nocolon", "error: unknown dataset 'nocolon' (valid: digits, mnist, synthetic, clicks, or "
                              "module:function"),
-])
-@pytest.mark.process
-def test_broken_plugin_is_one_line(tmp_path, flag, spec, message):
+]
+
+
+def _write_broken(folder):
     for name, text in BROKEN.items():
-        (tmp_path / name).write_text(text)
-    d = str(tmp_path)
+        (folder / name).write_text(text)
+    return str(folder)
+
+
+@pytest.mark.parametrize("flag, spec, message", BROKEN_CASES)
+def test_broken_plugin_is_one_error(tmp_path, flag, spec, message):
+    """Every way a plug-in can be wrong is one UsageError of one line, raised where the trainers
+    meet the plug-in: the config's check (import), the model's build, the data's load. (The one
+    line and exit 2 the entry points make of a UsageError: the test below, and test_cli.py.)"""
+    from common.config import make_config
+    from common.data import load_arrays
+    from common.errors import UsageError
+    from common.models import build_model
+    d = _write_broken(tmp_path)
+    with pytest.raises(UsageError) as caught:
+        cfg = make_config(**{flag[2:]: spec.format(d=d)})
+        build_model(cfg) if flag == "--model" else load_arrays(cfg)
+    text = f"error: {caught.value}"
+    assert "\n" not in text and text.startswith(message.format(d=d)), text
+
+
+@pytest.mark.parametrize("flag, spec", [("--model", "{d}/raises.py:build"), ("--dataset", "{d}/floaty.py:load")])
+@pytest.mark.process
+def test_broken_plugin_is_one_line_from_the_trainer(tmp_path, flag, spec):
+    """A model that raises while it is built, data that fail their check: one error line, exit 2, no
+    traceback, from a real trainer process."""
+    d = _write_broken(tmp_path)
+    message = dict((f, m) for f, sp, m in BROKEN_CASES if sp == spec)[flag]
     r = run([sys.executable, HVD, flag, spec.format(d=d), "--train_dir", str(tmp_path / "run")], timeout=120)
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]

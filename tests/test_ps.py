@@ -30,10 +30,20 @@ def ok(result):
     return result
 
 
-@pytest.mark.parametrize("num_ps, mode", [(1, "--async"), (1, "--sync"), (2, "--async"), (2, "--sync")])
-def test_cluster_reaches_accuracy(tmp_path, num_ps, mode):
+def test_two_ps_async_reaches_accuracy(tmp_path):
+    """(2 PS sync: test_sync_resume_is_exact's straight run.)"""
     out = str(tmp_path / "run")
-    r = ok(launch(num_ps, 2, *FAST, mode, "--train_dir", out))
+    reaches_accuracy(ok(launch(2, 2, *FAST, "--async", "--train_dir", out)), out, 2, "--async")
+
+
+@pytest.mark.parametrize("mode", ["--async", "--sync"])
+def test_shared_job_reaches_accuracy(jobs, mode):
+    """1 PS, 2 workers: the shared job (tests/jobs.py, 4 epochs at batch 32)."""
+    reaches_accuracy(*jobs.launched(f"ps {mode[2:]}"), 1, mode)
+
+
+def reaches_accuracy(r, out, num_ps, mode):
+    """A 2-worker PS run of 4 epochs at batch 32: accurate, sharded, and the global step counts updates."""
     row, curves = load_run(out)
     header = curves["header"]
     assert row["backend"] == "ps" and row["mode"] == mode[2:] and row["num_ps"] == num_ps
@@ -243,11 +253,12 @@ SHORT = ["--batch_size", "32", "--log_every", "5", "--eval_every_epoch", "false"
 def test_sync_resume_is_exact(tmp_path):
     """PS sync, 2 workers, 2 PS: 2 epochs + --resume to 4 == 4 epochs straight, bit for bit
     (momentum slots, lr schedule position, every worker's place in its data stream; the split
-    kernel's shards and their slots saved as slices of one tensor and restored)."""
+    kernel's shards and their slots saved as slices of one tensor and restored). The straight run
+    is also the 2-PS sync cluster held to the accuracy and the books of test_cluster_reaches_accuracy."""
     straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
-    ok(launch(2, 2, *SHORT, "--sync", "--epochs", "4", "--train_dir", straight))
-    ok(launch(2, 2, *SHORT, "--sync", "--epochs", "2", "--train_dir", split))
-    ok(launch(2, 2, *SHORT, "--sync", "--epochs", "4", "--train_dir", split, "--resume"))
+    reaches_accuracy(ok(launch(2, 2, *FAST, "--sync", "--train_dir", straight)), straight, 2, "--sync")
+    ok(launch(2, 2, *FAST, "--sync", "--epochs", "2", "--train_dir", split))
+    ok(launch(2, 2, *FAST, "--sync", "--epochs", "4", "--train_dir", split, "--resume"))
     a = load_weights_npz(os.path.join(straight, "weights.npz"))
     b = load_weights_npz(os.path.join(split, "weights.npz"))
     assert max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) == 0.0
@@ -256,8 +267,11 @@ def test_sync_resume_is_exact(tmp_path):
     assert load_run(split)[1]["summary"]["steps"] == load_run(straight)[1]["summary"]["steps"]
 
 
-def test_moved_run_directory_resumes_from_its_own_checkpoint(tmp_path):
-    first, moved = tmp_path / "first", tmp_path / "elsewhere" / "moved"
+def test_moved_run_directory_resumes_then_refuses_past_its_end(tmp_path):
+    """A run directory moved elsewhere resumes from its own checkpoint. Then, finished, it is resumed
+    per role past its end: --resume past the end is found once the chief's server runs, and the PS is
+    told at once instead of waiting --startup_timeout for a chief that is gone."""
+    first, moved = tmp_path / "first", tmp_path / "elsewhere" / "run"
     ok(launch(1, 2, *SHORT, "--async", "--epochs", "1", "--train_dir", str(first)))
     moved.parent.mkdir()
     os.rename(first, moved)                                   # the original is gone
@@ -266,6 +280,24 @@ def test_moved_run_directory_resumes_from_its_own_checkpoint(tmp_path):
     summary = load_run(str(moved))[1]["summary"]
     assert summary["status"] == "ok" and summary["steps"] >= 2 * 44
     assert not first.exists()
+
+    procs = _per_role(moved.parent, _cluster(), "--async", extra=["--epochs", "2", "--batch_size", "32", "--resume"])
+    t0 = time.monotonic()
+    try:
+        for name in ("worker:0", "ps:0"):
+            try:
+                procs[name].wait(timeout=max(1, 90 - (time.monotonic() - t0)))
+            except subprocess.TimeoutExpired:
+                pass
+        released = time.monotonic() - t0
+    finally:
+        # worker:1 may still be starting when the PS has already left: it then waits
+        # --startup_timeout for it (it cannot tell "gone" from "not up yet"); not timed here.
+        outs = _finish(procs, 120)
+    assert procs["worker:0"].returncode == 2, outs["worker:0"][-2000:]
+    assert "error: --resume: " in outs["worker:0"] and "is already at step" in outs["worker:0"]
+    assert procs["ps:0"].returncode == 0 and "ps:0 done (the chief failed with code 2)" in outs["ps:0"]
+    assert released < 45                                    # not the 60 s --startup_timeout
 
 
 @pytest.mark.parametrize("mode", ["--async", "--sync"])
@@ -319,29 +351,6 @@ def test_restarted_chief_is_joined_by_the_survivors(tmp_path):
     summary = load_run(str(run_dir))[1]["summary"]
     assert summary["status"] == "ok" and summary["lost_workers"] == []
     assert summary["worker_steps"][1] > before["worker_steps"][1]    # the survivor kept training
-
-
-def test_chief_usage_error_after_start_releases_the_ps(tmp_path):
-    """--resume past the end is found once the chief's server runs: the PS is told at once
-    instead of waiting --startup_timeout for a chief that is gone."""
-    ok(launch(1, 2, *SHORT, "--async", "--epochs", "1", "--train_dir", str(tmp_path / "run")))
-    procs = _per_role(tmp_path, _cluster(), "--async", extra=["--epochs", "1", "--batch_size", "32", "--resume"])
-    t0 = time.monotonic()
-    try:
-        for name in ("worker:0", "ps:0"):
-            try:
-                procs[name].wait(timeout=max(1, 90 - (time.monotonic() - t0)))
-            except subprocess.TimeoutExpired:
-                pass
-        released = time.monotonic() - t0
-    finally:
-        # worker:1 may still be starting when the PS has already left: it then waits
-        # --startup_timeout for it (it cannot tell "gone" from "not up yet"); not timed here.
-        outs = _finish(procs, 120)
-    assert procs["worker:0"].returncode == 2, outs["worker:0"][-2000:]
-    assert "error: --resume: " in outs["worker:0"] and "is already at step" in outs["worker:0"]
-    assert procs["ps:0"].returncode == 0 and "ps:0 done (the chief failed with code 2)" in outs["ps:0"]
-    assert released < 45                                    # not the 60 s --startup_timeout
 
 
 def _flaky(failures, error):

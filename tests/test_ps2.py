@@ -26,10 +26,18 @@ def ok(result):
     return result
 
 
-@pytest.mark.parametrize("num_ps, num_workers", [(1, 1), (1, 2), (2, 1), (2, 2)])
+@pytest.mark.parametrize("num_ps, num_workers", [(1, 1), (2, 1), (2, 2)])
 def test_reaches_accuracy_and_every_role_exits(tmp_path, num_ps, num_workers):
     out = str(tmp_path / "run")
-    r = ok(launch(num_ps, num_workers, *FAST, "--train_dir", out))
+    reaches_accuracy(ok(launch(num_ps, num_workers, *FAST, "--train_dir", out)), out, num_ps, num_workers)
+
+
+def test_shared_job_reaches_accuracy_and_every_role_exits(jobs):
+    """1 PS, 2 workers: the shared job (tests/jobs.py, 4 epochs at batch 32)."""
+    reaches_accuracy(*jobs.launched("ps2"), 1, 2)
+
+
+def reaches_accuracy(r, out, num_ps, num_workers):
     row, curves = load_run(out)
     header, summary = curves["header"], curves["summary"]
     assert (row["backend"], row["mode"], row["workers"], row["num_ps"]) == ("ps2", "async", num_workers, num_ps)

@@ -346,7 +346,7 @@ def run_projection(args):
                        "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
                        "ps_sharding": args.ps_sharding, "ps_gpus_per_worker": args.ps_gpus_per_worker,
-                       "measured_overlap": measured, "checked": checked, "crossover": cross,
+                       "measured_overlap": {label: ov for label, (ov, _) in measured.items()}, "checked": checked, "crossover": cross,
                        "heldout": {"entries": held[0], "cores": held[1]}, "rows": rows}))
     if cross:
         crossover_render.plot(cross, os.path.join(args.out, "crossover.png"))
