@@ -127,8 +127,8 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
 
 
 def heldout_of(path, layers, ring, ps, nets, args):
-    """(hvdps/heldout.py's entries for the runs under ``path``, the cores they shared or None)."""
-    from hvdps.links import run_cores
+    """(hvdps/cost/heldout.py's entries for the runs under ``path``, the cores they shared or None)."""
+    from hvdps.measure.links import run_cores
     fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
     rows, shared = [], set()
     for d in find_runs(path):

@@ -14,7 +14,7 @@ def section(result):
              "At each worker count n, the fastest ring measured there against each PS variant: from which n "
              "the ring is faster than one PS, and the fewest PS shards whose step is no slower than the "
              "ring's. Measured: the runs; projected: the model above for the same shapes, each fed the "
-             "compute its method measured at the nearest n (hvdps/crossover.py). Step times in ms.", ""]
+             "compute its method measured at the nearest n (hvdps/cost/crossover.py). Step times in ms.", ""]
     for w in result:
         lines += [f"**{w['model']}** ({w['grad_bytes'] / 1e3:.0f} kB of gradient per step), workers "
                   f"{', '.join(map(str, w['workers']))}:", "",
@@ -66,7 +66,7 @@ def figure(result):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.ticker import ScalarFormatter
-    from hvdps.report import series_styles
+    from hvdps.render.styles import series_styles
     fig, axes = plt.subplots(1, len(result), figsize=(9.5 * len(result), 5), squeeze=False)
     for w, ax in zip(result, axes[0]):
         looks = series_styles([s["name"] for s in w["series"]])

@@ -20,7 +20,7 @@ def section(entries, cores=None):
     lines = ["## Held out: fitted at the two smallest worker counts, predicted at the others", "",
              "Per method and mode, a factor for each link term of its model, fitted on its runs (every shard "
              "count) at the two smallest worker counts, and per shard count the cores floor; every larger "
-             "run is a prediction (hvdps/heldout.py, docs/projection.md). Contended compute: compute x "
+             "run is a prediction (hvdps/cost/heldout.py, docs/projection.md). Contended compute: compute x "
              f"max(1, n / cores) for lock-step methods, {where}. Two resources at once: the step is the "
              f"soft maximum (sum t**p) ** (1/p) of the terms and the cores floor, {overlap}, fitted with the "
              f"factors over every method. **{ok} of {total} held-out runs within "
