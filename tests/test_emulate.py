@@ -109,7 +109,7 @@ def test_ring_and_one_ps_across_shaped_hosts(tmp_path):
     # The projection from these runs, with the links' rate and measured latency (cluster.json).
     cluster = json.load(open(out / "cluster.json"))
     assert 1e-6 < cluster["latency_s"] < 5e-3, cluster         # an idle veth pair: tens of microseconds
-    proj = subprocess.run([sys.executable, "-m", "hvdps.cost.projection", "--from", str(out), "--out",
+    proj = subprocess.run([sys.executable, "-m", "hvdps.commands.project", "--from", str(out), "--out",
                            str(tmp_path / "proj")], capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
     assert proj.returncode == 0, proj.stderr[-3000:]
     checked = {r["backend"]: r for r in json.load(open(tmp_path / "proj" / "projection.json"))["checked"]}
@@ -152,7 +152,7 @@ def test_six_workers_and_two_split_ps_tasks_on_eight_hosts(tmp_path):
     assert 0.95 * n * model / k <= ps["busiest_link_bytes"] <= 1.1 * n * model / k, (ps["busiest_link_bytes"], model)
     assert ps["round_s"] > ring["round_s"], (ps["round_s"], ring["round_s"])
 
-    proj = subprocess.run([sys.executable, "-m", "hvdps.cost.projection", "--from", str(out), "--out",
+    proj = subprocess.run([sys.executable, "-m", "hvdps.commands.project", "--from", str(out), "--out",
                            str(tmp_path / "proj")], capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
     assert proj.returncode == 0, proj.stderr[-3000:]
     checked = {r["backend"]: r for r in json.load(open(tmp_path / "proj" / "projection.json"))["checked"]}

@@ -24,7 +24,7 @@ from tests.conftest import REPO, env
 
 pytestmark = pytest.mark.root
 
-AGENT = os.path.join(REPO, "hvdps", "netns_agent.sh")
+AGENT = os.path.join(REPO, "hvdps", "measure", "netns_agent.sh")
 
 
 def sh(*argv, check=True):
