@@ -136,6 +136,21 @@ class StrategyBackend(Backend):
         """Tasks of ``job`` whose port is closed now."""
         return [f"{job}:{i} ({addr})" for i, addr in enumerate(self.cluster[job]) if not port_open(addr)]
 
+    def who_is_gone(self, within=5.0):
+        """(PS tasks gone, workers gone) once either is seen, or both empty after ``within`` seconds.
+
+        A killed task's connections can reset before its listening socket closes (the kernel closes
+        a dying process's sockets one by one): the error that reached the chief may be the first
+        sign of a PS or worker whose port is still open for a moment, so its port is watched for a
+        little before the error is taken as something else."""
+        import time
+        deadline = time.monotonic() + within
+        while True:
+            ps, workers = self.gone("ps"), self.gone("worker")
+            if ps or workers or time.monotonic() >= deadline:
+                return ps, workers
+            time.sleep(0.1)
+
 
 def coordinate(cfg, backend, num_train):
     """The chief's whole run: returns the workers it saw lost (their steps ran elsewhere)."""
@@ -167,10 +182,9 @@ def coordinate(cfg, backend, num_train):
                 schedule_all(backend, books, dog, train_step, iterators, first, plan)
                 break
             except tf.errors.OpError as exc:
-                ps_gone = backend.gone("ps")
+                ps_gone, lost = backend.who_is_gone()
                 if ps_gone:
                     raise RunError(f"chief: parameter server {ps_gone[0]} is gone: stopping")
-                lost = backend.gone("worker")
                 if not lost or len(lost) == plan.workers or recoveries >= plan.workers - 1:
                     raise RunError(f"chief: {describe(exc)}")
                 # A lost worker whose error TensorFlow did not class as a worker failure (it retries

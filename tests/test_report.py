@@ -127,6 +127,10 @@ def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=
     # start-up is each run's own, of the runs at the verdict's worker count (not the mean over 1 and 2)
     ([vrow("horovod", "sync", 1, 3000, ttt=9.0, startup=6.0), vrow("horovod", "sync", 2, 5000, ttt=8.0, startup=14.0)],
      ["Start-up of these runs: Horovod 14.0 s."], ["10.0 s"]),
+    # bytes are counted in whole bytes, whatever type the record carried them in
+    ([dict(vrow("horovod", "sync", 2, 6000, ttt=5.0), bytes_per_step_per_worker=30040.0),
+      dict(vrow("ps", "sync", 2, 5000, ttt=6.0), bytes_per_step_per_worker=60080.0)],
+     ["Bytes on the wire per worker step: Horovod 30,040, PS sync 60,080."], ["30,040.0"]),
 ])
 def test_verdict_ranks_by_time_to_target_and_calls_noise(rows, says, never_says):
     from hvdps.render.report import verdicts

@@ -260,11 +260,11 @@ def _bytes_sentence(runs):
     if len(sent) < 2 or sent[-1]["bytes_per_step_per_worker"] < 2 * sent[0]["bytes_per_step_per_worker"]:
         return ""
     text = " Bytes on the wire per worker step: " + ", ".join(
-        f"{name_of(r)} {r['bytes_per_step_per_worker']:,}" for r in sent) + "."
+        f"{name_of(r)} {r['bytes_per_step_per_worker']:,.0f}" for r in sent) + "."
     sparse = next((r for r in sent if r.get("sparse_table_bytes")), None)
     if sparse:
-        text += (f" The embedding gradient of one batch is {sparse['sparse_bytes']:,} bytes of looked-up rows and "
-                 f"their ids, the tables {sparse['sparse_table_bytes']:,} bytes: a PS pulls and pushes only the "
+        text += (f" The embedding gradient of one batch is {sparse['sparse_bytes']:,.0f} bytes of looked-up rows and "
+                 f"their ids, the tables {sparse['sparse_table_bytes']:,.0f} bytes: a PS pulls and pushes only the "
                  f"rows, Horovod and TF's all-reduce (MWMS) all-gather every worker's rows, a dense all-reduce "
                  f"(bare MPI, Horovod's sparse_as_dense) moves the whole tables.")
     return text
@@ -353,7 +353,7 @@ def _details(r):
     if r.get("exchange_s") is not None:
         text += f"; measured inside MPI_Allreduce: {_ms(r['exchange_s'])}"
     if r.get("bytes_per_step_per_worker"):
-        text += f"; {r['bytes_per_step_per_worker']:,} bytes on the wire per worker step"
+        text += f"; {r['bytes_per_step_per_worker']:,.0f} bytes on the wire per worker step"
     if r.get("ps_cpu_share") is not None:
         text += (f"; the PS task(s) used {r['ps_cpu_s']:.1f} CPU s in the measured interval, "
                  f"{100 * r['ps_cpu_share']:.0f}% of a core each")
