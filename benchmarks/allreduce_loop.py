@@ -73,11 +73,10 @@ def run_job(backend, variant, args, out_dir):
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"error: {backend} {variant} failed ({proc.returncode}):\n{proc.stdout[-2000:]}")
-    row, curves = load_run(out_dir)
-    bd = (curves.get("summary") or {}).get("breakdown") or {}
-    return {"samples_per_sec": row["samples_per_sec_median"], "step_ms": 1e3 * (bd.get("step_s") or 0),
-            "compute_ms": 1e3 * (bd.get("compute_s") or 0), "overhead_ms": 1e3 * (bd.get("overhead_s") or 0),
-            "exchange_ms": 1e3 * bd["exchange_s"] if bd.get("exchange_s") else None,
+    row = load_run(out_dir)
+    return {"samples_per_sec": row.samples_per_sec_median, "step_ms": 1e3 * (row.step_s or 0),
+            "compute_ms": 1e3 * (row.compute_s or 0), "overhead_ms": 1e3 * (row.overhead_s or 0),
+            "exchange_ms": 1e3 * row.exchange_s if row.exchange_s else None,
             "wall_s": wall, "command": " ".join(argv), "env": env_extra}
 
 

@@ -238,9 +238,9 @@ def run_hvdps(mode, updates, warmup, log_every, timeout, out, workers=2, pin=Fal
     impl = "launch" if launcher else "hvdps"
     if code != 0:
         raise RuntimeError(f"{impl} {mode}: exit {code}: {err.strip().splitlines()[-1:]}")
-    row, curves = load_run(out)
-    return {"impl": impl, "mode": mode, "samples_per_sec": row["samples_per_sec_median"],
-            "intervals": len([s for s in curves["steps"] if s.get("samples_per_sec")]),
+    row = load_run(out)
+    return {"impl": impl, "mode": mode, "samples_per_sec": row.samples_per_sec_median,
+            "intervals": len([s for s in row.curves.steps if s.samples_per_sec]),
             "wall_s": t_end - t0, "teardown_s": None}
 
 

@@ -77,11 +77,11 @@ def main():
                                "workers": workers, "command": shlex.join(argv).replace(tmp, "$OUT"),
                                "ok": p.returncode == 0}
                         if p.returncode == 0:
-                            r, curves = load_run(out)
-                            row.update(median=r["samples_per_sec_median"], mean=r["samples_per_sec_mean"],
-                                       error=r["samples_per_sec_error"], grad_bytes=r["grad_bytes_per_step"],
-                                       step_ms=_ms(r["step_s"]), compute_ms=_ms(r["compute_s"]),
-                                       exchange_ms=_ms(r["exchange_s"]))
+                            r = load_run(out)
+                            row.update(median=r.samples_per_sec_median, mean=r.samples_per_sec_mean,
+                                       error=r.samples_per_sec_error, grad_bytes=r.grad_bytes_per_step,
+                                       step_ms=_ms(r.step_s), compute_ms=_ms(r.compute_s),
+                                       exchange_ms=_ms(r.exchange_s))
                             launch = os.path.join(out, "launch.json")
                             if os.path.exists(launch):
                                 row["cpu_seconds"] = read_launch_record(launch).cpu_seconds

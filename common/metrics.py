@@ -5,6 +5,7 @@ docs/metrics.md. Only the chief / rank 0 writes (the writer is a no-op
 elsewhere), and each record is flushed on its own line so a crash leaves a
 readable prefix and a live progress bar can tail the file.
 """
+import dataclasses
 import json
 import math
 import os
@@ -12,6 +13,10 @@ import platform
 import socket
 import statistics
 import time
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from common.schemas import Eval, Header, Step, Summary
 
 SCHEMA_VERSION = 3
 RECORD_TYPES = ("header", "step", "eval", "summary")
@@ -182,27 +187,123 @@ def _num(x):
 
 # ---------------------------------------------------------------- reading back
 def read_records(path):
-    """All complete records of a metrics file, each held to its schema (common/schemas.py)."""
-    from common.schemas import read_metrics
-    return read_metrics(path)
+    """All complete records of a metrics file as plain dicts, each held to its schema
+    (common/schemas.py): for code that copies or re-writes records (a resumed run's bookkeeping).
+    What reads a run to report on it takes ``load_run``'s typed records."""
+    return [r.model_dump(exclude_unset=True) for r in read_metrics(path)]
+
+
+def read_metrics(path):
+    """All complete records of a metrics file, as the schema's typed records."""
+    from common.schemas import read_metrics as read
+    return read(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Curves:
+    """A run's records as validated (common/schemas.py): the header and the summary when the
+    run wrote them, every step and evaluation in order."""
+    header: Optional["Header"] = None
+    steps: Tuple["Step", ...] = ()
+    evals: Tuple["Eval", ...] = ()
+    summary: Optional["Summary"] = None
+
+
+@dataclasses.dataclass(slots=True)
+class RunRow:
+    """One run as the comparison's tables, verdicts and projections read it: the figures its
+    records hold (``load_run``), then what the comparison adds (``hvdps/measure/runs.py``: the
+    launcher's outcome, start-up, links, scaling). Every figure a run may lack is Optional and is
+    handled where it is read; a misspelt field is an AttributeError here, not a silent None."""
+    run_dir: str
+    backend: Optional[str] = None
+    mode: Optional[str] = None
+    workers: Optional[int] = None
+    num_ps: Optional[int] = None
+    model: Optional[str] = None
+    dataset: Optional[str] = None
+    batch_per_worker: Optional[int] = None
+    global_batch: Optional[int] = None
+    status: str = "incomplete"
+    samples_per_sec_median: Optional[float] = None
+    samples_per_sec_mean: Optional[float] = None
+    samples_per_sec_error: Optional[float] = None
+    intervals: Optional[int] = None
+    target_accuracy: Optional[float] = None
+    time_to_target: Optional[float] = None
+    final_test_accuracy: Optional[float] = None
+    final_test_loss: Optional[float] = None
+    final_train_loss: Optional[float] = None
+    grad_bytes_per_step: Optional[float] = None
+    wall_time: Optional[float] = None
+    steps: Optional[int] = None
+    step_s: Optional[float] = None
+    compute_s: Optional[float] = None
+    overhead_s: Optional[float] = None
+    overhead_share: Optional[float] = None
+    exchange_s: Optional[float] = None
+    wait_s: Optional[float] = None
+    bytes_per_step_per_worker: Optional[float] = None
+    bytes_per_update_per_ps: Optional[float] = None
+    sparse_bytes: Optional[float] = None
+    sparse_table_bytes: Optional[float] = None
+    wire_rule: Optional[str] = None
+    wait_per_worker_s: Optional[List[float]] = None
+    ps_cpu_s: Optional[float] = None
+    ps_cpu_share: Optional[float] = None
+    curves: Curves = Curves()
+    # what the comparison adds (hvdps/measure/runs.py)
+    error: Optional[str] = None
+    oversubscribed: bool = False
+    warmup_s: Optional[float] = None
+    warmup_share: Optional[float] = None
+    startup_s: Optional[float] = None
+    teardown_s: Optional[float] = None
+    roles: Optional[Dict[str, Any]] = None
+    cores_busy: Optional[float] = None
+    links: Optional[List[Dict[str, Any]]] = None
+    busiest_link_bytes: Optional[float] = None
+    busiest_link_predicted: Optional[float] = None
+    link_bytes_ratio: Optional[float] = None
+    round_s: Optional[float] = None
+    link_rate_bps: Optional[float] = None
+    link_utilisation: Optional[float] = None
+    scaling_efficiency: Optional[float] = None
+
+    @property
+    def name(self):
+        """The run's folder name, as the report and the projection's tables call it."""
+        return os.path.basename(self.run_dir.rstrip(os.sep)) or self.run_dir
+
+    @property
+    def header(self):
+        return self.curves.header
+
+    @property
+    def ps_shard_bytes(self):
+        """PS: {task: model bytes it holds} as the run recorded it (header), or None."""
+        return self.curves.header.ps_shard_bytes if self.curves.header else None
+
+    def column(self, key):
+        """A table column's value by name (results.csv, results.json)."""
+        return getattr(self, key)
 
 
 def measured_interval(header, steps):
     """(start, end) in Unix time of the intervals the throughput is taken over (warm-up
     excluded), or None: from the step record where the first counted interval began (the first
     past the warm-up, ThroughputMeter) to the last counted."""
-    start = header.get("start_time")
-    counted = [i for i, s in enumerate(steps) if s.get("samples_per_sec") is not None]
-    if not counted or not isinstance(start, (int, float)):
+    counted = [i for i, s in enumerate(steps) if s.samples_per_sec is not None]
+    if not counted or header is None or header.start_time is None:
         return None
     begin = counted[0] - 1
-    warmup = (header.get("config") or {}).get("warmup_steps")
-    if isinstance(warmup, int):
-        past = warmup + (header.get("start_step") or 0)
-        begin = next((i for i in range(counted[0]) if (steps[i].get("global_step") or 0) >= past), begin)
-    first = steps[begin]["wall_time"] if begin >= 0 else 0.0
-    last = steps[counted[-1]]["wall_time"]
-    return (start + first, start + last) if last > first else None
+    warmup = header.config.warmup_steps if header.config else None
+    if warmup is not None:
+        past = warmup + header.start_step
+        begin = next((i for i in range(counted[0]) if steps[i].global_step >= past), begin)
+    first = steps[begin].wall_time if begin >= 0 else 0.0
+    last = steps[counted[-1]].wall_time
+    return (header.start_time + first, header.start_time + last) if last > first else None
 
 
 def _cpu_at(series, t):
@@ -239,57 +340,59 @@ def _ps_cpu_seconds(run_dir, interval):
 def wait_per_worker(steps):
     """Sync PS: each worker's mean wait for its token per step of its own, over the measured
     intervals (warm-up excluded, as the throughput); None without the records or across a reset."""
-    marks = [s for i, s in enumerate(steps) if s.get("sync_wait_total_s") is not None and s.get("worker_steps")
-             and (s.get("samples_per_sec") is not None or
-                  (i + 1 < len(steps) and steps[i + 1].get("samples_per_sec") is not None))]
+    marks = [s for i, s in enumerate(steps) if s.sync_wait_total_s is not None and s.worker_steps
+             and (s.samples_per_sec is not None or
+                  (i + 1 < len(steps) and steps[i + 1].samples_per_sec is not None))]
     if len(marks) < 2:
         return None
     first, last = marks[0], marks[-1]
-    pairs = list(zip(first["sync_wait_total_s"], last["sync_wait_total_s"], first["worker_steps"],
-                     last["worker_steps"]))
-    if any(w1 < w0 or n1 <= n0 for w0, w1, n0, n1 in pairs):
+    pairs = list(zip(first.sync_wait_total_s, last.sync_wait_total_s, first.worker_steps, last.worker_steps))
+    if not pairs or len({len(first.sync_wait_total_s), len(last.sync_wait_total_s), len(first.worker_steps),
+                         len(last.worker_steps)}) != 1 or any(w1 < w0 or n1 <= n0 for w0, w1, n0, n1 in pairs):
         return None
     return [(w1 - w0) / (n1 - n0) for w0, w1, n0, n1 in pairs]
 
 
 def load_run(run_dir, name="metrics.jsonl"):
-    """One run as a flat row for tables, plus its curves. Missing parts become None."""
-    recs = read_records(os.path.join(run_dir, name))
-    header = next((r for r in recs if r["type"] == "header"), {})
-    summary = next((r for r in reversed(recs) if r["type"] == "summary"), {})
-    evals = [r for r in recs if r["type"] == "eval"]
-    steps = [r for r in recs if r["type"] == "step"]
-    tp = summary.get("throughput") or {}
-    row = {
-        "run_dir": run_dir,
-        "backend": header.get("backend"), "mode": header.get("mode"),
-        "workers": header.get("world_size"), "num_ps": header.get("num_ps"),
-        "model": header.get("model"), "dataset": header.get("dataset"),
-        "batch_per_worker": header.get("batch_size_per_worker"),
-        "global_batch": header.get("global_batch_size"),
-        "status": summary.get("status", "incomplete"),
-        "samples_per_sec_median": tp.get("median"), "samples_per_sec_mean": tp.get("mean"),
-        "samples_per_sec_error": tp.get("error"), "intervals": tp.get("n"),
-        "target_accuracy": (header.get("config") or {}).get("target_accuracy"),
-        "time_to_target": summary.get("time_to_target"),
-        "final_test_accuracy": summary.get("final_test_accuracy",
-                                           evals[-1].get("accuracy") if evals else None),
-        "final_test_loss": summary.get("final_test_loss", evals[-1].get("loss") if evals else None),
-        "final_train_loss": steps[-1].get("loss") if steps else None,
-        "grad_bytes_per_step": summary.get("grad_bytes_per_step"),
-        "wall_time": summary.get("total_time"),
-        "steps": summary.get("steps"),
-    }
-    split = summary.get("breakdown") or {}
-    wire = summary.get("wire") if isinstance(summary.get("wire"), dict) else {}
-    for key in BREAKDOWN_FIELDS:
-        row[key] = split.get(key, wire.get(key))
-    gradient = summary.get("gradient") if isinstance(summary.get("gradient"), dict) else {}
-    row["sparse_bytes"], row["sparse_table_bytes"] = gradient.get("sparse_bytes"), gradient.get("sparse_table_bytes")
-    row["wire_rule"] = wire.get("wire_rule") or split.get("wire_rule")
-    row["wait_per_worker_s"] = wait_per_worker(steps)
+    """One run's typed row for tables, with its records (``row.curves``). What a run lacks is None."""
+    recs = read_metrics(os.path.join(run_dir, name))
+    header = next((r for r in recs if r.type == "header"), None)
+    summary = next((r for r in reversed(recs) if r.type == "summary"), None)
+    evals = tuple(r for r in recs if r.type == "eval")
+    steps = tuple(r for r in recs if r.type == "step")
+    curves = Curves(header=header, steps=steps, evals=evals, summary=summary)
+    row = RunRow(run_dir=run_dir, curves=curves)
+    if header is not None:
+        row.backend, row.mode, row.workers, row.num_ps = header.backend, header.mode, header.world_size, header.num_ps
+        row.model, row.dataset = header.model, header.dataset
+        row.batch_per_worker, row.global_batch = header.batch_size_per_worker, header.global_batch_size
+        row.target_accuracy = header.config.target_accuracy if header.config else None
+    last_eval = evals[-1] if evals else None
+    row.final_train_loss = steps[-1].loss if steps else None
+    row.final_test_accuracy = last_eval.accuracy if last_eval else None
+    row.final_test_loss = last_eval.loss if last_eval else None
+    if summary is not None:
+        row.status = summary.status or row.status
+        tp = summary.throughput
+        if tp is not None:
+            row.samples_per_sec_median, row.samples_per_sec_mean = tp.median, tp.mean
+            row.samples_per_sec_error, row.intervals = tp.error, tp.n
+        row.time_to_target, row.wall_time, row.steps = summary.time_to_target, summary.total_time, summary.steps
+        if "final_test_accuracy" in summary.model_fields_set:
+            row.final_test_accuracy = summary.final_test_accuracy
+        if "final_test_loss" in summary.model_fields_set:
+            row.final_test_loss = summary.final_test_loss
+        row.grad_bytes_per_step = summary.grad_bytes_per_step
+        split, wire = summary.breakdown, summary.wire
+        for key in BREAKDOWN_FIELDS:
+            value = getattr(split, key, None) if split is not None else None
+            setattr(row, key, value if value is not None else getattr(wire, key, None))
+        if summary.gradient is not None:
+            row.sparse_bytes, row.sparse_table_bytes = summary.gradient.sparse_bytes, summary.gradient.sparse_table_bytes
+        row.wire_rule = (wire.wire_rule if wire else None) or (split.wire_rule if split else None)
+    row.wait_per_worker_s = wait_per_worker(steps)
     interval = measured_interval(header, steps)
-    row["ps_cpu_s"] = _ps_cpu_seconds(run_dir, interval)
-    if row["ps_cpu_s"] is not None:
-        row["ps_cpu_share"] = row["ps_cpu_s"] / (max(1, row["num_ps"] or 1) * (interval[1] - interval[0]))
-    return row, {"header": header, "evals": evals, "steps": steps, "summary": summary}
+    row.ps_cpu_s = _ps_cpu_seconds(run_dir, interval)
+    if row.ps_cpu_s is not None:
+        row.ps_cpu_share = row.ps_cpu_s / (max(1, row.num_ps or 1) * (interval[1] - interval[0]))
+    return row

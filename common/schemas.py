@@ -28,7 +28,7 @@ import math
 import os
 from typing import Annotated, Any, Dict, List, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from common.errors import UsageError
 from common.files import MiB, read_input
@@ -51,6 +51,7 @@ UnixTime = Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]     # up 
 Count = Annotated[int, Field(ge=1, le=1 << 20)]                             # workers, ranks, batches
 Index = Annotated[int, Field(ge=0, le=1 << 62)]                             # steps, bytes, ids
 Text = Annotated[str, Field(min_length=1, max_length=4096)]
+Rate = Annotated[float, Field(ge=1e3, le=1e15, allow_inf_nan=False)]       # a link's bits/s: 1 kbit/s to 1 Pbit/s
 
 
 class Strict(BaseModel):
@@ -75,7 +76,7 @@ class CommFile(Strict):
 class ClusterDescription(Strict):
     """hvdps emulate's description of the cluster it built: link rate, latency, counters."""
     rate: Optional[Text] = None
-    rate_bps: Optional[Positive] = None
+    rate_bps: Optional[Rate] = None
     latency_s: Optional[NonNeg] = None
     rtt_s: Optional[NonNeg] = None
     counters: Optional[Text] = None
@@ -86,7 +87,7 @@ class ClusterDescription(Strict):
 
 class LinksSpec(ClusterDescription):
     """The same file given to ``hvdps compare --links``: it must say where the counters are."""
-    rate_bps: Positive
+    rate_bps: Rate
     counters: Text
     ports: Annotated[Dict[str, Text], Field(min_length=1)]
 
@@ -95,13 +96,27 @@ class LinksSpec(ClusterDescription):
 Sample = Annotated[List[NonNeg], Field(min_length=3, max_length=3)]     # [unix time, bytes in, bytes out]
 
 
+def _in_time_order(series, what):
+    """Counters sampled in time order (a series out of order would give negative bytes per round)."""
+    for i in range(1, len(series)):
+        if series[i][0] < series[i - 1][0]:
+            raise ValueError(f"{what} sample {i} is earlier than sample {i - 1}: samples must be in time order")
+
+
 class LinksFile(Strict):
     """A run's sampled link counters (hvdps/measure/links.py: Sampler.save)."""
-    series: Dict[str, List[Sample]]
-    roles: Optional[Dict[str, Any]] = None
-    rate_bps: Optional[Positive] = None
+    series: Dict[Text, List[Sample]]
+    roles: Optional[Dict[Text, Text]] = None    # task -> host
+    rate_bps: Optional[Rate] = None
     cpu: List[Sample] = []                  # [unix time, busy ticks, total ticks] of the machine's cores
     cores: Optional[Annotated[int, Field(ge=1, le=65536)]] = None
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        for host, points in self.series.items():
+            _in_time_order(points, f"series.{_key(host)}:")
+        _in_time_order(self.cpu, "cpu:")
+        return self
 
 
 # ------------------------------------------------------------------ compare_run.json
@@ -111,7 +126,7 @@ class RunRecord(Strict):
     launched_at: Optional[UnixTime] = None
     exit_code: Optional[int] = None
     command: Optional[List[str]] = None
-    roles: Optional[Dict[str, Any]] = None
+    roles: Optional[Dict[Text, Text]] = None    # task -> host
 
 
 # ------------------------------------------------------------------ launch.json
@@ -126,32 +141,49 @@ class LaunchRecord(Strict):
 
 
 # ------------------------------------------------------------------ metrics.jsonl records
+class RunConfig(Strict):
+    """The part of a run's config (``common.config.Config.to_dict``) that the report and the
+    projection read; the rest is kept as written. config.json itself is read by ``read_config``."""
+    target_accuracy: Optional[Fraction] = None
+    warmup_steps: Optional[Index] = None
+    eval_every_epoch: Optional[bool] = None
+
+
 class Header(Strict):
+    """The first record of a run: which method, at what size, on what. The application keys
+    every row by backend, mode and workers, so a header without them is refused, not guessed."""
     type: Literal["header"]
-    backend: Optional[Text] = None
-    mode: Optional[str] = None
-    world_size: Optional[Count] = None
+    backend: Text
+    mode: Text
+    world_size: Count
     num_ps: Optional[Annotated[int, Field(ge=0, le=1 << 20)]] = None
     batch_size_per_worker: Optional[Count] = None
     global_batch_size: Optional[Annotated[int, Field(ge=1, le=1 << 40)]] = None
     model: Optional[Text] = None
     dataset: Optional[Text] = None
     start_time: Optional[UnixTime] = None
+    start_step: Index = 0                                   # where a resumed run began
     plan: Optional[Dict[str, Any]] = None
-    config: Optional[Dict[str, Any]] = None
+    config: Optional[RunConfig] = None
+    host: Optional[Text] = None
+    versions: Dict[Text, Text] = {}
+    keras: Optional[Text] = None                            # which Keras built the model (common/keras3.py)
+    ps_shard_bytes: Optional[Dict[Text, Index]] = None      # PS: model bytes each PS task holds
+    placement: Optional[Dict[Text, List[Text]]] = None      # PS: variable -> the devices holding it
 
 
 class _AtStep(Strict):
-    """What a step record and an evaluation share: where in training, when, and the figures."""
+    """What a step record and an evaluation share: where in training, when (seconds since the
+    header's start), and the figures (None where the value was not finite)."""
     global_step: Index
-    wall_time: Optional[NonNeg] = None
+    wall_time: NonNeg
     loss: Optional[Finite] = None
     accuracy: Optional[Fraction] = None
 
 
 class Step(_AtStep):
     type: Literal["step"]
-    samples_seen: Optional[Index] = None
+    samples_seen: Index
     samples_per_sec: Optional[NonNeg] = None
     worker_steps: Optional[List[Index]] = None              # PS: every worker's applied batches
     sync_wait_total_s: Optional[List[NonNeg]] = None        # sync PS: each worker's wait so far
@@ -181,7 +213,7 @@ class Wire(Strict):
 class Breakdown(Wire):
     """One worker's step split into compute and overhead (common.probe.breakdown). The overhead is
     the step minus a compute timed in runs of its own: noise can make it negative."""
-    step_s: Optional[NonNeg] = None
+    step_s: Optional[Positive] = None
     compute_s: Optional[NonNeg] = None
     overhead_s: Optional[Finite] = None
     overhead_share: Optional[Finite] = None
@@ -189,6 +221,14 @@ class Breakdown(Wire):
     wait_s: Optional[NonNeg] = None
     wait_share: Optional[Finite] = None
     probe: Optional[Text] = None
+
+    @model_validator(mode="after")
+    def _whole(self):
+        """A split is step = compute + overhead: all three, or none of them."""
+        have = [self.step_s is not None, self.compute_s is not None, self.overhead_s is not None]
+        if any(have) and not all(have):
+            raise ValueError("step_s, compute_s and overhead_s come together (step = compute + overhead)")
+        return self
 
 
 class Gradient(Strict):
@@ -324,19 +364,19 @@ def read_comm(path):
 
 
 def read_cluster_description(path):
-    return _plain(read_json(path, ClusterDescription, "an hvdps emulate cluster description"))
+    return (read_json(path, ClusterDescription, "an hvdps emulate cluster description"))
 
 
 def read_links_spec(path):
-    return _plain(read_json(path, LinksSpec, "an hvdps emulate cluster description"))
+    return (read_json(path, LinksSpec, "an hvdps emulate cluster description"))
 
 
 def read_links(path):
-    return _plain(read_json(path, LinksFile, "a links file"))
+    return read_json(path, LinksFile, "a links file")
 
 
 def read_run_record(path):
-    return _plain(read_json(path, RunRecord, "a run record"))
+    return read_json(path, RunRecord, "a run record")
 
 
 def read_launch_record(path):
@@ -402,7 +442,8 @@ def read_text(path, what, max_bytes=1 * MiB):
 
 
 def read_metrics(path):
-    """All complete records of a metrics file, each checked against its type's schema.
+    """All complete records of a metrics file, each checked against its type's schema and
+    returned as its typed record (Header, Step, Eval, Summary).
 
     A torn last line (a crash mid-write) is not a record and is dropped; lines that are not hvdps
     records at all (not JSON, not an object, no known ``type``) are skipped, so a foreign tool
@@ -426,7 +467,7 @@ def read_metrics(path):
             continue
         if _depth(rec) > MAX_DEPTH:
             raise SchemaError(f"{path}:{lineno}: nested deeper than {MAX_DEPTH} levels")
-        records.append(_plain(validate(RECORDS[rec["type"]], rec, f"{path}:{lineno}")))
+        records.append(validate(RECORDS[rec["type"]], rec, f"{path}:{lineno}"))
     return records
 
 

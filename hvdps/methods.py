@@ -77,7 +77,7 @@ class Ring:
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
         """{host: {"in", "out"}} bytes per round: each host with a rank carries the ring's share of
         the dense gradient (tables whole) both ways; a job on one host crosses no link."""
-        dense, sparse, table = (gradient.get(k) or 0 for k in ("dense_bytes", "sparse_bytes", "sparse_table_bytes"))
+        dense, sparse, table = (getattr(gradient, k) or 0 for k in ("dense_bytes", "sparse_bytes", "sparse_table_bytes"))
         if sparse and mode not in self.dense_modes:
             return None
         hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}
@@ -91,19 +91,19 @@ class Ring:
 
     def exchange_s(self, row, ring, ps):
         """The alpha-beta time of one step's exchange with the ring's fitted network."""
-        grad, n = row.get("grad_bytes_per_step"), row.get("workers") or 1
+        grad, n = row.grad_bytes_per_step, row.workers or 1
         if not grad or n < 2 or not ring:
             return None
         return schedule.ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"])
 
-    def projected_step(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
-        terms = self.step_terms(row, header, layers, ring, ps, fusion_bytes, cycle_s)
-        return (None, None) if terms is None else (combine(row["compute_s"], terms), self.how)
+    def projected_step(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
+        terms = self.step_terms(row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s)
+        return (None, None) if terms is None else (combine(row.compute_s, terms), self.how)
 
-    def step_terms(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
+    def step_terms(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
         """{term: (with compute, seconds)}: the step is the longest of compute (where counted) plus
         each term (``combine``). The ring has one: the exchange left after back-propagation."""
-        n, compute, grad = row["workers"], row["compute_s"], row.get("grad_bytes_per_step")
+        n, compute, grad = row.workers, row.compute_s, row.grad_bytes_per_step
         if self.wait_free:
             step = schedule.ring_step(layers, compute, n, ring["bandwidth"], ring["alpha"], fusion_bytes,
                                       cycle_s)["step_s"]
@@ -129,7 +129,7 @@ class ParameterServers:
         return mode in self.lockstep_modes
 
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
-        dense, sparse = (gradient.get(k) or 0 for k in ("dense_bytes", "sparse_bytes"))
+        dense, sparse = (getattr(gradient, k) or 0 for k in ("dense_bytes", "sparse_bytes"))
         hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}
         workers = [h for t, h in roles.items() if t.startswith("worker:")]
         ps = {t: h for t, h in roles.items() if t.startswith("ps:")}
@@ -147,36 +147,36 @@ class ParameterServers:
         return hosts
 
     def exchange_s(self, row, ring, ps):
-        grad, n = row.get("grad_bytes_per_step"), row.get("workers") or 1
+        grad, n = row.grad_bytes_per_step, row.workers or 1
         if not grad or not ps:
             return None
-        return schedule.ps_time(n, grad, ps["bandwidth"], ps["alpha"], row.get("num_ps") or 1)
+        return schedule.ps_time(n, grad, ps["bandwidth"], ps["alpha"], row.num_ps or 1)
 
-    def projected_step(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
+    def projected_step(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
         """PS tasks on hosts of their own (hvdps compare's ``--ps_placement own``). Sync: push all,
         then pull all, through the busiest PS link (n·S/B each way) or a worker's own (M/B),
         whichever is slower: compute + 2·(max(nS, M)/B + alpha). Async: a worker pushes and pulls
         on its own link while the others do the same; the busiest PS link carries n·S each way
         per round: max(compute + 2·(M/B + alpha), n·S/B + alpha)."""
-        terms = self.step_terms(row, header, layers, ring, ps, fusion_bytes, cycle_s)
+        terms = self.step_terms(row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s)
         if terms is None:
             return None, None
-        how = "push all, then pull all" if self.lockstep(row.get("mode")) else "own link or busiest PS link"
-        return combine(row["compute_s"], terms), how
+        how = "push all, then pull all" if self.lockstep(row.mode) else "own link or busiest PS link"
+        return combine(row.compute_s, terms), how
 
-    def step_terms(self, row, header, layers, ring, ps, fusion_bytes, cycle_s):
+    def step_terms(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
         """{term: (with compute, seconds)}, the step being the longest (``combine``): a worker's own
         link (push M, then pull M, after its compute) and the busiest PS link (sync: every worker's
         push, then every pull, after the compute; async: n·S each way while the workers compute)."""
-        n, grad = row["workers"], row.get("grad_bytes_per_step")
+        n, grad = row.workers, row.grad_bytes_per_step
         if not grad:
             return None
-        shards = (header.get("ps_shard_bytes") or {}).values()
-        shard = max(shards) if shards else grad / (row.get("num_ps") or 1)
+        shards = (shard_bytes or {}).values()       # {PS task: model bytes it holds}, header ps_shard_bytes
+        shard = max(shards) if shards else grad / (row.num_ps or 1)
         bw, alpha = ps["bandwidth"], ps["alpha"]
         busiest = n * shard / bw
         own = (True, 2 * (grad / bw + alpha))
-        if self.lockstep(row.get("mode")):
+        if self.lockstep(row.mode):
             return {"own link": own, "PS link": (True, 2 * (busiest + alpha))}
         return {"own link": own, "PS link": (False, busiest + alpha)}
 

@@ -92,6 +92,17 @@ SYNC_EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs",
               "--train_steps", "15", "--eval_every_epoch", "false", "--log_every", "5"]
 
 
+def row_and_records(run_dir):
+    """A run's typed row (common.metrics.load_run) and its records as written, as plain dicts
+    (common.metrics.read_records), for tests that assert on what the file holds."""
+    from common.metrics import load_run, read_records
+    recs = read_records(os.path.join(run_dir, "metrics.jsonl"))
+    curves = {"header": next((r for r in recs if r["type"] == "header"), {}),
+              "summary": next((r for r in reversed(recs) if r["type"] == "summary"), {}),
+              "evals": [r for r in recs if r["type"] == "eval"], "steps": [r for r in recs if r["type"] == "step"]}
+    return load_run(run_dir), curves
+
+
 def assert_big_batch_equal(two_dir, one_dir):
     """weights.npz of np=2 x b equals np=1 x 2b (relative 1e-5), and training moved them."""
     import numpy as np

@@ -102,13 +102,14 @@ CASES = [
     (COMPARE, ["--run_timeout", "-5"], {}, "error: --run_timeout must be positive, got -5.0"),
     (COMPARE, ["--num_ps", "0"], {}, "error: --num_ps expects positive numbers, got '0'"),
     (COMPARE, ["--num_ps", "1,x"], {}, "error: --num_ps expects numbers like 1,2,4, got '1,x'"),
-    (COMPARE, ["--from", "{tmp}/junkrun"], {}, "error: --from: no runs (metrics.jsonl) found"),
+    (COMPARE, ["--from", "{tmp}/junkrun"], {}, "error: {tmp}/junkrun/metrics.jsonl:4: backend: field required"),
     (COMPARE, ["--learning_rate", "inf"], {}, "error: --learning_rate must be a finite number, got inf"),
     (PROJECT, ["--bandwidth_gbps", "nan", "--latency_us", "10"], {}, "error: --bandwidth_gbps must be a finite"),
     (PROJECT, [*BW, "--model_name", "alexnet"], {}, "error: unknown --model_name 'alexnet'"),
     (PROJECT, [*BW, "--model_name", "vgg16", "--overlap", "0.5"], {}, "error: --overlap is gone: the overlap now"),
     (PROJECT, [*BW, "--model_name", "vgg16", "--cycle_time_ms", "-1"], {}, "error: --cycle_time_ms must be >= 0, got -1.0"),
-    (PROJECT, [*BW, "--from", "{tmp}/junkrun"], {}, "error: --from {tmp}/junkrun: no run has a per-step breakdown"),
+    (PROJECT, [*BW, "--from", "{tmp}/junkrun"], {}, "error: {tmp}/junkrun/metrics.jsonl:4: backend: field required"),
+    (PROJECT, [*BW, "--from", "{tmp}/okrun"], {}, "error: --from {tmp}/okrun: no run has a per-step breakdown"),
     (PROJECT, ["--comm_json", "/nope"], {}, "error: --comm_json /nope: no such file"),
     (COMPARE, ["--project", "--model", "cnn"], {}, "error: unrecognized arguments: --model cnn"),
     (HOSTS, ["{tmp}/binary"], {}, "error: {tmp}/binary: not a text file"),
@@ -360,7 +361,7 @@ def files(tmp_path):
         (tmp_path / name / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-10"\n')
         (tmp_path / name / "config.json").write_text(Config(train_dir=str(tmp_path / name)).to_json())
         (tmp_path / name / "metrics.jsonl").write_text(json.dumps(dict(type="header", **header)) + "\n" +
-                                                       json.dumps(dict(type="step", global_step=10)) + "\n")
+                                                       json.dumps(dict(type="step", global_step=10, samples_seen=320, wall_time=1.0)) + "\n")
     (tmp_path / "linkrun").mkdir()
     os.symlink(tmp_path / "outside" / "target", tmp_path / "linkrun" / "metrics.jsonl")
     (tmp_path / "okrun").mkdir()
@@ -647,8 +648,17 @@ def _recorded_run(folder):
     ("summary", "gradient", {"dense_bytes": "1000"}, "gradient.dense_bytes"),
     ("step", "sync_wait_total_s", ["1", "2"], "sync_wait_total_s[0]"),
     ("step", "loss", None, None),                                        # a step without its loss: taken
-    ("step", "samples_seen", None, None),
-    ("header", "mode", None, {"compare": "no runs", "project": None}),   # compare cannot place it: one line
+    ("eval", "accuracy", None, None),                                    # an evaluation without one: taken
+    ("step", "samples_seen", None, "samples_seen"),                      # what every trainer writes: refused
+    ("step", "wall_time", None, "wall_time"),
+    ("eval", "wall_time", None, "wall_time"),
+    ("header", "mode", None, "mode"),                                    # a run no table can place
+    ("header", "world_size", None, "world_size"),
+    ("header", "versions", "2.21", "versions"),
+    ("header", "ps_shard_bytes", {"ps:0": None}, "ps_shard_bytes.ps:0"),
+    ("header", "config", {"target_accuracy": "0.9"}, "config.target_accuracy"),
+    ("summary", "breakdown", {"step_s": 0.02, "compute_s": 0.01}, "come together"),   # no overhead: no split
+    ("summary", "breakdown", {"step_s": 0.0, "compute_s": 0.0, "overhead_s": 0.0}, "step_s"),
 ])
 @pytest.mark.parametrize("command", [["compare"], ["project", "--bandwidth_gbps", "25", "--latency_us", "10"]])
 def test_a_crafted_record_is_one_line_or_taken_never_a_traceback(tmp_path, record, field, value, refused, command):

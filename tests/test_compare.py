@@ -36,12 +36,12 @@ def test_report_values(tmp_path):
             {"backend": "ps", "mode": "sync", "workers": 2, "run_dir": str(tmp_path / "missing"),
              "returncode": 1, "error": "error: boom"}]
     rows = collect(runs)
-    by = {(r["backend"], r["mode"], r["workers"]): r for r in rows}
-    assert by[("horovod", "sync", 2)]["scaling_efficiency"] == pytest.approx(0.9)
-    assert by[("ps", "async", 2)]["scaling_efficiency"] == pytest.approx(0.5)
-    assert by[("horovod", "sync", 1)]["scaling_efficiency"] == pytest.approx(1.0)
-    assert by[("ps", "sync", 2)]["status"] == "failed" and by[("ps", "sync", 2)]["scaling_efficiency"] is None
-    assert by[("horovod", "sync", 2)]["time_to_target"] is not None
+    by = {(r.backend, r.mode, r.workers): r for r in rows}
+    assert by[("horovod", "sync", 2)].scaling_efficiency == pytest.approx(0.9)
+    assert by[("ps", "async", 2)].scaling_efficiency == pytest.approx(0.5)
+    assert by[("horovod", "sync", 1)].scaling_efficiency == pytest.approx(1.0)
+    assert by[("ps", "sync", 2)].status == "failed" and by[("ps", "sync", 2)].scaling_efficiency is None
+    assert by[("horovod", "sync", 2)].time_to_target is not None
     out = tmp_path / "report"
     write_report(rows, str(out), {"x": 1}, {"host": "h"})
     data = json.load(open(out / "results.json"))["rows"]
@@ -222,7 +222,11 @@ def test_signal_mid_run_stops_every_job_and_reports_what_finished(tmp_path, back
 def test_rebuilt_report_shows_every_distinct_config(configs, keys):
     """--from runs of one model with different settings: one config per run, never one for all."""
     from hvdps.commands.compare import runs_configs
-    rows = [{"run_dir": d, "model": m, "_curves": {"header": {"config": c}}} for d, m, c in configs]
+    from common.metrics import Curves, RunRow
+    from common.schemas import Header, RunConfig
+    rows = [RunRow(run_dir=d, model=m, curves=Curves(header=Header(type="header", backend="ps", mode="sync",
+                                                                    world_size=2, config=RunConfig(**c))))
+            for d, m, c in configs]
     assert sorted(runs_configs(rows)) == sorted(keys)
 
 

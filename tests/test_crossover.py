@@ -1,6 +1,10 @@
 """The crossover (hvdps/cost/crossover.py): from which n the ring beats one PS, and the PS shards that
 match it, on runs and a step model whose answers are worked out by hand."""
+from dataclasses import replace
+
 import pytest
+
+from common.metrics import RunRow
 
 from hvdps.cost import crossover as cx
 from hvdps.render import crossover as rcx
@@ -35,8 +39,8 @@ def test_the_nearest_shard_count_is_the_fewest_within_one_percent():
 
 
 def run(backend, mode, n, step, k=None, compute=0.001):
-    return {"backend": backend, "mode": mode, "workers": n, "num_ps": k, "step_s": step, "compute_s": compute,
-            "grad_bytes_per_step": 1000.0, "model": "mlp"}
+    return RunRow(run_dir=f"runs/{backend}-{mode}-w{n}", backend=backend, mode=mode, workers=n, num_ps=k,
+                  step_s=step, compute_s=compute, grad_bytes_per_step=1000.0, model="mlp")
 
 
 RUNS = [run("horovod", "sync", 2, 0.050), run("horovod", "sync", 4, 0.080),
@@ -48,13 +52,13 @@ RUNS = [run("horovod", "sync", 2, 0.050), run("horovod", "sync", 4, 0.080),
         run("nosuch", "sync", 2, 0.001)]                     # a method this version lacks: left out
 
 
-def model_step(row, header):
+def model_step(row, shard_bytes):
     """A hand-checkable model: ring 10 ms x n; PS 100 ms x n / k (k from its shard bytes)."""
     if cx.is_ring(row):
-        return 0.010 * row["workers"]
-    k = len(header["ps_shard_bytes"])
-    assert sum(header["ps_shard_bytes"].values()) == pytest.approx(1000.0)
-    return 0.100 * row["workers"] / k
+        return 0.010 * row.workers
+    k = len(shard_bytes)
+    assert sum(shard_bytes.values()) == pytest.approx(1000.0)
+    return 0.100 * row.workers / k
 
 
 def test_measured_and_projected_crossover_from_runs():
@@ -85,8 +89,8 @@ def test_measured_and_projected_crossover_from_runs():
 def test_each_line_takes_the_compute_measured_at_the_nearest_worker_count():
     seen = {}
 
-    def spy(row, header):
-        seen[(row["backend"], row["workers"], row["num_ps"])] = row["compute_s"]
+    def spy(row, shard_bytes):
+        seen[(row.backend, row.workers, row.num_ps)] = row.compute_s
         return 1.0
     runs = [run("horovod", "sync", 2, 0.05, compute=0.002), run("horovod", "sync", 8, 0.05, compute=0.008),
             run("ps", "async", 2, 0.05, 1, compute=0.003)]
@@ -101,7 +105,7 @@ def test_each_line_takes_the_compute_measured_at_the_nearest_worker_count():
     [run("horovod", "sync", 2, 0.05)],                       # no PS run
     [run("ps", "sync", 2, 0.05, 1)],                         # no ring run
     [run("horovod", "sync", 1, 0.05), run("ps", "sync", 1, 0.05, 1)],   # one worker only
-    [dict(run("horovod", "sync", 2, 0.05), step_s=None), run("ps", "sync", 2, 0.05, 1)],
+    [replace(run("horovod", "sync", 2, 0.05), step_s=None), run("ps", "sync", 2, 0.05, 1)],
 ])
 def test_nothing_to_set_side_by_side_gives_no_section(runs, tmp_path):
     result = cx.analyse(runs, model_step)

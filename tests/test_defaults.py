@@ -30,8 +30,7 @@ import pytest
 
 from common.config import MODEL_DEFAULTS
 from common.data import load_digits, write_idx
-from common.metrics import load_run
-from tests.conftest import BIN, REPO, py, run
+from tests.conftest import BIN, REPO, py, run, row_and_records
 
 EPOCHS = 5
 ASYNC_EPOCHS = 8
@@ -82,11 +81,11 @@ def test_defaults_train_on_28x28(tmp_path, mnist28, model, backend, workers):
     flags = ["--model", model, "--dataset", "mnist", "--data_dir", mnist28, *FLAGS, *budget(backend)]
     r = _launch(backend, workers, [*flags, "--train_dir", out])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    row, curves = load_run(out)
+    row, curves = row_and_records(out)
     assert curves["header"]["plan"]["workers"] == workers
     cfg = curves["header"]["config"]
     assert (cfg["optimizer"], cfg["learning_rate"]) == MODEL_DEFAULTS.get(model, MODEL_DEFAULTS["*"])
-    assert row["final_test_accuracy"] >= 0.90, (model, backend, workers, row["final_test_accuracy"])
+    assert row.final_test_accuracy >= 0.90, (model, backend, workers, row.final_test_accuracy)
 
 
 @pytest.mark.parametrize("model, backend, workers", DIGITS)
@@ -95,6 +94,6 @@ def test_defaults_train_on_8x8_digits(tmp_path, model, backend, workers):
     out = str(tmp_path / "run")
     r = _launch(backend, workers, ["--model", model, "--dataset", "digits", *FLAGS, *budget(backend), "--train_dir", out])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    row, _ = load_run(out)
-    assert row["dataset"] == "digits"
-    assert row["final_test_accuracy"] >= 0.90, (model, backend, workers, row["final_test_accuracy"])
+    row, _ = row_and_records(out)
+    assert row.dataset == "digits"
+    assert row.final_test_accuracy >= 0.90, (model, backend, workers, row.final_test_accuracy)

@@ -169,7 +169,7 @@ def test_metrics_reader_takes_or_refuses_each_record(tmp_path_factory, index, da
         except UsageError as exc:
             one_line(exc)
             return
-    for rec in got:       # what passes is what the schema says: finite, in range
+    for rec in (r.model_dump() for r in got):       # what passes is what the schema says: finite, in range
         for key in ("accuracy", "final_test_accuracy"):
             assert rec.get(key) is None or 0 <= rec[key] <= 1
         assert all(not isinstance(v, float) or math.isfinite(v) for v in rec.values())

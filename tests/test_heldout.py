@@ -4,26 +4,28 @@ import math
 
 import pytest
 
+from common.metrics import RunRow
+
 from hvdps.cost import heldout
 from hvdps.render import heldout as rheld
 
 pytestmark = pytest.mark.unit
 
 
-def model(row, header):
+def model(row):
     """A stand-in cost model: one term of 50 ms x n (a PS link's n copies) after the compute."""
-    return {"PS link": (True, 0.05 * row["workers"])}
+    return {"PS link": (True, 0.05 * row.workers)}
 
 
-def two_links(row, header):
+def two_links(row):
     """A sync PS model: a worker's own link (push M, pull M: 100 ms) or the busiest of k PS links
     (every worker's copy of its 1/k each way: 100 ms x n / k), whichever is longer."""
-    return {"own link": (True, 0.1), "PS link": (True, 0.1 * row["workers"] / row["num_ps"])}
+    return {"own link": (True, 0.1), "PS link": (True, 0.1 * row.workers / row.num_ps)}
 
 
 def run(backend, mode, n, step, compute=0.002, num_ps=None, busy=None):
-    return {"run": f"{backend}-{mode}-w{n}", "backend": backend, "mode": mode, "workers": n, "num_ps": num_ps,
-            "model": "mlp", "step_s": step, "compute_s": compute, "cores_busy": busy, "_header": {}}
+    return RunRow(run_dir=f"runs/{backend}-{mode}-w{n}", backend=backend, mode=mode, workers=n, num_ps=num_ps,
+                  model="mlp", step_s=step, compute_s=compute, cores_busy=busy)
 
 
 def by_workers(entries):
@@ -46,7 +48,7 @@ def test_the_cores_floor_binds_when_the_fitted_runs_kept_the_cores_busy():
     # both, so 16 workers on 2 cores keep them busy for 16 x 0.04 / 2 = 0.32 s a round
     rows = [run("ps", "async", 2, 0.1, busy=0.4, num_ps=4), run("ps", "async", 4, 0.1, busy=0.8, num_ps=4),
             run("ps", "async", 16, 0.33, busy=1.0, num_ps=4)]
-    got = by_workers(heldout.analyse(rows, lambda r, h: {"own link": (True, 0.08)}, cores=2))
+    got = by_workers(heldout.analyse(rows, lambda r: {"own link": (True, 0.08)}, cores=2))
     assert got[16]["cpu_per_worker_step_s"] == pytest.approx(0.04)
     assert got[16]["floor_s"] == pytest.approx(0.32) and got[16]["predicted_step_s"] == pytest.approx(0.32)
     assert got[16]["binding"] == "cores" and got[2]["binding"] == "own link"
@@ -56,7 +58,7 @@ def test_the_cores_floor_binds_when_the_fitted_runs_kept_the_cores_busy():
 def test_the_cores_floor_is_the_mean_cpu_per_worker_step_of_the_fitted_runs():
     rows = [run("ps", "async", 2, 0.1, busy=0.8, num_ps=4), run("ps", "async", 4, 0.1, busy=0.8, num_ps=4),
             run("ps", "async", 16, 0.5, busy=1.0, num_ps=4)]
-    got = by_workers(heldout.analyse(rows, lambda r, h: {"own link": (True, 0.08)}, cores=2))
+    got = by_workers(heldout.analyse(rows, lambda r: {"own link": (True, 0.08)}, cores=2))
     assert got[16]["cpu_per_worker_step_s"] == pytest.approx((0.08 + 0.04) / 2)
     assert got[16]["floor_s"] == pytest.approx(16 * 0.06 / 2)
 
@@ -100,7 +102,7 @@ def test_no_cores_floor_for_ranks_that_spin_while_they_wait(backend, floor):
     ("ps", "sync", True), ("ps", "async", False), ("ps2", "async", False),
 ])
 def test_which_methods_compute_in_lock_step(backend, mode, lockstep):
-    assert heldout.lockstep({"backend": backend, "mode": mode}) is lockstep
+    assert heldout.lockstep(RunRow(run_dir="r", backend=backend, mode=mode)) is lockstep
     row = run(backend, mode, 8, 0.1)
     assert heldout.contended_compute(row, 2) == pytest.approx(0.008 if lockstep else 0.002)
     assert heldout.contended_compute(row, None) == pytest.approx(0.002)    # cores not shared: alone

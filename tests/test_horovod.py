@@ -8,9 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from common.metrics import load_run
 from common.run_dir import load_weights_npz
-from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, run
+from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, run, row_and_records
 
 pytestmark = pytest.mark.process
 
@@ -38,12 +37,12 @@ def ok(result):
 
 def accurate(out, np_):
     """What a Horovod run that trained 4 epochs at batch 32 must show."""
-    row, curves = load_run(out)
-    assert row["status"] == "ok" and row["backend"] == "horovod" and row["workers"] == np_
-    assert row["global_batch"] == 32 * np_
-    assert row["final_test_accuracy"] >= 0.90, row
+    row, curves = row_and_records(out)
+    assert row.status == "ok" and row.backend == "horovod" and row.workers == np_
+    assert row.global_batch == 32 * np_
+    assert row.final_test_accuracy >= 0.90, row
     assert curves["summary"]["max_weight_divergence"] == 0.0     # all ranks hold the same weights
-    assert row["samples_per_sec_median"] > 0
+    assert row.samples_per_sec_median > 0
     assert os.path.exists(os.path.join(out, "weights.npz"))
     assert os.listdir(os.path.join(out, "tensorboard"))
     assert os.path.exists(os.path.join(out, "checkpoints", "checkpoint"))
@@ -124,7 +123,7 @@ def test_resume_continues_from_checkpoint(tmp_path):
     ok(run([sys.executable, MAIN, "--train_steps", "44", "--batch_size", "32", "--train_dir", out]))
     ok(run([sys.executable, MAIN, "--train_steps", "88", "--batch_size", "32", "--train_dir", out,
             "--resume"]))
-    row, curves = load_run(out)
+    row, curves = row_and_records(out)
     headers = [r for r in __import__("common.metrics", fromlist=["x"]).read_records(out + "/metrics.jsonl")
                if r["type"] == "header"]
     assert [h["start_step"] for h in headers] == [0, 44]
@@ -151,7 +150,7 @@ def test_resume_is_exact(tmp_path, loop):
     a = load_weights_npz(os.path.join(straight, "weights.npz"))
     b = load_weights_npz(os.path.join(split, "weights.npz"))
     assert max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) == 0.0
-    assert load_run(split)[1]["summary"]["steps"] == load_run(straight)[1]["summary"]["steps"]
+    assert row_and_records(split)[1]["summary"]["steps"] == row_and_records(straight)[1]["summary"]["steps"]
 
 
 def test_resume_past_the_end_is_a_usage_error(tmp_path):

@@ -11,8 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from common.metrics import load_run
-from tests.conftest import BIN, REPO, py, run, snapshot
+from tests.conftest import BIN, REPO, py, run, snapshot, row_and_records
 
 keras = pytest.importorskip("keras")
 if not keras.__version__.startswith("3"):
@@ -88,9 +87,9 @@ def _header(run_dir):
 
 
 def _trained(run_dir, workers, final=0.90):
-    row, curves = load_run(run_dir)
-    assert row["status"] == "ok" and row["workers"] == workers
-    assert row["final_test_accuracy"] >= final, [e["accuracy"] for e in curves["evals"]]
+    row, curves = row_and_records(run_dir)
+    assert row.status == "ok" and row.workers == workers
+    assert row.final_test_accuracy >= final, [e["accuracy"] for e in curves["evals"]]
     assert curves["header"]["keras"] == f"keras {keras.__version__}"   # the report says which Keras
     return row
 
@@ -120,7 +119,7 @@ def test_keras3_plugin_under_tf_all_reduce(tmp_path):
     ok(py("-m", "mwms_train.launch", "--num_workers", "2", *PLUGIN, "--train_dir", str(tmp_path / "run"),
           timeout=300))
     _trained(str(tmp_path / "run"), 2)
-    assert load_run(str(tmp_path / "run"))[1]["summary"]["max_weight_divergence"] == 0.0
+    assert row_and_records(str(tmp_path / "run"))[1]["summary"]["max_weight_divergence"] == 0.0
 
 
 @pytest.mark.process
@@ -211,6 +210,9 @@ def test_horovods_own_tape_takes_keras3_variables(tmp_path, controller):
 ])
 def test_report_says_which_keras_built_each_run(kinds, expected):
     from hvdps.measure.runs import environment_of
-    rows = [{"run_dir": f"/x/runs/run{i}", "_curves": {"header": {"keras": k, "versions": {"keras": "3.15.1"}}}}
+    from common.metrics import Curves, RunRow
+    from common.schemas import Header
+    rows = [RunRow(run_dir=f"/x/runs/run{i}", curves=Curves(header=Header(
+        type="header", backend="horovod", mode="sync", world_size=1, keras=k, versions={"keras": "3.15.1"})))
             for i, k in enumerate(kinds)]
     assert environment_of(rows)["model built with"] == expected

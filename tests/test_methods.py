@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+from common.schemas import Gradient
+
 from common.errors import UsageError
 from hvdps import launchers, methods
 from tests.conftest import REPO
@@ -59,7 +61,7 @@ def test_every_entry_is_whole(name):
     ("ps", "sync", {"ps:0": "p", "worker:0": "a", "worker:1": "b"}, {"p": 2000.0, "a": 1000.0, "b": 1000.0}),
 ])
 def test_link_prediction_per_method(backend, mode, roles, expect):
-    got = methods.get(backend).cost.predict_links(mode, roles, {"dense_bytes": 1000})
+    got = methods.get(backend).cost.predict_links(mode, roles, Gradient(dense_bytes=1000))
     assert {h: v["in"] for h, v in got.items()} == expect
     assert all(v["in"] == v["out"] for v in got.values())
 

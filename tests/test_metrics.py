@@ -20,11 +20,11 @@ def test_round_trip(tmp_path):
     w.close()
     recs = read_records(str(tmp_path / "metrics.jsonl"))
     assert [r["type"] for r in recs] == ["header", "step", "eval", "eval", "summary"]
-    row, curves = load_run(str(tmp_path))
-    assert row["backend"] == "horovod" and row["workers"] == 2 and row["global_batch"] == 16
-    assert row["final_test_accuracy"] == 0.93 and row["grad_bytes_per_step"] == 4000
-    assert row["samples_per_sec_median"] == 100 and row["time_to_target"] is not None
-    assert row["time_to_target"] == curves["evals"][1]["wall_time"]
+    row = load_run(str(tmp_path))
+    assert row.backend == "horovod" and row.workers == 2 and row.global_batch == 16
+    assert row.final_test_accuracy == 0.93 and row.grad_bytes_per_step == 4000
+    assert row.samples_per_sec_median == 100 and row.time_to_target is not None
+    assert row.time_to_target == row.curves.evals[1].wall_time
     assert recs[0]["config"]["batch_size"] == 8
 
 
@@ -36,10 +36,10 @@ def test_disabled_writer_writes_nothing(tmp_path):
 
 def test_torn_last_line_ignored(tmp_path):
     p = tmp_path / "metrics.jsonl"
-    p.write_text(json.dumps({"type": "header", "backend": "ps"}) + "\n" + '{"type": "st')
+    p.write_text(json.dumps({"type": "header", "backend": "ps", "mode": "async", "world_size": 1}) + "\n" + '{"type": "st')
     assert len(read_records(str(p))) == 1
-    row, _ = load_run(str(tmp_path))
-    assert row["status"] == "incomplete"
+    row = load_run(str(tmp_path))
+    assert row.status == "incomplete"
 
 
 @pytest.mark.parametrize("rates, median, mean", [
@@ -89,8 +89,11 @@ def test_updates_per_round(workers, batches_per_update, per_round):
 ])
 def test_measured_interval_starts_where_the_meter_began(steps, interval):
     from common.metrics import measured_interval
-    header = {"start_time": 100.0, "config": {"warmup_steps": 10}, "start_step": 0}
-    records = [{"global_step": g, "samples_per_sec": r, "wall_time": t} for g, r, t in steps]
+    from common.schemas import Header, RunConfig, Step
+    header = Header(type="header", backend="ps", mode="async", world_size=1, start_time=100.0,
+                    config=RunConfig(warmup_steps=10), start_step=0)
+    records = [Step(type="step", global_step=g, samples_seen=32 * g, samples_per_sec=r, wall_time=t)
+               for g, r, t in steps]
     got = measured_interval(header, records)
     assert got == (None if interval is None else (100.0 + interval[0], 100.0 + interval[1]))
 
@@ -158,9 +161,9 @@ SERIES = {"ps:0": [[T0 - 5, 3.0], [T0 + 2, 4.0], [T0 + 4, 5.0], [T0 + 6, 6.0], [
 def test_ps_cpu_over_the_measured_interval_only(tmp_path, launch, cpu):
     records = [{"type": "header", "backend": "ps", "mode": "async", "world_size": 1, "num_ps": 2,
                 "start_time": T0},
-               {"type": "step", "global_step": 4, "loss": 1.0, "wall_time": 2.0, "samples_per_sec": None},   # warm-up
-               {"type": "step", "global_step": 8, "loss": 1.0, "wall_time": 4.0, "samples_per_sec": 100.0},
-               {"type": "step", "global_step": 12, "loss": 1.0, "wall_time": 6.0, "samples_per_sec": 100.0},
+               {"type": "step", "global_step": 4, "samples_seen": 128, "loss": 1.0, "wall_time": 2.0, "samples_per_sec": None},   # warm-up
+               {"type": "step", "global_step": 8, "samples_seen": 256, "loss": 1.0, "wall_time": 4.0, "samples_per_sec": 100.0},
+               {"type": "step", "global_step": 12, "samples_seen": 384, "loss": 1.0, "wall_time": 6.0, "samples_per_sec": 100.0},
                {"type": "summary", "status": "ok", "total_time": 9.0, "throughput": throughput_stats([100, 100]),
                 "breakdown": {"step_s": 0.08, "compute_s": 0.05, "overhead_s": 0.03, "overhead_share": 0.375}}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -170,15 +173,17 @@ def test_ps_cpu_over_the_measured_interval_only(tmp_path, launch, cpu):
         with pytest.raises(UsageError, match=cpu):
             load_run(str(tmp_path))
         return
-    row, _ = load_run(str(tmp_path))
-    assert row["ps_cpu_s"] == (None if cpu is None else pytest.approx(cpu))
-    assert row["compute_s"] == 0.05 and row["overhead_share"] == 0.375
+    row = load_run(str(tmp_path))
+    assert row.ps_cpu_s == (None if cpu is None else pytest.approx(cpu))
+    assert row.compute_s == 0.05 and row.overhead_share == 0.375
     if cpu is not None:   # 2 PS tasks over 4 s: 50% of a core each, not whole-process CPU over the run
-        assert row["ps_cpu_share"] == pytest.approx(cpu / (2 * 4.0))
+        assert row.ps_cpu_share == pytest.approx(cpu / (2 * 4.0))
 
 
-def _rec(total, counts, rate):
-    return {"type": "step", "sync_wait_total_s": total, "worker_steps": counts, "samples_per_sec": rate}
+def _rec(total, counts, rate, **extra):
+    from common.schemas import Step
+    return Step(type="step", global_step=counts[0], samples_seen=32 * counts[0], wall_time=float(counts[0]),
+                sync_wait_total_s=total, worker_steps=counts, samples_per_sec=rate, **extra)
 
 
 @pytest.mark.parametrize("steps, expected", [
@@ -189,7 +194,7 @@ def _rec(total, counts, rate):
     ([_rec([5.0, 5.0], [1, 1], None), _rec([5.1, 5.1], [2, 2], None), _rec([5.2, 5.3], [12, 12], 9.0)],
      [0.01, 0.02]),
     # async runs have no wait records; one interval is not enough
-    ([{"type": "step", "worker_steps": [3, 3], "samples_per_sec": 1.0}] * 3, None),
+    ([_rec(None, [3, 3], 1.0)] * 3, None),
     ([_rec([0.1, 0.1], [5, 5], 100.0)], None),
     # a restarted chief zeroed the sums: no figure rather than a wrong one
     ([_rec([2.0, 2.0], [10, 10], None), _rec([0.1, 0.1], [20, 20], 100.0)], None),

@@ -6,9 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from common.metrics import load_run
 from common.run_dir import load_weights_npz
-from tests.conftest import REPO
+from tests.conftest import REPO, row_and_records
 
 # weights.npz in model.weights order: dense kernel, BN gamma, beta, moving mean, moving variance, ...
 MOVING_MEAN, MOVING_VAR = 3, 4
@@ -68,13 +67,13 @@ def test_state_updates_move_the_statistics_in_a_session_graph():
 @pytest.mark.parametrize("backend", ["horovod", "mpi", "mwms", "ps async", "ps sync", "ps2"])
 def test_batchnorm_statistics_move_and_eval_matches_one_process(jobs, backend):
     out = jobs(backend)
-    row, curves = load_run(out)
-    ref, _ = load_run(jobs("one process"))
+    row, curves = row_and_records(out)
+    ref, _ = row_and_records(jobs("one process"))
     weights = load_weights_npz(os.path.join(out, "weights.npz"))
     mean, var = weights[MOVING_MEAN], weights[MOVING_VAR]
     assert mean.shape == var.shape == (64,)
     assert np.abs(mean).max() > 1e-2, "moving mean never left 0"
     assert np.abs(var - 1).max() > 1e-2, "moving variance never left 1"
-    assert row["status"] == "ok" and row["workers"] == 2
-    assert row["final_test_accuracy"] >= ref["final_test_accuracy"] - TOLERANCE, (
-        backend, row["final_test_accuracy"], ref["final_test_accuracy"])
+    assert row.status == "ok" and row.workers == 2
+    assert row.final_test_accuracy >= ref.final_test_accuracy - TOLERANCE, (
+        backend, row.final_test_accuracy, ref.final_test_accuracy)

@@ -6,9 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from common.metrics import load_run
 from common.run_dir import load_weights_npz
-from tests.conftest import REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, run
+from tests.conftest import REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, run, row_and_records
 
 pytestmark = pytest.mark.process
 
@@ -32,17 +31,17 @@ def ok(result):
 def test_two_ranks_reach_accuracy(jobs):
     """The shared job (tests/jobs.py: 4 epochs at batch 32) under mpirun."""
     out = jobs("mpi")
-    row, curves = load_run(out)
-    assert row["status"] == "ok" and row["backend"] == "mpi" and row["mode"] == "sync" and row["workers"] == 2
-    assert row["global_batch"] == 64 and row["final_test_accuracy"] >= 0.90, row
+    row, curves = row_and_records(out)
+    assert row.status == "ok" and row.backend == "mpi" and row.mode == "sync" and row.workers == 2
+    assert row.global_batch == 64 and row.final_test_accuracy >= 0.90, row
     assert curves["summary"]["max_weight_divergence"] == 0.0     # every rank holds the same weights
     assert curves["summary"]["exchange_s_per_step"] > 0          # the Allreduce really ran, and was timed
     assert len(curves["evals"]) == 4 and os.path.exists(os.path.join(out, "checkpoints", "checkpoint"))
     split = curves["summary"]["breakdown"]
     assert split["compute_s"] > 0 and abs(split["compute_s"] + split["overhead_s"] - split["step_s"]) < 1e-12
-    assert abs(split["step_s"] - 2 * 32 / row["samples_per_sec_median"]) < 1e-12   # one worker's step
+    assert abs(split["step_s"] - 2 * 32 / row.samples_per_sec_median) < 1e-12   # one worker's step
     assert 0 < split["exchange_s"] < split["step_s"]             # the Allreduce is a part of the step
-    assert split["bytes_per_step_per_worker"] == row["grad_bytes_per_step"]   # ring, n=2: 2(n-1)/n = 1
+    assert split["bytes_per_step_per_worker"] == row.grad_bytes_per_step   # ring, n=2: 2(n-1)/n = 1
 
 
 @pytest.mark.parametrize("one_process", ["mpi", "horovod"])
@@ -94,7 +93,7 @@ def test_one_worker_overhead_is_near_zero(tmp_path, main):
     ok(run([sys.executable, main, "--model", "cnn", "--batch_size", "64", "--train_steps", "400",
             "--log_every", "10", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
             "--probe_steps", "200", "--train_dir", out]))
-    split = load_run(out)[1]["summary"]["breakdown"]
+    split = row_and_records(out)[1]["summary"]["breakdown"]
     assert split["bytes_per_step_per_worker"] == 0
     assert 1 / 2.5 < split["compute_s"] / split["step_s"] < 2.5, split
 
@@ -102,8 +101,8 @@ def test_one_worker_overhead_is_near_zero(tmp_path, main):
 def test_single_process_has_no_exchange(tmp_path):
     out = str(tmp_path / "one")
     r = ok(run([sys.executable, MAIN, *FAST, "--train_dir", out]))
-    row, curves = load_run(out)
-    assert row["workers"] == 1 and row["final_test_accuracy"] >= 0.9 and "samples/sec:" in r.stdout
+    row, curves = row_and_records(out)
+    assert row.workers == 1 and row.final_test_accuracy >= 0.9 and "samples/sec:" in r.stdout
     assert curves["summary"]["exchange_s_per_step"] is None
 
 

@@ -19,8 +19,7 @@ import time
 
 import pytest
 
-from common.metrics import load_run
-from tests.conftest import REPO, env
+from tests.conftest import REPO, env, row_and_records
 
 pytestmark = pytest.mark.root
 
@@ -116,8 +115,8 @@ def test_ps_across_three_hosts(hosts, tmp_path):
              hosts.popen(2, common + ["--job_name=worker", "--task_index=1"])]
     outs = finish(procs, 300)
     assert [p.returncode for p in procs] == [0, 0, 0], "\n".join(o[-2000:] for o in outs)
-    row, curves = load_run(str(tmp_path / "run"))
-    assert row["final_test_accuracy"] >= 0.9
+    row, curves = row_and_records(str(tmp_path / "run"))
+    assert row.final_test_accuracy >= 0.9
     assert curves["header"]["cluster"]["worker"] == workers.split(",")
     assert curves["summary"]["worker_steps"][1] > 0          # the worker on the third host trained
 
@@ -133,8 +132,8 @@ def test_horovod_mpirun_across_two_hosts(hosts, tmp_path):
     p = hosts.popen(0, argv, HVDPS_NETNS_MAP=",".join(f"{a}={n}" for a, n in zip(hosts.addrs, hosts.names)))
     out = finish([p], 300)[0]
     assert p.returncode == 0, out[-4000:]
-    row, curves = load_run(str(tmp_path / "run"))
-    assert row["workers"] == 2 and row["final_test_accuracy"] >= 0.9
+    row, curves = row_and_records(str(tmp_path / "run"))
+    assert row.workers == 2 and row.final_test_accuracy >= 0.9
     assert curves["summary"]["max_weight_divergence"] == 0.0
 
 

@@ -9,10 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from common.metrics import load_run
 from common.procs import free_ports
 from common.run_dir import load_weights_npz
-from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, env, kill_rank_mid_run, py, run
+from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, env, kill_rank_mid_run, py, run, row_and_records
 
 pytestmark = pytest.mark.process
 
@@ -32,15 +31,15 @@ def ok(result):
 def test_two_workers_reach_accuracy_with_identical_weights(jobs):
     """The shared job (tests/jobs.py: 4 epochs at batch 32) under the local launcher."""
     out = jobs("mwms")
-    row, curves = load_run(out)
-    assert row["status"] == "ok" and row["backend"] == "mwms" and row["mode"] == "sync" and row["workers"] == 2
-    assert row["global_batch"] == 64 and row["final_test_accuracy"] >= 0.90, row
+    row, curves = row_and_records(out)
+    assert row.status == "ok" and row.backend == "mwms" and row.mode == "sync" and row.workers == 2
+    assert row.global_batch == 64 and row.final_test_accuracy >= 0.90, row
     summary = curves["summary"]
     assert summary["max_weight_divergence"] == 0.0               # the all-reduce kept every copy equal
     assert summary["mwms_implementation"] == "ring"
     assert len(curves["evals"]) == 4 and os.path.exists(os.path.join(out, "checkpoints", "checkpoint"))
     split = summary["breakdown"]
-    assert split["compute_s"] > 0 and split["bytes_per_step_per_worker"] == row["grad_bytes_per_step"]  # n=2: 1x M
+    assert split["compute_s"] > 0 and split["bytes_per_step_per_worker"] == row.grad_bytes_per_step  # n=2: 1x M
 
 
 def test_two_workers_equal_one_process_with_double_batch(tmp_path):
@@ -96,8 +95,8 @@ def test_tasks_started_per_role_with_tf_config(tmp_path):
     finally:
         logs = _end(procs)
     assert codes == [0, 0], logs
-    row, _ = load_run(out)
-    assert row["workers"] == 2 and row["final_test_accuracy"] >= 0.85
+    row, _ = row_and_records(out)
+    assert row.workers == 2 and row.final_test_accuracy >= 0.85
     assert "samples/sec:" in logs[0] and "samples/sec:" not in logs[1]    # worker 0 reports, worker 1 does not
 
 

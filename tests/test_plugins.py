@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from common.metrics import load_run
-from tests.conftest import BIN, REPO, py, run
+from tests.conftest import BIN, REPO, py, run, row_and_records
 
 HVD = os.path.join(REPO, "horovod_train", "main.py")
 MODEL = os.path.join(REPO, "examples", "my_model.py") + ":build"
@@ -21,11 +20,11 @@ def ok(r):
 
 
 def _accurate(run_dir, workers, final=0.90):
-    row, curves = load_run(run_dir)
-    assert row["status"] == "ok" and row["workers"] == workers
+    row, curves = row_and_records(run_dir)
+    assert row.status == "ok" and row.workers == workers
     evals = [round(e["accuracy"], 3) for e in curves["evals"]]
-    assert row["time_to_target"] is not None, ("never reached --target_accuracy 0.9", evals)
-    assert row["final_test_accuracy"] >= final, (row["final_test_accuracy"], evals)
+    assert row.time_to_target is not None, ("never reached --target_accuracy 0.9", evals)
+    assert row.final_test_accuracy >= final, (row.final_test_accuracy, evals)
     assert curves["header"]["config"]["model"] == MODEL
     return row
 
@@ -60,7 +59,7 @@ def test_example_through_compare_with_relative_paths(tmp_path):
     rows = json.load(open(tmp_path / "cmp" / "results.json"))["rows"]   # what they reach: the tests above
     assert len(rows) == 2 and all(x["status"] == "ok" for x in rows), rows
     for x in rows:
-        config = load_run(x["run_dir"])[1]["header"]["config"]
+        config = row_and_records(x["run_dir"])[1]["header"]["config"]
         assert (config["model"], config["dataset"]) == (os.path.join(str(tmp_path), "ex", "my_model.py:build"),
                                                         os.path.join(str(tmp_path), "ex", "my_data.py:load")), config
 
@@ -79,14 +78,14 @@ def test_published_benchmark_models_run(tmp_path, model, side, backend):
         ok(run([sys.executable, HVD, *flags], timeout=300))
     else:
         ok(py("-m", "ps_train.launch", "--num_workers", "1", *flags, timeout=300))
-    row, curves = load_run(str(tmp_path / "run"))
-    assert row["status"] == "ok" and row["model"] == model
+    row, curves = row_and_records(str(tmp_path / "run"))
+    assert row.status == "ok" and row.model == model
     from common.models import APPLICATIONS
     import tensorflow as tf
     built = getattr(tf.keras.applications, APPLICATIONS[model])(weights=None, input_shape=(side, side, 3),
                                                                  classes=10)
     trainable = sum(int(w.shape.num_elements()) for w in built.trainable_weights)   # BatchNorm statistics excluded
-    assert row["grad_bytes_per_step"] == 4 * trainable
+    assert row.grad_bytes_per_step == 4 * trainable
     assert curves["header"]["config"]["image_shape"] == [side, side, 3]
 
 

@@ -2,7 +2,12 @@
 import json
 import os
 
+from dataclasses import replace
+
 import pytest
+
+from common.schemas import ClusterDescription
+from hvdps.cost.shape import StepShape
 
 from hvdps.cost import projection as pj
 from hvdps.commands import project as cmd
@@ -326,17 +331,16 @@ B, A, M, C = 6e6, 1e-4, 300_000, 0.001     # bytes/s, seconds, gradient bytes, c
     ("ps", "async", 4, None, 4 * M / B + A),
 ])
 def test_projected_step_per_backend(backend, mode, n, shards, expected):
-    row = {"backend": backend, "mode": mode, "workers": n, "compute_s": C, "grad_bytes_per_step": M, "num_ps": 1}
-    header = {"ps_shard_bytes": shards} if shards else {}
+    row = StepShape(backend=backend, mode=mode, workers=n, compute_s=C, grad_bytes_per_step=M, num_ps=1)
     ring = ps = {"bandwidth": B, "alpha": A}
-    step, how = pj.projected_step(row, header, pj.single_layer(M), ring, ps, 128 << 20, 1e-3)
+    step, how = pj.projected_step(row, shards, pj.single_layer(M), ring, ps, 128 << 20, 1e-3)
     assert step == pytest.approx(expected, rel=1e-9) and how
 
 
 def test_projected_horovod_step_is_the_ring_schedule():
-    row = {"backend": "horovod", "mode": "sync", "workers": 3, "compute_s": C, "grad_bytes_per_step": M}
+    row = StepShape(backend="horovod", mode="sync", workers=3, compute_s=C, grad_bytes_per_step=M)
     ring = {"bandwidth": B, "alpha": A}
-    step, _ = pj.projected_step(row, {}, pj.single_layer(M), ring, ring, 128 << 20, 1e-3)
+    step, _ = pj.projected_step(row, None, pj.single_layer(M), ring, ring, 128 << 20, 1e-3)
     # one gradient ready at the end of backprop: one fused ring after it (and a cycle's wait)
     assert C + 4 / 3 * M / B + 4 * A <= step <= C + 4 / 3 * M / B + 4 * A + 1e-3
 
@@ -347,17 +351,17 @@ def test_cluster_description_is_found_above_the_runs(tmp_path, where):
     (tmp_path / "out" / "cluster.json").write_text(json.dumps({"rate": "50mbit", "rate_bps": 5e7,
                                                                "latency_s": 4e-5}))
     desc = cmd.cluster_of(str(tmp_path / where))
-    assert desc["rate_bps"] == 5e7
+    assert desc.rate_bps == 5e7
     assert cmd.cluster_of(str(tmp_path)) is None
 
 
 def test_network_from_the_cluster_is_its_rate_at_tcp_goodput_and_its_latency():
     class Args:
         bandwidth_gbps = latency_us = ps_bandwidth_gbps = None
-    ring, ps = cmd.network(Args(), {}, cluster={"rate_bps": 5e7, "latency_s": 4e-5})
+    ring, ps = cmd.network(Args(), {}, cluster=ClusterDescription(rate_bps=5e7, latency_s=4e-5))
     assert ring == ps == {"bandwidth": pytest.approx(5e7 / 8 * 1448 / 1514), "alpha": 4e-5}
     Args.bandwidth_gbps, Args.latency_us = 1.0, 10.0            # given flags win
-    ring, _ = cmd.network(Args(), {}, cluster={"rate_bps": 5e7, "latency_s": 4e-5})
+    ring, _ = cmd.network(Args(), {}, cluster=ClusterDescription(rate_bps=5e7, latency_s=4e-5))
     assert ring == {"bandwidth": 1e9 / 8, "alpha": pytest.approx(1e-5)}
 
 
@@ -373,7 +377,7 @@ def test_tf_ring_is_fitted_from_its_own_measurements():
 @pytest.mark.parametrize("flags, cluster, own", [
     ({}, None, True),                                              # measured alone: each method its own fit
     ({"bandwidth_gbps": 10.0, "latency_us": 5.0}, None, False),    # given hardware: the same for every method
-    ({}, {"rate_bps": 5e7, "latency_s": 4e-5}, False),             # an emulated cluster's links: likewise
+    ({}, ClusterDescription(rate_bps=5e7, latency_s=4e-5), False),             # an emulated cluster's links: likewise
 ])
 def test_a_method_is_costed_with_its_own_fit_only_where_the_network_is_measured(flags, cluster, own):
     class Args:
@@ -382,12 +386,12 @@ def test_a_method_is_costed_with_its_own_fit_only_where_the_network_is_measured(
         ps_bandwidth_gbps = None
     ring, ps, tf_ring = {"bandwidth": B, "alpha": A}, {"bandwidth": B, "alpha": A}, {"bandwidth": B / 2, "alpha": 3 * A}
     nets = cmd.networks(Args(), {"allreduce": ring, "mwms": tf_ring}, ring, ps, cluster)
-    row = {"backend": "mwms", "mode": "sync", "workers": 3, "compute_s": C, "grad_bytes_per_step": M}
-    step, _ = pj.projected_step(row, {}, pj.single_layer(M), ring, ps, 128 << 20, 1e-3, nets)
+    row = StepShape(backend="mwms", mode="sync", workers=3, compute_s=C, grad_bytes_per_step=M)
+    step, _ = pj.projected_step(row, None, pj.single_layer(M), ring, ps, 128 << 20, 1e-3, nets)
     net = tf_ring if own else ring
     assert step == pytest.approx(C + schedule.ring_allreduce_time(3, M, net["bandwidth"], net["alpha"]), rel=1e-9)
     # bare MPI's ring is the shared one either way
-    step, _ = pj.projected_step(dict(row, backend="mpi"), {}, pj.single_layer(M), ring, ps, 128 << 20, 1e-3, nets)
+    step, _ = pj.projected_step(replace(row, backend="mpi"), None, pj.single_layer(M), ring, ps, 128 << 20, 1e-3, nets)
     assert step == pytest.approx(C + schedule.ring_allreduce_time(3, M, B, A), rel=1e-9)
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from common.errors import RunError
-from common.metrics import load_run, read_records
+from common.metrics import read_records
 from common.run_dir import load_weights_npz
 from common.procs import free_ports
-from tests.conftest import REPO, env, py, run
+from tests.conftest import REPO, env, py, run, row_and_records
 from tests.ps_helpers import MAIN, FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights
 
 pytestmark = pytest.mark.process
@@ -44,11 +44,11 @@ def test_shared_job_reaches_accuracy(jobs, mode):
 
 def reaches_accuracy(r, out, num_ps, mode):
     """A 2-worker PS run of 4 epochs at batch 32: accurate, sharded, and the global step counts updates."""
-    row, curves = load_run(out)
+    row, curves = row_and_records(out)
     header = curves["header"]
-    assert row["backend"] == "ps" and row["mode"] == mode[2:] and row["num_ps"] == num_ps
-    assert row["workers"] == 2 and row["status"] == "ok"
-    assert row["final_test_accuracy"] >= 0.90, row
+    assert row.backend == "ps" and row.mode == mode[2:] and row.num_ps == num_ps
+    assert row.workers == 2 and row.status == "ok"
+    assert row.final_test_accuracy >= 0.90, row
     # Every role ended by itself with exit 0 (the launcher reports codes; none was killed).
     assert "still running after the chief finished" not in r.stdout
     assert "[ps:0] ps:0 done" in r.stdout, r.stdout[-4000:]
@@ -91,7 +91,7 @@ def test_sync_wait_names_the_worker_that_waited(tmp_path):
     finally:
         outs = _finish(procs, timeout=240)
     assert all(p.returncode == 0 for p in procs.values()), outs
-    curves = load_run(str(tmp_path / "run"))[1]
+    curves = row_and_records(str(tmp_path / "run"))[1]
     assert curves["summary"]["steps"] > stepped * 20, "training ended before the pause was over: make it longer"
     totals = [s["sync_wait_total_s"] for s in curves["steps"]]
     waits = [[b - a for a, b in zip(before, after)] for before, after in zip(totals, totals[1:])]
@@ -111,7 +111,7 @@ def test_sync_two_workers_equal_one_process_with_double_batch(tmp_path):
     """With 2 PS tasks, so the hidden kernel is split in two (ps_train.graph.split_variables): the
     split starts, steps and saves exactly as the whole variable does."""
     ok(launch(2, 2, *EQUIV, "--sync", "--batch_size", "16", "--train_dir", str(tmp_path / "ps")))
-    assert len(load_run(str(tmp_path / "ps"))[1]["header"]["placement"]["dense/kernel"]) == 2
+    assert len(row_and_records(str(tmp_path / "ps"))[1]["header"]["placement"]["dense/kernel"]) == 2
     ok(run([sys.executable, os.path.join(REPO, "horovod_train", "main.py"), *EQUIV, "--batch_size", "32",
             "--train_dir", str(tmp_path / "one")]))
     assert_same_weights(tmp_path / "ps", tmp_path / "one")
@@ -136,7 +136,7 @@ def test_large_variables_are_split_over_the_ps_tasks(tmp_path, num_ps):
     out = str(tmp_path / "run")
     ok(launch(num_ps, 1, "--async", "--hidden_units", "1024", "--train_steps", "10", "--log_every", "5",
               "--train_dir", out))
-    header = load_run(out)[1]["header"]
+    header = row_and_records(out)[1]["header"]
     tasks = [f"/job:ps/task:{i}" for i in range(num_ps)]
     for name in ("dense/kernel", "dense/bias", "dense_1/kernel"):
         assert sorted(header["placement"][name]) == tasks, header["placement"]
@@ -154,8 +154,8 @@ def test_per_role_launch_every_role_exits_zero(tmp_path, tf_config):
     outs = _finish(procs, 240)
     codes = {n: p.returncode for n, p in procs.items()}
     assert codes == {"ps:0": 0, "worker:0": 0, "worker:1": 0}, outs
-    row, _ = load_run(str(tmp_path / "run"))
-    assert row["final_test_accuracy"] >= 0.9
+    row, _ = row_and_records(str(tmp_path / "run"))
+    assert row.final_test_accuracy >= 0.9
 
 
 def test_async_survives_a_killed_worker(tmp_path):
@@ -168,8 +168,8 @@ def test_async_survives_a_killed_worker(tmp_path):
         outs = _finish(procs, 300)
     assert procs["worker:0"].returncode == 0, outs["worker:0"][-3000:]
     assert procs["ps:0"].returncode == 0, outs["ps:0"][-3000:]
-    row, curves = load_run(str(tmp_path / "run"))
-    assert row["status"] == "ok"
+    row, curves = row_and_records(str(tmp_path / "run"))
+    assert row.status == "ok"
     assert curves["summary"]["lost_workers"] == ["worker:1"]
     assert "finished without worker(s) worker:1" in outs["worker:0"]
 
@@ -264,7 +264,7 @@ def test_sync_resume_is_exact(tmp_path):
     assert max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) == 0.0
     headers = [r for r in read_records(os.path.join(split, "metrics.jsonl")) if r["type"] == "header"]
     assert [h["start_step"] for h in headers] == [0, 44]     # 22 updates an epoch (2 workers x 22 / R=2)
-    assert load_run(split)[1]["summary"]["steps"] == load_run(straight)[1]["summary"]["steps"]
+    assert row_and_records(split)[1]["summary"]["steps"] == row_and_records(straight)[1]["summary"]["steps"]
 
 
 def test_moved_run_directory_resumes_then_refuses_past_its_end(tmp_path):
@@ -277,7 +277,7 @@ def test_moved_run_directory_resumes_then_refuses_past_its_end(tmp_path):
     os.rename(first, moved)                                   # the original is gone
     assert str(first) not in (moved / "checkpoints" / "checkpoint").read_text()
     ok(launch(1, 2, *SHORT, "--async", "--epochs", "2", "--train_dir", str(moved), "--resume"))
-    summary = load_run(str(moved))[1]["summary"]
+    summary = row_and_records(str(moved))[1]["summary"]
     assert summary["status"] == "ok" and summary["steps"] >= 2 * 44
     assert not first.exists()
 
@@ -348,7 +348,7 @@ def test_restarted_chief_is_joined_by_the_survivors(tmp_path):
     assert {n: p.returncode for n, p in procs.items()} == {"ps:0": 0, "worker:0": 0, "worker:1": 0}, outs
     assert "chief 127.0.0.1" in outs["worker:1"] and "pausing until it is back" in outs["worker:1"]
     assert "chief is back; continuing" in outs["worker:1"]
-    summary = load_run(str(run_dir))[1]["summary"]
+    summary = row_and_records(str(run_dir))[1]["summary"]
     assert summary["status"] == "ok" and summary["lost_workers"] == []
     assert summary["worker_steps"][1] > before["worker_steps"][1]    # the survivor kept training
 

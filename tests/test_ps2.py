@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from common.metrics import load_run, read_records
+from common.metrics import read_records
 from common.run_dir import load_weights_npz
-from tests.conftest import REPO, descendants, py, run
+from tests.conftest import REPO, descendants, py, run, row_and_records
 from tests.ps_helpers import FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights
 
 pytestmark = pytest.mark.process
@@ -38,10 +38,10 @@ def test_shared_job_reaches_accuracy_and_every_role_exits(jobs):
 
 
 def reaches_accuracy(r, out, num_ps, num_workers):
-    row, curves = load_run(out)
+    row, curves = row_and_records(out)
     header, summary = curves["header"], curves["summary"]
-    assert (row["backend"], row["mode"], row["workers"], row["num_ps"]) == ("ps2", "async", num_workers, num_ps)
-    assert row["final_test_accuracy"] >= 0.90, row
+    assert (row.backend, row.mode, row.workers, row.num_ps) == ("ps2", "async", num_workers, num_ps)
+    assert row.final_test_accuracy >= 0.90, row
     assert header["ps_api"] == "v2" and header["global_batch_size"] == 32
     # the same sample budget as every other backend: 4 epochs of the 1438 training digits
     assert summary["steps"] == summary["updates_applied"] == 4 * ((1438 // num_workers) // 32) * num_workers
@@ -61,7 +61,7 @@ def test_large_variables_are_split_over_the_ps_tasks(tmp_path):
     out = str(tmp_path / "run")
     ok(launch(2, 1, "--dataset", "synthetic", "--image_shape", "28,28,1", "--synthetic_samples", "256",
               "--train_steps", "4", "--batch_size", "32", "--train_dir", out))
-    placement = load_run(out)[1]["header"]["placement"]
+    placement = row_and_records(out)[1]["header"]["placement"]
     split = sorted(name for name, shards in placement.items() if len(shards) == 2)
     assert split == ["dense/kernel", "dense_1/kernel"], placement
     assert sorted(placement) == ["dense/bias", "dense/kernel", "dense_1/bias", "dense_1/kernel"], placement
@@ -87,7 +87,7 @@ def test_per_role_launch_every_process_exits_zero(tmp_path, tf_config):
     outs = _finish(procs, 240)
     codes = {n: p.returncode for n, p in procs.items()}
     assert codes == {"ps:0": 0, "worker:0": 0, "worker:1": 0, "chief:0": 0}, outs
-    assert load_run(str(tmp_path / "run"))[0]["final_test_accuracy"] >= 0.9
+    assert row_and_records(str(tmp_path / "run"))[0].final_test_accuracy >= 0.9
 
 
 # Loaded by the chief's interpreter (sitecustomize): once TensorFlow's coordinator module is
@@ -145,7 +145,7 @@ def test_killed_worker_steps_run_elsewhere(tmp_path, classified):
     assert procs["ps:0"].returncode == 0 and procs["worker:0"].returncode == 0
     assert "chief: worker:1 (" in outs["chief:0"] and "finished without worker(s) worker:1" in outs["chief:0"]
     assert ("test: one worker failure left unclassified" in outs["chief:0"]) == (not classified)
-    summary = load_run(str(tmp_path / "run"))[1]["summary"]
+    summary = row_and_records(str(tmp_path / "run"))[1]["summary"]
     assert summary["status"] == "ok" and summary["lost_workers"][0].startswith("worker:1")
     # Every scheduled step ran; the one the killed worker was running may have reached the PS before
     # it died and then run again elsewhere (TF: "function execution is not atomic"), at most one per
@@ -181,8 +181,8 @@ def test_launcher_resume_continues_from_the_checkpoint(tmp_path):
     headers = [rec for rec in records if rec["type"] == "header"]
     first = 2 * ((1438 // 2) // 32) * 2          # updates in 2 epochs at 2 workers
     assert [h["start_step"] for h in headers] == [0, first]
-    row, curves = load_run(out)
-    assert curves["summary"]["steps"] == 2 * first and row["final_test_accuracy"] >= 0.9
+    row, curves = row_and_records(out)
+    assert curves["summary"]["steps"] == 2 * first and row.final_test_accuracy >= 0.9
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from common.schemas import Gradient, LinksFile
+
 from common import remote
 from common.errors import UsageError
 from hvdps.commands import compare
@@ -178,7 +180,7 @@ def test_a_hung_remote_shell_is_refused_in_time_and_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path / "out") == []          # the probe's token is gone too
 
 
-GRADIENT = {"dense_bytes": 1000, "sparse_bytes": 0, "sparse_table_bytes": 0}
+GRADIENT = Gradient(dense_bytes=1000, sparse_bytes=0, sparse_table_bytes=0)
 
 
 @pytest.mark.parametrize("backend, mode, roles, shards, want", [
@@ -203,7 +205,7 @@ def test_link_formulas(backend, mode, roles, shards, want):
 
 
 def test_measured_bytes_per_round_from_counter_samples():
-    data = {"series": {"a": [[10.0, 0, 0], [11.0, 1000, 2000], [13.0, 3000, 6000]]}}
+    data = LinksFile(series={"a": [[10.0, 0, 0], [11.0, 1000, 2000], [13.0, 3000, 6000]]})
     got = links.measured(data, (10.5, 12.0), rounds=4)
     assert got["a"] == {"in": pytest.approx((2000 - 500) / 4), "out": pytest.approx((4000 - 1000) / 4)}
     assert links.measured(data, (9.0, 12.0), rounds=4) is None          # counters do not cover the interval
@@ -233,7 +235,7 @@ def test_read_cpu(tmp_path):
     ([[10.0, 5, 5], [12.0, 5, 5]], (10.0, 12.0), None),                 # no ticks counted: no share
 ])
 def test_cores_busy_over_the_measured_interval(cpu, interval, want):
-    got = links.cores_busy({"series": {}, "cpu": cpu}, interval)
+    got = links.cores_busy(LinksFile(series={}, cpu=cpu), interval)
     assert got == (None if want is None else pytest.approx(want))
 
 
@@ -245,9 +247,9 @@ def test_sampler_records_the_cores_beside_the_links(tmp_path):
     s.save(str(tmp_path), {"roles": {"rank:0": "h1"}})
     from common.schemas import read_links
     saved = read_links(str(tmp_path / links.LINKS_FILE))
-    assert len(saved["cpu"]) >= 2 and saved["cores"] == os.cpu_count()
-    assert all(b <= t for _, b, t in saved["cpu"]) and saved["cpu"][-1][2] >= saved["cpu"][0][2]
-    assert saved["series"]["h1"][0][1:] == [20, 10]                     # the host's in is the port's transmit
+    assert len(saved.cpu) >= 2 and saved.cores == os.cpu_count()
+    assert all(b <= t for _, b, t in saved.cpu) and saved.cpu[-1][2] >= saved.cpu[0][2]
+    assert saved.series["h1"][0][1:] == [20, 10]                     # the host's in is the port's transmit
 
 
 @pytest.mark.process

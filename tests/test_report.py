@@ -1,6 +1,10 @@
 """The report's per-run sentences and breakdown bars (hvdps/render/report.py): what dominates a step."""
+from dataclasses import replace
+
 import pytest
 
+from common.metrics import Curves, RunRow
+from common.schemas import Header
 from hvdps.render.report import explanations, step_parts
 
 from hvdps.render.plots import write_breakdown_plot
@@ -8,12 +12,12 @@ from hvdps.render.plots import write_breakdown_plot
 
 def row(backend, mode, step_ms, compute_ms, wait_ms=None, **extra):
     step, compute = step_ms / 1000, compute_ms / 1000
-    r = {"status": "ok", "model": "mlp", "backend": backend, "mode": mode, "workers": 2,
-         "step_s": step, "compute_s": compute, "overhead_s": step - compute,
-         "overhead_share": (step - compute) / step, **extra}
+    fields = {"status": "ok", "model": "mlp", "backend": backend, "mode": mode, "workers": 2,
+              "step_s": step, "compute_s": compute, "overhead_s": step - compute,
+              "overhead_share": (step - compute) / step, **extra}
     if wait_ms is not None:
-        r["wait_s"] = wait_ms / 1000
-    return r
+        fields["wait_s"] = wait_ms / 1000
+    return RunRow(run_dir=f"runs/{backend}-{mode}", **fields)
 
 
 @pytest.mark.parametrize("r, starts, names", [
@@ -49,14 +53,14 @@ def test_sentence_names_what_dominates(r, starts, names):
 
 def test_parts_add_up_to_the_step():
     for r in (row("ps", "sync", 12.0, 3.0, wait_ms=7.5), row("ps", "async", 12.0, 3.0), row("ps", "sync", 12.0, 3.0)):
-        assert sum(seconds for _, seconds in step_parts(r)) == pytest.approx(r["step_s"])
+        assert sum(seconds for _, seconds in step_parts(r)) == pytest.approx(r.step_s)
     # a wait is split out only where the method defines one
     assert len(step_parts(row("horovod", "sync", 12.0, 3.0, wait_ms=1.0))) == 2
 
 
 def test_failed_and_unmeasured_runs_get_no_sentence():
-    assert explanations([{**row("ps", "sync", 10.0, 3.0), "status": "failed"},
-                         {**row("ps", "sync", 10.0, 3.0), "compute_s": None}]) == []
+    assert explanations([replace(row("ps", "sync", 10.0, 3.0), status="failed"),
+                         replace(row("ps", "sync", 10.0, 3.0), compute_s=None)]) == []
 
 
 def test_breakdown_plot_stacks_the_wait(tmp_path):
@@ -96,10 +100,10 @@ def test_sentence_names_the_slowest_rank():
 
 
 def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=None, intervals=20):
-    return {"status": "ok", "model": "mlp", "backend": backend, "mode": mode, "workers": workers,
-            "samples_per_sec_median": median, "samples_per_sec_mean": median, "samples_per_sec_error": err,
-            "intervals": intervals, "time_to_target": ttt, "final_test_accuracy": acc, "target_accuracy": 0.9,
-            "startup_s": startup}
+    return RunRow(run_dir=f"runs/{backend}-{mode}-w{workers}", status="ok", model="mlp", backend=backend,
+                  mode=mode, workers=workers, samples_per_sec_median=median, samples_per_sec_mean=median,
+                  samples_per_sec_error=err, intervals=intervals, time_to_target=ttt, final_test_accuracy=acc,
+                  target_accuracy=0.9, startup_s=startup)
 
 
 @pytest.mark.unit
@@ -128,8 +132,8 @@ def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=
     ([vrow("horovod", "sync", 1, 3000, ttt=9.0, startup=6.0), vrow("horovod", "sync", 2, 5000, ttt=8.0, startup=14.0)],
      ["Start-up of these runs: Horovod 14.0 s."], ["10.0 s"]),
     # bytes are counted in whole bytes, whatever type the record carried them in
-    ([dict(vrow("horovod", "sync", 2, 6000, ttt=5.0), bytes_per_step_per_worker=30040.0),
-      dict(vrow("ps", "sync", 2, 5000, ttt=6.0), bytes_per_step_per_worker=60080.0)],
+    ([replace(vrow("horovod", "sync", 2, 6000, ttt=5.0), bytes_per_step_per_worker=30040.0),
+      replace(vrow("ps", "sync", 2, 5000, ttt=6.0), bytes_per_step_per_worker=60080.0)],
      ["Bytes on the wire per worker step: Horovod 30,040, PS sync 60,080."], ["30,040.0"]),
 ])
 def test_verdict_ranks_by_time_to_target_and_calls_noise(rows, says, never_says):
@@ -162,8 +166,10 @@ def test_one_worker_has_no_peer_to_blame(r, never, says):
 
 
 def ps_row(num_ps, shares, placement, backend="ps"):
-    return {"status": "ok", "model": "mlp", "backend": backend, "mode": "async", "workers": 2, "num_ps": num_ps,
-            "_curves": {"header": {"ps_shard_bytes": shares, "placement": placement}}}
+    header = Header(type="header", backend=backend, mode="async", world_size=2, num_ps=num_ps,
+                    ps_shard_bytes=shares, placement=placement)
+    return RunRow(run_dir="runs/ps", status="ok", model="mlp", backend=backend, mode="async", workers=2,
+                  num_ps=num_ps, curves=Curves(header=header))
 
 
 @pytest.mark.parametrize("r, says", [
@@ -183,7 +189,7 @@ def test_shards_section_says_how_each_ps_task_is_loaded(r, says):
 
 def test_shards_section_only_for_several_ps_tasks():
     from hvdps.render.report import shards_section
-    assert shards_section([ps_row(1, {"ps:0": 30040}, {}), {"backend": "horovod", "workers": 2}]) == []
+    assert shards_section([ps_row(1, {"ps:0": 30040}, {}), RunRow(run_dir="h", backend="horovod", workers=2)]) == []
 
 
 @pytest.mark.parametrize("count", [1, 10, 12, 20, 48, 140])
@@ -209,9 +215,9 @@ def test_a_method_looks_the_same_in_every_workloads_panel(tmp_path, monkeypatch)
         drawn.append((self.get_title() or id(self), kw["label"], tuple(kw["color"]), kw["fmt"]))
         return errorbar(self, *args, **kw)
     monkeypatch.setattr(Axes, "errorbar", record)
-    row = lambda model, backend, mode, workers: {          # noqa: E731
-        "model": model, "backend": backend, "mode": mode, "workers": workers, "status": "ok",
-        "samples_per_sec_median": 100.0 * workers, "samples_per_sec_error": 1.0, "scaling_efficiency": 1.0}
+    row = lambda model, backend, mode, workers: RunRow(          # noqa: E731
+        run_dir=f"{model}/{backend}-{workers}", model=model, backend=backend, mode=mode, workers=workers, status="ok",
+        samples_per_sec_median=100.0 * workers, samples_per_sec_error=1.0, scaling_efficiency=1.0)
     write_plots([row("a", "horovod", "sync", 1), row("a", "horovod", "sync", 2), row("a", "ps", "sync", 1),
                  row("a", "ps", "sync", 2), row("b", "ps", "sync", 1), row("b", "ps", "sync", 2)], str(tmp_path))
     looks = {}
@@ -229,4 +235,4 @@ def test_a_method_looks_the_same_in_every_workloads_panel(tmp_path, monkeypatch)
 ])
 def test_a_step_faster_than_its_compute_is_noise_not_a_negative_overhead(step, compute, says):
     from hvdps.render.report import _split
-    assert _split({"step_s": step, "compute_s": compute, "overhead_s": step - compute}) == says
+    assert _split(RunRow(run_dir="r", step_s=step, compute_s=compute, overhead_s=step - compute)) == says

@@ -15,7 +15,7 @@ COMM = {"np": 2, "results": [{"impl": "horovod", "bytes": 1024, "seconds": 0.001
                              {"impl": "ps-push", "bytes": 1024, "seconds": 0.002}]}
 CLUSTER = {"rate": "1gbit", "rate_bps": 1e9, "latency_s": 5e-5, "rtt_s": 1e-4, "counters": "/proc/1/net/dev",
            "ports": {"10.0.0.1": "h1"}, "subnet": "10.0.0.0/24", "namespaces": {"10.0.0.1": "x-h1"}}
-LINKS = {"series": {"10.0.0.1": [[1.7e9, 10, 20], [1.7e9 + 1, 30, 40]]}, "roles": {"10.0.0.1": ["rank:0"]},
+LINKS = {"series": {"10.0.0.1": [[1.7e9, 10, 20], [1.7e9 + 1, 30, 40]]}, "roles": {"rank:0": "10.0.0.1"},
          "rate_bps": 1e9}
 RUN = {"seconds": 12.5, "launched_at": 1.7e9, "exit_code": 0, "command": ["python", "x.py"], "roles": None}
 LAUNCH = {"cpu_seconds": {"ps:0": 1.5, "worker:0": 3.0}, "cpu_series": {"ps:0": [[1.7e9, 0.1], [1.7e9 + 1, 0.5]]},
@@ -31,7 +31,8 @@ CASES = [
     (schemas.read_comm, COMM, ("np", 0), "np: input should be greater than or equal to 2"),
     (schemas.read_comm, COMM, ("np", True), "np: input should be a valid integer"),
     (schemas.read_comm, COMM, ("results", []), "results: list should have at least 1 item"),
-    (schemas.read_cluster_description, CLUSTER, ("rate_bps", -5), "rate_bps: input should be greater than 0"),
+    (schemas.read_cluster_description, CLUSTER, ("rate_bps", -5), "rate_bps: input should be greater than or equal to 1000"),
+    (schemas.read_cluster_description, CLUSTER, ("rate_bps", 1e-300), "rate_bps: input should be greater than or equal to 1000"),
     (schemas.read_cluster_description, CLUSTER, ("latency_s", -1e-6), "latency_s: input should be greater than or equal"),
     (schemas.read_cluster_description, CLUSTER, ("latency_s", "fast"), "latency_s: input should be a valid number"),
     (schemas.read_links_spec, CLUSTER, ("counters", None), "counters: input should be a valid string"),
@@ -110,7 +111,7 @@ def test_size_is_bounded_before_reading(tmp_path, monkeypatch):
         schemas.read_json(str(p), schemas.CommFile, "a comm file", max_bytes=schemas.MAX_JSON)
 
 
-METRIC = [{"type": "header", "backend": "horovod", "world_size": 2, "start_time": 1.7e9},
+METRIC = [{"type": "header", "backend": "horovod", "mode": "sync", "world_size": 2, "start_time": 1.7e9},
           {"type": "step", "global_step": 10, "samples_seen": 320, "wall_time": 1.0, "loss": 0.5,
            "samples_per_sec": 100.0},
           {"type": "eval", "global_step": 10, "epoch": 1, "accuracy": 0.9, "loss": 0.3, "wall_time": 1.1},
@@ -135,7 +136,7 @@ def metrics_file(tmp_path, records, tail=""):
     # sub-records the report and the projection compute with are typed too, not left as dicts
     (3, "breakdown", {"compute_s": True}, "breakdown.compute_s: input should be a valid number"),
     (3, "breakdown", {"exchange_s": [1, 2]}, "breakdown.exchange_s: input should be a valid number"),
-    (3, "breakdown", {"step_s": -0.5}, "breakdown.step_s: input should be greater than or equal to 0"),
+    (3, "breakdown", {"step_s": -0.5}, "breakdown.step_s: input should be greater than 0"),
     (3, "wire", {"bytes_per_step_per_worker": "many"}, "wire.bytes_per_step_per_worker: input should be a valid"),
     (3, "gradient", {"dense_bytes": None, "sparse_bytes": {}}, "gradient.sparse_bytes: input should be a valid"),
     (3, "sync_wait_total_s", ["1.5", "2"], "sync_wait_total_s[0]: input should be a valid number"),
@@ -155,7 +156,7 @@ def test_metrics_torn_tail_and_foreign_lines_are_not_records(tmp_path):
     path = metrics_file(tmp_path, METRIC[:2], tail='{"type": "st')
     lines = open(path).read()
     open(path, "w").write('not json\n[1, 2]\n{"no": "type"}\n' + lines)
-    assert [r["type"] for r in schemas.read_metrics(path)] == ["header", "step"]
+    assert [r.type for r in schemas.read_metrics(path)] == ["header", "step"]
 
 
 def test_config_file_is_typed_strictly_and_ranged(tmp_path):

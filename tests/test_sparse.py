@@ -14,8 +14,7 @@ from common.backend import ps_wire, ring_wire
 from common.config import make_config
 from common.data import CLICK_FEATURES
 from common.errors import UsageError
-from common.metrics import load_run
-from tests.conftest import BIN, REPO, py, run
+from tests.conftest import BIN, REPO, py, run, row_and_records
 
 ROWS, DIM, BATCH, HIDDEN = 20000, 8, 32, 32
 FLAGS = ["--model", "rec", "--dataset", "clicks", "--embedding_rows", str(ROWS), "--embedding_dim", str(DIM),
@@ -126,11 +125,11 @@ def test_every_backend_trains_the_sparse_workload(tmp_path, backend):
     out = str(tmp_path / "run")
     r = launch(out)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    row, curves = load_run(out)
-    assert row["status"] == "ok" and row["workers"] == 2 and row["model"] == "rec"
-    assert row["time_to_target"] is not None, [e["accuracy"] for e in curves["evals"]]
+    row, curves = row_and_records(out)
+    assert row.status == "ok" and row.workers == 2 and row.model == "rec"
+    assert row.time_to_target is not None, [e["accuracy"] for e in curves["evals"]]
     assert curves["summary"]["gradient"]["sparse_bytes"] == SPARSE
-    assert row["bytes_per_step_per_worker"] == wire, (backend, row["wire_rule"])
+    assert row.bytes_per_step_per_worker == wire, (backend, row.wire_rule)
 
 
 @pytest.mark.unit

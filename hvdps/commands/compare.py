@@ -38,7 +38,7 @@ from common.memory import TF_PROCESS_BYTES, memory_estimate
 from common.data import num_examples
 from common.errors import UsageError, cli
 from common.files import make_dirs, open_new, writable_dir, write_atomic
-from common.metrics import read_records
+from common.metrics import read_metrics
 from common.plan import steps_per_epoch
 from common.plugins import bound_plugins
 from common.procs import REPO, available_memory, child_env
@@ -216,7 +216,7 @@ def execute(runs, timeout, progress=True, links=None):
             raise UsageError(f"{run['run_dir']} already holds a run; choose another --out")
         log_path = run["run_dir"] + ".log"
         started, launched_at = time.monotonic(), time.time()
-        sampler = Sampler(links["counters"], links["ports"]) if links else None
+        sampler = Sampler(links.counters, links.ports) if links else None
         stopped_by = None
         with open_new(log_path) as log:
             p = subprocess.Popen(run["cmd"], stdout=log, stderr=subprocess.STDOUT, env={**env, **run["env"]}, cwd=repo,
@@ -238,7 +238,7 @@ def execute(runs, timeout, progress=True, links=None):
                          json.dumps({"seconds": run["seconds"], "launched_at": launched_at, "exit_code": code,
                                      "command": run["cmd"], "roles": run.get("roles")}, indent=2))
             if sampler:
-                sampler.save(run["run_dir"], {"roles": run.get("roles"), "rate_bps": links.get("rate_bps")})
+                sampler.save(run["run_dir"], {"roles": run.get("roles"), "rate_bps": links.rate_bps})
         if stopped_by:
             bar.close()
             raise stopped_by
@@ -264,13 +264,13 @@ def _wait(p, run, timeout, bar):
             pass
         if os.path.exists(metrics):
             try:
-                recs = read_records(metrics)
+                recs = read_metrics(metrics)
             except UsageError:      # the progress line only: the report reads the file again, and says why
                 recs = []
-            head = next((r for r in recs if r["type"] == "header"), None)
-            last = next((r for r in reversed(recs) if r["type"] == "step"), None)
+            head = next((r for r in recs if r.type == "header"), None)
+            last = next((r for r in reversed(recs) if r.type == "step"), None)
             if head and last:
-                bar.set_postfix_str(f"{run['name']} step {last['global_step']}/{(head.get('plan') or {}).get('total_updates')}")
+                bar.set_postfix_str(f"{run['name']} step {last.global_step}/{(head.plan or {}).get('total_updates')}")
         if time.monotonic() > deadline:
             run["timed_out"] = True
             stop_job(p)
@@ -375,9 +375,9 @@ def runs_configs(rows):
     so runs of different settings never hide behind one config."""
     by_model = {}
     for r in rows:
-        config = (r.get("_curves") or {}).get("header", {}).get("config")
-        if config is not None:
-            by_model.setdefault(r.get("model") or r["run_dir"], []).append((r["run_dir"], config))
+        if r.header is not None and r.header.config is not None:
+            config = r.header.config.model_dump(exclude_unset=True)
+            by_model.setdefault(r.model or r.run_dir, []).append((r.run_dir, config))
     out = {}
     for model, entries in by_model.items():
         same = lambda c: {k: v for k, v in c.items() if k not in ("train_dir", "resume")}
@@ -477,7 +477,7 @@ def main(argv=None):
         print(f"error: {interrupted.name}: " + (f"stopped {stopped[0]}; " if stopped else "") +
               f"the report holds the {done} run(s) that finished", file=sys.stderr)
         return 128 + interrupted.signum
-    return 0 if all(r.get("status") == "ok" for r in rows) else 1
+    return 0 if all(r.status == "ok" for r in rows) else 1
 
 
 if __name__ == "__main__":

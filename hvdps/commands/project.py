@@ -45,43 +45,46 @@ def from_runs(path, ring, ps, nets=None):
     dirs = find_runs(path)
     if not dirs:
         raise UsageError(f"--from {path}: no hvdps runs there (no metrics.jsonl)")
-    rows = [load_run(d)[0] for d in dirs]
-    timed = [r for r in rows if r.get("compute_s")]
+    rows = [load_run(d) for d in dirs]
+    timed = [r for r in rows if r.compute_s]
     if not timed:
         raise UsageError(f"--from {path}: no run has a per-step breakdown (rerun with --probe_steps > 0)")
     # a 1-worker run's probe ran with the machine to itself; with more ranks on few cores the others'
     # polling competes with it, so prefer the single-worker figures when there are any
-    alone = [r for r in timed if (r.get("workers") or 1) == 1] or timed
-    computes = sorted(r["compute_s"] for r in alone)
+    alone = [r for r in timed if (r.workers or 1) == 1] or timed
+    computes = sorted(r.compute_s for r in alone)
     compute = computes[len(computes) // 2]
     try:
-        layers = model_layers_of(timed[0]["run_dir"])
+        layers = model_layers_of(timed[0].run_dir)
     except Exception as exc:         # a plug-in that no longer imports: fall back to the size alone
         print(f"note: could not rebuild the run's model ({exc}); treating its gradient as one tensor",
               file=sys.stderr)
-        layers = single_layer(timed[0]["grad_bytes_per_step"])
+        if not timed[0].grad_bytes_per_step:
+            raise UsageError(f"--from {path}: cannot rebuild the run's model ({exc}) and "
+                             f"{timed[0].name} recorded no gradient size to stand for it")
+        layers = single_layer(timed[0].grad_bytes_per_step)
     measured, notes = {}, []
     # one measured overlap per method and mode, from its largest run (most workers, then most shards):
     # a folder of 48 runs would otherwise add 48 lines to the table and the plot
     largest = {}
     for r in timed:
-        key = (r.get("backend"), r.get("mode"))
-        if (r.get("workers") or 1, r.get("num_ps") or 0) >= (largest.get(key, {}).get("workers") or 1,
-                                                             largest.get(key, {}).get("num_ps") or 0):
+        key = (r.backend, r.mode)
+        if key not in largest or (r.workers or 1, r.num_ps or 0) >= (largest[key].workers or 1,
+                                                                    largest[key].num_ps or 0):
             largest[key] = r
     for r in largest.values():
-        method = methods.lookup(r.get("backend"))
-        if method is None or (r.get("workers") or 1) < 2 and method.cost.collective:
+        method = methods.lookup(r.backend)
+        if method is None or (r.workers or 1) < 2 and method.cost.collective:
             continue
         t, how = run_exchange_s(r, ring, ps, nets)
         ov = measured_overlap(r, t)
         if ov is None:
             continue
-        label = method.cost.arch + f" (overlap of {r['backend']}"
-        label += f" {r.get('mode') or ''} x{r['workers']}: {ov:.0%})".replace("  ", " ")
+        label = method.cost.arch + f" (overlap of {r.backend}"
+        label += f" {r.mode or ''} x{r.workers}: {ov:.0%})".replace("  ", " ")
         measured[label] = (ov, method.cost.collective)
-        notes.append(f"{os.path.basename(r['run_dir'])}: compute {1e3 * r['compute_s']:.2f} ms, step "
-                     f"{1e3 * r['step_s']:.2f} ms, exchange {1e3 * t:.2f} ms ({how}) -> overlap {ov:.0%}")
+        notes.append(f"{r.name}: compute {1e3 * r.compute_s:.2f} ms, step "
+                     f"{1e3 * r.step_s:.2f} ms, exchange {1e3 * t:.2f} ms ({how}) -> overlap {ov:.0%}")
     return compute, layers, measured, notes
 
 
@@ -102,7 +105,7 @@ def cluster_of(path):
         candidate = os.path.join(here, "cluster.json")
         if os.path.lexists(candidate):
             desc = read_cluster_description(candidate)
-            if desc.get("rate_bps"):
+            if desc.rate_bps:
                 return desc
         here = os.path.dirname(here)
     return None
@@ -112,17 +115,17 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
     """A row per multi-worker run under ``path``: measured step time beside the projected one."""
     rows = []
     for d in find_runs(path):
-        row, curves = load_run(d)
-        if (row.get("workers") or 1) < 2 or not row.get("step_s") or not row.get("compute_s"):
+        row = load_run(d)
+        if (row.workers or 1) < 2 or not row.step_s or not row.compute_s:
             continue
-        projected, how = projected_step(row, curves.get("header") or {}, layers, ring, ps, fusion_bytes, cycle_s,
+        projected, how = projected_step(row, row.ps_shard_bytes, layers, ring, ps, fusion_bytes, cycle_s,
                                         nets)
         if projected is None:
             continue
-        rows.append({"run": os.path.basename(d), "backend": row["backend"], "mode": row.get("mode"),
-                     "workers": row["workers"], "num_ps": row.get("num_ps"), "how": how,
-                     "measured_step_s": row["step_s"], "projected_step_s": projected,
-                     "ratio": row["step_s"] / projected})
+        rows.append({"run": row.name, "backend": row.backend, "mode": row.mode,
+                     "workers": row.workers, "num_ps": row.num_ps, "how": how,
+                     "measured_step_s": row.step_s, "projected_step_s": projected,
+                     "ratio": row.step_s / projected})
     return rows
 
 
@@ -132,16 +135,15 @@ def heldout_of(path, layers, ring, ps, nets, args):
     fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
     rows, shared = [], set()
     for d in find_runs(path):
-        row, curves = load_run(d)
-        header = curves.get("header") or {}
-        row["cores_busy"], cores = run_cores(d, header, curves.get("steps") or [])
+        row = load_run(d)
+        row.cores_busy, cores = run_cores(d, row.header, row.curves.steps)
         if cores:
             shared.add(cores)
-        rows.append(dict(row, run=os.path.basename(d), _header=header))
+        rows.append(row)
     cores = max(shared) if shared else None
-    def terms_of(row, header):
-        method = methods.lookup(row.get("backend"))
-        return method.cost.step_terms(row, header, layers, ring_of(method, ring, nets), ps, fusion, cycle)
+    def terms_of(row):
+        method = methods.lookup(row.backend)
+        return method.cost.step_terms(row, row.ps_shard_bytes, layers, ring_of(method, ring, nets), ps, fusion, cycle)
 
     entries = heldout.analyse(rows, terms_of, cores)
     return entries, cores
@@ -206,8 +208,8 @@ def network(args, fits, source="--comm_json", cluster=None):
     TCP's goodput, their measured latency), which win over the measured fit; a fit that could
     not be made is refused in one line when it would be used."""
     ring, ps = fits.get("allreduce"), fits.get("ps")
-    if cluster and cluster.get("latency_s"):
-        ring = ps = {"bandwidth": cluster["rate_bps"] / 8 * TCP_GOODPUT, "alpha": cluster["latency_s"]}
+    if cluster and cluster.latency_s is not None:
+        ring = ps = {"bandwidth": cluster.rate_bps / 8 * TCP_GOODPUT, "alpha": cluster.latency_s}
         fits = {}
     given = args.bandwidth_gbps is not None and args.latency_us is not None
     for fit in (ring, ps):
@@ -230,7 +232,7 @@ def networks(args, fits, ring, ps, cluster=None):
     as ``network`` chose them, plus each family comm.json measured on its own (TensorFlow's ring,
     ``mwms``) unless flags or an emulated cluster's links give every method the same network."""
     nets = {"allreduce": ring, "ps": ps}
-    shared = bool(cluster and cluster.get("latency_s")) or args.bandwidth_gbps is not None or \
+    shared = bool(cluster and cluster.latency_s is not None) or args.bandwidth_gbps is not None or \
         args.latency_us is not None
     for key, fit in fits.items():
         if key not in nets and not shared and "error" not in fit:
@@ -267,7 +269,7 @@ def run_projection(args):
     cluster = cluster_of(args.from_dir) if args.from_dir and not args.comm_json else None
     fits = {}
     if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None) and \
-            not (cluster and cluster.get("latency_s")):
+            not (cluster and cluster.latency_s is not None):
         comm = read_comm(comm_json)
         fits = fit_from_comm([r.model_dump() for r in comm.results], comm.np)
     ring, ps = network(args, fits, comm_json, cluster)
@@ -309,9 +311,10 @@ def run_projection(args):
     for label, (_, net) in own.items():
         text += (f"{label}: its own fit from {comm_json}, {net['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
                  f"{net['alpha'] * 1e6:.1f} us.\n\n")
-    if cluster and cluster.get("latency_s") and (args.bandwidth_gbps is None or args.latency_us is None):
-        text += (f"Network: the emulated cluster's links ({cluster['rate']}, carrying {TCP_GOODPUT:.1%} of it as "
-                 f"TCP payload; latency {cluster['latency_s'] * 1e6:.0f} us, half the measured round trip).\n\n")
+    if cluster and cluster.latency_s is not None and (args.bandwidth_gbps is None or args.latency_us is None):
+        rate = cluster.rate or f"{cluster.rate_bps / 1e6:g} Mbit/s"
+        text += (f"Network: the emulated cluster's links ({rate}, carrying {TCP_GOODPUT:.1%} of it as "
+                 f"TCP payload; latency {cluster.latency_s * 1e6:.0f} us, half the measured round trip).\n\n")
     if notes:
         text += "Measured in the runs:\n\n" + "\n".join(f"- {x}" for x in notes) + "\n\n"
     checked = check_runs(args.from_dir, layers, ring, ps, int(args.fusion_threshold_mb * (1 << 20)),
@@ -325,8 +328,8 @@ def run_projection(args):
     cross = []
     if args.from_dir:
         fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
-        cross = crossover.analyse([load_run(d)[0] for d in find_runs(args.from_dir)],
-                                  lambda row, header: projected_step(row, header, layers, ring, ps, fusion, cycle,
+        cross = crossover.analyse([load_run(d) for d in find_runs(args.from_dir)],
+                                  lambda row, shard_bytes: projected_step(row, shard_bytes, layers, ring, ps, fusion, cycle,
                                                                      nets)[0], layers=layers)
         if cross:
             text += "\n".join(crossover_render.section(cross)) + "\n![crossover](crossover.png)\n\n"

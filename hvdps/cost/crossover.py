@@ -12,16 +12,18 @@ The ring side at each n is the fastest ring method measured there (each is a dro
 others); each PS variant (classic sync, classic async, TF2's PS) is set against it on its own.
 Which methods are rings and which are PS jobs comes from the method registry (hvdps/methods.py).
 """
+import dataclasses
 import statistics
 
 from hvdps import methods
 from hvdps.cost import schedule
+from hvdps.cost.shape import StepShape
 
 MAX_SHARDS = 64      # the projected shard count searched: a PS job needing more than this never matches
 
 
 def is_ring(row):
-    method = methods.lookup(row.get("backend"))
+    method = methods.lookup(row.backend)
     return bool(method and method.cost.collective)
 
 
@@ -29,16 +31,16 @@ def points(rows):
     """The runs the crossover reads: known methods, a measured step and compute, one model each."""
     out = []
     for r in rows:
-        if methods.lookup(r.get("backend")) is None or not r.get("step_s") or not r.get("compute_s"):
+        if methods.lookup(r.backend) is None or not r.step_s or not r.compute_s:
             continue
-        if not r.get("grad_bytes_per_step"):
+        if not r.grad_bytes_per_step:
             continue
-        out.append(dict(r, model=r.get("model") or "-", num_ps=r.get("num_ps") or 1, workers=r.get("workers") or 1))
+        out.append(dataclasses.replace(r, model=r.model or "-", num_ps=r.num_ps or 1, workers=r.workers or 1))
     return out
 
 
 def _variant(r):
-    return r["backend"], r.get("mode")
+    return r.backend, r.mode
 
 
 def _name(variant):
@@ -47,8 +49,8 @@ def _name(variant):
 
 def _compute_at(runs, n):
     """The compute the runs measured at the worker count nearest ``n`` (median over them)."""
-    nearest = min({r["workers"] for r in runs}, key=lambda w: (abs(w - n), w))
-    return statistics.median(r["compute_s"] for r in runs if r["workers"] == nearest)
+    nearest = min({r.workers for r in runs}, key=lambda w: (abs(w - n), w))
+    return statistics.median(r.compute_s for r in runs if r.workers == nearest)
 
 
 def _shard_bytes(layers, grad, k):
@@ -62,43 +64,43 @@ def _shard_bytes(layers, grad, k):
 def analyse(rows, project, layers=None, grid=None):
     """Per workload: the fastest ring at each n, each PS variant against it, and the lines to plot.
 
-    ``project(row, header)`` gives the model's step for a run-like row (backend, mode, workers,
-    num_ps, compute_s, grad_bytes_per_step) and its header (``ps_shard_bytes``), or None."""
+    ``project(shape, shard_bytes)`` gives the model's step for a run's shape (hvdps/cost/shape.py)
+    and, for PS, the bytes each PS task holds, or None."""
     out = []
     pts = points(rows)
-    for model in dict.fromkeys(r["model"] for r in pts):
-        mine = [r for r in pts if r["model"] == model and r["workers"] >= 2]
+    for model in dict.fromkeys(r.model for r in pts):
+        mine = [r for r in pts if r.model == model and r.workers >= 2]
         rings = [r for r in mine if is_ring(r)]
         pss = [r for r in mine if not is_ring(r)]
         if not rings or not pss:
             continue
-        grad = statistics.median(r["grad_bytes_per_step"] for r in mine)
-        measured_ns = sorted({r["workers"] for r in mine})
+        grad = statistics.median(r.grad_bytes_per_step for r in mine)
+        measured_ns = sorted({r.workers for r in mine})
         ns = sorted(set(measured_ns) | set(grid or schedule_grid(measured_ns[-1])))
 
         def projected(variant, runs, n, k=1):
-            row = {"backend": variant[0], "mode": variant[1], "workers": n, "num_ps": k,
-                   "compute_s": _compute_at(runs, n), "grad_bytes_per_step": grad}
-            return project(row, {"ps_shard_bytes": _shard_bytes(layers, grad, k)} if not is_ring(row) else {})
+            row = StepShape(backend=variant[0], mode=variant[1], workers=n, num_ps=k,
+                            compute_s=_compute_at(runs, n), grad_bytes_per_step=grad)
+            return project(row, None if is_ring(row) else _shard_bytes(layers, grad, k))
 
         ring_variants = list(dict.fromkeys(_variant(r) for r in rings))
         ring_runs = {v: [r for r in rings if _variant(r) == v] for v in ring_variants}
         ring_lines = {v: {n: projected(v, ring_runs[v], n) for n in ns} for v in ring_variants}
         best_ring = {}           # n -> (measured s, variant) of the fastest ring measured there
         for n in measured_ns:
-            here = [(r["step_s"], _variant(r)) for r in rings if r["workers"] == n]
+            here = [(r.step_s, _variant(r)) for r in rings if r.workers == n]
             if here:
                 best_ring[n] = min(here)
         best_line = {n: min((ring_lines[v][n], v) for v in ring_variants if ring_lines[v][n] is not None)
                      for n in ns if any(ring_lines[v][n] is not None for v in ring_variants)}
         series = [{"name": _name(v), "ring": True, "k": None,
-                   "measured": sorted((r["workers"], r["step_s"]) for r in ring_runs[v]),
+                   "measured": sorted((r.workers, r.step_s) for r in ring_runs[v]),
                    "projected": [(n, s) for n, s in ring_lines[v].items() if s is not None]} for v in ring_variants]
         variants = []
         for v in dict.fromkeys(_variant(r) for r in pss):
             runs = [r for r in pss if _variant(r) == v]
-            ks = sorted({r["num_ps"] for r in runs})
-            measured = {(r["workers"], r["num_ps"]): r["step_s"] for r in runs}
+            ks = sorted({r.num_ps for r in runs})
+            measured = {(r.workers, r.num_ps): r.step_s for r in runs}
             lines = {k: {n: projected(v, runs, n, k) for n in ns} for k in sorted(set(ks) | {1})}
             for k in ks:
                 series.append({"name": f"{_name(v)}, {k} PS", "ring": False, "k": k,

@@ -35,8 +35,10 @@ only on the smaller runs of the same method, so the larger runs are predictions:
 
 Predicted step = soft maximum over the terms (contended compute + factor x term) and the cores floor.
 """
+import dataclasses
 import math
 import statistics
+from typing import Any, Dict, Optional
 
 from hvdps import methods
 
@@ -47,21 +49,21 @@ OVERLAP = [1.5 + 0.5 * i for i in range(18)] + [math.inf]    # p searched: 1.5 .
 
 def lockstep(row):
     """Whether every worker computes at the same moment each step (a ring, sync PS)."""
-    method = methods.lookup(row.get("backend"))
-    return bool(method) and method.cost.lockstep(row.get("mode"))
+    method = methods.lookup(row.backend)
+    return bool(method) and method.cost.lockstep(row.mode)
 
 
 def contended_compute(row, cores):
     """The step's compute with n workers on ``cores`` shared cores (None: cores not shared)."""
-    n = row.get("workers") or 1
+    n = row.workers or 1
     if not cores or not lockstep(row):
-        return row["compute_s"]
-    return row["compute_s"] * max(1.0, n / cores)
+        return row.compute_s
+    return row.compute_s * max(1.0, n / cores)
 
 
 def variant(row):
     """The runs one cores floor is fitted over: a method, its mode and its shard count."""
-    return row.get("model") or "-", row.get("backend"), row.get("mode"), row.get("num_ps") or 0
+    return row.model or "-", row.backend, row.mode, row.num_ps or 0
 
 
 def family(row):
@@ -72,16 +74,16 @@ def family(row):
 def cpu_per_worker_step(row, cores):
     """Busy CPU seconds of the whole machine per worker step over the run's measured interval; None
     for a method whose ranks spin while they wait (``polls``: their busy cores are not work)."""
-    busy, n = row.get("cores_busy"), row.get("workers") or 1
-    method = methods.lookup(row.get("backend"))
-    if busy is None or not cores or not row.get("step_s") or method is None or method.cost.polls:
+    busy, n = row.cores_busy, row.workers or 1
+    method = methods.lookup(row.backend)
+    if busy is None or not cores or not row.step_s or method is None or method.cost.polls:
         return None
-    return busy * cores * row["step_s"] / n
+    return busy * cores * row.step_s / n
 
 
 def floor_of(row, cpu, cores):
     """The shortest round n worker steps of ``cpu`` seconds each allow on ``cores`` cores."""
-    return (row.get("workers") or 1) * cpu / cores if cpu and cores else None
+    return (row.workers or 1) * cpu / cores if cpu and cores else None
 
 
 def soft_max(times, p):
@@ -95,7 +97,7 @@ def soft_max(times, p):
 def predict(row, factors, cpu, cores, p=math.inf):
     """(predicted step, cores floor or None) of one run from its method's factors, its floor and p."""
     compute = contended_compute(row, cores)
-    times = [methods.combine(row["compute_s"], {name: term}, factors, compute) for name, term in row["terms"].items()]
+    times = [methods.combine(row.compute_s, {name: term}, factors, compute) for name, term in row.terms.items()]
     floor = floor_of(row, cpu, cores)
     return soft_max(times + ([floor] if floor else []), p), floor
 
@@ -105,8 +107,8 @@ GRID = [round(0.3 + 0.01 * i, 2) for i in range(271)]     # factors searched: 0.
 
 def binding(row, factors, floor, cores):
     """The component of the prediction with the longest time: a term of the model, or "cores"."""
-    times = {t: methods.combine(row["compute_s"], {t: term}, factors, contended_compute(row, cores))
-             for t, term in row["terms"].items()}
+    times = {t: methods.combine(row.compute_s, {t: term}, factors, contended_compute(row, cores))
+             for t, term in row.terms.items()}
     longest = max(times, key=times.get)
     return "cores" if floor and floor >= times[longest] else longest
 
@@ -115,11 +117,11 @@ def fit_factors(runs, cpus, cores, p=math.inf):
     """({term: factor}, loss) minimising the squared log error of the predicted steps over ``runs``
     (coordinate descent over GRID); ties go to the factor nearest 1, so a term that binds at
     none of the runs keeps 1."""
-    names = sorted({t for r in runs for t in r["terms"]})
+    names = sorted({t for r in runs for t in r.terms})
     factors = {t: 1.0 for t in names}
 
     def loss(f):
-        return sum(math.log(r["step_s"] / predict(r, f, cpus.get(variant(r)), cores, p)[0]) ** 2 for r in runs)
+        return sum(math.log(r.step_s / predict(r, f, cpus.get(variant(r)), cores, p)[0]) ** 2 for r in runs)
 
     for _ in range(4):
         for t in names:
@@ -127,31 +129,49 @@ def fit_factors(runs, cpus, cores, p=math.inf):
     return factors, loss(factors)
 
 
+@dataclasses.dataclass(frozen=True)
+class Modelled:
+    """One measured run as the check reads it, with its method's terms on the projection's network."""
+    run: str
+    model: str
+    backend: str
+    mode: Optional[str]
+    num_ps: Optional[int]
+    workers: int
+    compute_s: float
+    step_s: float
+    cores_busy: Optional[float]
+    terms: Dict[str, Any]
+    modelled_s: float
+
+
 def analyse(rows, terms_of, cores=None):
     """One entry per run of every method and mode measured at three or more worker counts (n >= 2):
     its measured step, the model's, the prediction and whether it was fitted or held out.
 
-    ``rows``: load_run rows with ``_header`` (and ``cores_busy`` where recorded); ``terms_of(row,
-    header)``: the method's ``step_terms`` on the projection's network (hvdps/cost/projection.py);
+    ``rows``: typed rows (common.metrics.RunRow, with ``cores_busy`` where recorded); ``terms_of(row)``:
+    the method's ``step_terms`` on the projection's network (hvdps/cost/projection.py);
     ``cores``: the cores the runs shared, or None."""
     by = {}
     for r in rows:
-        if (r.get("workers") or 1) < 2 or not r.get("step_s") or not r.get("compute_s"):
+        if (r.workers or 1) < 2 or not r.step_s or not r.compute_s:
             continue
-        if methods.lookup(r.get("backend")) is None:
+        if methods.lookup(r.backend) is None:
             continue
-        terms = terms_of(r, r.get("_header") or {})
+        terms = terms_of(r)
         if not terms:
             continue
-        by.setdefault(family(r), []).append(dict(r, terms=terms,
-                                                 modelled_s=methods.combine(r["compute_s"], terms)))
+        m = Modelled(run=r.name, model=r.model or "-", backend=r.backend, mode=r.mode, num_ps=r.num_ps,
+                     workers=r.workers, compute_s=r.compute_s, step_s=r.step_s, cores_busy=r.cores_busy,
+                     terms=terms, modelled_s=methods.combine(r.compute_s, terms))
+        by.setdefault(family(m), []).append(m)
     fits = {}
     for key, runs in by.items():
-        counts = sorted({r["workers"] for r in runs})
+        counts = sorted({r.workers for r in runs})
         if len(counts) <= FITTED:
             continue
         fitted_at = counts[:FITTED]
-        chosen = [r for r in runs if r["workers"] in fitted_at]
+        chosen = [r for r in runs if r.workers in fitted_at]
         cpus = {}
         for r in chosen:
             c = cpu_per_worker_step(r, cores)
@@ -172,17 +192,17 @@ def analyse(rows, terms_of, cores=None):
     for key in sorted(fits, key=lambda k: tuple(str(x) for x in k)):
         fitted_at, _, cpus = fits[key]
         factors = factors_of[key]
-        for r in sorted(by[key], key=lambda r: (r.get("num_ps") or 0, r["workers"])):
+        for r in sorted(by[key], key=lambda r: (r.num_ps or 0, r.workers)):
             predicted, floor = predict(r, factors, cpus.get(variant(r)), cores, p)
-            out.append({"run": r.get("run"), "model": key[0], "backend": key[1], "mode": key[2],
-                        "num_ps": r.get("num_ps") or 0, "workers": r["workers"],
-                        "measured_step_s": r["step_s"], "modelled_step_s": r["modelled_s"],
-                        "compute_s": r["compute_s"], "contended_compute_s": contended_compute(r, cores),
+            out.append({"run": r.run, "model": key[0], "backend": key[1], "mode": key[2],
+                        "num_ps": r.num_ps or 0, "workers": r.workers,
+                        "measured_step_s": r.step_s, "modelled_step_s": r.modelled_s,
+                        "compute_s": r.compute_s, "contended_compute_s": contended_compute(r, cores),
                         "binding": binding(r, factors, floor, cores),
                         "factors": factors, "overlap_p": None if p == math.inf else p,
                         "cpu_per_worker_step_s": cpus.get(variant(r)),
-                        "cores_busy": r.get("cores_busy"), "floor_s": floor, "predicted_step_s": predicted,
-                        "ratio": r["step_s"] / predicted, "held_out": r["workers"] not in fitted_at,
+                        "cores_busy": r.cores_busy, "floor_s": floor, "predicted_step_s": predicted,
+                        "ratio": r.step_s / predicted, "held_out": r.workers not in fitted_at,
                         "fitted_at": fitted_at})
     return out
 

@@ -21,6 +21,7 @@ overlap = (compute + exchange - step) / exchange, with the exchange measured
 from hvdps import methods
 from hvdps.cost import schedule
 from hvdps.cost.schedule import ps_time, ring_allreduce_time
+from hvdps.cost.shape import StepShape
 
 
 RING, PS = "ring all-reduce", "parameter servers"     # the projection's two families: a panel each
@@ -157,8 +158,8 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
                                      ring["alpha"], fusion_bytes, cycle_s)
             add(n, label, res, PS)
         for label, (method, net) in (own or {}).items():
-            row = {"workers": n, "compute_s": compute_s, "grad_bytes_per_step": grad, "mode": method.modes[0]}
-            step, _ = method.cost.projected_step(row, {}, layers, net, ps, fusion_bytes, cycle_s)
+            row = StepShape(workers=n, compute_s=compute_s, grad_bytes_per_step=grad, mode=method.modes[0])
+            step, _ = method.cost.projected_step(row, None, layers, net, ps, fusion_bytes, cycle_s)
             t = method.cost.exchange_s(row, net, ps) or 0.0
             add(n, label, {"step_s": step, "comm_s": t,
                            "overlap": max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0},
@@ -182,18 +183,18 @@ def ring_of(method, ring, nets):
 def run_exchange_s(row, ring, ps, nets=None):
     """The run's exchange time per step: measured where the backend times it, else the alpha-beta
     cost of its method (hvdps/methods.py)."""
-    if row.get("exchange_s"):
-        return row["exchange_s"], "measured"
-    method = methods.lookup(row.get("backend"))
+    if row.exchange_s:
+        return row.exchange_s, "measured"
+    method = methods.lookup(row.backend)
     t = method.cost.exchange_s(row, ring_of(method, ring, nets), ps) if method else None
     return (t, "alpha-beta") if t is not None else (None, None)
 
 
 def measured_overlap(row, exchange_s):
     """(compute + exchange - step) / exchange, clipped to [0, 1]: how much of the exchange the run hid."""
-    if not exchange_s or not row.get("compute_s") or not row.get("step_s"):
+    if not exchange_s or not row.compute_s or not row.step_s:
         return None
-    return max(0.0, min(1.0, (row["compute_s"] + exchange_s - row["step_s"]) / exchange_s))
+    return max(0.0, min(1.0, (row.compute_s + exchange_s - row.step_s) / exchange_s))
 
 
 # ------------------------------------------------- projected against measured
@@ -202,12 +203,12 @@ def measured_overlap(row, exchange_s):
 TCP_GOODPUT = 1448 / 1514
 
 
-def projected_step(row, header, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
+def projected_step(row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
     """(the step time the network model gives this run, how): its own compute, its gradient M, its
     worker count n and, for PS, the bytes its busiest PS task holds (header ``ps_shard_bytes``), by
     its method's step model (hvdps/methods.py); (None, None) for a method this version lacks."""
-    method = methods.lookup(row.get("backend"))
+    method = methods.lookup(row.backend)
     if method is None:
         return None, None
-    return method.cost.projected_step(row, header, layers, ring_of(method, ring, nets), ps, fusion_bytes, cycle_s)
+    return method.cost.projected_step(row, shard_bytes, layers, ring_of(method, ring, nets), ps, fusion_bytes, cycle_s)
 

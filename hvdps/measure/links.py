@@ -124,12 +124,12 @@ def _at(points, t):
 def rounds_between(steps, interval, batch_per_worker, workers, start_time):
     """Rounds (one step of every worker) between the step records at the interval's ends
     (``interval`` in Unix time, the records' ``wall_time`` from the run's ``start_time``)."""
-    at = [(start_time + s["wall_time"], s) for s in steps]
+    at = [(start_time + s.wall_time, s) for s in steps]
     start = next((s for t, s in at if abs(t - interval[0]) < 1e-6), None)
     end = next((s for t, s in at if abs(t - interval[1]) < 1e-6), None)
     if start is None or end is None or not batch_per_worker or not workers:
         return None
-    return (end["samples_seen"] - start["samples_seen"]) / (batch_per_worker * workers)
+    return (end.samples_seen - start.samples_seen) / (batch_per_worker * workers)
 
 
 def measured(links, interval, rounds):
@@ -137,7 +137,7 @@ def measured(links, interval, rounds):
     if not links or not interval or not rounds or rounds <= 0:
         return None
     out = {}
-    for host, points in (links.get("series") or {}).items():
+    for host, points in links.series.items():
         a, b = _at(points, interval[0]), _at(points, interval[1])
         if a is None or b is None:
             return None
@@ -160,7 +160,7 @@ def cores_busy(links, interval):
     """The share of the machine's cores that were busy over the Unix-time ``interval`` (links.json's
     ``cpu`` samples); None without samples at both ends. Near 1, the cores the emulated hosts share,
     not the links, may set the step."""
-    points = (links or {}).get("cpu") or []
+    points = links.cpu if links else []
     if not interval or not points:
         return None
     a, b = _at(points, interval[0]), _at(points, interval[1])
@@ -178,19 +178,18 @@ def run_cores(run_dir, header, steps):
     if not os.path.lexists(path):
         return None, None
     links = read_links(path)
-    return cores_busy(links, measured_interval(header, steps)), links.get("cores")
+    return cores_busy(links, measured_interval(header, steps)), links.cores
 
 
-def link_rows(run, row, curves, links, interval):
+def link_rows(run, row, links, interval):
     """The run's per-link table rows: host, its tasks, measured and predicted bytes per round."""
-    steps = curves.get("steps") or []
-    header = curves.get("header") or {}
-    rounds = rounds_between(steps, interval, row.get("batch_per_worker"), row.get("workers"),
-                            header.get("start_time") or 0) if interval else None
+    header, summary = row.curves.header, row.curves.summary
+    rounds = rounds_between(row.curves.steps, interval, row.batch_per_worker, row.workers,
+                            header.start_time or 0) if interval and header else None
     got = measured(links, interval, rounds)
-    roles = (links or {}).get("roles") or {}
-    want = predicted(row.get("backend"), row.get("mode"), roles,
-                     (curves.get("summary") or {}).get("gradient"), header.get("ps_shard_bytes"))
+    roles = (links.roles if links else None) or {}
+    want = predicted(row.backend, row.mode, roles, summary.gradient if summary else None,
+                     header.ps_shard_bytes if header else None)
     if not got:
         return []
     out = []

@@ -3,43 +3,43 @@ teardown (hvdps compare's compare_run.json), its links' bytes, its scaling, and 
 import os
 
 from common.errors import UsageError
-from common.metrics import load_run, read_records
+from common.metrics import RunRow, load_run, read_metrics
 
 
 RUN_RECORD = "compare_run.json"    # written by hvdps compare next to each run: its wall time from launch
 
 
 def collect(runs):
+    """A typed row (common.metrics.RunRow) per planned or found run: its records, then what the
+    launcher saw (exit, interruption, oversubscription), start-up, links and scaling."""
     rows = []
     for run in runs:
         if os.path.exists(os.path.join(run["run_dir"], "metrics.jsonl")):
-            row, curves = load_run(run["run_dir"])
+            row = load_run(run["run_dir"])
         else:
-            row, curves = {"backend": run["backend"], "mode": run["mode"], "workers": run["workers"],
-                           "status": "failed", "run_dir": run["run_dir"]}, {}
-        row.setdefault("backend", run["backend"])
-        row["backend"], row["mode"], row["workers"] = run["backend"], run["mode"], run["workers"]
+            row = RunRow(run_dir=run["run_dir"], status="failed")
+        row.backend, row.mode, row.workers = run["backend"], run["mode"], run["workers"]
         if run.get("returncode") not in (None, 0):
-            row["status"] = "interrupted" if run.get("interrupted") else "failed"
-        row["error"] = run.get("error")
-        row["oversubscribed"] = run.get("oversubscribed", False)
-        row["_curves"] = curves
+            row.status = "interrupted" if run.get("interrupted") else "failed"
+        row.error = run.get("error")
+        row.oversubscribed = run.get("oversubscribed", False)
         record = _run_record(run["run_dir"])
-        add_startup(row, curves, run.get("seconds") or record.get("seconds"),
-                    run.get("launched_at") or record.get("launched_at"))
-        add_links(row, curves, run.get("roles") or record.get("roles"))
+        add_startup(row, run.get("seconds") or (record.seconds if record else None),
+                    run.get("launched_at") or (record.launched_at if record else None))
+        add_links(row, run.get("roles") or (record.roles if record else None))
         rows.append(row)
     add_scaling(rows)
     return rows
 
 
 def _run_record(run_dir):
+    """compare_run.json's typed record, or None where the run has none."""
     from common.schemas import read_run_record
     path = os.path.join(run_dir, RUN_RECORD)
-    return read_run_record(path) if os.path.lexists(path) else {}
+    return read_run_record(path) if os.path.lexists(path) else None
 
 
-def add_startup(row, curves, run_seconds, launched_at=None):
+def add_startup(row, run_seconds, launched_at=None):
     """Warm-up = the trainer's time before its first measured interval (tracing, the excluded
     steps, the first negotiation or session); its share of the trainer's wall time says whether
     the throughput columns describe steady state. Start-up = everything from launch to that point
@@ -47,75 +47,75 @@ def add_startup(row, curves, run_seconds, launched_at=None):
     costs before it trains at speed. Teardown = the trainer's end to the job's exit (releasing PS
     tasks, MPI finalisation); known when the launch time was recorded, else it is counted in
     start-up (runs recorded before launch times were)."""
-    steps = (curves or {}).get("steps") or []
-    total = ((curves or {}).get("summary") or {}).get("total_time")
-    counted = [i for i, s in enumerate(steps) if s.get("samples_per_sec") is not None]
+    steps, summary, header = row.curves.steps, row.curves.summary, row.curves.header
+    total = summary.total_time if summary else None
+    counted = [i for i, s in enumerate(steps) if s.samples_per_sec is not None]
     if not counted or not total:
         return
     first = counted[0]
-    row["warmup_s"] = steps[first - 1]["wall_time"] if first > 0 else 0.0
-    row["warmup_share"] = row["warmup_s"] / total
-    start = ((curves or {}).get("header") or {}).get("start_time")
+    row.warmup_s = steps[first - 1].wall_time if first > 0 else 0.0
+    row.warmup_share = row.warmup_s / total
+    start = header.start_time if header else None
     if run_seconds and launched_at and start:
-        row["startup_s"] = max(0.0, start - launched_at) + row["warmup_s"]
-        row["teardown_s"] = max(0.0, launched_at + run_seconds - (start + total))
+        row.startup_s = max(0.0, start - launched_at) + row.warmup_s
+        row.teardown_s = max(0.0, launched_at + run_seconds - (start + total))
     elif run_seconds:
-        row["startup_s"] = max(0.0, run_seconds - total) + row["warmup_s"]
+        row.startup_s = max(0.0, run_seconds - total) + row.warmup_s
 
 
-def add_links(row, curves, roles):
+def add_links(row, roles):
     """Where the run's tasks ran (``--hosts``) and, where the links' counters were sampled
     (hvdps emulate), the bytes per round each host's link carried against the formula
     (hvdps/measure/links.py), the busiest link's share of its rate, and the round time."""
     from common.metrics import measured_interval
     from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
-    row["roles"] = roles or None
+    row.roles = roles or None
     from common.schemas import read_links
-    path = os.path.join(row["run_dir"], LINKS_FILE)
-    if not os.path.lexists(path) or not curves:
+    path = os.path.join(row.run_dir, LINKS_FILE)
+    if not os.path.lexists(path) or row.curves.header is None:
         return
     links = read_links(path)
-    interval = measured_interval(curves.get("header") or {}, curves.get("steps") or [])
-    row["cores_busy"] = cores_busy(links, interval)
-    table = link_rows(None, row, curves, links, interval)
+    interval = measured_interval(row.curves.header, row.curves.steps)
+    row.cores_busy = cores_busy(links, interval)
+    table = link_rows(None, row, links, interval)
     if not table:
         return
-    row["links"], row["roles"] = table, row["roles"] or links.get("roles")
+    row.links, row.roles = table, row.roles or links.roles
     busiest = max(table, key=lambda x: max(x["in"], x["out"]))
     way = "in" if busiest["in"] >= busiest["out"] else "out"
-    row["busiest_link_bytes"] = busiest[way]
-    row["busiest_link_predicted"] = busiest["predicted_" + way]
+    row.busiest_link_bytes = busiest[way]
+    row.busiest_link_predicted = busiest["predicted_" + way]
     # Worst measured/formula over the links that carry a tenth of the model or more: on a shard of a few
     # kB the fixed costs of each RPC (step counter reads, headers) outweigh the tensors themselves.
-    floor = 0.1 * (row.get("grad_bytes_per_step") or 0)
+    floor = 0.1 * (row.grad_bytes_per_step or 0)
     ratios = [x[w] / x["predicted_" + w] for x in table for w in ("in", "out")
               if x.get("predicted_" + w) and x["predicted_" + w] >= floor]
-    row["link_bytes_ratio"] = max(ratios, key=lambda q: abs(q - 1)) if ratios else None
-    row["round_s"] = (interval[1] - interval[0]) / busiest["rounds"]
-    row["link_rate_bps"] = links.get("rate_bps")
-    if row["link_rate_bps"]:
-        row["link_utilisation"] = row["busiest_link_bytes"] * 8 / row["round_s"] / row["link_rate_bps"]
+    row.link_bytes_ratio = max(ratios, key=lambda q: abs(q - 1)) if ratios else None
+    row.round_s = (interval[1] - interval[0]) / busiest["rounds"]
+    row.link_rate_bps = links.rate_bps
+    if row.link_rate_bps:
+        row.link_utilisation = row.busiest_link_bytes * 8 / row.round_s / row.link_rate_bps
 
 
 def add_scaling(rows):
     """Efficiency = throughput(n) / (n * throughput(1)) within the same workload, backend and mode."""
-    base = {(r.get("model"), r["backend"], r["mode"], r.get("num_ps")): r.get("samples_per_sec_median")
-            for r in rows if r["workers"] == 1 and r.get("status") == "ok"}
+    base = {(r.model, r.backend, r.mode, r.num_ps): r.samples_per_sec_median
+            for r in rows if r.workers == 1 and r.status == "ok"}
     for r in rows:
-        b, t = base.get((r.get("model"), r["backend"], r["mode"], r.get("num_ps"))), r.get("samples_per_sec_median")
-        r["scaling_efficiency"] = (t / (r["workers"] * b)) if b and t and r.get("status") == "ok" else None
+        b, t = base.get((r.model, r.backend, r.mode, r.num_ps)), r.samples_per_sec_median
+        r.scaling_efficiency = (t / (r.workers * b)) if b and t and r.status == "ok" else None
 
 
 def environment_of(rows):
     import platform
-    header = next(((r.get("_curves") or {}).get("header") for r in rows if (r.get("_curves") or {}).get("header")), {})
-    env = {"host": header.get("host", platform.node()), "cores": os.cpu_count()}
-    env.update({k: v for k, v in (header.get("versions") or {}).items()})
+    header = next((r.header for r in rows if r.header), None)
+    env = {"host": (header.host if header else None) or platform.node(), "cores": os.cpu_count()}
+    env.update(header.versions if header else {})
     by_keras = {}                    # which Keras built each run's model (common/keras3.py: keras_of)
     for r in rows:
-        kind = ((r.get("_curves") or {}).get("header") or {}).get("keras")
+        kind = r.header.keras if r.header else None
         if kind:
-            by_keras.setdefault(kind, []).append(os.path.basename(r.get("run_dir") or "?"))
+            by_keras.setdefault(kind, []).append(r.name)
     if len(by_keras) == 1:
         env["model built with"] = f"{next(iter(by_keras))} (every run)"
     elif by_keras:
@@ -132,10 +132,10 @@ def runs_from_dirs(dirs):
         candidates = [d] if os.path.exists(os.path.join(d, "metrics.jsonl")) else \
             sorted(os.path.join(root, "") [:-1] for root, _, files in os.walk(d) if "metrics.jsonl" in files)
         for c in candidates:
-            header = next((r for r in read_records(os.path.join(c, "metrics.jsonl")) if r["type"] == "header"), None)
-            if header and all(k in header for k in ("backend", "mode", "world_size")):
-                runs.append({"backend": header["backend"], "mode": header["mode"],
-                             "workers": header["world_size"], "run_dir": c, "returncode": None})
+            header = next((r for r in read_metrics(os.path.join(c, "metrics.jsonl")) if r.type == "header"), None)
+            if header:
+                runs.append({"backend": header.backend, "mode": header.mode,
+                             "workers": header.world_size, "run_dir": c, "returncode": None})
     if not runs:
         raise UsageError(f"--from: no runs (metrics.jsonl) found in {', '.join(dirs)}")
     return sorted(runs, key=lambda r: (r["backend"], r["mode"], r["workers"]))

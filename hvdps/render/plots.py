@@ -44,20 +44,20 @@ def write_breakdown_plot(rows, out):
     it. One panel per workload, each on its own scale (a 1 ms MLP step beside a 80 ms CNN step
     would be invisible)."""
     import matplotlib.pyplot as plt
-    runs = [r for r in rows if r.get("status") == "ok" and r.get("step_s") is not None and r.get("compute_s")]
+    runs = [r for r in rows if r.status == "ok" and r.step_s is not None and r.compute_s]
     if not runs:
         return None
     groups = _workloads(runs)
     fig, axes = plt.subplots(len(groups), 1, figsize=(max(6, 1.1 * max(map(len, groups.values())) + 3),
                                                      3.6 * len(groups)), squeeze=False)
     for (model, group), (ax,) in zip(groups.items(), axes):
-        group = sorted(group, key=lambda r: (_label(r), r["workers"]))
+        group = sorted(group, key=lambda r: (_label(r), r.workers))
         # a bar is 1.1 inch wide: a method's name wraps at word boundaries so its neighbours' stay legible
-        labels = [textwrap.fill(_label(r), 16, break_long_words=False) + f"\n{r['workers']} worker(s)"
+        labels = [textwrap.fill(_label(r), 16, break_long_words=False) + f"\n{r.workers} worker(s)"
                   for r in group]
-        compute = [1000 * min(r["compute_s"], r["step_s"]) for r in group]
-        overhead = [1000 * max(r["step_s"] - r["compute_s"], 0.0) for r in group]
-        wait = [min(1000 * max(r.get("wait_s") or 0.0, 0.0), o) for r, o in zip(group, overhead)]
+        compute = [1000 * min(r.compute_s, r.step_s) for r in group]
+        overhead = [1000 * max(r.step_s - r.compute_s, 0.0) for r in group]
+        wait = [min(1000 * max(r.wait_s or 0.0, 0.0), o) for r, o in zip(group, overhead)]
         xs = range(len(group))
         ax.bar(xs, compute, label="compute (no exchange)")
         ax.bar(xs, [o - w for o, w in zip(overhead, wait)], bottom=compute,
@@ -81,7 +81,7 @@ def _workloads(rows):
     """{workload: its rows}, in a stable order: one panel each in every plot."""
     out = {}
     for r in rows:
-        out.setdefault(r.get("model") or "-", []).append(r)
+        out.setdefault(r.model or "-", []).append(r)
     return dict(sorted(out.items()))
 
 
@@ -99,22 +99,22 @@ def write_plots(rows, out):
     written = []
     groups = _workloads(rows)
     # one look per method across the workloads' panels (and per method and workers in accuracy_vs_time.png)
-    styles = series_styles(sorted({_label(r) for r in rows if r.get("samples_per_sec_median") and r.get("status") == "ok"}))
+    styles = series_styles(sorted({_label(r) for r in rows if r.samples_per_sec_median and r.status == "ok"}))
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
     for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
         series = {}
         for r in rs:
-            if r.get("samples_per_sec_median") and r.get("status") == "ok":
+            if r.samples_per_sec_median and r.status == "ok":
                 series.setdefault(_label(r), []).append(r)
-        ticks = sorted({r["workers"] for r in rs})
+        ticks = sorted({r.workers for r in rs})
         drawn = 0
         for label, runs in sorted(series.items()):
-            runs.sort(key=lambda r: r["workers"])
+            runs.sort(key=lambda r: r.workers)
             colour, marker = styles[label]
-            ax1.errorbar([r["workers"] for r in runs], [r["samples_per_sec_median"] for r in runs],
-                         yerr=[r.get("samples_per_sec_error") or 0.0 for r in runs], fmt=f"{marker}-", capsize=4,
+            ax1.errorbar([r.workers for r in runs], [r.samples_per_sec_median for r in runs],
+                         yerr=[r.samples_per_sec_error or 0.0 for r in runs], fmt=f"{marker}-", capsize=4,
                          color=colour, label=label)
-            eff = [(r["workers"], r["scaling_efficiency"]) for r in runs if r.get("scaling_efficiency") is not None]
+            eff = [(r.workers, r.scaling_efficiency) for r in runs if r.scaling_efficiency is not None]
             if eff:
                 ax2.plot(*zip(*eff), f"{marker}-", color=colour, label=label)
                 drawn += 1
@@ -122,7 +122,7 @@ def write_plots(rows, out):
             ax2.text(0.5, 0.5, "no 1-worker run of this workload:\nscaling efficiency needs throughput(1)",
                      ha="center", va="center", transform=ax2.transAxes, color="grey")
         ax1.set(xlabel="workers", ylabel="samples/sec (median, 95% interval)", title=f"{model}: throughput")
-        rates = [r["samples_per_sec_median"] for runs in series.values() for r in runs]
+        rates = [r.samples_per_sec_median for runs in series.values() for r in runs]
         if rates and max(rates) > 20 * min(rates):   # e.g. one worker with no link against shaped links:
             ax1.set_yscale("log")                      # a linear axis would flatten every multi-worker run
         ax2.set(xlabel="workers", ylabel="throughput(n) / (n x throughput(1))", ylim=(0, 1.2),
@@ -131,20 +131,21 @@ def write_plots(rows, out):
             ax.set_xticks(ticks)
     written.append(_save(fig, out, "throughput.png", legend_size=8))
 
-    curve_label = lambda r: f"{_label(r)}, {r['workers']} worker(s)"      # noqa: E731
-    styles = series_styles(list(dict.fromkeys(curve_label(r) for r in sorted(rows, key=lambda r: (_label(r), r["workers"]))
-                                        if (r.get("_curves") or {}).get("evals"))))
+    curve_label = lambda r: f"{_label(r)}, {r.workers} worker(s)"      # noqa: E731
+    styles = series_styles(list(dict.fromkeys(curve_label(r) for r in sorted(rows, key=lambda r: (_label(r), r.workers))
+                                        if r.curves.evals)))
     fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
     for (model, rs), (ax1, ax2) in zip(groups.items(), axes):
-        target = next((r["target_accuracy"] for r in rs if r.get("target_accuracy")), None)
-        shown = [r for r in sorted(rs, key=lambda r: (_label(r), r["workers"]))
-                 if (r.get("_curves") or {}).get("evals")]
+        target = next((r.target_accuracy for r in rs if r.target_accuracy), None)
+        shown = [r for r in sorted(rs, key=lambda r: (_label(r), r.workers))
+                 if r.curves.evals]
         for r in shown:
-            evals = r["_curves"]["evals"]
+            evals = r.curves.evals
             label = curve_label(r)
             colour, marker = styles[label]
             for ax, key in ((ax1, "accuracy"), (ax2, "loss")):
-                ax.plot([e["wall_time"] for e in evals], [e[key] for e in evals], f"{marker}-", ms=3,
+                points = [(e.wall_time, getattr(e, key)) for e in evals if getattr(e, key) is not None]
+                ax.plot([t for t, _ in points], [v for _, v in points], f"{marker}-", ms=3,
                         color=colour, label=label)
         if target:
             ax1.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")

@@ -28,13 +28,13 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
 
 def links_section(rows):
     """Markdown: each run's tasks by host and, where measured, its links' bytes per round."""
-    placed = [r for r in rows if r.get("roles") or r.get("links")]
+    placed = [r for r in rows if r.roles or r.links]
     if not placed:
         return []
-    measured = any(r.get("links") for r in placed)
+    measured = any(r.links for r in placed)
     lines = ["## Hosts and links", ""]
     if measured:
-        rate = next((r["link_rate_bps"] for r in placed if r.get("link_rate_bps")), None)
+        rate = next((r.link_rate_bps for r in placed if r.link_rate_bps), None)
         lines += ["Bytes each host's link carried per round (one step of every worker), from the interface "
                   "counters over the measured interval, against the formula (ring: 2(n-1)/n x M each way on "
                   "every host with ranks; PS: each task's share of M per worker on another host, each way; "
@@ -48,25 +48,25 @@ def links_section(rows):
     else:
         lines += ["| run | host | tasks |", "|---|---|---|"]
     for r in placed:
-        name = f"{r.get('model') or '-'} {name_of(r)}, {r['workers']} workers"
-        if r.get("links"):
-            util = f"{100 * r['link_utilisation']:.0f}% of rate" if r.get("link_utilisation") is not None else "-"
-            if r.get("cores_busy") is not None:
-                util += f", cores {100 * r['cores_busy']:.0f}% busy"
-            for i, x in enumerate(r["links"]):
-                head = f"{name} | {1000 * r['round_s']:.1f} | {util}" if i == 0 else " | | "
+        name = f"{r.model or '-'} {name_of(r)}, {r.workers} workers"
+        if r.links:
+            util = f"{100 * r.link_utilisation:.0f}% of rate" if r.link_utilisation is not None else "-"
+            if r.cores_busy is not None:
+                util += f", cores {100 * r.cores_busy:.0f}% busy"
+            for i, x in enumerate(r.links):
+                head = f"{name} | {1000 * r.round_s:.1f} | {util}" if i == 0 else " | | "
                 lines.append(f"| {head} | {x['host']} | {', '.join(x['tasks']) or '-'} | {x['in']:,.0f} | "
                              f"{_fmt_bytes(x['predicted_in'])} | {x['out']:,.0f} | {_fmt_bytes(x['predicted_out'])} |")
         elif measured:
-            lines.append(f"| {name} | - | - | " + "; ".join(f"{h}: {t}" for t, h in (r.get("roles") or {}).items())
+            lines.append(f"| {name} | - | - | " + "; ".join(f"{h}: {t}" for t, h in (r.roles or {}).items())
                          + " | | | | | |")
         else:
             by_host = {}
-            for task, host in (r.get("roles") or {}).items():
+            for task, host in (r.roles or {}).items():
                 by_host.setdefault(host, []).append(task)
             for host, tasks in by_host.items():
                 lines.append(f"| {name} | {host} | {', '.join(tasks)} |")
-    sentences = [_link_sentence(r) for r in placed if r.get("links")]
+    sentences = [_link_sentence(r) for r in placed if r.links]
     return lines + ([""] + [s for s in sentences if s] if any(sentences) else []) + [""]
 
 
@@ -75,13 +75,13 @@ def shards_section(rows):
     ``ps_shard_bytes``, ``placement``): what each PS link carries per worker batch, each way."""
     lines = []
     for r in rows:
-        header = (r.get("_curves") or {}).get("header") or {}
-        shares = header.get("ps_shard_bytes") or {}
+        header = r.header
+        shares = (header.ps_shard_bytes if header else None) or {}
         total = sum(shares.values())
         if len(shares) < 2 or not total:
             continue
-        split = sorted(name for name, devices in (header.get("placement") or {}).items() if len(devices) > 1)
-        lines.append(f"| {r.get('model') or '-'} {name_of(r)}, {r['workers']} workers | " +
+        split = sorted(name for name, devices in (header.placement or {}).items() if len(devices) > 1)
+        lines.append(f"| {r.model or '-'} {name_of(r)}, {r.workers} workers | " +
                      ", ".join(f"{task} {b:,} ({100 * b / total:.0f}%)" for task, b in sorted(shares.items())) +
                      f" | {max(shares.values()) * len(shares) / total:.2f} | {', '.join(split) or '-'} |")
     if not lines:
@@ -100,15 +100,15 @@ def _fmt_bytes(v):
 
 def _link_sentence(r):
     """The busiest link in multiples of the model's bytes M, measured against the formula."""
-    m = r.get("grad_bytes_per_step")
-    if not m or r.get("busiest_link_bytes") is None or r["busiest_link_bytes"] < 0.01 * m:
+    m = r.grad_bytes_per_step
+    if not m or r.busiest_link_bytes is None or r.busiest_link_bytes < 0.01 * m:
         return None                   # nothing crossed a link (one worker under all-reduce)
-    text = (f"- {r.get('model') or '-'}, {name_of(r)}, {r['workers']} workers" +
-            f": the busiest link carried {r['busiest_link_bytes'] / m:.2f} x M per round")
-    if r.get("busiest_link_predicted"):
-        text += f" (formula {r['busiest_link_predicted'] / m:.2f} x M; measured/formula {r['busiest_link_bytes'] / r['busiest_link_predicted']:.2f})"
-    if r.get("link_utilisation") is not None:
-        text += f", {100 * r['link_utilisation']:.0f}% of its rate over {1000 * r['round_s']:.1f} ms rounds"
+    text = (f"- {r.model or '-'}, {name_of(r)}, {r.workers} workers" +
+            f": the busiest link carried {r.busiest_link_bytes / m:.2f} x M per round")
+    if r.busiest_link_predicted:
+        text += f" (formula {r.busiest_link_predicted / m:.2f} x M; measured/formula {r.busiest_link_bytes / r.busiest_link_predicted:.2f})"
+    if r.link_utilisation is not None:
+        text += f", {100 * r.link_utilisation:.0f}% of its rate over {1000 * r.round_s:.1f} ms rounds"
     return text + "."
 
 
@@ -122,7 +122,7 @@ def _fmt(v, digits=3):
 
 def write_report(rows, out, cfg_dict, environment):
     make_dirs(out)
-    plain = [{k: r.get(k) for k in COLUMNS} for r in rows]
+    plain = [{k: r.column(k) for k in COLUMNS} for r in rows]
     write_atomic(os.path.join(out, "results.json"),
                  json.dumps({"rows": plain, "config": cfg_dict, "environment": environment}, indent=2))
     buf = io.StringIO(newline="")
@@ -136,23 +136,23 @@ def write_report(rows, out, cfg_dict, environment):
              "wall (s) | start-up (s) | status |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        tp = ("-" if r.get("samples_per_sec_mean") is None else
-              f"{r['samples_per_sec_mean']:.0f} (one interval)" if r.get("samples_per_sec_error") is None else
-              f"{r['samples_per_sec_mean']:.0f} ± {r['samples_per_sec_error']:.0f}")
-        eff = f"{100 * r['scaling_efficiency']:.0f}%" if r.get("scaling_efficiency") is not None else "-"
-        status = r.get("status") or "-"
-        if r.get("oversubscribed"):
+        tp = ("-" if r.samples_per_sec_mean is None else
+              f"{r.samples_per_sec_mean:.0f} (one interval)" if r.samples_per_sec_error is None else
+              f"{r.samples_per_sec_mean:.0f} ± {r.samples_per_sec_error:.0f}")
+        eff = f"{100 * r.scaling_efficiency:.0f}%" if r.scaling_efficiency is not None else "-"
+        status = r.status or "-"
+        if r.oversubscribed:
             status += " (oversubscribed)"
-        if r.get("error"):
-            status += f": {r['error']}"
-        startup = ((f"{r['startup_s']:.1f}" if r.get("startup_s") is not None else "-") +
-                   (f" (warm-up {100 * r['warmup_share']:.0f}%)" if r.get("warmup_share") is not None else "") +
-                   (f" + {r['teardown_s']:.1f} teardown" if r.get("teardown_s") is not None else ""))
-        table.append(f"| {r.get('model') or '-'} | {r['backend']} | {r['mode']} | {r['workers']} | "
-                     f"{r.get('num_ps') or '-'} | "
-                     f"{_fmt(r.get('samples_per_sec_median'))} | {tp} | {eff} | {_fmt(r.get('time_to_target'))} | "
-                     f"{_fmt(r.get('final_test_accuracy'))} | {_fmt(r.get('final_test_loss'))} | "
-                     f"{_fmt(r.get('bytes_per_step_per_worker'))} | {_split(r)} | {_fmt(r.get('wall_time'))} | {startup} | {status} |")
+        if r.error:
+            status += f": {r.error}"
+        startup = ((f"{r.startup_s:.1f}" if r.startup_s is not None else "-") +
+                   (f" (warm-up {100 * r.warmup_share:.0f}%)" if r.warmup_share is not None else "") +
+                   (f" + {r.teardown_s:.1f} teardown" if r.teardown_s is not None else ""))
+        table.append(f"| {r.model or '-'} | {r.backend} | {r.mode} | {r.workers} | "
+                     f"{r.num_ps or '-'} | "
+                     f"{_fmt(r.samples_per_sec_median)} | {tp} | {eff} | {_fmt(r.time_to_target)} | "
+                     f"{_fmt(r.final_test_accuracy)} | {_fmt(r.final_test_loss)} | "
+                     f"{_fmt(r.bytes_per_step_per_worker)} | {_split(r)} | {_fmt(r.wall_time)} | {startup} | {status} |")
     findings = verdicts(rows)
     reasons = explanations(rows)
     # The answer first: what a user came for is which method wins, by how much; the table, each step's
@@ -187,11 +187,11 @@ def write_report(rows, out, cfg_dict, environment):
 def within_noise(a, b):
     """True when the 95% intervals of two runs' mean throughput overlap; None when either run
     has no interval (a single logging interval: nothing to tell noise from a difference with)."""
-    if a.get("samples_per_sec_error") is None or b.get("samples_per_sec_error") is None \
-            or a.get("samples_per_sec_mean") is None or b.get("samples_per_sec_mean") is None:
+    if a.samples_per_sec_error is None or b.samples_per_sec_error is None \
+            or a.samples_per_sec_mean is None or b.samples_per_sec_mean is None:
         return None
-    gap = abs(a["samples_per_sec_mean"] - b["samples_per_sec_mean"])
-    return gap <= a["samples_per_sec_error"] + b["samples_per_sec_error"]
+    gap = abs(a.samples_per_sec_mean - b.samples_per_sec_mean)
+    return gap <= a.samples_per_sec_error + b.samples_per_sec_error
 
 
 def verdicts(rows):
@@ -204,34 +204,34 @@ def verdicts(rows):
     difference called noise where the two runs' 95% intervals of the mean overlap. Then each
     run's own start-up (never an average over worker counts)."""
     out = []
-    for model in sorted({r.get("model") for r in rows if r.get("model")}):
-        ok = [r for r in rows if r.get("model") == model and r.get("status") == "ok"]
+    for model in sorted({r.model for r in rows if r.model}):
+        ok = [r for r in rows if r.model == model and r.status == "ok"]
         if not ok:
             continue
-        n = max(r["workers"] for r in ok)
-        at_n = sorted((r for r in ok if r["workers"] == n), key=name_of)
-        target = next((r["target_accuracy"] for r in at_n if r.get("target_accuracy")), None)
+        n = max(r.workers for r in ok)
+        at_n = sorted((r for r in ok if r.workers == n), key=name_of)
+        target = next((r.target_accuracy for r in at_n if r.target_accuracy), None)
         goal = f"the target accuracy {target:g}" if target else "the target accuracy"
-        reached = sorted((r for r in at_n if r.get("time_to_target") is not None), key=lambda r: r["time_to_target"])
-        never = [r for r in at_n if r.get("time_to_target") is None]
+        reached = sorted((r for r in at_n if r.time_to_target is not None), key=lambda r: r.time_to_target)
+        never = [r for r in at_n if r.time_to_target is None]
         head = f"- **{model}**, {n} worker(s): "
         if reached:
             best = reached[0]
-            text = head + f"{name_of(best)} reaches {goal} first, in {best['time_to_target']:.1f} s"
+            text = head + f"{name_of(best)} reaches {goal} first, in {best.time_to_target:.1f} s"
             if not any(_evaluates_each_epoch(r) for r in reached):
                 text += " (evaluated only at the end: each time is the whole run)"
             if reached[1:]:
                 text += "; then " + ", ".join(
-                    f"{name_of(r)} in {r['time_to_target']:.1f} s ({r['time_to_target'] / best['time_to_target']:.2f}x)"
+                    f"{name_of(r)} in {r.time_to_target:.1f} s ({r.time_to_target / best.time_to_target:.2f}x)"
                     for r in reached[1:])
         else:
             text = head + f"no backend reaches {goal}"
         if never:
             text += ("; never reached it: " if reached else ": ") + ", ".join(
-                f"{name_of(r)} (ended at {_fmt(r.get('final_test_accuracy'))})" for r in never)
+                f"{name_of(r)} (ended at {_fmt(r.final_test_accuracy)})" for r in never)
         text += "."
         text += _throughput_sentence(at_n) + _bytes_sentence(at_n)
-        startups = [f"{name_of(r)} {r['startup_s']:.1f} s" for r in at_n if r.get("startup_s") is not None]
+        startups = [f"{name_of(r)} {r.startup_s:.1f} s" for r in at_n if r.startup_s is not None]
         if startups:
             text += " Start-up of these runs: " + ", ".join(startups) + "."
         out.append(text)
@@ -239,12 +239,13 @@ def verdicts(rows):
 
 
 def _evaluates_each_epoch(r):
-    return (((r.get("_curves") or {}).get("header") or {}).get("config") or {}).get("eval_every_epoch", True)
+    config = r.header.config if r.header else None
+    return config is None or config.eval_every_epoch is not False
 
 
 def method_note(rows):
     """How the verdicts were reached, with the repeat count and interval method they rest on."""
-    counts = sorted({r["intervals"] for r in rows if r.get("status") == "ok" and r.get("intervals")})
+    counts = sorted({r.intervals for r in rows if r.status == "ok" and r.intervals})
     span = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}") if counts else "no"
     return ("Verdicts rank the runs at each workload's largest worker count by time to the target accuracy "
             "(one run per backend; from the trainer's start to the first evaluation at or above it: each epoch's, "
@@ -256,43 +257,43 @@ def method_note(rows):
 def _bytes_sentence(runs):
     """Where the backends' bytes per worker step differ by 2x or more, what each sends, and for a
     model with embedding tables why: rows looked up against whole tables."""
-    sent = sorted((r for r in runs if r.get("bytes_per_step_per_worker")), key=lambda r: r["bytes_per_step_per_worker"])
-    if len(sent) < 2 or sent[-1]["bytes_per_step_per_worker"] < 2 * sent[0]["bytes_per_step_per_worker"]:
+    sent = sorted((r for r in runs if r.bytes_per_step_per_worker), key=lambda r: r.bytes_per_step_per_worker)
+    if len(sent) < 2 or sent[-1].bytes_per_step_per_worker < 2 * sent[0].bytes_per_step_per_worker:
         return ""
     text = " Bytes on the wire per worker step: " + ", ".join(
-        f"{name_of(r)} {r['bytes_per_step_per_worker']:,.0f}" for r in sent) + "."
-    sparse = next((r for r in sent if r.get("sparse_table_bytes")), None)
+        f"{name_of(r)} {r.bytes_per_step_per_worker:,.0f}" for r in sent) + "."
+    sparse = next((r for r in sent if r.sparse_table_bytes), None)
     if sparse:
-        text += (f" The embedding gradient of one batch is {sparse['sparse_bytes']:,.0f} bytes of looked-up rows and "
-                 f"their ids, the tables {sparse['sparse_table_bytes']:,.0f} bytes: a PS pulls and pushes only the "
+        text += (f" The embedding gradient of one batch is {sparse.sparse_bytes or 0:,.0f} bytes of looked-up rows and "
+                 f"their ids, the tables {sparse.sparse_table_bytes:,.0f} bytes: a PS pulls and pushes only the "
                  f"rows, Horovod and TF's all-reduce (MWMS) all-gather every worker's rows, a dense all-reduce "
                  f"(bare MPI, Horovod's sparse_as_dense) moves the whole tables.")
     return text
 
 
 def _throughput_sentence(runs):
-    ranked = sorted((r for r in runs if r.get("samples_per_sec_median")), key=lambda r: -r["samples_per_sec_median"])
+    ranked = sorted((r for r in runs if r.samples_per_sec_median), key=lambda r: -r.samples_per_sec_median)
     if not ranked:
         return ""
     top = ranked[0]
-    text = f" Throughput: {name_of(top)} {top['samples_per_sec_median']:,.0f} samples/s"
+    text = f" Throughput: {name_of(top)} {top.samples_per_sec_median:,.0f} samples/s"
     others = []
     for r in ranked[1:]:
         noise = within_noise(top, r)
         tag = {True: ", within noise: the 95% intervals overlap", False: "",
                None: ", no interval to tell noise by (one logging interval)"}[noise]
-        others.append(f"{top['samples_per_sec_median'] / r['samples_per_sec_median']:.2f}x {name_of(r)} "
-                      f"({r['samples_per_sec_median']:,.0f}{tag})")
+        others.append(f"{top.samples_per_sec_median / r.samples_per_sec_median:.2f}x {name_of(r)} "
+                      f"({r.samples_per_sec_median:,.0f}{tag})")
     return text + (": " + "; ".join(others) if others else "") + "."
 
 
 def _split(r):
-    if r.get("step_s") is None or r.get("compute_s") is None:
+    if r.step_s is None or r.compute_s is None:
         return "-"
-    if r["step_s"] < r["compute_s"]:
+    if r.step_s < r.compute_s:
         # compute is timed in runs of its own: a step faster than it is noise, not a negative overhead
-        return f"{1000 * r['step_s']:.2f} = compute ({1000 * r['compute_s']:.2f} alone) + overhead within noise"
-    return f"{1000 * r['step_s']:.2f} = {1000 * r['compute_s']:.2f} + {1000 * r['overhead_s']:.2f}"
+        return f"{1000 * r.step_s:.2f} = compute ({1000 * r.compute_s:.2f} alone) + overhead within noise"
+    return f"{1000 * r.step_s:.2f} = {1000 * r.compute_s:.2f} + {1000 * r.overhead_s:.2f}"
 
 
 def _ms(seconds):
@@ -304,10 +305,10 @@ def explanations(rows):
     distribution overhead is for this method (split where the backend measured its waiting)."""
     out = []
     for r in rows:
-        if r.get("status") != "ok" or r.get("step_s") is None or r.get("compute_s") is None:
+        if r.status != "ok" or r.step_s is None or r.compute_s is None:
             continue
-        name = methods.label(r["backend"], r["mode"])
-        head = f"- {r.get('model') or '-'}, {name}, {r['workers']} worker(s): "
+        name = methods.label(r.backend, r.mode)
+        head = f"- {r.model or '-'}, {name}, {r.workers} worker(s): "
         out.append(head + _step_sentence(r) + _details(r) + ".")
     return out
 
@@ -317,24 +318,25 @@ def step_parts(r):
     the measured wait for the other workers and the rest where the run measured the wait.
     At one worker there is no peer: what the overhead is named says so (the method's wording,
     hvdps/methods.py)."""
-    method, wait = methods.lookup(r["backend"]), r.get("wait_s")
-    names = method.overhead_parts(r["mode"], r.get("workers") == 1, wait is not None) if method else ["distribution"]
-    parts = [("compute", r["compute_s"])]
+    method, wait = methods.lookup(r.backend), r.wait_s
+    names = method.overhead_parts(r.mode, r.workers == 1, wait is not None) if method else ["distribution"]
+    parts = [("compute", r.compute_s)]
     if len(names) == 2:
-        return parts + [(names[0], wait), (names[1], r["overhead_s"] - wait)]
-    return parts + [(names[0], r["overhead_s"])]
+        return parts + [(names[0], wait), (names[1], r.overhead_s - wait)]
+    return parts + [(names[0], r.overhead_s)]
 
 
 def _step_sentence(r):
-    step, parts = r["step_s"], step_parts(r)
-    if len(parts) == 2 and r["overhead_share"] <= 0:
+    step, parts = r.step_s, step_parts(r)
+    share = r.overhead_s / step         # the split's own terms: the recorded share is not needed
+    if len(parts) == 2 and share <= 0:
         # compute is timed in its own runs, the step in the training loop: noise can put compute
         # above the step, and "72.89 ms of a 71.52 ms step" reads like a bug
-        return (f"compute is the whole step: {_ms(r['compute_s'])} timed on its own against a {_ms(step)} "
+        return (f"compute is the whole step: {_ms(r.compute_s)} timed on its own against a {_ms(step)} "
                 f"step; distribution adds nothing measurable")
-    if len(parts) == 2 and r["overhead_share"] < 0.1:
-        return (f"compute dominates: {_ms(r['compute_s'])} of a {_ms(step)} step; distribution "
-                f"adds {100 * max(r['overhead_share'], 0):.0f}%")
+    if len(parts) == 2 and share < 0.1:
+        return (f"compute dominates: {_ms(r.compute_s)} of a {_ms(step)} step; distribution "
+                f"adds {100 * max(share, 0):.0f}%")
     top = max(parts, key=lambda p: p[1])
     others = [p for p in parts if p is not top]
     said = "; ".join(f"{p[0]} {100 * p[1] / step:.0f}% ({_ms(p[1])})" for p in others)
@@ -344,20 +346,20 @@ def _step_sentence(r):
 
 def _details(r):
     text = ""
-    waits = r.get("wait_per_worker_s")
+    waits = r.wait_per_worker_s
     if waits and len(waits) > 1:
         name = lambda i: f"rank {i}" + (" (the chief)" if i == 0 else "")
         each = ", ".join(f"{name(i)} {_ms(w)}" for i, w in enumerate(waits))
         least = min(range(len(waits)), key=waits.__getitem__)
         text += f"; wait per step: {each}; the one that waits least, {name(least)}, is the slowest"
-    if r.get("exchange_s") is not None:
-        text += f"; measured inside MPI_Allreduce: {_ms(r['exchange_s'])}"
-    if r.get("bytes_per_step_per_worker"):
-        text += f"; {r['bytes_per_step_per_worker']:,.0f} bytes on the wire per worker step"
-    if r.get("ps_cpu_share") is not None:
-        text += (f"; the PS task(s) used {r['ps_cpu_s']:.1f} CPU s in the measured interval, "
-                 f"{100 * r['ps_cpu_share']:.0f}% of a core each")
-    if r.get("oversubscribed"):
+    if r.exchange_s is not None:
+        text += f"; measured inside MPI_Allreduce: {_ms(r.exchange_s)}"
+    if r.bytes_per_step_per_worker:
+        text += f"; {r.bytes_per_step_per_worker:,.0f} bytes on the wire per worker step"
+    if r.ps_cpu_share is not None:
+        text += (f"; the PS task(s) used {r.ps_cpu_s:.1f} CPU s in the measured interval, "
+                 f"{100 * r.ps_cpu_share:.0f}% of a core each")
+    if r.oversubscribed:
         text += " (oversubscribed: contention included)"
     return text
 

@@ -21,5 +21,5 @@ LEGEND_ROWS = 24                 # entries per column of such a legend
 
 
 def name_of(r):
-    name = methods.label(r["backend"], r["mode"])
-    return name + (f" ({r['num_ps']} PS)" if (r.get("num_ps") or 0) > 1 else "")
+    name = methods.label(r.backend, r.mode)
+    return name + (f" ({r.num_ps} PS)" if (r.num_ps or 0) > 1 else "")

@@ -1,0 +1,14 @@
+"""What a cost model reads of a run: a typed shape that a measured run (common.metrics.RunRow) has
+too, so the projection and the crossover can ask the same model about runs no one made."""
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    workers: int
+    compute_s: float
+    grad_bytes_per_step: Optional[float]
+    backend: Optional[str] = None
+    mode: Optional[str] = None
+    num_ps: Optional[int] = None
