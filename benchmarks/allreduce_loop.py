@@ -14,7 +14,6 @@ a set of Open MPI parameters, Horovod environment variables and trainer flags
 
 Result: results/allreduce_loop.json with the exact commands.
 """
-import argparse
 import os
 import shutil
 import statistics
@@ -25,6 +24,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from common.errors import cli  # noqa: E402
+from common.flags import Parser  # noqa: E402
 
 from common.metrics import load_run  # noqa: E402
 from common.procs import child_env  # noqa: E402
@@ -80,8 +81,9 @@ def run_job(backend, variant, args, out_dir):
             "wall_s": wall, "command": " ".join(argv), "env": env_extra}
 
 
+@cli
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="default,yield,cycle5,yield+cycle5",
                     help=f"comma-separated, from: {', '.join(VARIANTS)}")
     ap.add_argument("--backends", default="mpi,horovod",

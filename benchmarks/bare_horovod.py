@@ -29,6 +29,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from common.errors import cli  # noqa: E402
+from common.flags import Parser  # noqa: E402
 from results_file import save  # noqa: E402
 from common.schemas import read_result  # noqa: E402
 
@@ -144,8 +146,9 @@ def run_trainer(args, scratch, rep):
             "command": " ".join(cmd)}
 
 
+@cli
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--np", type=int, default=2)

@@ -37,6 +37,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
+from common.errors import cli  # noqa: E402
+from common.flags import Parser  # noqa: E402
 
 BATCH, HIDDEN, LR = 100, 100, 0.001
 
@@ -299,8 +301,9 @@ def pooled(paths):
     return results, modes, impls
 
 
+@cli
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--role", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--cluster", default=None, help=argparse.SUPPRESS)

@@ -1,6 +1,6 @@
 """Gradient-exchange cost: Horovod allreduce (MPI, Gloo) vs raw MPI vs PS push/pull.
 
-    python benchmarks/comm_bandwidth.py [--np 2] [--sizes-mb 1,10,100] [--repeats 10]
+    python benchmarks/comm_bandwidth.py [--np 2] [--sizes_mb 1,10,100] [--repeats 10]
 
 One invocation runs every measurement back to back on the same machine and
 writes benchmarks/results/comm.json plus a markdown table:
@@ -8,14 +8,14 @@ writes benchmarks/results/comm.json plus a markdown table:
 - mpi4py ``Allreduce`` (raw MPI) and ``hvd.allreduce`` with the MPI controller
   in the *same* mpirun job, so both see identical conditions;
 - ``hvd.allreduce`` under ``horovodrun --gloo``;
-- Horovod again with tuning (fusion threshold, cycle time) given by --tuned-env;
+- Horovod again with tuning (fusion threshold, cycle time) given by --tuned_env;
 - TensorFlow's own all-reduce: --np MultiWorkerMirroredStrategy tasks on loopback, each told
   the cluster by TF_CONFIG, timing the strategy's ``all_reduce`` (``RING``, gRPC): the measurement
   hvdps-project fits TensorFlow's ring from (``mwms``);
 - PS push (worker -> PS ``assign_add``) and pull (PS -> worker read) over
   TensorFlow's gRPC runtime, 1 worker and 1 PS task, on the same sizes.
 
-Sizes: the models' gradient sizes plus --sizes-mb. Times are medians over
+Sizes: the models' gradient sizes plus --sizes_mb. Times are medians over
 --repeats after --warmup untimed rounds. Bandwidth = bytes / time (algorithm
 bandwidth: what the trainer experiences, not bus bandwidth).
 """
@@ -31,6 +31,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
+from common.errors import cli  # noqa: E402
+from common.flags import Parser, megabytes  # noqa: E402
 
 def gradient_sizes():
     from common.config import make_config
@@ -281,20 +283,21 @@ def run_job(argv, env, timeout=1200):
     return results
 
 
+@cli
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--np", type=int, default=2)
-    ap.add_argument("--sizes-mb", default="1,10,100")
+    ap.add_argument("--sizes_mb", type=megabytes, default=megabytes("1,10,100"))
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--tuned-env", default="HOROVOD_CYCLE_TIME=0 TF_CPU_ALLOCATOR_USE_BFC=true",
+    ap.add_argument("--tuned_env", default="HOROVOD_CYCLE_TIME=0 TF_CPU_ALLOCATOR_USE_BFC=true",
                     help="environment for the 'tuned' Horovod rows")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "comm.json"))
     ap.add_argument("--worker", choices=("allreduce", "ps"), help=argparse.SUPPRESS)
     ap.add_argument("--impl", default="mpi", help=argparse.SUPPRESS)
-    ap.add_argument("--with-mpi4py", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--sizes-json", help=argparse.SUPPRESS)
-    ap.add_argument("--cluster-json", help=argparse.SUPPRESS)
+    ap.add_argument("--with_mpi4py", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes_json", help=argparse.SUPPRESS)
+    ap.add_argument("--cluster_json", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "allreduce":
         return worker_allreduce(args)
@@ -302,8 +305,8 @@ def main():
         return worker_ps(args)
 
     sizes = sorted(gradient_sizes().items(), key=lambda kv: kv[1])
-    sizes += [(f"{mb}MB", int(float(mb) * 1024 * 1024)) for mb in args.sizes_mb.split(",")]
-    common = ["--sizes-json", json.dumps(sizes), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    sizes += args.sizes_mb
+    common = ["--sizes_json", json.dumps(sizes), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
     from common.procs import child_env
     env = child_env()
     bindir = os.path.dirname(sys.executable)
@@ -314,7 +317,7 @@ def main():
     results = []
     results += run_job(mpirun + me + ["--worker", "allreduce", "--impl", "mpi4py"] + common, env)
     results += run_job(mpirun + ["-x", "HOROVOD_CPU_OPERATIONS=mpi"] + me +
-                       ["--worker", "allreduce", "--impl", "mpi", "--with-mpi4py"] + common, env)
+                       ["--worker", "allreduce", "--impl", "mpi", "--with_mpi4py"] + common, env)
     tuned_x = [x for k, v in tuned.items() for x in ("-x", f"{k}={v}")]
     results += run_job(mpirun + ["-x", "HOROVOD_CPU_OPERATIONS=mpi"] + tuned_x + me +
                        ["--worker", "allreduce", "--impl", "mpi-tuned"] + common, env)

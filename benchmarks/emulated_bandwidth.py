@@ -1,7 +1,7 @@
 """Large-message exchange on the emulated cluster's shaped links, against the links' rate (root).
 
     sudo .venv/bin/python benchmarks/emulated_bandwidth.py [--hosts 4] [--rate 100mbit] \\
-        [--workers 2,3] [--sizes-mb 4,16] [--repeats 5]
+        [--workers 2,3] [--sizes_mb 4,16] [--repeats 5]
 
 Brings up the same emulated cluster hvdps-emulate runs the comparison on (network
 namespaces on one bridge, each host's link shaped both ways by ``tc tbf``), measures
@@ -36,6 +36,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
+from common.errors import cli  # noqa: E402
+from common.flags import Parser, megabytes  # noqa: E402
 
 from common.errors import UsageError                        # noqa: E402
 from hvdps.commands import emulate                          # noqa: E402
@@ -122,7 +124,7 @@ def ring(cluster, workers, sizes, repeats, warmup, impl, detail=False, env=(), p
     if detail:
         if os.path.exists(timeline):
             os.unlink(timeline)
-        extra_env, extra_args = extra_env + ["-x", f"HOROVOD_TIMELINE={timeline}"], ["--with-mpi4py"]
+        extra_env, extra_args = extra_env + ["-x", f"HOROVOD_TIMELINE={timeline}"], ["--with_mpi4py"]
     remote = Remote(hosts_text=",".join(cluster.addrs[:workers]),
                         hosts=tuple((a, 1) for a in cluster.addrs[:workers]),
                         agent=(emulated.AGENT,), rsh_given=True, network=f"{cluster.subnet}.0/24")
@@ -131,7 +133,7 @@ def ring(cluster, workers, sizes, repeats, warmup, impl, detail=False, env=(), p
             "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
             "-x", "HOROVOD_CPU_OPERATIONS=mpi", *extra_env, sys.executable, COMM, "--worker", "allreduce",
             "--impl", impl, *extra_args,
-            "--sizes-json", json.dumps(sizes), "--repeats", str(repeats), "--warmup", str(warmup)]
+            "--sizes_json", json.dumps(sizes), "--repeats", str(repeats), "--warmup", str(warmup)]
     p = subprocess.run(in_ns(cluster.login, argv), capture_output=True, text=True, timeout=1800, cwd=REPO,
                        env=child_env(HVDPS_NETNS_MAP=cluster.netns_map()), stdin=subprocess.DEVNULL)
     got = results_of(p.stdout)
@@ -227,8 +229,8 @@ def ps(cluster, sizes, repeats, warmup):
                               start_new_session=True)
     try:
         emulated.read_line(server, 120, "the PS task")
-        p = subprocess.run(in_ns(cluster.hosts[0], [sys.executable, COMM, "--worker", "ps", "--cluster-json",
-                                                    json.dumps(spec), "--sizes-json", json.dumps(sizes),
+        p = subprocess.run(in_ns(cluster.hosts[0], [sys.executable, COMM, "--worker", "ps", "--cluster_json",
+                                                    json.dumps(spec), "--sizes_json", json.dumps(sizes),
                                                     "--repeats", str(repeats), "--warmup", str(warmup)]),
                            capture_output=True, text=True, timeout=1800, env=env, stdin=subprocess.DEVNULL)
         got = results_of(p.stdout)
@@ -265,24 +267,25 @@ def table(results, rate_bps):
     return "\n".join(lines)
 
 
+@cli
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--workers", default="2,3", help="ring sizes (ranks, one per host)")
-    ap.add_argument("--sizes-mb", default="4,16")
+    ap.add_argument("--sizes_mb", type=megabytes, default=megabytes("4,16"))
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--queue-ms", type=int, default=200, help="tbf queue on each link end, as hvdps-emulate")
+    ap.add_argument("--queue_ms", type=int, default=200, help="tbf queue on each link end, as hvdps-emulate")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--exchanges", default="tcp,mpi4py,horovod,mwms,ps",
                     help="which exchanges to measure (tcp, mpi4py, horovod, mwms, ps)")
-    ap.add_argument("--horovod-detail", action="store_true",
+    ap.add_argument("--horovod_detail", action="store_true",
                     help="Horovod's rounds also with its timeline's phases and mpi4py in the same process")
-    ap.add_argument("--horovod-env", default="", help="environment for the Horovod rings, e.g. "
+    ap.add_argument("--horovod_env", default="", help="environment for the Horovod rings, e.g. "
                     "'HOROVOD_CYCLE_TIME=50 HOROVOD_CACHE_CAPACITY=0'")
-    ap.add_argument("--no-preconnect", action="store_true",
+    ap.add_argument("--no_preconnect", action="store_true",
                     help="the MPI rings without mpi_preconnect_mpi 1 (Open MPI opens each pair's links on first use)")
-    ap.add_argument("--mpi4py-variants", default="",
+    ap.add_argument("--mpi4py_variants", default="",
                     help="bare MPI rings with what a Horovod process does differently, comma-separated: "
                          "multiple, multiple+thread, inplace, multiple+cycle, ... (comm_bandwidth.py)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "emulated_bandwidth.json"))
@@ -299,14 +302,14 @@ def main():
         from comm_bandwidth import MPI4PY_OPTIONS
         for variant in filter(None, args.mpi4py_variants.split(",")):
             if set(variant.split("+")) - MPI4PY_OPTIONS:
-                raise UsageError(f"--mpi4py-variants: {variant}: options are "
+                raise UsageError(f"--mpi4py_variants: {variant}: options are "
                                          f"{', '.join(sorted(MPI4PY_OPTIONS))}, joined by +")
         if any("=" not in kv for kv in args.horovod_env.split()):
-            raise UsageError(f"--horovod-env: {args.horovod_env}: NAME=VALUE pairs, space-separated")
+            raise UsageError(f"--horovod_env: {args.horovod_env}: NAME=VALUE pairs, space-separated")
     except (UsageError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    sizes = [(f"{mb}MB", int(float(mb) * 2**20)) for mb in args.sizes_mb.split(",")]
+    sizes = list(args.sizes_mb)
     emulated.cleanup_stale()
     cluster = emulated.EmulatedCluster(args.hosts, args.rate, args.queue_ms)
     results = []

@@ -11,24 +11,26 @@ Each script records its exact command in its result file; BENCHMARKS.md
 quotes those. ``--quick`` runs fewer repeats and only the MLP and CNN, for a
 smoke test of the harness (its figures are not the ones to quote).
 """
-import argparse
 import os
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from common.errors import cli  # noqa: E402
+from common.flags import Parser  # noqa: E402
 
 from common.procs import REPO, child_env  # noqa: E402
 
 
+@cli
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repeats, MLP and CNN only (smoke test)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for the result files")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    quick_comm = ["--repeats", "3", "--warmup", "1", "--sizes-mb", "1"] if args.quick else []
+    quick_comm = ["--repeats", "3", "--warmup", "1", "--sizes_mb", "1"] if args.quick else []
     quick_tp = ["--models", "mlp,cnn", "--steps", "40"] if args.quick else []
     jobs = [
         [sys.executable, os.path.join(HERE, "comm_bandwidth.py"), *quick_comm,

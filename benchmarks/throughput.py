@@ -10,7 +10,6 @@ warm-up steps excluded; samples/sec is the median over logging intervals, with
 the mean +/- 95% half-width. Efficiency = throughput(2) / (2 * throughput(1)).
 Results: benchmarks/results/throughput.json and a markdown table.
 """
-import argparse
 import json
 import os
 import shlex
@@ -22,6 +21,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
+from common.errors import cli  # noqa: E402
+from common.flags import Parser  # noqa: E402
 
 from common.metrics import load_run  # noqa: E402
 from common.procs import child_env  # noqa: E402
@@ -47,8 +48,9 @@ def command(backend, mode, workers, num_ps, model, out, batch=None, steps=None, 
     return launcher.command(workers, flags, mode=mode, num_ps=num_ps, pin_cores=True), launcher.env()
 
 
+@cli
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,cnn,resnet50")
     ap.add_argument("--backends", default="horovod:sync,ps:async,ps:sync")
     ap.add_argument("--num_ps", default="1", help="PS task counts to try, e.g. 1,2")

@@ -25,6 +25,17 @@ def shape(text):
     return shape
 
 
+def megabytes(text):
+    """A comma-separated list of sizes in MiB (``1,10,100``), each > 0 and at most 1 TiB -> bytes."""
+    try:
+        sizes = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sizes in MiB such as 1,10,100, got '{text}'")
+    if not all(math.isfinite(x) and 0 < x <= 2 ** 20 for x in sizes):
+        raise argparse.ArgumentTypeError(f"each size must be in (0, 1048576] MiB, got '{text}'")
+    return [(f"{x:g}MB", int(x * 2 ** 20)) for x in sizes]
+
+
 def boolean(text):
     low = text.lower()
     if low in ("1", "true", "yes", "on"):
