@@ -26,6 +26,7 @@ setup(
         "mpi4py==4.1.2",
         "matplotlib==3.9.2",
         "tqdm==4.66.5",
+        "google-crc32c==1.9.0",     # TFRecord framing checked before any task starts (common/records.py)
         "PyYAML==6.0.2",
         "tensorboard>=2.15",              # TensorFlow 2.21 no longer brings it; the runs write its events
         "pydantic==2.12.5",               # the schema of every file hvdps reads (common/schemas.py)

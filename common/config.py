@@ -18,7 +18,8 @@ MODELS = ("mlp", "cnn", "rec", "resnet50", "resnet101", "inception_v3", "vgg16",
 # Keras applications (weights=None): the models of Horovod's and tf_cnn_benchmarks' published
 # scaling tables, with the smallest input side each accepts.
 KERAS_APPLICATIONS = {"resnet50": 32, "resnet101": 32, "inception_v3": 75, "vgg16": 32, "mobilenet_v2": 32}
-DATASETS = ("digits", "mnist", "synthetic", "clicks")
+DATASETS = ("digits", "mnist", "synthetic", "clicks", "tfrecord")
+SHARD_BY = ("record", "file")          # --dataset tfrecord across workers: common/records.py
 # (optimizer, learning rate) when none is given. Momentum SGD at 0.05 x workers diverges for the
 # CNN on 28x28 data from 2 workers on (0.35 / 0.07 accuracy at 2 workers, 0.10 at 4) and leaves the
 # MLP at 0.40 with 4 async PS workers; Adam at these rates trains both to >= 0.9 at 1 and 4
@@ -64,6 +65,8 @@ class Config:
     checkpoint_steps: int = 0               # >0: a checkpoint every N updates (bounds what a restart loses)
     threads_per_worker: int = 0             # TF intra-op threads per worker; 0: automatic
     probe_steps: int = 50                   # compute-only steps timed after training (0: no breakdown)
+    shard_by: str = "record"                # tfrecord: each worker keeps every n-th record, or reads 1/n of the files
+    shuffle_buffer: int = 10000             # tfrecord: records in each worker's shuffle buffer
 
     def __post_init__(self):
         optimizer, learning_rate = MODEL_DEFAULTS.get(self.model, MODEL_DEFAULTS["*"])
@@ -119,7 +122,7 @@ def _known_or_plugin(name, value, allowed):
 
 
 POSITIVE = ("batch_size", "learning_rate", "hidden_units", "log_every", "num_classes", "synthetic_samples",
-            "embedding_rows", "embedding_dim")
+            "embedding_rows", "embedding_dim", "shuffle_buffer")
 
 
 def validate(cfg):
@@ -148,6 +151,9 @@ def validate(cfg):
         raise UsageError(f"--image_shape must be H,W,C with positive sizes, got {cfg.image_shape}")
     if cfg.dataset == "mnist" and not cfg.data_dir:
         raise UsageError("--dataset mnist needs --data_dir (a folder with mnist.npz or the IDX files)")
+    if cfg.dataset == "tfrecord" and not cfg.data_dir:
+        raise UsageError("--dataset tfrecord needs --data_dir (a folder of TFRecord shards written by `hvdps data`)")
+    _one_of("shard_by", cfg.shard_by, SHARD_BY)
     if cfg.data_dir and not os.path.isdir(cfg.data_dir):
         raise UsageError(f"--data_dir {cfg.data_dir}: no such directory")
     if cfg.model == "rec" and cfg.dataset != "clicks":
@@ -180,7 +186,13 @@ def build_parser(description, prog=None):
                         f"(docs/plugins.md)")
     g.add_argument("--dataset", default=d.dataset,
                    help=f"one of {', '.join(DATASETS)}, or your own: module:function or file.py:function")
-    g.add_argument("--data_dir", default=d.data_dir, help="folder with mnist.npz or the 4 MNIST IDX files")
+    g.add_argument("--data_dir", default=d.data_dir, help="mnist: a folder with mnist.npz or the 4 MNIST IDX files; "
+                   "tfrecord: a folder of TFRecord shards with their dataset.json (hvdps data)")
+    g.add_argument("--shard_by", default=d.shard_by, choices=SHARD_BY,
+                   help="tfrecord: 'record' (every worker keeps every n-th record of one seeded order: n workers at "
+                        "batch b train as one at n*b) or 'file' (each worker reads 1/n of the files)")
+    g.add_argument("--shuffle_buffer", type=int, default=d.shuffle_buffer,
+                   help="tfrecord: records each worker holds to shuffle (its memory, not the data set's)")
     g.add_argument("--batch_size", type=int, default=d.batch_size, help="per worker (per rank)")
     g.add_argument("--learning_rate", type=float, default=argparse.SUPPRESS,
                    help=f"before world-size scaling (default: {DEFAULTS_HELP})")

@@ -16,6 +16,7 @@ import numpy as np
 
 from common.errors import UsageError
 from common.files import check_regular
+from common.datasets import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES  # noqa: F401  (read here by tests)
 from common.plan import make_plan, steps_per_epoch
 
 IDX_IMAGES_MAGIC = 2051
@@ -28,7 +29,6 @@ MNIST_FILES = {
 }
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 20240229   # fixed: the test set never depends on the training seed
-SYNTHETIC_TEST_SAMPLES = 256   # at most: a quarter of --synthetic_samples, at least 8
 MAX_INPUT = 4 << 30            # bytes read from one data file (MNIST's four files hold 55 MB)
 
 
@@ -166,7 +166,6 @@ def load_synthetic(cfg):
     return x_train, y_train, x_test, y_test
 
 
-CLICK_FEATURES = 4              # categorical features per example (user, item, context, ...)
 CLICK_TRAIN, CLICK_TEST = 32768, 4096
 CLICK_ZIPF = 1.1               # id frequency ~ 1 / rank^1.1, as in click logs: a few hot ids, a long tail
 CLICK_SPLIT_SEED = 20240301    # fixed: the ids' popularity and the hidden rule never depend on --seed
@@ -202,6 +201,9 @@ def load_clicks(cfg):
 def input_spec(cfg):
     """(input shape, classes): from the config for the built-ins, from the arrays for a plug-in."""
     from common.plugins import is_plugin
+    if cfg.dataset == "tfrecord":
+        spec = record_spec(cfg)
+        return tuple(spec.shape), spec.classes
     if is_plugin(cfg.dataset):
         x_train, y_train, _, y_test = load_arrays(cfg)
         return tuple(x_train.shape[1:]), int(max(y_train.max(), y_test.max())) + 1
@@ -263,7 +265,18 @@ def check_arrays(arrays, source, num_classes=None, ids=False):
     return tuple(out)
 
 
+def record_spec(cfg):
+    """--dataset tfrecord: the shards' description (common/records.py), its files checked once per process."""
+    from common.records import spec_of
+    key = ("tfrecord", os.path.abspath(cfg.data_dir))
+    if key not in _CACHE:
+        _CACHE[key] = spec_of(cfg.data_dir)
+    return _CACHE[key]
+
+
 def load_arrays(cfg):
+    if cfg.dataset == "tfrecord":
+        raise DataError(f"--dataset tfrecord streams {cfg.data_dir}'s shards: it is not loaded as arrays")
     key = (cfg.dataset, cfg.data_dir, cfg.seed, tuple(cfg.image_shape), cfg.num_classes,
            cfg.synthetic_samples, cfg.embedding_rows)
     if key not in _CACHE:
@@ -283,8 +296,12 @@ def load_arrays(cfg):
 
 
 def data_fingerprint(cfg):
-    """SHA-256 of the training arrays as trained on: a resumed run must see the same data."""
+    """SHA-256 of the training arrays as trained on: a resumed run must see the same data. TFRecord
+    shards: of their description and each file's size."""
     import hashlib
+    if cfg.dataset == "tfrecord":
+        from common.records import fingerprint
+        return fingerprint(cfg.data_dir, record_spec(cfg))
     x, y = load_arrays(cfg)[:2]
     h = hashlib.sha256()
     for a in (x, y):
@@ -295,7 +312,10 @@ def data_fingerprint(cfg):
 
 def num_examples(cfg):
     """Training examples the plan divides into steps: counted on the arrays this process then
-    builds its datasets from (loaded once per process, in ``load_arrays``' cache)."""
+    builds its datasets from (loaded once per process, in ``load_arrays``' cache); TFRecord shards:
+    the records their description counts."""
+    if cfg.dataset == "tfrecord":
+        return sum(record_spec(cfg).train.records)
     return len(load_arrays(cfg)[0])
 
 
@@ -335,6 +355,8 @@ def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_
     """
     import tensorflow as tf
     check_shard(shard_index, num_shards)
+    if cfg.dataset == "tfrecord":
+        return _record_dataset(cfg, shard_index, num_shards, split, start_step, num_steps)
     x_train, y_train, x_test, y_test = load_arrays(cfg)
     if split == "test":
         x, y = x_test[shard_index::num_shards], y_test[shard_index::num_shards]
@@ -354,3 +376,32 @@ def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_
     gather = tf.autograph.experimental.do_not_convert(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
     ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def check_input(cfg, workers):
+    """What every run of ``workers`` would be refused for, checked once before any task starts: the
+    data themselves (read and checked, or the shards' description and first records), a batch
+    that the data set cannot fill, and file sharding's counts. Returns the steps per epoch."""
+    spe = steps_per_epoch(num_examples(cfg), workers, cfg.batch_size)
+    if cfg.dataset == "tfrecord":
+        from common.records import check_sharding
+        check_sharding(record_spec(cfg), cfg.shard_by, workers, spe, cfg.batch_size)
+    return spe
+
+
+def _record_dataset(cfg, shard_index, num_shards, split, start_step, num_steps):
+    """make_dataset for --dataset tfrecord: the same steps, epochs and resume position, streamed."""
+    from common.records import check_sharding, stream
+    spec = record_spec(cfg)
+    if split not in ("train", "test"):
+        raise UsageError(f"unknown split '{split}' (valid: train, test)")
+    if split == "test":
+        return stream(cfg.data_dir, spec, "test", shard_index, num_shards, cfg.batch_size)
+    total = sum(spec.train.records)
+    if num_steps is None:
+        num_steps = make_plan(cfg, total, num_shards, num_shards).worker_steps
+    spe = steps_per_epoch(total, num_shards, cfg.batch_size)
+    check_sharding(spec, cfg.shard_by, num_shards, spe, cfg.batch_size)
+    return stream(cfg.data_dir, spec, "train", shard_index, num_shards, cfg.batch_size, seed=cfg.seed,
+                  shuffle=cfg.shuffle, shard_by=cfg.shard_by, shuffle_buffer=cfg.shuffle_buffer,
+                  steps_per_epoch=spe, start_step=start_step, num_steps=num_steps)

@@ -20,7 +20,7 @@ def memory_estimate(cfg):
     a broadcast copy (5 x the parameters), the synthetic arrays (drawn as float64, kept as
     float32), the CNN's activations for one batch (forward and backward). Plug-ins and the
     Keras applications' activations are not estimated; TensorFlow reports those itself."""
-    from common.data import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES
+    from common.datasets import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES
     parts = []
     classes = 10 if cfg.dataset in ("digits", "mnist") else cfg.num_classes
     shape = {"digits": (8, 8, 1), "mnist": (28, 28, 1), "synthetic": tuple(cfg.image_shape)}.get(cfg.dataset)

@@ -263,6 +263,36 @@ class Summary(Strict):
 RECORDS = {"header": Header, "step": Step, "eval": Eval, "summary": Summary}
 
 
+# ------------------------------------------------------------------ dataset.json (TFRecord shards)
+FileName = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class RecordSplit(Strict):
+    """One split's TFRecord files (names in the data set's folder) and the records each holds."""
+    files: Annotated[List[FileName], Field(min_length=1, max_length=1 << 20)]
+    records: List[Count]
+
+    @model_validator(mode="after")
+    def _paired(self):
+        if len(self.records) != len(self.files):
+            raise ValueError(f"{len(self.files)} files but {len(self.records)} record counts")
+        if len(set(self.files)) != len(self.files):
+            raise ValueError("a file is listed twice")
+        return self
+
+
+class RecordSet(Strict):
+    """What ``hvdps data`` writes beside TFRecord shards of the plain layout (common/records.py):
+    each record an ``x`` feature (the example's values, raw ``dtype`` bytes of ``shape``) and a ``y``
+    int64 class id in [0, classes)."""
+    layout: Literal["plain"]
+    shape: Annotated[List[Count], Field(min_length=1, max_length=8)]
+    dtype: Literal["float32", "int32"]
+    classes: Annotated[int, Field(ge=1, le=1 << 24)]
+    train: RecordSplit
+    test: RecordSplit
+
+
 # ------------------------------------------------------------------ model_profiles.json
 class Layer(Strict):
     name: Optional[str] = None
@@ -381,6 +411,10 @@ def read_run_record(path):
 
 def read_launch_record(path):
     return read_json(path, LaunchRecord, "a launch record")
+
+
+def read_record_set(path):
+    return read_json(path, RecordSet, "a TFRecord data set description (hvdps data)")
 
 
 def read_profiles(path):
@@ -512,6 +546,9 @@ READERS = {
     "metrics.jsonl": "common.schemas.read_metrics",
     "config.json": "common.schemas.read_config",
     "model_profiles.json": "common.schemas.read_profiles",
+    "dataset.json": "common.schemas.read_record_set",
+    "TFRecord (first record, before a run)": "common.records.check_first_record",
+    "TFRecord (streamed by tf.data)": "common.records.stream",
     "hostfile": "common.hosts.parse_hostfile",
     "cluster spec (JSON/YAML)": "common.hosts.parse_cluster_spec",
     "TF_CONFIG": "common.hosts.parse_tf_config",

@@ -4,6 +4,7 @@
     hvdps project --from runs/cmp/runs --bandwidth_gbps 25 ...          # those runs on another network
     hvdps emulate --hosts 4 --rate 50mbit --out runs/emu -- ...         # the comparison on shaped hosts (root)
     hvdps hosts hostfiles/hostfile.example                              # one inventory to every format
+    hvdps data --dataset digits --shards 8 --out data/digits            # a data set as TFRecord shards
     hvdps train horovod|mpi|mwms|ps [trainer flags]                     # one trainer process
     hvdps launch ps|mwms [flags]                                        # a whole local (or --hosts) job
 
@@ -27,6 +28,7 @@ TOOLS = {
     "project": ("hvdps.commands.project", "project measured or described runs to other networks and worker counts"),
     "emulate": ("hvdps.commands.emulate", "run a comparison on an emulated cluster of shaped hosts (root)"),
     "hosts": ("hvdps.commands.hosts", "write one host inventory in every launcher's format"),
+    "data": ("hvdps.commands.data", "write a data set as TFRecord shards, streamed by --dataset tfrecord"),
 }
 GROUPS = {"train": ("main", "one trainer process of a method (under horovodrun, mpirun, srun or alone)"),
           "launch": ("launch", "a whole job of a method's tasks, here or --hosts")}

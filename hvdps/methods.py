@@ -285,7 +285,10 @@ def parse_variants(text):
         method = get(name)                         # unknown names list the valid ones
         if mode and mode not in method.modes:
             raise UsageError(f"backend {name} has no mode '{mode}' (valid: {', '.join(method.modes)})")
-        out += [(name, m) for m in ([mode] if mode else method.default_modes or method.modes)]
+        for variant in [(name, m) for m in ([mode] if mode else method.default_modes or method.modes)]:
+            if variant in out:          # 'ps,ps:sync' or 'mwms,mwms': a run planned twice would overwrite itself
+                raise UsageError(f"--backends names {variant[0]}:{variant[1]} twice ('{item}' repeats it)")
+            out.append(variant)
     if not out:
         raise UsageError("--backends is empty")
     return out

@@ -88,9 +88,8 @@ def parse_args(argv):
     from common.plugins import bound_plugins
     bound_plugins(args.run_timeout, "--run_timeout")      # the checks below import and call plug-ins
     cfg = from_args(args)
-    from common.data import num_examples      # the data checks and the batch, once, before a task starts
-    from common.plan import steps_per_epoch
-    steps_per_epoch(num_examples(cfg), args.num_workers, cfg.batch_size)
+    from common.data import check_input       # the data checks and the batch, once, before a task starts
+    check_input(cfg, args.num_workers)
     if args.resume:              # refused here, before a task starts
         import types
         from common.run_dir import check_resume_compatible, check_train_dir

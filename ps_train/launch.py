@@ -158,9 +158,8 @@ def parse_args(argv):
     bound_plugins(args.run_timeout, "--run_timeout")      # the checks below import and call plug-ins
     cfg = from_args(args)
     check_ps_flags(args)
-    from common.data import num_examples      # the data checks and the batch, once, before a task starts
-    from common.plan import steps_per_epoch
-    steps_per_epoch(num_examples(cfg), args.num_workers, cfg.batch_size)
+    from common.data import check_input       # the data checks and the batch, once, before a task starts
+    check_input(cfg, args.num_workers)
     if args.ps_api == "v1":
         from common.models import check_plugin_for_graph_mode
         check_plugin_for_graph_mode(cfg)         # a Keras 3 plug-in: refused before a task starts

@@ -576,8 +576,8 @@ def test_hvdps_help_lists_every_subcommand_and_method_package():
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "error: a subcommand is needed (valid: compare, project, emulate, hosts, train, launch)"),
-    (["comapre"], "error: unknown subcommand 'comapre' (valid: compare, project, emulate, hosts, train, launch)"),
+    ([], "error: a subcommand is needed (valid: compare, project, emulate, hosts, data, train, launch)"),
+    (["comapre"], "error: unknown subcommand 'comapre' (valid: compare, project, emulate, hosts, data, train, launch)"),
     (["train"], "error: hvdps train: unknown method none (valid: horovod, mpi, mwms, ps)"),
     (["train", "ps2"], "error: hvdps train: unknown method 'ps2' (valid: horovod, mpi, mwms, ps)"),
     (["launch", "horovod"], "error: hvdps launch: unknown method 'horovod' (valid: mwms, ps)"),

@@ -143,8 +143,8 @@ def test_max_restarts_recovers_from_a_killed_ps(tmp_path, mode):
     assert 0 <= restart["lost_updates"] <= interval + (2 if mode == "--async" else 0), restart
     assert "restart 1/2 after ps:0 was killed by SIGKILL" in out
     from common.metrics import load_run
-    row, curves = load_run(str(tmp_path / "r"))
-    assert row["status"] == "ok" and row["final_test_accuracy"] >= 0.9, row
+    row = load_run(str(tmp_path / "r"))
+    assert row.status == "ok" and row.final_test_accuracy >= 0.9, row
     headers = [r for r in __import__("common.metrics", fromlist=["x"]).read_records(
         str(tmp_path / "r" / "metrics.jsonl")) if r["type"] == "header"]
     assert [h["start_step"] for h in headers] == [0, restart["resumed_from"]]

@@ -34,6 +34,9 @@ def test_variants(text, expected):
     ("mxnet", r"unknown backend 'mxnet' \(valid: horovod, mpi, mwms, ps, ps2\)"),
     ("ps:bulk", r"backend ps has no mode 'bulk' \(valid: async, sync\)"),
     (",", r"--backends is empty"),
+    ("mwms,mwms", r"--backends names mwms:sync twice \('mwms' repeats it\)"),       # planned twice: refused
+    ("ps,ps:sync", r"--backends names ps:sync twice \('ps:sync' repeats it\)"),     # 'ps' already runs both
+    ("horovod:sparse_as_dense,horovod:sparse_as_dense", r"names horovod:sparse_as_dense twice"),
 ])
 def test_bad_variants_are_usage_errors(text, message):
     with pytest.raises(UsageError, match=message):

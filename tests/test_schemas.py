@@ -197,7 +197,7 @@ SOURCES = ("common", "hvdps", "ps_train", "horovod_train", "mpi_train", "mwms_tr
 FORMAT_NAMES = {"comm.json", "cluster.json", "links.json", "compare_run.json", "launch.json", "metrics.jsonl",
                 "config.json", "model_profiles.json", "weights.npz", "checkpoint", "elastic_job"}
 FORMAT_CONSTANTS = {"LINKS_FILE", "RUN_RECORD", "PROFILES"}
-READER_MODULES = {"common/schemas.py", "common/files.py", "common/hosts.py", "common/data.py"}
+READER_MODULES = {"common/schemas.py", "common/files.py", "common/hosts.py", "common/data.py", "common/records.py"}
 
 
 def modules():

@@ -35,11 +35,10 @@ from common.config import argv_of, build_parser, from_args
 from common.flags import check_finite
 
 from common.memory import TF_PROCESS_BYTES, memory_estimate
-from common.data import num_examples
+from common.data import check_input
 from common.errors import UsageError, cli
 from common.files import make_dirs, open_new, writable_dir, write_atomic
 from common.metrics import read_metrics
-from common.plan import steps_per_epoch
 from common.plugins import bound_plugins
 from common.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
@@ -426,7 +425,8 @@ def main(argv=None):
         from common.models import check_plugin_for_graph_mode
         check_plugin_for_graph_mode(cfg)           # a Keras 3 plug-in under the classic PS: refused here
     if not args.dry_run and not args.from_dirs:    # the same refusal every run would meet, once, before any starts
-        steps_per_epoch(num_examples(cfg), max(parse_workers(args.workers)), cfg.batch_size)
+        for n in parse_workers(args.workers):
+            check_input(cfg, n)
         if not args.hosts:                         # every task on this machine
             check_memory_fits(args, cfg, available_memory())
     if not args.dry_run:

@@ -1,0 +1,58 @@
+"""hvdps data: a data set written as TFRecord shards, for ``--dataset tfrecord`` under every method.
+
+    hvdps data --dataset digits --shards 8 --out data/digits           # the bundled digits
+    hvdps data --dataset mnist --data_dir ~/mnist --shards 16 --out data/mnist   # mnist.npz or IDX files
+    hvdps data --dataset my_data.py:load --shards 64 --out data/mine    # your arrays (a data plug-in)
+    hvdps compare --dataset tfrecord --data_dir data/digits ...         # then train from the files
+
+The arrays are read and checked as training reads them (common/data.py), so the shards hold what
+the in-memory run would train on; each split is cut into files of sizes differing by one at most,
+with dataset.json beside them (common/records.py has the layout). Nothing is overwritten: --out
+must not already hold a data set.
+"""
+import os
+import sys
+
+from common.errors import UsageError, cli
+from common.flags import Parser
+
+
+@cli
+def main(argv=None):
+    from common.config import Config
+    d = Config()
+    p = Parser(prog="hvdps data", description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", default=d.dataset,
+                   help="digits, mnist, synthetic, or your own: module:function or file.py:function")
+    p.add_argument("--data_dir", default=None, help="mnist: a folder with mnist.npz or the 4 MNIST IDX files")
+    p.add_argument("--shards", type=int, default=8, help="files of the training split")
+    p.add_argument("--test_shards", type=int, default=1, help="files of the test split")
+    p.add_argument("--out", required=True, help="the folder the shards and dataset.json go to")
+    p.add_argument("--seed", type=int, default=d.seed, help="synthetic data: the draw")
+    p.add_argument("--image_shape", default=None, help="synthetic data: H,W,C")
+    p.add_argument("--num_classes", type=int, default=d.num_classes, help="synthetic data")
+    p.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples, help="synthetic data: examples")
+    for name in ("shards", "test_shards"):
+        p.bound(name, 1, 1 << 20)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.dataset in ("tfrecord", "clicks"):
+        raise UsageError(f"--dataset {args.dataset}: hvdps data writes digits, mnist, synthetic or a plug-in's arrays")
+    from common.records import SPEC, write
+    if os.path.lexists(os.path.join(args.out, SPEC)):
+        raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
+    from common.config import make_config
+    from common.flags import shape
+    extra = {"image_shape": shape(args.image_shape)} if args.image_shape else {}
+    cfg = make_config(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, num_classes=args.num_classes,
+                      synthetic_samples=args.synthetic_samples, **extra)
+    from common.data import input_spec, load_arrays
+    arrays = load_arrays(cfg)
+    path = write(args.out, arrays, input_spec(cfg)[1], args.shards, args.test_shards)
+    print(f"{len(arrays[0])} training and {len(arrays[2])} test examples in {args.shards} + {args.test_shards} "
+          f"TFRecord file(s): {path}")
+    print(f"train from them: hvdps compare --dataset tfrecord --data_dir {args.out} ...")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

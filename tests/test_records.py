@@ -1,0 +1,231 @@
+"""TFRecord shards as a data set (common/records.py, hvdps data): written from the arrays training
+reads, streamed with the arrays' semantics (epochs, n*b equivalence, resume), sharded by record or
+by file, and refused in one line where a file is not what it should be."""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+import pytest
+
+from common.errors import UsageError
+from common.records import SPEC, RecordError, check_sharding, spec_of, stream, write
+from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, run, row_and_records
+
+N_TRAIN, N_TEST, SHAPE, CLASSES = 40, 10, (2, 3, 1), 5
+
+
+def arrays():
+    rng = np.random.RandomState(0)
+    x = rng.rand(N_TRAIN + N_TEST, *SHAPE).astype(np.float32)
+    x[:, 0, 0, 0] = np.arange(N_TRAIN + N_TEST)          # each example tells its index
+    y = np.arange(N_TRAIN + N_TEST) % CLASSES
+    return x[:N_TRAIN], y[:N_TRAIN], x[N_TRAIN:], y[N_TRAIN:]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("records") / "set")
+    write(out, arrays(), CLASSES, shards=4, test_shards=2)
+    return out
+
+
+def batches(ds):
+    """Each batch as the example indices it holds (x[..., 0, 0, 0]), labels checked against them."""
+    out = []
+    for x, y in ds:
+        ids = x.numpy()[:, 0, 0, 0].astype(int).tolist()
+        assert y.numpy().tolist() == [i % CLASSES for i in ids]
+        out.append(ids)
+    return out
+
+
+def train(spec_dir, i=0, n=1, b=4, **kw):
+    spec = spec_of(spec_dir)
+    kw.setdefault("steps_per_epoch", (N_TRAIN // n) // b)
+    kw.setdefault("num_steps", 2 * kw["steps_per_epoch"])
+    return batches(stream(spec_dir, spec, "train", i, n, b, seed=7, **kw))
+
+
+@pytest.mark.unit
+def test_written_shards_are_described_beside_them(shards):
+    spec = json.load(open(os.path.join(shards, SPEC)))
+    assert spec["layout"] == "plain" and spec["shape"] == list(SHAPE) and spec["classes"] == CLASSES
+    assert spec["train"]["records"] == [10, 10, 10, 10] and spec["test"]["records"] == [5, 5]
+    assert sorted(os.listdir(shards)) == sorted([SPEC, *spec["train"]["files"], *spec["test"]["files"]])
+
+
+@pytest.mark.unit
+def test_an_epoch_is_every_record_once_in_a_new_order_each_epoch(shards):
+    got = train(shards)
+    first, second = sum(got[:10], []), sum(got[10:], [])
+    assert sorted(first) == sorted(second) == list(range(N_TRAIN))
+    assert first != second and first != list(range(N_TRAIN))       # shuffled, and again each epoch
+    assert train(shards) == got                                     # the same seed, the same order
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("n", [2, 4])
+def test_record_sharding_at_n_workers_is_one_worker_at_n_times_the_batch(shards, n):
+    one = train(shards, 0, 1, b=2 * n, steps_per_epoch=N_TRAIN // (2 * n), num_steps=N_TRAIN // (2 * n))
+    each = [train(shards, i, n, b=2, steps_per_epoch=N_TRAIN // (2 * n), num_steps=N_TRAIN // (2 * n))
+            for i in range(n)]
+    for k, big in enumerate(one):
+        assert sorted(sum((w[k] for w in each), [])) == sorted(big)
+
+
+@pytest.mark.unit
+def test_file_sharding_reads_each_workers_own_files(shards):
+    spec = spec_of(shards)
+    per_file = [set(range(10 * f, 10 * f + 10)) for f in range(4)]
+    for i in range(2):
+        seen = set(sum(train(shards, i, 2, b=5, shard_by="file"), []))
+        assert seen == per_file[i] | per_file[i + 2]
+    with pytest.raises(RecordError, match="4 training file.s. for 8 workers"):
+        check_sharding(spec, "file", 8, 1, 1)
+    with pytest.raises(RecordError, match="worker 1's files hold 10 records, fewer than the 12"):
+        check_sharding(spec, "file", 3, 3, 4)
+    check_sharding(spec, "record", 8, 1, 1)                          # records: any count of files
+
+
+@pytest.mark.unit
+def test_a_resumed_stream_skips_what_it_had_read(shards):
+    whole = train(shards)
+    assert train(shards, start_step=7, num_steps=13) == whole[7:20]
+
+
+@pytest.mark.unit
+def test_the_test_split_is_dealt_out_whole(shards):
+    spec = spec_of(shards)
+    parts = [sum(batches(stream(shards, spec, "test", i, 3, 2)), []) for i in range(3)]
+    assert sorted(sum(parts, [])) == list(range(N_TRAIN, N_TRAIN + N_TEST))
+
+
+def _damage(path, how):
+    data = open(path, "rb").read()
+    if how == "empty":
+        data = b""
+    elif how == "not tfrecord":
+        data = b"x_train,y_train\n1,2\n" * 4
+    elif how == "truncated":
+        data = data[:20]
+    elif how == "bad crc":
+        (length,) = struct.unpack("<Q", data[:8])
+        data = data[:12 + length - 1] + bytes([data[12 + length - 1] ^ 1]) + data[12 + length:]
+    open(path, "wb").write(data)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("how, says", [
+    ("empty", "empty, not a TFRecord file"),
+    ("not tfrecord", "record 0: bad length CRC: not a TFRecord file"),
+    ("truncated", "record 0: truncated"),
+    ("bad crc", "record 0: bad data CRC"),
+    ("missing", "No such file"),
+])
+def test_a_damaged_file_is_named_before_any_task_starts(tmp_path, how, says):
+    out = str(tmp_path / "set")
+    write(out, arrays(), CLASSES, shards=2)
+    path = os.path.join(out, "train-00001-of-00002.tfrecord")
+    os.remove(path) if how == "missing" else _damage(path, how)
+    with pytest.raises(UsageError) as exc:
+        spec_of(out)
+    assert "\n" not in str(exc.value) and says in str(exc.value) and "train-00001-of-00002" in str(exc.value), exc.value
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("change, says", [
+    ({"shape": [0, 3]}, "shape[0]"),
+    ({"dtype": "float64"}, "dtype"),
+    ({"classes": 0}, "classes"),
+    ({"train": {"files": ["../../etc/passwd"], "records": [1]}}, "train.files[0]"),
+    ({"train": {"files": ["a.tfrecord"], "records": [1, 2]}}, "1 files but 2 record counts"),
+])
+def test_a_wrong_description_is_one_line(tmp_path, change, says):
+    out = str(tmp_path / "set")
+    path = write(out, arrays(), CLASSES, shards=2)
+    doc = json.load(open(path))
+    doc.update(change)
+    open(path, "w").write(json.dumps(doc))
+    with pytest.raises(UsageError) as exc:
+        spec_of(out)
+    assert "\n" not in str(exc.value) and says in str(exc.value), exc.value
+
+
+@pytest.mark.unit
+def test_a_label_past_the_classes_stops_the_stream_naming_it(tmp_path):
+    import tensorflow as tf
+    x, y, xt, yt = arrays()
+    out = str(tmp_path / "set")
+    write(out, (x, y, xt, yt), CLASSES, shards=1)
+    spec = spec_of(out).model_copy(update={"classes": 3})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="a label past the 3 classes of the data set"):
+        batches(stream(out, spec, "train", 0, 1, 4, steps_per_epoch=10, num_steps=10))
+
+
+@pytest.mark.unit
+def test_hvdps_data_writes_once_and_never_over(tmp_path):
+    from hvdps.cli import main
+    out = str(tmp_path / "digits")
+    assert main(["data", "--dataset", "digits", "--shards", "3", "--out", out]) == 0
+    from common.config import make_config
+    from common.data import load_arrays
+    spec = spec_of(out)
+    assert sum(spec.train.records) == len(load_arrays(make_config())[0]) and spec.shape == [8, 8, 1]
+    assert spec.classes == 10 and spec.train.records == [480, 479, 479]
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "--dataset", "digits", "--out", out])
+    assert exc.value.code == 2
+
+
+@pytest.mark.process
+def test_horovod_trains_from_shards_and_two_ranks_equal_one_at_double_batch(tmp_path):
+    """The digits as 4 TFRecord files: 2 Horovod ranks reach the accuracy target, and, sharded by
+    record, 2 ranks at batch 16 end with the weights of one process at batch 32."""
+    data = str(tmp_path / "digits")
+    r = run([os.path.join(BIN, "hvdps"), "data", "--dataset", "digits", "--shards", "4", "--out", data])
+    assert r.returncode == 0, r.stderr[-2000:]
+    main = os.path.join(REPO, "horovod_train", "main.py")
+    tf_data = ["--dataset", "tfrecord", "--data_dir", data]
+    hvd = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", sys.executable, main, *tf_data]
+    r = run([*hvd, "--epochs", "4", "--batch_size", "32", "--train_dir", str(tmp_path / "acc")], timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    row, curves = row_and_records(str(tmp_path / "acc"))
+    assert row.status == "ok" and row.workers == 2 and row.final_test_accuracy >= 0.90, row
+    assert curves["header"]["config"]["shard_by"] == "record"
+    r = run([*hvd, *SYNC_EQUIV, "--batch_size", "16", "--train_dir", str(tmp_path / "two")], timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = run([sys.executable, main, *tf_data, *SYNC_EQUIV, "--batch_size", "32", "--train_dir", str(tmp_path / "one")])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert_big_batch_equal(tmp_path / "two", tmp_path / "one")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("command", [["compare", "--backends", "horovod", "--workers", "1,8"],
+                                     ["launch", "ps", "--num_workers", "8"], ["launch", "mwms", "--num_workers", "8"]])
+def test_too_few_files_for_the_workers_is_refused_before_any_task_starts(shards, tmp_path, capsys, command):
+    from hvdps.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--dataset", "tfrecord", "--data_dir", shards, "--shard_by", "file", "--batch_size", "1",
+              "--out" if command[0] == "compare" else "--train_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("error:") == 1 and "4 training file(s) for 8 workers" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("backends, epochs", [("mpi,mwms,ps:sync", 5), ("ps:async,ps2", 8)])
+def test_every_method_trains_from_shards_to_its_target(tmp_path, backends, epochs):
+    """The digits as 4 TFRecord files under bare MPI, TensorFlow's all-reduce and both PS trainers
+    (Horovod: the test above), at the epochs tests/test_defaults.py holds each mode to."""
+    data = str(tmp_path / "digits")
+    r = run([os.path.join(BIN, "hvdps"), "data", "--dataset", "digits", "--shards", "4", "--out", data])
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run([os.path.join(BIN, "hvdps"), "compare", "--dataset", "tfrecord", "--data_dir", data, "--backends", backends,
+             "--workers", "2", "--epochs", str(epochs), "--no_progress", "--out", str(tmp_path / "cmp")], timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.load(open(tmp_path / "cmp" / "results.json"))["rows"]
+    assert len(rows) == len(backends.split(","))
+    for x in rows:
+        assert x["status"] == "ok" and x["final_test_accuracy"] >= 0.90, x
