@@ -425,8 +425,8 @@ def main(argv=None):
         from common.models import check_plugin_for_graph_mode
         check_plugin_for_graph_mode(cfg)           # a Keras 3 plug-in under the classic PS: refused here
     if not args.dry_run and not args.from_dirs:    # the same refusal every run would meet, once, before any starts
-        for n in parse_workers(args.workers):
-            check_input(cfg, n)
+        for n in sorted(set(parse_workers(args.workers)), reverse=True):   # the most workers first: the
+            check_input(cfg, n)                                            # tightest batch and file counts
         if not args.hosts:                         # every task on this machine
             check_memory_fits(args, cfg, available_memory())
     if not args.dry_run:
