@@ -204,8 +204,11 @@ def test_horovod_trains_from_shards_and_two_ranks_equal_one_at_double_batch(tmp_
 @pytest.mark.unit
 @pytest.mark.parametrize("command", [["compare", "--backends", "horovod", "--workers", "1,8"],
                                      ["launch", "ps", "--num_workers", "8"], ["launch", "mwms", "--num_workers", "8"]])
-def test_too_few_files_for_the_workers_is_refused_before_any_task_starts(shards, tmp_path, capsys, command):
+def test_too_few_files_for_the_workers_is_refused_before_any_task_starts(shards, tmp_path, capsys, monkeypatch,
+                                                                        command):
     from hvdps.cli import main
+    # the launchers bound this process's plug-in imports from now on (--run_timeout): put it back after
+    monkeypatch.setattr("common.plugins._budget", None)
     with pytest.raises(SystemExit) as exc:
         main([*command, "--dataset", "tfrecord", "--data_dir", shards, "--shard_by", "file", "--batch_size", "1",
               "--out" if command[0] == "compare" else "--train_dir", str(tmp_path / "out")])
