@@ -232,3 +232,20 @@ def test_every_method_trains_from_shards_to_its_target(tmp_path, backends, epoch
     assert len(rows) == len(backends.split(","))
     for x in rows:
         assert x["status"] == "ok" and x["final_test_accuracy"] >= 0.90, x
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("argv, says", [
+    (["--image_shape", "x"], "error: argument --image_shape: expected H,W,C"),
+    (["--shards", "0"], "error: --shards must be in [1, 1048576], got 0"),
+    (["--dataset", "mnist"], "error: --dataset mnist needs --data_dir"),
+    (["--dataset", "tfrecord"], "error: --dataset tfrecord: hvdps data writes"),
+    (["--shards", "5000"], "error: --shards 5000: the train split has only"),
+])
+def test_hvdps_data_bad_input_is_one_line(tmp_path, capsys, argv, says):
+    from hvdps.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(["data", *argv, "--out", str(tmp_path / "d")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("error:") == 1 and err.startswith(says), err
+    assert not (tmp_path / "d" / SPEC).exists()

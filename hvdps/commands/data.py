@@ -14,7 +14,7 @@ import os
 import sys
 
 from common.errors import UsageError, cli
-from common.flags import Parser
+from common.flags import Parser, shape
 
 
 @cli
@@ -29,7 +29,7 @@ def main(argv=None):
     p.add_argument("--test_shards", type=int, default=1, help="files of the test split")
     p.add_argument("--out", required=True, help="the folder the shards and dataset.json go to")
     p.add_argument("--seed", type=int, default=d.seed, help="synthetic data: the draw")
-    p.add_argument("--image_shape", default=None, help="synthetic data: H,W,C")
+    p.add_argument("--image_shape", type=shape, default=None, help="synthetic data: H,W,C")
     p.add_argument("--num_classes", type=int, default=d.num_classes, help="synthetic data")
     p.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples, help="synthetic data: examples")
     for name in ("shards", "test_shards"):
@@ -41,8 +41,7 @@ def main(argv=None):
     if os.path.lexists(os.path.join(args.out, SPEC)):
         raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
     from common.config import make_config
-    from common.flags import shape
-    extra = {"image_shape": shape(args.image_shape)} if args.image_shape else {}
+    extra = {"image_shape": args.image_shape} if args.image_shape else {}
     cfg = make_config(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, num_classes=args.num_classes,
                       synthetic_samples=args.synthetic_samples, **extra)
     from common.data import input_spec, load_arrays
