@@ -237,9 +237,10 @@ def time_token_wait(tf, minimize, sync_wait, rank):
                            f"TensorFlow ({tf.__version__}): cannot time the sync wait")
     with tf.control_dependencies(token.op.control_inputs):      # the same inputs the dequeue waits for
         pushed = tf.timestamp()
-    with tf.control_dependencies([token]):
+    with tf.control_dependencies([token, pushed]):              # stamped after both: never before `pushed`
         arrived = tf.timestamp()
-    return tf.compat.v1.scatter_add(sync_wait, [rank], [arrived - pushed])
+    # tf.timestamp reads the wall clock, which a time daemon may step back between the stamps.
+    return tf.compat.v1.scatter_add(sync_wait, [rank], [tf.maximum(arrived - pushed, 0.0)])
 
 
 def data_position(plan, update, own_batches):
