@@ -112,7 +112,8 @@ class MetricsWriter:
     def __init__(self, train_dir, enabled=True, name="metrics.jsonl"):
         self.enabled = enabled
         self.path = os.path.join(train_dir, name)
-        self.start = time.time()
+        self.start = time.time()           # when, for the header; durations use the monotonic clock
+        self._t0 = time.monotonic()
         self.target_time = None
         self._f = None
         if enabled:
@@ -121,7 +122,7 @@ class MetricsWriter:
             self._f = open_append(self.path)
 
     def elapsed(self):
-        return time.time() - self.start
+        return time.monotonic() - self._t0
 
     def _write(self, record):
         if self._f:
