@@ -180,9 +180,10 @@ def test_hvdps_data_writes_once_and_never_over(tmp_path):
 
 
 @pytest.mark.process
-def test_horovod_trains_from_shards_and_two_ranks_equal_one_at_double_batch(tmp_path):
+def test_horovod_trains_from_shards_and_two_workers_equal_one_at_double_batch(tmp_path):
     """The digits as 4 TFRecord files: 2 Horovod ranks reach the accuracy target, and, sharded by
-    record, 2 ranks at batch 16 end with the weights of one process at batch 32."""
+    record, 2 Horovod ranks and 2 sync PS workers at batch 16 each end with the weights of one
+    process at batch 32."""
     data = str(tmp_path / "digits")
     r = run([os.path.join(BIN, "hvdps"), "data", "--dataset", "digits", "--shards", "4", "--out", data])
     assert r.returncode == 0, r.stderr[-2000:]
@@ -199,6 +200,10 @@ def test_horovod_trains_from_shards_and_two_ranks_equal_one_at_double_batch(tmp_
     r = run([sys.executable, main, *tf_data, *SYNC_EQUIV, "--batch_size", "32", "--train_dir", str(tmp_path / "one")])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert_big_batch_equal(tmp_path / "two", tmp_path / "one")
+    r = run([os.path.join(BIN, "hvdps"), "launch", "ps", "--num_ps", "1", "--num_workers", "2", "--sync", *tf_data,
+             *SYNC_EQUIV, "--batch_size", "16", "--train_dir", str(tmp_path / "ps")], timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert_big_batch_equal(tmp_path / "ps", tmp_path / "one")
 
 
 @pytest.mark.unit
