@@ -343,6 +343,40 @@ def train_index_stream(cfg, num_examples, shard_index, num_shards, epochs):
     return np.concatenate(parts).astype(np.int64)
 
 
+def input_failure(exc, who):
+    """The InputError for a TensorFlow error raised by the input pipeline (its iterator, or a check
+    in it naming a record), else None: any other failure keeps its own wording."""
+    from common.errors import InputError, describe
+    import re
+    text = str(exc)
+    damaged = re.search(r"(?:corrupted|truncated) record at (\d+)", text)
+    if damaged:
+        from common.records import READING, locate_damage
+        where = locate_damage(READING, int(damaged.group(1)))
+        return InputError(f"{who}: reading the training data: {' or '.join(where) or 'a file'}: a damaged "
+                          f"record (bad CRC, or cut short) at byte {damaged.group(1)}")
+    if "Iterator" in text or "assertion failed: [" in text:
+        return InputError(f"{who}: reading the training data: {describe(exc)}")
+    return None
+
+
+def read_batches(ds, who):
+    """Iterate a dataset as training reads it: an error raised while reading (TensorFlow's reader on
+    a damaged record, or a check in the pipeline naming the file and record) ends the run as one
+    line from the worker that read it (exit 1), not a traceback."""
+    import tensorflow as tf
+    from common.errors import InputError, describe
+    it = iter(ds)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except tf.errors.OpError as exc:
+            raise input_failure(exc, who) or InputError(f"{who}: reading the training data: {describe(exc)}")
+        yield batch
+
+
 def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_steps=None):
     """A tf.data pipeline of ``(x, y)`` batches for one worker.
 

@@ -20,6 +20,11 @@ class RunError(Exception):
     """The run itself failed (lost peer, timeout): not a usage problem."""
 
 
+class InputError(RunError):
+    """The data failed while a run read it (a damaged record, a label past the classes): printed by
+    whichever worker read it, chief or not, since only that worker knows the file and record."""
+
+
 def describe(exc):
     """One readable line for an exception, TensorFlow's included.
 
@@ -29,6 +34,9 @@ def describe(exc):
     """
     import re
     text = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    failed = re.search(r"assertion failed: \[(.+?)\]\s*$", text, re.M)
+    if failed:                         # tf.debugging.Assert's message: what the graph said, wherever it ran
+        return failed.group(1).replace("\\'", "'").replace('\\"', '"')     # as TensorFlow printed it, unescaped
     lines = text.strip().splitlines()
     text = lines[0]
     if text.startswith("Graph execution error"):    # TF's graph-mode wrapper: the cause is a later line
@@ -42,7 +50,7 @@ def describe(exc):
         first = next((m for m in (re.match(r"\s*\(0\)\s*(.+)", line) for line in lines[1:]) if m), None)
         text = first.group(1) if first else text
     text = re.sub(r"^\{\{[^}]*\}\}\s*", "", text)
-    text = re.sub(r"\s*\[Op:[^\]]*\]$", "", text)
+    text = re.sub(r"\s*\[Op:[^\]]*\](\s*name:\s*\S*)?$", "", text)
     return text.rsplit("; ", 1)[-1].strip() or type(exc).__name__
 
 
@@ -94,6 +102,8 @@ def cli(fn=None, *, hard_exit=False):
             return fn(*args, **kwargs)
         except UsageError as exc:
             fail(str(exc), EXIT_USAGE, quiet(), hard_exit)
+        except InputError as exc:
+            fail(str(exc), EXIT_FAILURE, False, hard_exit)
         except RunError as exc:
             fail(str(exc), EXIT_FAILURE, quiet(), hard_exit)
         except KeyboardInterrupt:

@@ -282,15 +282,28 @@ class RecordSplit(Strict):
 
 
 class RecordSet(Strict):
-    """What ``hvdps data`` writes beside TFRecord shards of the plain layout (common/records.py):
-    each record an ``x`` feature (the example's values, raw ``dtype`` bytes of ``shape``) and a ``y``
-    int64 class id in [0, classes)."""
-    layout: Literal["plain"]
+    """What ``hvdps data`` writes beside TFRecord shards (common/records.py has both layouts):
+    ``plain``, each record an ``x`` feature (the example's values, raw ``dtype`` bytes of ``shape``)
+    and a ``y`` int64 class id; ``imagenet``, tf_cnn_benchmarks' records, an encoded JPEG or PNG in
+    ``image/encoded`` and its class in ``image/class/label``, the images ``shape`` (H, W, C) as
+    stored, or resized to it (``resize``). Class ids run from ``first_label`` (ImageNet's are 1-based)
+    to ``first_label + classes - 1``; training sees them from 0."""
+    layout: Literal["plain", "imagenet"]
     shape: Annotated[List[Count], Field(min_length=1, max_length=8)]
-    dtype: Literal["float32", "int32"]
+    dtype: Literal["float32", "int32", "uint8"]
     classes: Annotated[int, Field(ge=1, le=1 << 24)]
+    first_label: Literal[0, 1] = 0
+    resize: bool = False
     train: RecordSplit
     test: RecordSplit
+
+    @model_validator(mode="after")
+    def _layout(self):
+        if self.layout == "imagenet" and (self.dtype != "uint8" or len(self.shape) != 3 or self.shape[2] not in (1, 3)):
+            raise ValueError("the imagenet layout holds 8-bit images: dtype uint8, shape [H, W, C] with C 1 or 3")
+        if self.layout == "plain" and (self.dtype == "uint8" or self.resize):
+            raise ValueError("the plain layout holds float32 or int32 values of a fixed shape (no uint8, no resize)")
+        return self
 
 
 # ------------------------------------------------------------------ model_profiles.json

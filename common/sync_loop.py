@@ -7,7 +7,7 @@ exchange and nothing else. Lines marked ``# all-reduce:`` are the only
 differences from single-process code.
 """
 from common.bookkeeper import Adapter, Bookkeeper
-from common.data import make_dataset
+from common.data import input_failure, make_dataset, read_batches
 from common.errors import RunError, describe
 from common.models import build_model, loss_fn, make_optimizer, train_step_fn
 from common.probe import compute_step_time
@@ -94,7 +94,7 @@ def run_custom(backend, model, optimizer, train_ds, start_step, books):
     train_step = tf.function(backend.distribute(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape)),
                              autograph=False)  # all-reduce
     step = start_step
-    for x, y in train_ds:
+    for x, y in read_batches(train_ds, f"rank {backend.rank}"):
         try:
             loss = float(train_step(x, y))
         except tf.errors.OpError as exc:         # a lost peer, a collective's timeout: one line, not a trace
@@ -116,5 +116,8 @@ def run_fit(backend, model, optimizer, train_ds, start_step, total_steps, books)
             books.after_update(self.step, float(logs["loss"]))
 
     model.compile(optimizer=optimizer, loss=loss_fn(), metrics=["accuracy"], run_eagerly=False)
-    model.fit(train_ds, steps_per_epoch=total_steps - start_step, epochs=1, verbose=0,
-              callbacks=backend.keras_callbacks() + [Hook()])   # all-reduce: broadcast + metric averaging
+    try:
+        model.fit(train_ds, steps_per_epoch=total_steps - start_step, epochs=1, verbose=0,
+                  callbacks=backend.keras_callbacks() + [Hook()])   # all-reduce: broadcast + metric averaging
+    except tf.errors.OpError as exc:
+        raise input_failure(exc, f"rank {backend.rank}") or exc

@@ -12,6 +12,7 @@ ones the Horovod trainer uses (common/sync_loop.py). The seconds spent inside
 ``Allreduce`` are counted, so the report can show the exchange it measured.
 """
 import os
+import sys
 import time
 
 import numpy as np
@@ -19,6 +20,18 @@ import numpy as np
 from common.backend import AllreduceBackend, place_rank, ring_wire, yield_when_idle
 from common.errors import UsageError
 from common.plan import make_plan
+
+
+def abort_on_exception(comm):
+    """An exception nothing caught ends the whole job (MPI_Abort), as ``python -m mpi4py`` does: at a
+    plain exit mpi4py's MPI_Finalize would wait for ranks blocked in a collective with this one."""
+    previous = sys.excepthook
+
+    def hook(*exc_info):
+        previous(*exc_info)
+        sys.stderr.flush()
+        comm.Abort(1)
+    sys.excepthook = hook
 
 
 class MPIBackend(AllreduceBackend):
@@ -37,6 +50,7 @@ class MPIBackend(AllreduceBackend):
         self.warmup_steps = cfg.warmup_steps
         from mpi4py import MPI               # MPI: MPI_Init_thread happens here
         self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        abort_on_exception(self.comm)
         self.rank, self.world_size = self.comm.Get_rank(), self.comm.Get_size()
         local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()

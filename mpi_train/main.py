@@ -27,7 +27,7 @@ from common.run_dir import check_resume_compatible, check_train_dir
 from mpi_train.backend import MPIBackend, mpi_env_check
 
 
-@cli
+@cli(hard_exit=True)   # MPI: a failed rank leaves without MPI_Finalize, so mpirun ends the others
 def main(argv=None):
     if launcher_rank() != 0:
         os.environ["HVDPS_QUIET_ERRORS"] = "1"   # MPI: one error line per job, not per rank

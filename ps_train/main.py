@@ -33,7 +33,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common.config import build_parser, from_args
-from common.data import num_examples
+from common.data import input_failure, num_examples
 from common.errors import RunError, UsageError, cli, describe
 from common.files import make_dirs
 from common.models import check_plugin_for_graph_mode
@@ -189,7 +189,8 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
             except tf.errors.OutOfRangeError:
                 break                        # this worker's data stream is used up: its part is done
             except (tf.errors.OpError, OSError) as exc:   # a full disk under the checkpoint hook, ...
-                raise RunError(f"{backend.job}:{backend.index}: {describe(exc)}")
+                who = f"{backend.job}:{backend.index}"
+                raise input_failure(exc, who) or RunError(f"{who}: {describe(exc)}")
             dog.kick()
             if books:
                 books.after_update(int(update), float(loss))

@@ -37,7 +37,7 @@ import sys
 import numpy as np
 
 from common.backend import MIN_SHARD_BYTES, Backend, ps_wire
-from common.data import make_dataset
+from common.data import input_failure, make_dataset
 from common.errors import RunError, UsageError, describe
 from common.hosts import parse_address
 from common.models import build_model, make_optimizer, train_step_fn
@@ -182,6 +182,8 @@ def coordinate(cfg, backend, num_train):
                 schedule_all(backend, books, dog, train_step, iterators, first, plan)
                 break
             except tf.errors.OpError as exc:
+                if input_failure(exc, "chief"):      # a worker read a bad record: the run ends, naming it
+                    raise input_failure(exc, "chief")
                 ps_gone, lost = backend.who_is_gone()
                 if ps_gone:
                     raise RunError(f"chief: parameter server {ps_gone[0]} is gone: stopping")

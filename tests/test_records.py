@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.errors import UsageError
-from common.records import SPEC, RecordError, check_sharding, spec_of, stream, write
+from common.records import SPEC, RecordError, check_sharding, encode_image, spec_of, stream, write
 from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, run, row_and_records
 
 N_TRAIN, N_TEST, SHAPE, CLASSES = 40, 10, (2, 3, 1), 5
@@ -153,6 +153,138 @@ def test_a_wrong_description_is_one_line(tmp_path, change, says):
     assert "\n" not in str(exc.value) and says in str(exc.value), exc.value
 
 
+def example(**features):
+    """A serialized tf.train.Example: bytes for bytes values, int64 for ints, float for floats."""
+    import tensorflow as tf
+
+    def feature(value):
+        if isinstance(value, bytes):
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        if isinstance(value, int):
+            return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        return tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+    return tf.train.Example(features=tf.train.Features(
+        feature={k.replace("__", "/"): feature(v) for k, v in features.items()})).SerializeToString()
+
+
+def one_file_set(tmp_path, layout):
+    """The test arrays as one training file of ``layout`` (images: values in [0, 1]); its path, spec."""
+    x, y, xt, yt = arrays()
+    if layout == "imagenet":
+        x, xt = np.clip(x, 0, 1), np.clip(xt, 0, 1)
+    out = str(tmp_path / layout)
+    write(out, (x, y, xt, yt), CLASSES, shards=1, layout=layout)
+    return os.path.join(out, "train-00000-of-00001" + (".tfrecord" if layout == "plain" else "")), out
+
+
+def replace_record(path, index, data):
+    """Rewrite a TFRecord file with record ``index`` replaced by ``data`` (valid framing and CRCs)."""
+    import tensorflow as tf
+    records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    records[index] = data
+    with tf.io.TFRecordWriter(path) as w:
+        for r in records:
+            w.write(r)
+
+
+def record_start(path, index):
+    at = 0
+    with open(path, "rb") as f:
+        for _ in range(index):
+            f.seek(at)
+            at += 16 + struct.unpack("<Q", f.read(8))[0]
+    return at
+
+
+PNG_5X5 = encode_image(np.zeros((5, 5, 1), np.uint8), "png")
+PIXELS = bytes(24)                          # SHAPE (2, 3, 1) of float32
+# (layout, the bad record, what the one line says)
+BAD_EXAMPLES = [
+    ("plain", example(y=1), "no 'x' feature (present: y)"),
+    ("plain", example(x=1.5, y=1), "feature 'x' is a float_list, expected a bytes_list"),
+    ("plain", example(x=PIXELS, y=b"1"), "feature 'y' is a bytes_list, expected an int64_list"),
+    ("plain", example(x=b"12345", y=1), "feature 'x' holds 5 bytes; shape [2, 3, 1] of float32 is 24"),
+    ("plain", example(x=PIXELS, y=5), "label 5 outside 0..4 (5 classes)"),
+    ("plain", b"\xff" * 40, "not a tf.train.Example"),
+    ("imagenet", example(image__encoded=b"GIF89a" + bytes(30), image__class__label=1), "image/encoded does not decode as a JPEG or PNG image"),
+    ("imagenet", example(image__encoded=PNG_5X5, image__class__label=1), "a 5x5 image; the data set's images are 2x3"),
+    ("imagenet", example(image__encoded=PNG_5X5[:30], image__class__label=1), "image/encoded does not decode as a JPEG or PNG image"),
+    ("imagenet", example(image__encoded=encode_image(np.zeros((2, 3, 1), np.uint8), "png"), image__class__label=0),
+     "label 0 outside 1..5 (5 classes, 1-based)"),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("layout, data, says", BAD_EXAMPLES, ids=[says[:24] for _, _, says in BAD_EXAMPLES])
+def test_a_first_record_unlike_its_layout_is_named_before_any_task_starts(tmp_path, layout, data, says):
+    path, out = one_file_set(tmp_path, layout)
+    replace_record(path, 0, data)
+    with pytest.raises(UsageError) as exc:
+        spec_of(out)
+    assert str(exc.value).startswith(f"{path}: record 0: {says}") and "\n" not in str(exc.value), exc.value
+
+
+def _read_all(out):
+    from common.data import read_batches
+    spec = spec_of(out)
+    for _ in read_batches(stream(out, spec, "train", 0, 1, 4, seed=7, steps_per_epoch=10, num_steps=10), "rank 0"):
+        pass
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("layout, bad, says", [
+    ("plain", example(x=PIXELS, y=9), "record 3: a label outside 0..4 (the 5 classes of the data set)"),
+    ("plain", example(x=b"12345", y=1), "record 3: feature 'x' is not the 24 bytes of shape [2, 3, 1] of float32"),
+    ("plain", example(x=PIXELS), "y (data type: int64) is required but could not be found"),
+    ("plain", "flip", "record 3: a damaged record (bad CRC, or cut short)"),
+    ("plain", "cut", "record 3: a damaged record (bad CRC, or cut short)"),
+    ("imagenet", example(image__encoded=b"GIF89a" + bytes(30), image__class__label=1),
+     "record 3: image/encoded is not a JPEG or PNG image"),
+    ("imagenet", example(image__encoded=PNG_5X5, image__class__label=1), "record 3: an image not 2x3"),
+    ("imagenet", example(image__encoded=encode_image(np.zeros((2, 3, 1), np.uint8), "png"), image__class__label=6),
+     "record 3: a label outside 1..5 (the 5 classes of the data set)"),
+])
+def test_damage_past_the_first_record_ends_the_run_naming_the_file_and_record(tmp_path, layout, bad, says):
+    """What only reading finds: one line from the worker that read it (common.data.read_batches),
+    naming the file and the record where TensorFlow's message allows (a missing feature: the feature)."""
+    from common.errors import InputError
+    path, out = one_file_set(tmp_path, layout)
+    if isinstance(bad, bytes):
+        replace_record(path, 3, bad)
+    else:
+        data = bytearray(open(path, "rb").read())
+        at = record_start(path, 3)
+        if bad == "flip":
+            data[at + 20] ^= 0xFF
+        else:
+            del data[at + 20:]
+        open(path, "wb").write(bytes(data))
+    spec_of(out)                                             # record 0 is whole: nothing to refuse before
+    with pytest.raises(InputError) as exc:
+        _read_all(out)
+    line = str(exc.value)
+    assert "\n" not in line and line.startswith("rank 0: reading the training data: ") and says in line, line
+    if "record 3" in says:
+        assert f"{path}: record 3" in line, line
+
+
+@pytest.mark.unit
+def test_the_imagenet_layout_holds_the_arrays_as_images_with_1_based_labels(tmp_path):
+    """Lossless PNG: each test image decodes to its 8-bit values, each label one below the file's."""
+    import tensorflow as tf
+    x, y, xt, yt = arrays()
+    xt = np.clip(xt, 0, 1)
+    path, out = one_file_set(tmp_path, "imagenet")
+    spec = spec_of(out)
+    assert spec.layout == "imagenet" and spec.first_label == 1 and spec.dtype == "uint8"
+    stored = [tf.train.Example.FromString(r.numpy()).features.feature["image/class/label"].int64_list.value[0]
+              for r in tf.data.TFRecordDataset(os.path.join(out, "validation-00000-of-00001"))]
+    assert stored == [int(v) + 1 for v in yt]
+    got = list(stream(out, spec, "test", 0, 1, N_TEST))[0]
+    np.testing.assert_allclose(got[0].numpy(), np.rint(xt * 255) / 255, atol=1e-6)
+    assert got[1].numpy().tolist() == yt.tolist()
+
+
 @pytest.mark.unit
 def test_a_label_past_the_classes_stops_the_stream_naming_it(tmp_path):
     import tensorflow as tf
@@ -160,7 +292,7 @@ def test_a_label_past_the_classes_stops_the_stream_naming_it(tmp_path):
     out = str(tmp_path / "set")
     write(out, (x, y, xt, yt), CLASSES, shards=1)
     spec = spec_of(out).model_copy(update={"classes": 3})
-    with pytest.raises(tf.errors.InvalidArgumentError, match="a label past the 3 classes of the data set"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"train-00000-of-00001.tfrecord: record \d+: a label outside 0..2 \(the 3 classes of the data set\)"):
         batches(stream(out, spec, "train", 0, 1, 4, steps_per_epoch=10, num_steps=10))
 
 

@@ -3,11 +3,14 @@
     hvdps data --dataset digits --shards 8 --out data/digits           # the bundled digits
     hvdps data --dataset mnist --data_dir ~/mnist --shards 16 --out data/mnist   # mnist.npz or IDX files
     hvdps data --dataset my_data.py:load --shards 64 --out data/mine    # your arrays (a data plug-in)
+    hvdps data --dataset synthetic --layout imagenet --image_shape 224,224,3 --num_classes 1000 \
+        --synthetic_samples 100000 --shards 128 --out data/imagenet     # tf_cnn_benchmarks' layout, any size
     hvdps compare --dataset tfrecord --data_dir data/digits ...         # then train from the files
 
 The arrays are read and checked as training reads them (common/data.py), so the shards hold what
 the in-memory run would train on; each split is cut into files of sizes differing by one at most,
-with dataset.json beside them (common/records.py has the layout). Nothing is overwritten: --out
+with dataset.json beside them (common/records.py has the layouts). A synthetic set in the
+imagenet layout is generated one record at a time, so it can be far larger than memory. Nothing is overwritten: --out
 must not already hold a data set.
 """
 import os
@@ -27,6 +30,11 @@ def main(argv=None):
     p.add_argument("--data_dir", default=None, help="mnist: a folder with mnist.npz or the 4 MNIST IDX files")
     p.add_argument("--shards", type=int, default=8, help="files of the training split")
     p.add_argument("--test_shards", type=int, default=1, help="files of the test split")
+    p.add_argument("--layout", default="plain", choices=("plain", "imagenet"),
+                   help="plain: raw feature bytes and a label; imagenet: encoded images and 1-based labels, "
+                        "as tf_cnn_benchmarks reads")
+    p.add_argument("--image_format", default=None, choices=("jpeg", "png"),
+                   help="the imagenet layout's encoding (png for arrays: lossless; jpeg for synthetic images)")
     p.add_argument("--out", required=True, help="the folder the shards and dataset.json go to")
     p.add_argument("--seed", type=int, default=d.seed, help="synthetic data: the draw")
     p.add_argument("--image_shape", type=shape, default=None, help="synthetic data: H,W,C")
@@ -37,18 +45,26 @@ def main(argv=None):
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if args.dataset in ("tfrecord", "clicks"):
         raise UsageError(f"--dataset {args.dataset}: hvdps data writes digits, mnist, synthetic or a plug-in's arrays")
-    from common.records import SPEC, write
+    from common.records import SPEC, write, write_synthetic_imagenet
     if os.path.lexists(os.path.join(args.out, SPEC)):
         raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
     from common.config import make_config
     extra = {"image_shape": args.image_shape} if args.image_shape else {}
     cfg = make_config(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, num_classes=args.num_classes,
                       synthetic_samples=args.synthetic_samples, **extra)
-    from common.data import input_spec, load_arrays
-    arrays = load_arrays(cfg)
-    path = write(args.out, arrays, input_spec(cfg)[1], args.shards, args.test_shards)
-    print(f"{len(arrays[0])} training and {len(arrays[2])} test examples in {args.shards} + {args.test_shards} "
-          f"TFRecord file(s): {path}")
+    if args.layout == "imagenet" and args.dataset == "synthetic":    # generated record by record, any size
+        from common.datasets import SYNTHETIC_TEST_SAMPLES
+        train, test = cfg.synthetic_samples, min(SYNTHETIC_TEST_SAMPLES, max(8, cfg.synthetic_samples // 4))
+        path = write_synthetic_imagenet(args.out, cfg.image_shape, cfg.num_classes, train, test, args.shards,
+                                        args.test_shards, cfg.seed, args.image_format or "jpeg")
+    else:
+        from common.data import input_spec, load_arrays
+        arrays = load_arrays(cfg)
+        train, test = len(arrays[0]), len(arrays[2])
+        path = write(args.out, arrays, input_spec(cfg)[1], args.shards, args.test_shards, args.layout,
+                     args.image_format or "png")
+    print(f"{train} training and {test} test examples in {args.shards} + {args.test_shards} "
+          f"TFRecord file(s), {args.layout} layout: {path}")
     print(f"train from them: hvdps compare --dataset tfrecord --data_dir {args.out} ...")
     return 0
 
