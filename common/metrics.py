@@ -108,6 +108,13 @@ class ThroughputMeter:
         return throughput_stats(self.rates)
 
 
+def peak_rss_mib():
+    """This process's peak resident memory (getrusage: KiB on Linux), in MiB: the process that writes
+    the summary, the chief or rank 0; what streaming bounds and loading a data set whole does not."""
+    import resource
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
 class MetricsWriter:
     def __init__(self, train_dir, enabled=True, name="metrics.jsonl"):
         self.enabled = enabled
@@ -164,7 +171,7 @@ class MetricsWriter:
                          samples_seen=int(samples_seen), throughput=throughput,
                          time_to_target=self.target_time, final_test_accuracy=_num(final_accuracy),
                          final_test_loss=_num(final_loss),
-                         grad_bytes_per_step=grad_bytes_per_step, **extra))
+                         grad_bytes_per_step=grad_bytes_per_step, peak_rss_mib=peak_rss_mib(), **extra))
 
     def close(self):
         if self._f:

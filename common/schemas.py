@@ -258,6 +258,7 @@ class Summary(Strict):
     sync_wait_total_s: Optional[List[NonNeg]] = None
     lost_workers: Optional[List[Text]] = None
     max_weight_divergence: Optional[NonNeg] = None
+    peak_rss_mib: Optional[NonNeg] = None
 
 
 RECORDS = {"header": Header, "step": Step, "eval": Eval, "summary": Summary}

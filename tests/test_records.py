@@ -386,3 +386,46 @@ def test_hvdps_data_bad_input_is_one_line(tmp_path, capsys, argv, says):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("error:") == 1 and err.startswith(says), err
     assert not (tmp_path / "d" / SPEC).exists()
+
+
+@pytest.mark.process
+def test_a_bad_record_ends_the_run_naming_it_under_every_loop(tmp_path):
+    """A label past the classes in the middle of a file, read by one worker: bare MPI (the custom
+    loop; the failed rank ends the job, not a hang), classic sync PS (the worker's session) and TF2
+    PS (a worker's function, failed at the coordinator) each end with the file and record named."""
+    data = str(tmp_path / "digits")
+    r = run([os.path.join(BIN, "hvdps"), "data", "--dataset", "digits", "--shards", "4", "--out", data])
+    assert r.returncode == 0, r.stderr[-2000:]
+    path = os.path.join(data, "train-00000-of-00004.tfrecord")
+    replace_record(path, 100, example(x=bytes(256), y=10))
+    r = run([os.path.join(BIN, "hvdps"), "compare", "--dataset", "tfrecord", "--data_dir", data, "--backends",
+             "mpi,ps:sync,ps2", "--workers", "2", "--epochs", "1", "--run_timeout", "120", "--no_progress",
+             "--out", str(tmp_path / "cmp")], timeout=600)
+    rows = json.load(open(tmp_path / "cmp" / "results.json"))["rows"]
+    assert len(rows) == 3, r.stdout[-3000:] + r.stderr[-3000:]
+    for x in rows:
+        assert x["status"] == "failed" and f"reading the training data: {path}: record 100: a label outside 0..9" \
+            in x["error"], x
+
+
+@pytest.mark.process
+def test_a_worker_streams_a_set_far_larger_than_its_buffers(tmp_path):
+    """Streaming: a worker's memory is its buffers, not the data set. The same trainer and steps on
+    200 and on 8,000 synthetic 64x64x3 JPEG images (the 8,000 as float32 arrays: 393 MB): peak
+    resident memory (the summary's peak_rss_mib) grows by less than 100 MB."""
+    main = os.path.join(REPO, "horovod_train", "main.py")
+    peaks = {}
+    for n in (200, 8000):
+        data = str(tmp_path / f"set{n}")
+        r = run([os.path.join(BIN, "hvdps"), "data", "--dataset", "synthetic", "--layout", "imagenet",
+                 "--image_shape", "64,64,3", "--num_classes", "10", "--synthetic_samples", str(n), "--shards", "4",
+                 "--out", data], timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = str(tmp_path / f"run{n}")
+        r = run([sys.executable, main, "--dataset", "tfrecord", "--data_dir", data, "--train_steps", "40",
+                 "--batch_size", "32", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
+                 "--probe_steps", "0", "--train_dir", out], timeout=300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        peaks[n] = row_and_records(out)[1]["summary"]["peak_rss_mib"]
+    loaded = 8000 * 64 * 64 * 3 * 4 / 2 ** 20
+    assert peaks[8000] - peaks[200] < 100 < loaded, (peaks, loaded)
