@@ -360,21 +360,33 @@ def input_failure(exc, who):
     return None
 
 
-def read_batches(ds, who):
-    """Iterate a dataset as training reads it: an error raised while reading (TensorFlow's reader on
-    a damaged record, or a check in the pipeline naming the file and record) ends the run as one
-    line from the worker that read it (exit 1), not a traceback."""
+def read_batches(ds, who, waits=None):
+    """Iterate a dataset as training reads it. Each batch's wait (the seconds ``next`` blocked: the
+    input's share of the step, measured at the iterator) is appended to ``waits``. An error raised
+    while reading (TensorFlow's reader on a damaged record, or a check in the pipeline naming the
+    file and record) ends the run as one line from the worker that read it (exit 1)."""
+    import time
+
     import tensorflow as tf
     from common.errors import InputError, describe
     it = iter(ds)
     while True:
+        started = time.perf_counter()
         try:
             batch = next(it)
         except StopIteration:
             return
         except tf.errors.OpError as exc:
             raise input_failure(exc, who) or InputError(f"{who}: reading the training data: {describe(exc)}")
+        if waits is not None:
+            waits.append(time.perf_counter() - started)
         yield batch
+
+
+def input_wait(waits):
+    """The mean wait for a batch, the first left out (it waits for the pipeline to start and the
+    shuffle buffer to fill, once per run); None with fewer than two batches."""
+    return sum(waits[1:]) / (len(waits) - 1) if len(waits) > 1 else None
 
 
 def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_steps=None):

@@ -27,7 +27,8 @@ EVAL_FIELDS = ("epoch", "global_step", "wall_time", "loss", "accuracy")
 SUMMARY_FIELDS = ("status", "total_time", "steps", "samples_seen", "throughput",
                   "time_to_target", "final_test_accuracy", "final_test_loss",
                   "grad_bytes_per_step")
-BREAKDOWN_FIELDS = ("step_s", "compute_s", "overhead_s", "overhead_share", "exchange_s", "wait_s",
+BREAKDOWN_FIELDS = ("step_s", "compute_s", "overhead_s", "overhead_share", "exchange_s", "wait_s", "input_s",
+                    "input_share",
                     "bytes_per_step_per_worker", "bytes_per_update_per_ps")
 
 
@@ -251,6 +252,8 @@ class RunRow:
     overhead_share: Optional[float] = None
     exchange_s: Optional[float] = None
     wait_s: Optional[float] = None
+    input_s: Optional[float] = None
+    input_share: Optional[float] = None
     bytes_per_step_per_worker: Optional[float] = None
     bytes_per_update_per_ps: Optional[float] = None
     sparse_bytes: Optional[float] = None

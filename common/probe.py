@@ -76,7 +76,8 @@ def _graph(cfg, session_config):
         return _timed(lambda: sess.run([train_op, loss]), WARMUP + cfg.probe_steps)
 
 
-def breakdown(compute_s, samples_per_sec, workers, batch_size, wire=None, exchange_s=None, wait_s=None):
+def breakdown(compute_s, samples_per_sec, workers, batch_size, wire=None, exchange_s=None, wait_s=None,
+              input_s=None):
     """The summary's ``breakdown`` record: one worker's step split into compute and overhead.
 
     ``step_s`` comes from the measured throughput (median over logging intervals):
@@ -85,6 +86,9 @@ def breakdown(compute_s, samples_per_sec, workers, batch_size, wire=None, exchan
     (sync: one step per update; async: each worker at its own pace). ``wait_s``,
     where a backend measures it, is the part of the overhead spent waiting for the
     other workers (sync PS: for the step's token); the rest is the transfers and contention.
+    ``input_s``, where the loop reads its batches in Python (the all-reduce trainers' custom
+    loop), is the mean time a step waited for its next batch at the iterator: the input's part of
+    the step, inside compute (the probe reads its batches as the loop does).
     """
     if not compute_s or not samples_per_sec:
         return None
@@ -98,4 +102,6 @@ def breakdown(compute_s, samples_per_sec, workers, batch_size, wire=None, exchan
         out["exchange_s"] = exchange_s
     if wait_s is not None:
         out["wait_s"], out["wait_share"] = wait_s, wait_s / step_s
+    if input_s is not None:
+        out["input_s"], out["input_share"] = input_s, input_s / step_s
     return out

@@ -164,9 +164,9 @@ class RunLog:
         self.progress.write(f"epoch {epoch}: step {step} test_loss={loss:.4f} test_accuracy={accuracy:.4f}")
 
     def finish(self, steps, grad_bytes_per_step, status="ok", samples_seen=None, compute_s=None, wire=None,
-               exchange_s=None, wait_s=None, **extra):
+               exchange_s=None, wait_s=None, input_s=None, **extra):
         """The summary; ``compute_s`` (common.probe), ``wire`` (Backend.wire_bytes) and a measured
-        ``exchange_s`` or ``wait_s`` make its per-step ``breakdown``."""
+        ``exchange_s``, ``wait_s`` or ``input_s`` make its per-step ``breakdown``."""
         if not self.enabled:
             return None
         from common.probe import breakdown
@@ -174,7 +174,7 @@ class RunLog:
         loss, acc = self.last_eval
         samples = samples_seen if samples_seen is not None else steps * self.plan.samples_per_update
         split = breakdown(compute_s, stats.get("median"), self.plan.workers, self.cfg.batch_size, wire, exchange_s,
-                          wait_s)
+                          wait_s, input_s)
         self.metrics.summary(status, steps, samples, stats, loss, acc,
                              grad_bytes_per_step, breakdown=split, wire=wire, **extra)
         self.progress.close()

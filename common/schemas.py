@@ -220,6 +220,8 @@ class Breakdown(Wire):
     exchange_s: Optional[NonNeg] = None
     wait_s: Optional[NonNeg] = None
     wait_share: Optional[Finite] = None
+    input_s: Optional[NonNeg] = None            # the mean wait for the next batch, at the iterator
+    input_share: Optional[Finite] = None
     probe: Optional[Text] = None
 
     @model_validator(mode="after")

@@ -7,7 +7,7 @@ exchange and nothing else. Lines marked ``# all-reduce:`` are the only
 differences from single-process code.
 """
 from common.bookkeeper import Adapter, Bookkeeper
-from common.data import input_failure, make_dataset, read_batches
+from common.data import input_failure, input_wait, make_dataset, read_batches
 from common.errors import RunError, describe
 from common.models import build_model, loss_fn, make_optimizer, train_step_fn
 from common.probe import compute_step_time
@@ -78,11 +78,13 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
                  extra_header={"loop": loop, "threads_per_worker": backend.threads, **(extra_header or {})})
     books = Bookkeeper(cfg, plan, backend, log, AllreduceAdapter(cfg, backend, model, optimizer, checkpoints),
                        start=start_step)
+    extra = {}
     if loop == "fit":
         run_fit(backend, model, optimizer, train_ds, start_step, plan.total_updates, books)
     else:
-        run_custom(backend, model, optimizer, train_ds, start_step, books)
-    books.finish(plan.total_updates)
+        waits = run_custom(backend, model, optimizer, train_ds, start_step, books)
+        extra["input_s"] = input_wait(waits)
+    books.finish(plan.total_updates, **extra)
     backend.shutdown()
     return 0
 
@@ -93,14 +95,15 @@ def run_custom(backend, model, optimizer, train_ds, start_step, books):
     # parse and rewrite its source and what it calls in every process before step 1
     train_step = tf.function(backend.distribute(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape)),
                              autograph=False)  # all-reduce
-    step = start_step
-    for x, y in read_batches(train_ds, f"rank {backend.rank}"):
+    step, waits = start_step, []
+    for x, y in read_batches(train_ds, f"rank {backend.rank}", waits):
         try:
             loss = float(train_step(x, y))
         except tf.errors.OpError as exc:         # a lost peer, a collective's timeout: one line, not a trace
             raise RunError(f"rank {backend.rank}: training step {step + 1} failed: {describe(exc)}")
         step += 1
         books.after_update(step, loss)
+    return waits
 
 
 def run_fit(backend, model, optimizer, train_ds, start_step, total_steps, books):

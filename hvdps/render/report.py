@@ -344,6 +344,10 @@ def _step_sentence(r):
             f"part; {said}")
 
 
+INPUT_BOUND = 0.3    # a step that waits this share of itself for its batch is bound by its input (an in-memory
+#                      batch of the digits MLP waits ~23%: the iterator call itself)
+
+
 def _details(r):
     text = ""
     waits = r.wait_per_worker_s
@@ -354,6 +358,12 @@ def _details(r):
         text += f"; wait per step: {each}; the one that waits least, {name(least)}, is the slowest"
     if r.exchange_s is not None:
         text += f"; measured inside MPI_Allreduce: {_ms(r.exchange_s)}"
+    if r.input_s is not None and r.input_share is not None:
+        text += f"; waiting for the next batch: {100 * r.input_share:.0f}% ({_ms(r.input_s)})"
+        if r.input_share >= INPUT_BOUND:
+            text += (": input-bound (the input, not the exchange, bounds this step): give tf.data more files to "
+                     "read at once (hvdps data --shards), cheaper records (smaller or PNG images), or more "
+                     "cores per worker")
     if r.bytes_per_step_per_worker:
         text += f"; {r.bytes_per_step_per_worker:,.0f} bytes on the wire per worker step"
     if r.ps_cpu_share is not None:
