@@ -327,6 +327,8 @@ def test_horovod_trains_from_shards_and_two_workers_equal_one_at_double_batch(tm
     row, curves = row_and_records(str(tmp_path / "acc"))
     assert row.status == "ok" and row.workers == 2 and row.final_test_accuracy >= 0.90, row
     assert curves["header"]["config"]["shard_by"] == "record"
+    split = curves["summary"]["breakdown"]           # the wait for each batch, timed at the iterator
+    assert 0 < split["input_s"] < split["step_s"] and split["input_share"] == split["input_s"] / split["step_s"]
     r = run([*hvd, *SYNC_EQUIV, "--batch_size", "16", "--train_dir", str(tmp_path / "two")], timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     r = run([sys.executable, main, *tf_data, *SYNC_EQUIV, "--batch_size", "32", "--train_dir", str(tmp_path / "one")])

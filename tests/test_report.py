@@ -42,6 +42,11 @@ def row(backend, mode, step_ms, compute_ms, wait_ms=None, **extra):
     # compute timed on its own above the step (noise): no "72.89 ms of a 71.52 ms step"
     (row("horovod", "sync", 71.52, 72.89), "compute is the whole step: 72.89 ms timed on its own against a "
      "71.52 ms step; distribution adds nothing measurable", []),
+    # the input's part (inside compute), and input-bound past 30% of the step
+    (row("horovod", "sync", 10.0, 9.5, input_s=0.002, input_share=0.2), "compute dominates",
+     ["compute includes waiting for the next batch: 20% of the step (2.00 ms)"]),
+    (row("horovod", "sync", 10.0, 9.5, input_s=0.004, input_share=0.4), "compute dominates",
+     ["waiting for the next batch: 40% of the step (4.00 ms): input-bound", "hvdps data --shards"]),
 ])
 def test_sentence_names_what_dominates(r, starts, names):
     (sentence,) = explanations([r])
@@ -49,6 +54,7 @@ def test_sentence_names_what_dominates(r, starts, names):
     assert body.startswith(starts), sentence
     for name in names:
         assert name in sentence, sentence
+    assert ("input-bound" in sentence) == ((r.input_share or 0) >= 0.3), sentence
 
 
 def test_parts_add_up_to_the_step():

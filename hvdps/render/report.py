@@ -359,7 +359,8 @@ def _details(r):
     if r.exchange_s is not None:
         text += f"; measured inside MPI_Allreduce: {_ms(r.exchange_s)}"
     if r.input_s is not None and r.input_share is not None:
-        text += f"; waiting for the next batch: {100 * r.input_share:.0f}% ({_ms(r.input_s)})"
+        text += (f"; compute includes waiting for the next batch: {100 * r.input_share:.0f}% of the step "
+                 f"({_ms(r.input_s)})")
         if r.input_share >= INPUT_BOUND:
             text += (": input-bound (the input, not the exchange, bounds this step): give tf.data more files to "
                      "read at once (hvdps data --shards), cheaper records (smaller or PNG images), or more "
