@@ -25,6 +25,14 @@ def shape(text):
     return shape
 
 
+def size(text):
+    """H,W: an image's height and width, each from 1 to 65536."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() and 0 < int(p) <= 1 << 16 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected H,W (two sizes from 1 to 65536), got '{text}'")
+    return tuple(int(p) for p in parts)
+
+
 def megabytes(text):
     """A comma-separated list of sizes in MiB (``1,10,100``), each > 0 and at most 1 TiB -> bytes."""
     try:

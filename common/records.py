@@ -302,13 +302,61 @@ def _write_split(out_dir, split, n, count, examples, layout):
         size = count // n + (i < count % n)
         name = shard_name(split, i, n, layout)
         tmp = os.path.join(out_dir, f".{name}.tmp")
-        with tf.io.TFRecordWriter(tmp) as w:
-            for _ in range(size):
-                w.write(next(examples))
-        os.replace(tmp, os.path.join(out_dir, name))
+        try:
+            with tf.io.TFRecordWriter(tmp) as w:
+                for _ in range(size):
+                    w.write(next(examples))
+            os.replace(tmp, os.path.join(out_dir, name))
+        except (OSError, tf.errors.OpError) as exc:           # a full disk: the files written so far stay whole
+            from common.errors import describe
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise RecordError(f"cannot write {os.path.join(out_dir, name)}: {describe(exc)}")
         files.append(name)
         counts.append(size)
     return {"files": files, "records": counts}
+
+
+def count_records(path):
+    """Records in a TFRecord file, from its framing alone: each 12-byte header read (its length CRC
+    checked), the data skipped. The file must end where its last record does."""
+    size, at, n = os.path.getsize(path), 0, 0
+    with open(path, "rb") as f:
+        while at < size:
+            f.seek(at)
+            head = f.read(12)
+            if len(head) < 12 or _masked_crc(head[:8]) != struct.unpack("<I", head[8:])[0]:
+                raise RecordError(f"{path}: record {n}: a damaged or cut header at byte {at}")
+            at += 16 + struct.unpack("<Q", head[:8])[0]
+            n += 1
+    if at != size:
+        raise RecordError(f"{path}: record {n - 1}: cut short (the file ends at byte {size}, the record at {at})")
+    return n
+
+
+def describe_imagenet(data_dir, shape, classes):
+    """dataset.json for a folder of ImageNet TFRecords as tf_cnn_benchmarks reads them (``train-*``
+    and ``validation-*``, written by the Inception or TPU conversion scripts): records counted from
+    the files' framing, images resized to ``shape`` (theirs differ), labels 1-based."""
+    import glob
+    if os.path.lexists(os.path.join(data_dir, SPEC)):
+        raise RecordError(f"--describe {data_dir} already holds {SPEC}")
+    parts = {}
+    for split, pattern in (("train", "train-*"), ("test", "validation-*")):
+        names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, pattern))
+                       if not p.endswith(".tmp"))
+        if not names:
+            raise RecordError(f"--describe {data_dir}: no files match {pattern} (tf_cnn_benchmarks' ImageNet names: "
+                              f"train-00000-of-01024, validation-00000-of-00128)")
+        parts[split] = {"files": names, "records": [count_records(os.path.join(data_dir, n)) for n in names]}
+    path = _describe(data_dir, layout="imagenet", shape=list(shape), dtype="uint8", classes=int(classes),
+                     first_label=1, resize=True, **parts)
+    try:
+        check_files(data_dir, spec_of(data_dir))
+    except RecordError:
+        os.remove(path)                   # a description of files that cannot be trained on is not kept
+        raise
+    return path
 
 
 def _describe(out_dir, **fields):
@@ -347,10 +395,13 @@ def write(out_dir, arrays, classes, shards, test_shards=1, layout="plain", image
                      first_label=first, **parts)
 
 
-def write_synthetic_imagenet(out_dir, shape, classes, train, test, shards, test_shards, seed, image_format="jpeg"):
+def write_synthetic_imagenet(out_dir, shape, classes, train, test, shards, test_shards, seed, image_format="jpeg",
+                             resize=None):
     """A synthetic set in the imagenet layout, of any size: random images of ``shape`` and random
     1-based labels, generated and written one record at a time (never held whole), for throughput
-    runs on the published models. Noise does not compress: each image takes about H*W*C bytes."""
+    runs on the published models. ``resize`` (H, W): training resizes the images to it, as with
+    real ImageNet, whose images differ in size. Noise compresses little: a JPEG image takes about
+    a third of H*W*C bytes, a PNG all of them."""
     import numpy as np
     from common.files import make_dirs
     for split, count, n in (("train", train, shards), ("test", test, test_shards)):
@@ -366,8 +417,9 @@ def write_synthetic_imagenet(out_dir, shape, classes, train, test, shards, test_
             yield _example("imagenet", image, int(rng.integers(1, classes + 1)), image_format)
     parts = {split: _write_split(out_dir, split, n, count, examples(count), "imagenet")
              for split, count, n in (("train", train, shards), ("test", test, test_shards))}
-    return _describe(out_dir, layout="imagenet", shape=list(shape), dtype="uint8", classes=int(classes),
-                     first_label=1, **parts)
+    trained = [*resize, shape[2]] if resize else list(shape)
+    return _describe(out_dir, layout="imagenet", shape=trained, dtype="uint8", classes=int(classes),
+                     first_label=1, resize=bool(resize), **parts)
 
 
 # ------------------------------------------------------------------ reading
@@ -377,7 +429,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def _located(path):
     """One file's records, each with the file and its index in it: what a failed check names."""
     import tensorflow as tf
-    return tf.data.TFRecordDataset(path).enumerate().map(lambda i, record: (record, path, i))
+    # zip, not map: no function call per record
+    return tf.data.Dataset.zip((tf.data.TFRecordDataset(path), tf.data.Dataset.from_tensors(path).repeat(),
+                                tf.data.Dataset.range(1 << 62)))
 
 
 def _check(tf, ok, files, index, what):

@@ -137,7 +137,10 @@ def write(folder, name, content):
 # ------------------------------------------------------------------ every reader
 from tests.test_schemas import CLUSTER, COMM, LAUNCH, LINKS, METRIC, PROFILES, RUN  # noqa: E402
 
-READERS = [(schemas.read_comm, COMM), (schemas.read_cluster_description, CLUSTER),
+RECORD_SET = {"layout": "plain", "shape": [2, 3, 1], "dtype": "float32", "classes": 5, "first_label": 0,
+              "train": {"files": ["train-00000-of-00001.tfrecord"], "records": [40]},
+              "test": {"files": ["test-00000-of-00001.tfrecord"], "records": [10]}}
+READERS = [(schemas.read_record_set, RECORD_SET), (schemas.read_comm, COMM), (schemas.read_cluster_description, CLUSTER),
            (schemas.read_links_spec, CLUSTER), (schemas.read_links, LINKS), (schemas.read_run_record, RUN),
            (schemas.read_launch_record, LAUNCH), (schemas.read_profiles, PROFILES)]
 
@@ -341,3 +344,53 @@ def test_projection_from_any_comm_file_ends_in_time(tmp_path_factory, data):
                                                   "results": rows}))
     run_main(projection.main, ["--comm-json", comm, "--model-params", "25", "--step-compute-ms", "100",
                                "--max-workers", "64", "--out", os.path.join(folder, "p")])
+
+
+# ------------------------------------------------------------------ TFRecord files: the first record of each
+def _framed(data):
+    """``data`` as one TFRecord record with valid length and data CRCs."""
+    import struct
+
+    from common.records import _masked_crc
+    head = struct.pack("<Q", len(data))
+    return head + struct.pack("<I", _masked_crc(head)) + data + struct.pack("<I", _masked_crc(data))
+
+
+def _valid_examples():
+    import numpy as np
+
+    from common.records import encode_image
+    from tests.test_records import PIXELS, example
+    return {"plain": example(x=PIXELS, y=1),
+            "imagenet": example(image__encoded=encode_image(np.full((2, 3, 1), 7, np.uint8), "png"),
+                                image__class__label=2)}
+
+
+@pytest.mark.parametrize("layout", ["plain", "imagenet"])
+@given(data=st.data())
+def test_a_first_record_is_taken_or_refused_in_one_line(tmp_path_factory, layout, data):
+    """Mutated valid examples (bytes flipped, cut, inserted), framed as a record with valid CRCs or
+    left unframed: the pre-start check takes them or refuses them in one line naming the file."""
+    from common.records import check_example, check_first_record
+    valid = _valid_examples()[layout]
+    body = bytearray(valid)
+    for _ in range(data.draw(st.integers(0, 4))):
+        at = data.draw(st.integers(0, max(0, len(body) - 1)))
+        how = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        if how == "flip" and body:
+            body[at] ^= data.draw(st.integers(1, 255))
+        elif how == "cut":
+            del body[at:]
+        else:
+            body[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    content = _framed(bytes(body)) if data.draw(st.booleans()) else bytes(body)
+    path = write(str(tmp_path_factory.mktemp("tfr")), "train-00000-of-00001", content)
+    spec = schemas.RecordSet(**{**RECORD_SET, "layout": layout, "dtype": "uint8" if layout == "imagenet" else "float32",
+                                "first_label": 1 if layout == "imagenet" else 0})
+    with bounded():
+        try:
+            check_example(check_first_record(path), spec, f"{path}: record 0")
+            event("taken")
+        except UsageError as exc:
+            one_line(exc)
+            assert str(exc).startswith(path), exc

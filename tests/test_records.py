@@ -380,6 +380,14 @@ def test_every_method_trains_from_shards_to_its_target(tmp_path, backends, epoch
     (["--dataset", "mnist"], "error: --dataset mnist needs --data_dir"),
     (["--dataset", "tfrecord"], "error: --dataset tfrecord: hvdps data writes"),
     (["--shards", "5000"], "error: --shards 5000: the train split has only"),
+    (["--resize", "8,8"], "error: --image_format and --resize are for --layout imagenet"),
+    (["--layout", "imagenet", "--resize", "8,8"], "error: --resize is for a synthetic set"),
+    (["--layout", "imagenet", "--dataset", "synthetic", "--resize", "8"], "error: argument --resize: expected H,W"),
+    (["--layout", "imagenet", "--dataset", "synthetic", "--image_shape", "8,8,2"],
+     "error: --image_shape 8,8,2: the imagenet layout stores images of 1 or 3 channels"),
+    (["--layout", "imagenet", "--dataset", "synthetic", "--test_shards", "300"],
+     "error: --test_shards 300: the test split has only"),
+    (["--layout", "tiff"], "error: argument --layout: invalid choice"),
 ])
 def test_hvdps_data_bad_input_is_one_line(tmp_path, capsys, argv, says):
     from hvdps.cli import main
@@ -431,3 +439,44 @@ def test_a_worker_streams_a_set_far_larger_than_its_buffers(tmp_path):
         peaks[n] = row_and_records(out)[1]["summary"]["peak_rss_mib"]
     loaded = 8000 * 64 * 64 * 3 * 4 / 2 ** 20
     assert peaks[8000] - peaks[200] < 100 < loaded, (peaks, loaded)
+
+
+@pytest.mark.unit
+def test_imagenet_files_without_a_description_are_counted_and_described(tmp_path, capsys):
+    """Real ImageNet shards come without dataset.json: --describe counts each file's records from its
+    framing and writes one (1-based labels, images resized); a file cut short is named instead."""
+    from hvdps.cli import main
+    path, out = one_file_set(tmp_path, "imagenet")
+    written = spec_of(out)
+    os.remove(os.path.join(out, SPEC))
+    assert main(["data", "--describe", out, "--image_shape", "2,3,1", "--num_classes", str(CLASSES)]) == 0
+    described = spec_of(out)
+    assert described.train == written.train and described.test == written.test and described.resize
+    assert (described.first_label, described.classes, described.shape) == (1, CLASSES, [2, 3, 1])
+    os.remove(os.path.join(out, SPEC))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 3)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "--describe", out, "--image_shape", "2,3,1", "--num_classes", str(CLASSES)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("error:") == 1 and f"{path}: record {N_TRAIN - 1}: cut short" in err, err
+    assert not os.path.exists(os.path.join(out, SPEC))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("argv, says", [
+    ([], "error: give --out (write a data set) or --describe DIR"),
+    (["--describe", "{tmp}/nowhere"], "error: --describe {tmp}/nowhere: no such directory"),
+    (["--describe", "{tmp}"], "error: --describe {tmp}: no files match train-*"),
+    (["--describe", "{tmp}", "--image_shape", "8,8,2"], "error: --image_shape 8,8,2: H,W,C with C 1 or 3"),
+    (["--describe", "{tmp}", "--num_classes", "0"], "error: --num_classes must be in [1, 16777216], got 0"),
+    (["--describe", "{tmp}", "--out", "{tmp}/x"], "error: give --out (write a data set) or --describe DIR"),
+])
+def test_hvdps_data_describe_bad_input_is_one_line(tmp_path, capsys, argv, says):
+    from hvdps.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(["data", *[a.format(tmp=tmp_path) for a in argv]])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("error:") == 1 and err.startswith(says.format(tmp=tmp_path)), err
+    assert not (tmp_path / SPEC).exists()

@@ -5,6 +5,7 @@
     hvdps data --dataset my_data.py:load --shards 64 --out data/mine    # your arrays (a data plug-in)
     hvdps data --dataset synthetic --layout imagenet --image_shape 224,224,3 --num_classes 1000 \
         --synthetic_samples 100000 --shards 128 --out data/imagenet     # tf_cnn_benchmarks' layout, any size
+    hvdps data --describe /data/imagenet --image_shape 224,224,3        # real ImageNet TFRecords: dataset.json
     hvdps compare --dataset tfrecord --data_dir data/digits ...         # then train from the files
 
 The arrays are read and checked as training reads them (common/data.py), so the shards hold what
@@ -17,7 +18,8 @@ import os
 import sys
 
 from common.errors import UsageError, cli
-from common.flags import Parser, shape
+from common.flags import Parser, shape, size
+
 
 
 @cli
@@ -35,14 +37,31 @@ def main(argv=None):
                         "as tf_cnn_benchmarks reads")
     p.add_argument("--image_format", default=None, choices=("jpeg", "png"),
                    help="the imagenet layout's encoding (png for arrays: lossless; jpeg for synthetic images)")
-    p.add_argument("--out", required=True, help="the folder the shards and dataset.json go to")
+    p.add_argument("--resize", type=size, default=None,
+                   help="synthetic imagenet layout: training resizes the --image_shape images to H,W")
+    p.add_argument("--out", default=None, help="the folder the shards and dataset.json go to")
+    p.add_argument("--describe", default=None, metavar="DIR",
+                   help="write dataset.json for ImageNet TFRecords already in DIR (train-*, validation-*), "
+                        "resized to --image_shape (default 224,224,3), --num_classes 1000 (1-based labels)")
     p.add_argument("--seed", type=int, default=d.seed, help="synthetic data: the draw")
     p.add_argument("--image_shape", type=shape, default=None, help="synthetic data: H,W,C")
-    p.add_argument("--num_classes", type=int, default=d.num_classes, help="synthetic data")
+    p.add_argument("--num_classes", type=int, default=None, help=f"synthetic data (default {d.num_classes}); "
+                   f"--describe: the classes (default 1000)")
     p.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples, help="synthetic data: examples")
     for name in ("shards", "test_shards"):
         p.bound(name, 1, 1 << 20)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if (args.out is None) == (args.describe is None):
+        raise UsageError("give --out (write a data set) or --describe DIR (describe ImageNet files already there)")
+    if args.describe is not None:
+        return describe(args)
+    if args.layout == "plain" and (args.image_format or args.resize):
+        raise UsageError("--image_format and --resize are for --layout imagenet")
+    if args.resize and args.dataset != "synthetic":
+        raise UsageError("--resize is for a synthetic set (arrays are stored at their own size)")
+    if args.layout == "imagenet" and args.image_shape and args.image_shape[2] not in (1, 3):
+        raise UsageError(f"--image_shape {','.join(map(str, args.image_shape))}: the imagenet layout stores "
+                         f"images of 1 or 3 channels")
     if args.dataset in ("tfrecord", "clicks"):
         raise UsageError(f"--dataset {args.dataset}: hvdps data writes digits, mnist, synthetic or a plug-in's arrays")
     from common.records import SPEC, write, write_synthetic_imagenet
@@ -50,13 +69,14 @@ def main(argv=None):
         raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
     from common.config import make_config
     extra = {"image_shape": args.image_shape} if args.image_shape else {}
-    cfg = make_config(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, num_classes=args.num_classes,
+    classes = d.num_classes if args.num_classes is None else args.num_classes
+    cfg = make_config(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, num_classes=classes,
                       synthetic_samples=args.synthetic_samples, **extra)
     if args.layout == "imagenet" and args.dataset == "synthetic":    # generated record by record, any size
         from common.datasets import SYNTHETIC_TEST_SAMPLES
         train, test = cfg.synthetic_samples, min(SYNTHETIC_TEST_SAMPLES, max(8, cfg.synthetic_samples // 4))
         path = write_synthetic_imagenet(args.out, cfg.image_shape, cfg.num_classes, train, test, args.shards,
-                                        args.test_shards, cfg.seed, args.image_format or "jpeg")
+                                        args.test_shards, cfg.seed, args.image_format or "jpeg", args.resize)
     else:
         from common.data import input_spec, load_arrays
         arrays = load_arrays(cfg)
@@ -66,6 +86,22 @@ def main(argv=None):
     print(f"{train} training and {test} test examples in {args.shards} + {args.test_shards} "
           f"TFRecord file(s), {args.layout} layout: {path}")
     print(f"train from them: hvdps compare --dataset tfrecord --data_dir {args.out} ...")
+    return 0
+
+
+def describe(args):
+    from common.records import describe_imagenet
+    if not os.path.isdir(args.describe):
+        raise UsageError(f"--describe {args.describe}: no such directory")
+    shape = args.image_shape or (224, 224, 3)
+    classes = 1000 if args.num_classes is None else args.num_classes
+    if len(shape) != 3 or min(shape) < 1 or shape[2] not in (1, 3):
+        raise UsageError(f"--image_shape {','.join(map(str, shape))}: H,W,C with C 1 or 3")
+    if not 1 <= classes <= 1 << 24:
+        raise UsageError(f"--num_classes must be in [1, 16777216], got {classes}")
+    path = describe_imagenet(args.describe, shape, classes)
+    print(f"described: {path}")
+    print(f"train from them: hvdps compare --dataset tfrecord --data_dir {args.describe} ...")
     return 0
 
 
