@@ -32,7 +32,7 @@ from common.errors import UsageError, cli  # noqa: E402
 from common.flags import Parser  # noqa: E402
 from common.metrics import load_run  # noqa: E402
 from common.procs import child_env  # noqa: E402
-from hvdps.methods import get_launcher  # noqa: E402
+from hvdps.methods import get_launcher, parse_variants  # noqa: E402
 
 HVDPS = os.path.join(os.path.dirname(sys.executable), "hvdps")
 # a job's peak resident memory: the largest of its processes, as the kernel kept it for the parent
@@ -43,14 +43,14 @@ PEAK = ("import resource, subprocess, sys\n"
 
 
 def launch(variant, workers, flags, out, env, pin=True, measure_peak=False):
-    backend, _, mode = variant.partition(":")
+    backend, mode = variant
     launcher = get_launcher(backend)
     num_ps = 1 if launcher.server_tasks(1) else 0
-    argv = launcher.command(workers, [*flags, "--train_dir", out], mode=mode or "sync", num_ps=num_ps, pin_cores=pin)
+    argv = launcher.command(workers, [*flags, "--train_dir", out], mode=mode, num_ps=num_ps, pin_cores=pin)
     if measure_peak:
         argv = [sys.executable, "-c", PEAK, *argv]
     p = subprocess.run(argv, capture_output=True, text=True, env={**env, **launcher.env()}, cwd=REPO, timeout=3600)
-    row = {"method": variant, "workers": workers, "ok": p.returncode == 0}
+    row = {"method": f"{backend}:{mode}", "workers": workers, "ok": p.returncode == 0}
     if p.returncode != 0:
         row["error"] = (p.stderr or p.stdout)[-800:]
         return row
@@ -115,17 +115,17 @@ def keeps_up(args, env, tmp):
     rows = []
     for rep in range(args.repeats):
         order = ["memory", "files"] if rep % 2 == 0 else ["files", "memory"]
-        for variant in args.backends.split(","):
+        for variant in parse_variants(args.backends):
             for workers in (1, 2):
                 for source in order:                          # the pair back to back, its order alternating
-                    out = os.path.join(tmp, f"{source}-{variant.replace(':', '-')}-w{workers}-{rep}")
+                    out = os.path.join(tmp, f"{source}-{'-'.join(variant)}-w{workers}-{rep}")
                     row = launch(variant, workers, [*sources[source], *common], out, env)
                     row.update(source=source, repeat=rep)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     shutil.rmtree(out, ignore_errors=True)
     pairs = []
-    for variant in args.backends.split(","):
+    for variant in (":".join(v) for v in parse_variants(args.backends)):
         for workers in (1, 2):
             med = {}
             for source in ("memory", "files"):
@@ -165,8 +165,8 @@ def larger(args, env, tmp):
              "--train_steps", str(args.steps), "--warmup_steps", "4", "--log_every", "2", "--probe_steps", "6",
              "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false"]
     rows = []
-    for variant in ("horovod", "ps:sync"):
-        out = os.path.join(tmp, variant.replace(":", "-"))
+    for variant in (("horovod", "sync"), ("ps", "sync")):
+        out = os.path.join(tmp, "-".join(variant))
         row = launch(variant, 2, flags, out, env, pin=False, measure_peak=True)
         row.update(set_mib=round(size_mib, 1),
                    set_over_peak=round(size_mib / row["job_peak_rss_mib"], 2) if row.get("job_peak_rss_mib") else None)
@@ -189,7 +189,7 @@ def main():
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", required=True, choices=("keeps_up", "larger"))
     ap.add_argument("--repeats", type=int, default=3, help="keeps_up: pairs per method and worker count")
-    ap.add_argument("--backends", default="horovod,mpi,mwms,ps:sync,ps:async,ps2", help="keeps_up: the methods")
+    ap.add_argument("--backends", default="horovod,mpi,mwms,ps,ps2", help="keeps_up: the methods (--backends' spelling)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per run (keeps_up 120, larger 20)")
     ap.add_argument("--images", type=int, default=180000, help="larger: training images in the synthetic set")
     ap.add_argument("--data_dir", default=None, help="larger: keep the synthetic set here (reused when present)")

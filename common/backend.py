@@ -110,6 +110,11 @@ class AllreduceBackend(Backend):
         """How one train step runs on this rank: as it is, or through a strategy's ``run``."""
         return step
 
+    def distribute_dataset(self, make):
+        """This rank's training batches, from ``make(worker_index, num_workers)``: the rank's own
+        pipeline (Horovod and MPI: each rank reads its shard), or a strategy's distributed dataset."""
+        return make(self.rank, self.world_size)
+
     def allreduce(self, value, name="metric", op="mean"):
         """A host value (float or array) averaged (``op="mean"``) or summed over the ranks."""
         raise NotImplementedError

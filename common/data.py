@@ -204,6 +204,9 @@ def input_spec(cfg):
     if cfg.dataset == "tfrecord":
         spec = record_spec(cfg)
         return tuple(spec.shape), spec.classes
+    pipes = plugin_pipelines(cfg)
+    if pipes is not None:
+        return pipes.input_shape, pipes.classes
     if is_plugin(cfg.dataset):
         x_train, y_train, _, y_test = load_arrays(cfg)
         return tuple(x_train.shape[1:]), int(max(y_train.max(), y_test.max())) + 1
@@ -274,15 +277,38 @@ def record_spec(cfg):
     return _CACHE[key]
 
 
+def _plugin_output(cfg):
+    """What a data plug-in returned (called once per process): its arrays, unchecked, or Pipelines."""
+    from common.plugins import load_dataset
+    key = ("plugin", cfg.dataset, cfg.data_dir, cfg.seed, tuple(cfg.image_shape), cfg.num_classes,
+           cfg.synthetic_samples, cfg.embedding_rows)
+    if key not in _CACHE:
+        _CACHE[key] = load_dataset(cfg)
+    return _CACHE[key]
+
+
+def plugin_pipelines(cfg):
+    """The tf.data pipeline factories of a data plug-in that returns them (common.datasets.Pipelines),
+    else None (the built-ins, TFRecord shards, a plug-in's arrays)."""
+    from common.datasets import Pipelines
+    from common.plugins import is_plugin
+    if cfg.dataset == "tfrecord" or not is_plugin(cfg.dataset):
+        return None
+    out = _plugin_output(cfg)
+    return out if isinstance(out, Pipelines) else None
+
+
 def load_arrays(cfg):
     if cfg.dataset == "tfrecord":
         raise DataError(f"--dataset tfrecord streams {cfg.data_dir}'s shards: it is not loaded as arrays")
+    if plugin_pipelines(cfg) is not None:
+        raise DataError(f"--dataset {cfg.dataset} gives tf.data pipelines: they are read as they are, not as arrays")
     key = (cfg.dataset, cfg.data_dir, cfg.seed, tuple(cfg.image_shape), cfg.num_classes,
            cfg.synthetic_samples, cfg.embedding_rows)
     if key not in _CACHE:
-        from common.plugins import is_plugin, load_dataset
+        from common.plugins import is_plugin
         if is_plugin(cfg.dataset):
-            arrays, source, classes = load_dataset(cfg), f"--dataset {cfg.dataset}", None
+            arrays, source, classes = _plugin_output(cfg), f"--dataset {cfg.dataset}", None
         elif cfg.dataset == "digits":
             arrays, source, classes = load_digits(), "digits", 10
         elif cfg.dataset == "mnist":
@@ -302,6 +328,10 @@ def data_fingerprint(cfg):
     if cfg.dataset == "tfrecord":
         from common.records import fingerprint
         return fingerprint(cfg.data_dir, record_spec(cfg))
+    pipes = plugin_pipelines(cfg)
+    if pipes is not None:      # the plug-in's own records are not seen: what it declares about them
+        return hashlib.sha256(repr((pipes.source, pipes.train_examples, pipes.input_shape,
+                                    pipes.classes)).encode()).hexdigest()
     x, y = load_arrays(cfg)[:2]
     h = hashlib.sha256()
     for a in (x, y):
@@ -316,6 +346,9 @@ def num_examples(cfg):
     the records their description counts."""
     if cfg.dataset == "tfrecord":
         return sum(record_spec(cfg).train.records)
+    pipes = plugin_pipelines(cfg)
+    if pipes is not None:
+        return pipes.train_examples
     return len(load_arrays(cfg)[0])
 
 
@@ -348,6 +381,11 @@ def input_failure(exc, who):
     in it naming a record), else None: any other failure keeps its own wording."""
     from common.errors import InputError, describe
     import re
+
+    import tensorflow as tf
+    if isinstance(exc, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
+                        tf.errors.CancelledError)):
+        return None      # a lost peer or an aborted collective (a strategy's iterator runs them too)
     text = str(exc)
     damaged = re.search(r"(?:corrupted|truncated) record at (\d+)", text)
     if damaged:
@@ -360,16 +398,18 @@ def input_failure(exc, who):
     return None
 
 
-def read_batches(ds, who, waits=None):
+def read_batches(ds, who, waits=None, first_step=1):
     """Iterate a dataset as training reads it. Each batch's wait (the seconds ``next`` blocked: the
     input's share of the step, measured at the iterator) is appended to ``waits``. An error raised
     while reading (TensorFlow's reader on a damaged record, or a check in the pipeline naming the
-    file and record) ends the run as one line from the worker that read it (exit 1)."""
+    file and record) ends the run as one line from the worker that read it (exit 1); any other
+    error there (a strategy's iterator taking part in an aborted collective) as a failed step,
+    ``first_step`` being the step the first batch is for."""
     import time
 
     import tensorflow as tf
-    from common.errors import InputError, describe
-    it = iter(ds)
+    from common.errors import RunError, describe
+    it, step = iter(ds), first_step
     while True:
         started = time.perf_counter()
         try:
@@ -377,9 +417,10 @@ def read_batches(ds, who, waits=None):
         except StopIteration:
             return
         except tf.errors.OpError as exc:
-            raise input_failure(exc, who) or InputError(f"{who}: reading the training data: {describe(exc)}")
+            raise input_failure(exc, who) or RunError(f"{who}: training step {step} failed: {describe(exc)}")
         if waits is not None:
             waits.append(time.perf_counter() - started)
+        step += 1
         yield batch
 
 
@@ -403,6 +444,9 @@ def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_
     check_shard(shard_index, num_shards)
     if cfg.dataset == "tfrecord":
         return _record_dataset(cfg, shard_index, num_shards, split, start_step, num_steps)
+    pipes = plugin_pipelines(cfg)
+    if pipes is not None:
+        return _pipeline_dataset(cfg, pipes, shard_index, num_shards, split, start_step, num_steps)
     x_train, y_train, x_test, y_test = load_arrays(cfg)
     if split == "test":
         x, y = x_test[shard_index::num_shards], y_test[shard_index::num_shards]
@@ -451,3 +495,59 @@ def _record_dataset(cfg, shard_index, num_shards, split, start_step, num_steps):
     return stream(cfg.data_dir, spec, "train", shard_index, num_shards, cfg.batch_size, seed=cfg.seed,
                   shuffle=cfg.shuffle, shard_by=cfg.shard_by, shuffle_buffer=cfg.shuffle_buffer,
                   steps_per_epoch=spe, start_step=start_step, num_steps=num_steps)
+
+
+def _pipeline_dataset(cfg, pipes, shard_index, num_shards, split, start_step, num_steps):
+    """make_dataset for a plug-in's tf.data factories: the plug-in reads, shards and batches; hvdps
+    counts. Each epoch is exactly the plan's ``steps_per_epoch`` batches of the epoch's pipeline
+    (repeated if it ends early), a resumed run skips the batches it had read, and every batch is
+    checked for its shape, its batch size and its labels (one line naming the plug-in, exit 1)."""
+    import tensorflow as tf
+    from common.datasets import InputContext
+    if split not in ("train", "test"):
+        raise UsageError(f"unknown split '{split}' (valid: train, test)")
+    flag, shape, classes = f"--dataset {pipes.source}", list(pipes.input_shape), pipes.classes
+    ids = cfg.model == "rec"
+
+    def build(factory, epoch):
+        from common.plugins import call
+        ctx = InputContext(worker_index=shard_index, num_workers=num_shards, batch_size=cfg.batch_size, seed=cfg.seed,
+                           epoch=epoch)
+        ds = call(factory, pipes.source, "--dataset", ctx)
+        if not isinstance(ds, tf.data.Dataset):
+            raise UsageError(f"{flag}: its {split} factory returned {type(ds).__name__}, expected a tf.data.Dataset")
+        spec = ds.element_spec
+        if not (isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(s, tf.TensorSpec) for s in spec)):
+            raise UsageError(f"{flag}: its {split} pipeline gives {spec}; expected (x, y) batches")
+        if not spec[0].shape.is_compatible_with([None, *shape]) or not spec[1].shape.is_compatible_with([None]):
+            raise UsageError(f"{flag}: its {split} pipeline gives x {spec[0].shape} and y {spec[1].shape}; expected "
+                             f"batches of x [batch, {', '.join(map(str, shape))}] and y [batch] (input_shape "
+                             f"{tuple(shape)})")
+        if not spec[1].dtype.is_integer:
+            raise UsageError(f"{flag}: its {split} labels are {spec[1].dtype.name}; expected integer class ids")
+        return ds.map(check, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def check(x, y):
+        rules = [tf.debugging.assert_greater_equal(tf.cast(y, tf.int64), tf.constant(0, tf.int64),
+                                                   message=f"{flag}: a label below 0"),
+                 tf.debugging.assert_less(tf.cast(y, tf.int64), tf.constant(classes, tf.int64),
+                                          message=f"{flag}: a label past its {classes} classes"),
+                 tf.debugging.assert_equal(tf.shape(y)[0], tf.shape(x)[0],
+                                           message=f"{flag}: a batch with more labels or examples than the other")]
+        if split == "train":
+            rules.append(tf.debugging.assert_equal(tf.shape(x)[0], cfg.batch_size,
+                                                   message=f"{flag}: a training batch not of --batch_size "
+                                                           f"{cfg.batch_size}"))
+        with tf.control_dependencies(rules):
+            return tf.identity(x if ids else tf.cast(x, tf.float32)), tf.cast(y, tf.int32)
+
+    if split == "test":
+        return build(pipes.test, tf.constant(0, tf.int64)).prefetch(2)
+    if num_steps is None:
+        num_steps = make_plan(cfg, pipes.train_examples, num_shards, num_shards).worker_steps
+    spe = steps_per_epoch(pipes.train_examples, num_shards, cfg.batch_size)
+    build(pipes.train, tf.constant(0, tf.int64))      # the factory's errors here, as one line, not in a trace
+    epochs = -(-num_steps // spe)
+    ds = tf.data.Dataset.range(epochs, output_type=tf.int64).flat_map(
+        lambda e: build(pipes.train, e).repeat().take(spe))
+    return ds.skip(start_step).take(num_steps).prefetch(tf.data.AUTOTUNE)

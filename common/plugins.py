@@ -123,11 +123,43 @@ def call(fn, spec, flag, *args):
         raise UsageError(f"{flag} {spec}: the plug-in raised {type(exc).__name__}: {exc}")
 
 
+PIPELINE_KEYS = ("train", "test", "train_examples", "input_shape", "classes")
+
+
+def pipelines_of(out, spec):
+    """A plug-in's dict of tf.data pipeline factories as the typed record (common.datasets.Pipelines)."""
+    from common.datasets import Pipelines
+    flag = f"--dataset {spec}"
+    keys = set(out)
+    if keys != set(PIPELINE_KEYS):
+        missing, extra = sorted(set(PIPELINE_KEYS) - keys), sorted(map(str, keys - set(PIPELINE_KEYS)))
+        raise UsageError(f"{flag}: a dict of pipelines needs exactly the keys {', '.join(PIPELINE_KEYS)}"
+                         + (f"; missing {', '.join(missing)}" if missing else "")
+                         + (f"; unknown {', '.join(extra)}" if extra else ""))
+    for name in ("train", "test"):
+        if not callable(out[name]):
+            raise UsageError(f"{flag}: '{name}' is {type(out[name]).__name__}; expected a function "
+                             f"(input context) -> tf.data.Dataset of (x, y) batches")
+    count, classes, shape = out["train_examples"], out["classes"], out["input_shape"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1 << 40:
+        raise UsageError(f"{flag}: train_examples must be an integer in [1, 2**40], got {count!r}")
+    if isinstance(classes, bool) or not isinstance(classes, int) or not 1 <= classes <= 1 << 24:
+        raise UsageError(f"{flag}: classes must be an integer in [1, 2**24], got {classes!r}")
+    if not isinstance(shape, (tuple, list)) or not 1 <= len(shape) <= 8 or any(
+            isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 1 << 20 for d in shape):
+        raise UsageError(f"{flag}: input_shape must be 1 to 8 sizes in [1, 2**20] (one example's shape), got {shape!r}")
+    return Pipelines(train=out["train"], test=out["test"], train_examples=count, input_shape=tuple(shape),
+                     classes=classes, source=spec)
+
+
 def load_dataset(cfg):
-    """The arrays of a dataset plug-in, checked and in the layout the built-ins use."""
+    """A dataset plug-in's arrays, checked and in the layout the built-ins use; or, for a plug-in that
+    returns a dict of tf.data pipeline factories, those as common.datasets.Pipelines."""
     fn = load_callable(cfg.dataset, "--dataset")
     out = call(fn, cfg.dataset, "--dataset", cfg)
-    expected = "a tuple (x_train, y_train, x_test, y_test) of NumPy arrays"
+    if isinstance(out, dict):
+        return pipelines_of(out, cfg.dataset)
+    expected = "a tuple (x_train, y_train, x_test, y_test) of NumPy arrays, or a dict of tf.data pipelines"
     if not isinstance(out, (tuple, list)) or len(out) != 4:
         raise UsageError(f"--dataset {cfg.dataset}: returned {type(out).__name__}, expected {expected}")
     try:

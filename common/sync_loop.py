@@ -72,8 +72,8 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
     refuse_finished(cfg, start_step, plan.total_updates)
     backend.broadcast_state(model, optimizer)    # all-reduce: rank 0's weights and slots everywhere
 
-    train_ds = make_dataset(cfg, backend.rank, backend.world_size, start_step=start_step,
-                            num_steps=plan.worker_steps)
+    train_ds = backend.distribute_dataset(      # all-reduce: each rank its shard (a strategy: through it)
+        lambda index, count: make_dataset(cfg, index, count, start_step=start_step, num_steps=plan.worker_steps))
     log = RunLog(cfg, backend, plan, model, start_step=start_step,
                  extra_header={"loop": loop, "threads_per_worker": backend.threads, **(extra_header or {})})
     books = Bookkeeper(cfg, plan, backend, log, AllreduceAdapter(cfg, backend, model, optimizer, checkpoints),
@@ -96,7 +96,7 @@ def run_custom(backend, model, optimizer, train_ds, start_step, books):
     train_step = tf.function(backend.distribute(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape)),
                              autograph=False)  # all-reduce
     step, waits = start_step, []
-    for x, y in read_batches(train_ds, f"rank {backend.rank}", waits):
+    for x, y in read_batches(train_ds, f"rank {backend.rank}", waits, first_step=start_step + 1):
         try:
             loss = float(train_step(x, y))
         except tf.errors.OpError as exc:         # a lost peer, a collective's timeout: one line, not a trace

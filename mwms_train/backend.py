@@ -116,6 +116,14 @@ class MWMSBackend(AllreduceBackend):
             return strategy.experimental_local_results(strategy.run(step, args=(x, y)))[0]
         return run
 
+    def distribute_dataset(self, make):
+        """``distribute_datasets_from_function``, as TensorFlow's strategies take input: the strategy
+        calls ``make`` with this worker's InputContext (its input pipeline id is the worker's index)
+        and prefetches the batches to the worker's device. ``make`` shards as every method does, so
+        the strategy shards nothing more."""
+        return self.strategy.distribute_datasets_from_function(
+            lambda ctx: make(ctx.input_pipeline_id, ctx.num_input_pipelines))
+
     def wrap_tape(self, tape):
         return _ScaledTape(tape, self.world_size)
 

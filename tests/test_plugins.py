@@ -189,3 +189,117 @@ def test_a_model_too_large_for_the_machine_is_refused_with_the_estimate(monkeypa
             plugins.check_memory_of(model, cfg)
     else:
         plugins.check_memory_of(model, cfg)
+
+
+# ------------------------------------------------------------------ tf.data pipelines from a plug-in
+PIPES = os.path.join(REPO, "examples", "my_pipelines.py") + ":load"
+PIPE_PLUGIN = '''
+import numpy as np
+import tensorflow as tf
+
+def load(cfg):
+    x = np.arange(40 * 6, dtype=np.float32).reshape(40, 2, 3, 1)
+    x[:, 0, 0, 0] = np.arange(40)                          # each example tells its index
+    y = np.arange(40) % 5
+    def train(ctx):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shard(ctx.num_workers, ctx.worker_index)
+        return ds.shuffle(40, seed=ctx.seed + ctx.epoch).batch(ctx.batch_size, drop_remainder=True){train_tail}
+    def test(ctx):
+        return tf.data.Dataset.from_tensor_slices((x[:10], y[:10])).batch(4){test_tail}
+    return {{"train": train, "test": test, "train_examples": {count}, "input_shape": {shape}, "classes": {classes}}}
+'''
+
+
+def pipe_plugin(tmp_path, name="pipes", train_tail="", test_tail="", count=40, shape=(2, 3, 1), classes=5):
+    path = tmp_path / f"{name}.py"
+    path.write_text(PIPE_PLUGIN.format(train_tail=train_tail, test_tail=test_tail, count=count, shape=shape,
+                                       classes=classes))
+    return f"{path}:load"
+
+
+def ids(ds):
+    return [x.numpy()[:, 0, 0, 0].astype(int).tolist() for x, _ in ds]
+
+
+@pytest.mark.unit
+def test_a_plugins_pipelines_are_counted_in_epochs_and_resumed(tmp_path):
+    """hvdps counts what the plug-in reads: each epoch the plan's steps of that epoch's pipeline
+    (a new seeded order each epoch), the sizes from the dict, and a resumed run skips what it had read."""
+    from common.config import make_config
+    from common.data import input_spec, make_dataset, num_examples
+    cfg = make_config(dataset=pipe_plugin(tmp_path), batch_size=4, epochs=2)
+    assert num_examples(cfg) == 40 and input_spec(cfg) == ((2, 3, 1), 5)
+    whole = ids(make_dataset(cfg, 0, 2))                     # worker 0 of 2: 20 examples, 5 batches an epoch
+    assert len(whole) == 10 and sorted(sum(whole[:5], [])) == sorted(sum(whole[5:], [])) == list(range(0, 40, 2))
+    assert sum(whole[:5], []) != sum(whole[5:], [])
+    assert ids(make_dataset(cfg, 0, 2, start_step=3, num_steps=6)) == whole[3:9]
+    assert sum(ids(make_dataset(cfg, 0, 1, split="test")), []) == list(range(10))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("change, says", [
+    ({"count": "'many'"}, "train_examples must be an integer in [1, 2**40], got 'many'"),
+    ({"shape": "(2, 0)"}, "input_shape must be 1 to 8 sizes in [1, 2**20]"),
+    ({"classes": 0}, "classes must be an integer in [1, 2**24], got 0"),
+    ({"train_tail": ".map(lambda x, y: x)"}, "its train pipeline gives"),
+    ({"train_tail": ".map(lambda x, y: (tf.reshape(x, [-1, 6]), y))"}, "its train pipeline gives x (4, 6)"),
+    ({"train_tail": ".map(lambda x, y: (x, tf.cast(y, tf.float32)))"}, "its train labels are float32; expected"),
+    ({"shape": "(3, 2, 1)"}, "expected batches of x [batch, 3, 2, 1]"),
+])
+def test_a_wrong_pipeline_plugin_is_one_line_before_training(tmp_path, change, says):
+    from common.config import make_config
+    from common.data import make_dataset
+    from common.errors import UsageError
+    spec = pipe_plugin(tmp_path, **change)
+    with pytest.raises(UsageError) as exc:
+        make_dataset(make_config(dataset=spec, batch_size=4), 0, 1)
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith(f"--dataset {spec}: ") and says in text, text
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text, says", [
+    ("def load(cfg):\n    return {'train': 1}\n", "needs exactly the keys train, test, train_examples, input_shape, "
+                                                    "classes; missing classes, input_shape, test, train_examples"),
+    ("def load(cfg):\n    return {'train': 1, 'test': 2, 'train_examples': 3, 'input_shape': (1,), 'classes': 2}\n",
+     "'train' is int; expected a function"),
+])
+def test_a_wrong_pipelines_dict_is_one_line(tmp_path, text, says):
+    from common.config import make_config
+    from common.data import num_examples
+    from common.errors import UsageError
+    (tmp_path / "d.py").write_text(text)
+    with pytest.raises(UsageError) as exc:
+        num_examples(make_config(dataset=f"{tmp_path}/d.py:load"))
+    assert says in str(exc.value) and "\n" not in str(exc.value), exc.value
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("tail, says", [
+    (".map(lambda x, y: (x, y + 5))", "a label past its 5 classes"),
+    (".unbatch().batch(3, drop_remainder=True)", "a training batch not of --batch_size 4"),
+])
+def test_a_bad_batch_from_a_plugin_ends_the_run_naming_it(tmp_path, tail, says):
+    from common.config import make_config
+    from common.data import make_dataset, read_batches
+    from common.errors import InputError
+    spec = pipe_plugin(tmp_path, train_tail=tail)
+    with pytest.raises(InputError) as exc:
+        for _ in read_batches(make_dataset(make_config(dataset=spec, batch_size=4), 0, 1), "rank 0"):
+            pass
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("rank 0: reading the training data: ") and says in text, text
+    assert f"--dataset {spec}" in text, text
+
+
+@pytest.mark.process
+def test_a_plugins_pipelines_train_under_each_input_path(tmp_path):
+    """examples/my_pipelines.py at 2 workers: the custom loop (Horovod), a worker's graph (classic
+    sync PS) and the coordinator's per-worker datasets (TF2 PS) each reach the accuracy target."""
+    r = run([os.path.join(BIN, "hvdps"), "compare", "--dataset", PIPES, "--backends", "horovod,ps:sync,ps2",
+             "--workers", "2", "--epochs", "5", "--no_progress", "--out", str(tmp_path / "cmp")], timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.load(open(tmp_path / "cmp" / "results.json"))["rows"]
+    assert len(rows) == 3
+    for x in rows:
+        assert x["status"] == "ok" and x["final_test_accuracy"] >= 0.90, x
