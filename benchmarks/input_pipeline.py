@@ -60,8 +60,8 @@ def launch(variant, workers, flags, out, env, pin=True, measure_peak=False):
     for line in p.stdout.splitlines():
         if line.startswith("peak_rss_kib "):
             row["job_peak_rss_mib"] = round(int(line.split()[1]) / 1024, 1)
-    summary = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl")) if '"summary"' in x]
-    row["chief_peak_rss_mib"] = summary[-1].get("peak_rss_mib") if summary else None
+    summary = r.curves.summary if r.curves is not None else None
+    row["chief_peak_rss_mib"] = summary.peak_rss_mib if summary is not None else None
     return row
 
 

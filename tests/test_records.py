@@ -231,8 +231,7 @@ def _read_all(out):
         pass
 
 
-@pytest.mark.unit
-@pytest.mark.parametrize("layout, bad, says", [
+DAMAGE = [
     ("plain", example(x=PIXELS, y=9), "record 3: a label outside 0..4 (the 5 classes of the data set)"),
     ("plain", example(x=b"12345", y=1), "record 3: feature 'x' is not the 24 bytes of shape [2, 3, 1] of float32"),
     ("plain", example(x=PIXELS), "y (data type: int64) is required but could not be found"),
@@ -243,7 +242,11 @@ def _read_all(out):
     ("imagenet", example(image__encoded=PNG_5X5, image__class__label=1), "record 3: an image not 2x3"),
     ("imagenet", example(image__encoded=encode_image(np.zeros((2, 3, 1), np.uint8), "png"), image__class__label=6),
      "record 3: a label outside 1..5 (the 5 classes of the data set)"),
-])
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("layout, bad, says", DAMAGE, ids=[f"{layout}: {says[:30]}" for layout, _, says in DAMAGE])
 def test_damage_past_the_first_record_ends_the_run_naming_the_file_and_record(tmp_path, layout, bad, says):
     """What only reading finds: one line from the worker that read it (common.data.read_batches),
     naming the file and the record where TensorFlow's message allows (a missing feature: the feature)."""
