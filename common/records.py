@@ -33,6 +33,12 @@ from common.errors import UsageError
 from common.files import MiB, check_regular
 
 SPEC = "dataset.json"
+SHARDING = {   # what each --shard_by rule guarantees, as the report says it
+    "record": "every worker reads every file and keeps every n-th record of one seeded order, so synchronous "
+              "training at n workers with batch b is the computation of one process at batch n*b",
+    "file": "worker i reads files i, i+n, ... in its own seeded order, each 1/n of the bytes; no equality with "
+            "one process",
+}
 CYCLE = 8                    # files read at once per worker (interleave): enough to mix, few open buffers
 MAX_RECORD = 256 * MiB       # a first record longer than this is a damaged length, not an example
 

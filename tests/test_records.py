@@ -374,6 +374,8 @@ def test_every_method_trains_from_shards_to_its_target(tmp_path, backends, epoch
     assert len(rows) == len(backends.split(","))
     for x in rows:
         assert x["status"] == "ok" and x["final_test_accuracy"] >= 0.90, x
+    report = (tmp_path / "cmp" / "report.md").read_text()     # the rule and its guarantee, with the config
+    assert f"Data: the TFRecord shards in `{data}`, `--shard_by record`: every worker reads every file" in report
 
 
 @pytest.mark.unit

@@ -178,6 +178,11 @@ def write_report(rows, out, cfg_dict, environment):
               "## Environment", ""]
     lines += [f"- {k}: {v}" for k, v in environment.items()]
     lines += ["", "## Config", "", "```json", json.dumps(cfg_dict, indent=2, sort_keys=True), "```", ""]
+    if cfg_dict.get("dataset") == "tfrecord":
+        from common.records import SHARDING
+        rule = cfg_dict.get("shard_by", "record")
+        lines += [f"Data: the TFRecord shards in `{cfg_dict.get('data_dir')}`, `--shard_by {rule}`: "
+                  f"{SHARDING.get(rule, '')} (docs/data.md).", ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     write_atomic(os.path.join(out, "report.md"), "\n".join(lines))
