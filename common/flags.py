@@ -25,6 +25,35 @@ def shape(text):
     return shape
 
 
+def command_line(text):
+    """A command line as a shell would split it (``--rsh 'ssh -p 2222'``): refused here when it
+    cannot be split (an unterminated quote) or is empty, not later as a shlex traceback."""
+    import shlex
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"cannot split '{text}' as a command line ({exc})")
+    if not words:
+        raise argparse.ArgumentTypeError("empty: expected a command such as 'ssh -p 2222'")
+    return text
+
+
+def interface_or_cidr(text):
+    """A network interface name (``eth0``, at most 15 characters as Linux allows) or an IPv4/IPv6
+    network in CIDR notation (``10.0.0.0/24``), as Open MPI's ``*_if_include`` takes."""
+    import ipaddress
+    import re
+    if "/" in text or re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", text):
+        try:
+            return str(ipaddress.ip_network(text, strict=False))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a network in CIDR notation ({exc})")
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,15}", text):
+        raise argparse.ArgumentTypeError(f"'{text}' is neither an interface name (up to 15 letters, digits, "
+                                         f"'_.:-') nor a CIDR network such as 10.0.0.0/24")
+    return text
+
+
 def size(text):
     """H,W: an image's height and width, each from 1 to 65536."""
     parts = text.split(",")

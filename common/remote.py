@@ -55,9 +55,9 @@ def resolve_hosts(text):
     hosts = parse_host_list(text, "--hosts")
     seen = set()
     for host, _ in hosts:
-        if host in seen:
+        if host.lower() in seen:           # host names are case-insensitive: LOCALHOST is localhost
             raise UsageError(f"--hosts: host {host} listed twice (give it more slots instead: {host}:N)")
-        seen.add(host)
+        seen.add(host.lower())
     return hosts
 
 

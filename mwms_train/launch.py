@@ -26,6 +26,7 @@ if __package__ in (None, ""):
 
 from common.config import argv_of
 from common.errors import UsageError, cli
+from common.flags import command_line
 from common.procs import child_env, free_ports, loopback_only_env
 from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
 
@@ -49,7 +50,7 @@ def make_parser():
                    help=argparse.SUPPRESS)   # the former name of --run_timeout
     g.add_argument("--hosts", default=None,
                    help="start the workers on these hosts instead: hostfile, h1:2,h2:2 or 'slurm' (the allocation)")
-    g.add_argument("--rsh", default=None, help="with --hosts: remote shell called as 'AGENT HOST COMMAND' "
+    g.add_argument("--rsh", type=command_line, default=None, help="with --hosts: remote shell called as 'AGENT HOST COMMAND' "
                    "(default: ssh; srun's agent under --hosts slurm)")
     g.add_argument("--port", type=int, default=2222, help="with --hosts: first port on each host (Kubeflow: 2222)")
     return p

@@ -30,6 +30,7 @@ if __package__ in (None, ""):
 
 from common.config import argv_of
 from common.errors import UsageError, cli
+from common.flags import command_line
 from common.files import write_atomic
 from common.procs import child_env, free_ports
 from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
@@ -93,7 +94,7 @@ def make_parser():
                    help="pin worker i to core i (equal core budget per worker, for scaling benchmarks)")
     g.add_argument("--hosts", default=None,
                    help="start the roles on these hosts instead: hostfile, h1:2,h2:2 or 'slurm' (the allocation)")
-    g.add_argument("--rsh", default=None, help="with --hosts: remote shell called as 'AGENT HOST COMMAND' "
+    g.add_argument("--rsh", type=command_line, default=None, help="with --hosts: remote shell called as 'AGENT HOST COMMAND' "
                    "(default: ssh; srun's agent under --hosts slurm)")
     g.add_argument("--ps_placement", default="own", choices=("own", "beside"),
                    help="with --hosts: each PS on a host of its own (own) or on the workers' hosts (beside)")

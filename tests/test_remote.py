@@ -57,6 +57,7 @@ def test_resolve_hosts(text, want):
 
 @pytest.mark.parametrize("text, message", [
     ("h1,h1", "listed twice"),
+    ("localhost,LOCALHOST", "host LOCALHOST listed twice"),        # host names are case-insensitive
     ("h1,,h2", "empty entry"),
     ("h1:0", "positive integer"),
     ("bad_host!", "invalid host name"),
@@ -109,6 +110,11 @@ DRY = ["--workers", "2", "--dry-run", "--network-interface", "10.9.0.0/24", "--o
     (["--ps_placement", "beside"], "--ps_placement applies only with --hosts"),
     (["--port", "3000"], "--port applies only with --hosts"),
     (["--hosts", "h1,h2,h3", "--rsh", "no-such-agent-here"], "is not an executable"),
+    (["--hosts", "h1,h2,h3", "--rsh", "ssh -o 'ProxyCommand=x"], "argument --rsh: cannot split"),
+    (["--hosts", "h1,h2,h3", "--rsh", " "], "argument --rsh: empty"),
+    (["--network_interface", "300.1.1.1/99"], "'300.1.1.1/99' is not a network in CIDR notation"),
+    (["--network_interface", "10.0.0.300"], "'10.0.0.300' is not a network in CIDR notation"),
+    (["--network_interface", "eth0; reboot"], "is neither an interface name"),
 ])
 def test_compare_hosts_usage_errors(extra, message, capsys):
     assert call([*DRY, *extra]) == 2

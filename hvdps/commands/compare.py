@@ -32,7 +32,7 @@ import time
 
 from common.config import argv_of, build_parser, from_args
 
-from common.flags import check_finite
+from common.flags import check_finite, command_line, interface_or_cidr
 
 from common.memory import TF_PROCESS_BYTES, memory_estimate
 from common.data import check_input
@@ -338,10 +338,10 @@ def make_parser():
     h.add_argument("--hosts", default=None,
                    help="run on these hosts: a hostfile ('host slots=N' lines), h1:2,h2:2, or 'slurm' (the "
                         "allocation's nodes); MPI ranks fill slots in order, PS roles as --ps_placement says")
-    h.add_argument("--rsh", default=None,
+    h.add_argument("--rsh", type=command_line, default=None,
                    help="remote shell called as 'AGENT HOST COMMAND' (Open MPI's plm_rsh_agent); default ssh, "
                         "srun inside an allocation")
-    h.add_argument("--network_interface", dest="network_interface", default=None,
+    h.add_argument("--network_interface", dest="network_interface", type=interface_or_cidr, default=None,
                    help="interface or CIDR MPI's traffic stays on (default: the network that reaches the first host)")
     h.add_argument("--ps_placement", default=None, choices=("own", "beside"),
                    help="PS tasks on hosts of their own (the first hosts) or beside the workers")
