@@ -136,8 +136,8 @@ CASES = [
     (MWMS_LAUNCH, ["--dataset", "{tmp}/plug.py:swallows_everything", "--timeout", "3"], {},
      "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--run_timeout)"),
     (LAUNCH, ["--num_ps", "100000"], {}, "error: --num_ps 100000 and --num_workers 2: 100002 tasks on this machine"),
-    (COMPARE, ["--workers", "100000", "--dry_run"], {}, "error: --workers 100000: more than the 1024 tasks one "
-                                                          "machine runs"),
+    (COMPARE, ["--workers", "100000", "--dry_run"], {}, "error: run ps-async-w100000-ps1: 100001 tasks, more than the "
+                                                          "1024 one machine runs"),
     (COMPARE, ["--workers", "8", "--hosts", "127.0.0.1:2,127.0.0.2:2", "--rsh", "/bin/true", "--dry_run"], {},
      "error: --hosts has 4 slot(s) in all, 8 workers asked for"),
     (COMPARE, ["--train_dir", ""], {}, "error: --train_dir must not be empty"),
@@ -227,6 +227,9 @@ CASES = [
     # each task fits, all 17 of the largest run do not (ps async at 16 workers, 1 PS: 5.4 GiB each)
     (COMPARE, ["--workers", "4,16", "--dataset", "synthetic", "--image_shape", "64,64,3", "--hidden_units", "20000",
                "--out", "{tmp}/big"], {}, "error: run ps-async-w16-ps1 starts 17 TensorFlow tasks on this machine"),
+    # a dry run plans what the runs would start: its tasks, PS included, are bounded as theirs are
+    (COMPARE, ["--dry_run", "--backends", "ps", "--num_ps", "20000", "--workers", "2", "--out", "{tmp}/many"], {},
+     "error: run ps-async-w2-ps20000: 20002 tasks, more than the 1024 one machine runs"),
     # ---- resume: exactly the job that wrote the checkpoint, or refused before any file changes
     (HVD, ["--resume", "--train_dir", "{tmp}/hvd2run"], {}, "error: --resume: {tmp}/hvd2run was trained with workers "
                                                             "2, this job has 1"),

@@ -437,10 +437,10 @@ def main(argv=None):
     else:
         trainer_args = argv_of(args, parser, skip=COMPARE_FLAGS)
         remote = make_remote(args)
-        most = max(parse_workers(args.workers))
+        name, *_, most = max(run_shapes(args), key=lambda shape: shape[-1])   # tasks: workers and PS
         if not remote and most > MAX_LOCAL_WORKERS:     # before any port is reserved (--hosts: its slots)
-            raise UsageError(f"--workers {most}: more than the {MAX_LOCAL_WORKERS} tasks one machine runs "
-                             f"(other machines: --hosts)")
+            raise UsageError(f"run {name}: {most} tasks, more than the {MAX_LOCAL_WORKERS} one machine runs "
+                             f"(fewer --workers or --num_ps; other machines: --hosts)")
         links = load_links(args.links) if args.links else None
         runs = plan_runs(args, trainer_args, os.cpu_count() or 1, remote)
         if args.dry_run:
