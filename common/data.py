@@ -550,4 +550,4 @@ def _pipeline_dataset(cfg, pipes, shard_index, num_shards, split, start_step, nu
     epochs = -(-num_steps // spe)
     ds = tf.data.Dataset.range(epochs, output_type=tf.int64).flat_map(
         lambda e: build(pipes.train, e).repeat().take(spe))
-    return ds.skip(start_step).take(num_steps).prefetch(tf.data.AUTOTUNE)
+    return ds.take(num_steps).skip(start_step).prefetch(tf.data.AUTOTUNE)

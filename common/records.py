@@ -500,7 +500,7 @@ def stream(data_dir, spec, split, shard_index, num_shards, batch_size, seed=0, s
            shuffle_buffer=10000, steps_per_epoch=None, start_step=0, num_steps=None):
     """A worker's ``(x, y)`` batches read from the shards.
 
-    train: ``num_steps`` batches from ``start_step`` (a tensor under classic PS), epoch after epoch
+    train: batches ``start_step`` (a tensor under classic PS) to ``num_steps`` of the run, epoch after epoch
     of ``steps_per_epoch`` batches, each epoch in its own seeded order. test: this worker's records
     ``i::n`` of every test file in order, the last batch kept, so the workers' sums add up to the
     whole test set."""
@@ -538,6 +538,6 @@ def stream(data_dir, spec, split, shard_index, num_shards, batch_size, seed=0, s
         return ds.take(steps_per_epoch * batch_size)
 
     ds = tf.data.Dataset.range(epochs, output_type=tf.int64).flat_map(epoch)
-    # whole batches of records: skipping what a resumed run had read costs no decoding
-    ds = ds.skip(tf.cast(start_step, tf.int64) * batch_size).take(tf.cast(num_steps, tf.int64) * batch_size)
+    # the run's batches, then those a resumed run had read skipped, as records: that costs no decoding
+    ds = ds.take(tf.cast(num_steps, tf.int64) * batch_size).skip(tf.cast(start_step, tf.int64) * batch_size)
     return parsed(ds, True).prefetch(tf.data.AUTOTUNE)

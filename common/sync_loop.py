@@ -6,6 +6,8 @@ same step and keep the same books; the difference between them is the
 exchange and nothing else. Lines marked ``# all-reduce:`` are the only
 differences from single-process code.
 """
+import itertools
+
 from common.bookkeeper import Adapter, Bookkeeper
 from common.data import input_failure, input_wait, make_dataset, read_batches
 from common.errors import RunError, describe
@@ -82,21 +84,22 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
     if loop == "fit":
         run_fit(backend, model, optimizer, train_ds, start_step, plan.total_updates, books)
     else:
-        waits = run_custom(backend, model, optimizer, train_ds, start_step, books)
+        waits = run_custom(backend, model, optimizer, train_ds, start_step, plan.worker_steps, books)
         extra["input_s"] = input_wait(waits)
     books.finish(plan.total_updates, **extra)
     backend.shutdown()
     return 0
 
 
-def run_custom(backend, model, optimizer, train_ds, start_step, books):
+def run_custom(backend, model, optimizer, train_ds, start_step, total_steps, books):
     import tensorflow as tf
     # autograph=False: the step is straight-line code (a model's own control flow is Keras'); AutoGraph would
     # parse and rewrite its source and what it calls in every process before step 1
     train_step = tf.function(backend.distribute(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape)),
                              autograph=False)  # all-reduce
     step, waits = start_step, []
-    for x, y in read_batches(train_ds, f"rank {backend.rank}", waits, first_step=start_step + 1):
+    batches = read_batches(train_ds, f"rank {backend.rank}", waits, first_step=start_step + 1)
+    for x, y in itertools.islice(batches, total_steps - start_step):   # a strategy's dataset may repeat
         try:
             loss = float(train_step(x, y))
         except tf.errors.OpError as exc:         # a lost peer, a collective's timeout: one line, not a trace

@@ -121,8 +121,11 @@ class MWMSBackend(AllreduceBackend):
         calls ``make`` with this worker's InputContext (its input pipeline id is the worker's index)
         and prefetches the batches to the worker's device. ``make`` shards as every method does, so
         the strategy shards nothing more."""
+        # .repeat(): an infinite dataset, as Keras' fit gives it; the loop takes the plan's steps. A finite
+        # one makes the strategy's iterator all-reduce "has a batch" among the workers before every step
+        # (get_next_as_optional, always on across workers), a collective per step for the input alone.
         return self.strategy.distribute_datasets_from_function(
-            lambda ctx: make(ctx.input_pipeline_id, ctx.num_input_pipelines))
+            lambda ctx: make(ctx.input_pipeline_id, ctx.num_input_pipelines).repeat())
 
     def wrap_tape(self, tape):
         return _ScaledTape(tape, self.world_size)

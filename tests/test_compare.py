@@ -207,7 +207,7 @@ def test_signal_mid_run_stops_every_job_and_reports_what_finished(tmp_path, back
     assert "Traceback" not in stderr
     report = (out / "report.md").read_text()
     assert "interrupted" in report
-    assert f"failed: stopped by --run_timeout after {timeout} s" in report   # the 1-worker run: said so, not a log line
+    assert f"failed: error: stopped by --run_timeout after {timeout} s; its last line: " in report   # the 1-worker run
     deadline = time.monotonic() + 10
     while _processes_mentioning(str(out)) and time.monotonic() < deadline:
         time.sleep(0.2)

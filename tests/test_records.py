@@ -92,7 +92,8 @@ def test_file_sharding_reads_each_workers_own_files(shards):
 @pytest.mark.unit
 def test_a_resumed_stream_skips_what_it_had_read(shards):
     whole = train(shards)
-    assert train(shards, start_step=7, num_steps=13) == whole[7:20]
+    assert train(shards, start_step=7) == whole[7:]
+    assert train(shards, start_step=7, num_steps=13) == whole[7:13]       # a run of 13 steps, resumed at 7
 
 
 @pytest.mark.unit
@@ -393,6 +394,8 @@ def test_every_method_trains_from_shards_to_its_target(tmp_path, backends, epoch
     (["--layout", "imagenet", "--dataset", "synthetic", "--test_shards", "300"],
      "error: --test_shards 300: the test split has only"),
     (["--layout", "tiff"], "error: argument --layout: invalid choice"),
+    (["--layout", "imagenet", "--dataset", "synthetic", "--synthetic_samples", "0"],
+     "error: --synthetic_samples must be in [1, 1099511627776], got 0"),
 ])
 def test_hvdps_data_bad_input_is_one_line(tmp_path, capsys, argv, says):
     from hvdps.cli import main

@@ -142,6 +142,16 @@ def load_links(path):
     return read_links_spec(path)
 
 
+def _last_line(log_path):
+    """The run's last line of output (what it was doing when it was stopped), or None."""
+    try:
+        lines = [line.strip() for line in open(log_path, errors="replace").read().splitlines()[-50:]]
+    except OSError:
+        return None
+    lines = [line for line in lines if line]
+    return lines[-1][:300] if lines else None
+
+
 def _last_error(log_path):
     try:
         lines = open(log_path, errors="replace").read().splitlines()
@@ -242,7 +252,10 @@ def execute(runs, timeout, progress=True, links=None):
             bar.close()
             raise stopped_by
         if run.get("timed_out"):
-            run["error"] = f"stopped by --run_timeout after {timeout:g} s"
+            last = _last_line(log_path)
+            run["error"] = f"error: stopped by --run_timeout after {timeout:g} s" + (f"; its last line: {last}"
+                                                                                   if last else "")
+            bar.write(f"{run['name']}: FAILED ({run['error']})")
         elif code != 0:
             run["error"] = _last_error(log_path) or f"exit code {code}"
             bar.write(f"{run['name']}: FAILED ({run['error']})")

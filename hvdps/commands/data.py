@@ -50,6 +50,7 @@ def main(argv=None):
     p.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples, help="synthetic data: examples")
     for name in ("shards", "test_shards"):
         p.bound(name, 1, 1 << 20)
+    p.bound("synthetic_samples", 1, 1 << 40)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if (args.out is None) == (args.describe is None):
         raise UsageError("give --out (write a data set) or --describe DIR (describe ImageNet files already there)")
@@ -70,11 +71,15 @@ def main(argv=None):
     from common.config import make_config
     extra = {"image_shape": args.image_shape} if args.image_shape else {}
     classes = d.num_classes if args.num_classes is None else args.num_classes
+    streamed = args.layout == "imagenet" and args.dataset == "synthetic"     # generated record by record
+    # the config checks the flags; a streamed set is never held, so its size is not the arrays' estimate
     cfg = make_config(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, num_classes=classes,
-                      synthetic_samples=args.synthetic_samples, **extra)
-    if args.layout == "imagenet" and args.dataset == "synthetic":    # generated record by record, any size
+                      synthetic_samples=min(args.synthetic_samples, 8) if streamed else args.synthetic_samples,
+                      **extra)
+    if streamed:
         from common.datasets import SYNTHETIC_TEST_SAMPLES
-        train, test = cfg.synthetic_samples, min(SYNTHETIC_TEST_SAMPLES, max(8, cfg.synthetic_samples // 4))
+        n = args.synthetic_samples
+        train, test = n, min(SYNTHETIC_TEST_SAMPLES, max(8, n // 4))
         path = write_synthetic_imagenet(args.out, cfg.image_shape, cfg.num_classes, train, test, args.shards,
                                         args.test_shards, cfg.seed, args.image_format or "jpeg", args.resize)
     else:
