@@ -349,8 +349,8 @@ def _step_sentence(r):
             f"part; {said}")
 
 
-INPUT_BOUND = 0.3    # a step that waits this share of itself for its batch is bound by its input (an in-memory
-#                      batch of the digits MLP waits ~23%: the iterator call itself)
+INPUT_BOUND = 0.3    # a step that waits this share of itself for its batch is bound by its input,
+INPUT_FLOOR_S = 1e-3  # when the wait is also longer than the iterator call itself (0.2-0.6 ms here, in memory)
 
 
 def _details(r):
@@ -366,7 +366,7 @@ def _details(r):
     if r.input_s is not None and r.input_share is not None:
         text += (f"; compute includes waiting for the next batch: {100 * r.input_share:.0f}% of the step "
                  f"({_ms(r.input_s)})")
-        if r.input_share >= INPUT_BOUND:
+        if r.input_share >= INPUT_BOUND and r.input_s >= INPUT_FLOOR_S:
             text += (": input-bound (the input, not the exchange, bounds this step): give tf.data more files to "
                      "read at once (hvdps data --shards), cheaper records (smaller or PNG images), or more "
                      "cores per worker")
