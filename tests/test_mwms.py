@@ -11,7 +11,7 @@ import pytest
 
 from common.procs import free_ports
 from common.run_dir import load_weights_npz
-from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, env, kill_rank_mid_run, py, run, row_and_records
+from tests.conftest import REPO, SYNC_EQUIV, assert_big_batch_equal, env, kill_rank_mid_run, py, run, row_and_records
 
 pytestmark = pytest.mark.process
 
@@ -153,13 +153,3 @@ def test_bad_input_is_one_line(tmp_path, argv, extra_env, message):
     combined = r.stdout + r.stderr
     assert r.returncode != 0 and combined.count(message) == 1 and "Traceback" not in combined, combined[-3000:]
     assert not os.path.exists(tmp_path / "bad" / "metrics.jsonl")
-
-
-def test_compare_reports_tf_all_reduce_beside_horovod(tmp_path):
-    """hvdps-compare takes mwms like any method: a row per run, its label and its overhead's words."""
-    out = str(tmp_path / "cmp")
-    ok(run([os.path.join(BIN, "hvdps-compare"), "--backends", "mwms,horovod", "--workers", "2", "--model", "mlp",
-            "--epochs", "2", "--batch_size", "32", "--no-progress", "--out", out], timeout=600))
-    report = open(os.path.join(out, "report.md")).read()
-    assert report.count("TF all-reduce (MWMS)") >= 2, report[:3000]
-    assert "TensorFlow's collective all-reduce of the gradients" in report   # the 2-worker run's overhead

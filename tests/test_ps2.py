@@ -8,7 +8,7 @@ import pytest
 
 from common.metrics import read_records
 from common.run_dir import load_weights_npz
-from tests.conftest import REPO, descendants, py, run, row_and_records
+from tests.conftest import REPO, py, run, row_and_records
 from tests.ps_helpers import FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights
 
 pytestmark = pytest.mark.process
@@ -200,16 +200,6 @@ def test_per_role_without_a_chief_is_a_usage_error(tmp_path):
     r = run([sys.executable, os.path.join(REPO, "ps_train", "main.py"), *V2, "--job_name=worker", "--task_index=0",
              "--ps_hosts=" + cluster["ps"][0], "--worker_hosts=" + cluster["worker"][0]], timeout=60)
     assert r.returncode == 2 and "needs a chief task" in r.stderr, r.stderr
-
-
-def test_compare_has_a_ps2_row(tmp_path):
-    out = tmp_path / "cmp"
-    r = py("-m", "hvdps.commands.compare", "--backends", "ps:async,ps2", "--workers", "2", "--epochs", "3", "--batch_size", "32",
-           "--out", str(out), timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    report = (out / "report.md").read_text()
-    assert "PS v2 (TF2 strategy)" in report and "PS async" in report
-    assert descendants(os.getpid()) == []
 
 
 def test_lost_peer_hook_drops_tensorflow_errors_in_del_only(capsys):
