@@ -45,7 +45,7 @@ COMMANDS = ("make ", "hvdps ", "hvdps-", "python ", "horovodrun ", "mpirun ", "s
 SIZES = {
     "DEMO_ARGS": "--train_steps 12 --probe_steps 5 --backends horovod", "DEMO_WORKERS": "1",
     "PYTEST_ARGS": "-m unit tests/test_config.py", "FUZZ_EXAMPLES": "5",
-    "EMU_HOSTS": "3", "EMU_COMPARE": "--workers 2 --backends ps2 --model mlp --train_steps 20 --log_every 5 "
+    "EMU_HOSTS": "3", "EMU_COMPARE": "--workers 2 --backends horovod --model mlp --train_steps 20 --log_every 5 "
                                      "--warmup_steps 5",
     "SLURM_HOSTS": "2", "SLURM_JOBS": "--sbatch hostfiles/slurm/horovod.sbatch",
     "SLURM_COMPARE": "--workers 2 --backends horovod", "SLURM_TRAIN_ARGS": "--model mlp --epochs 1 --batch_size 32",
