@@ -132,10 +132,14 @@ slurm: setup
 	    $(SLURM_COMPARE) $(SLURM_TRAIN_ARGS) --eval_every_epoch false --checkpoint_every_epoch false --no_progress
 
 # PYTEST_ARGS picks part of the suite: make test PYTEST_ARGS="-m unit tests". The whole suite runs two tests at
-# a time (pytest-xdist; the root tier and each shared job on one worker: tests/conftest.py).
-PYTEST_ARGS ?= -n 2 --dist loadgroup tests
+# a time (pytest-xdist; the root tier and each shared job on one worker: tests/conftest.py), then the tests
+# that need the machine to themselves (marked alone: a CPU hog against none) one after another, with nothing
+# else of the suite beside them (when PYTEST_ARGS is not given: make test PYTEST_ARGS="-m alone tests" runs
+# only those). Every test's duration: PYTEST_ADDOPTS=--durations=0 make test.
+PYTEST_ARGS ?= -n 2 --dist loadgroup -m "not alone" tests
 test: setup
 	$(BIN)/python -m pytest -q --timeout 900 --durations=15 $(PYTEST_ARGS)
+	$(if $(filter file,$(origin PYTEST_ARGS)),$(BIN)/python -m pytest -q --timeout 900 --durations=15 -m alone tests)
 
 # The property-based suites (tests/test_fuzz.py) at length: FUZZ_EXAMPLES per property, a new seed each
 # run, with Hypothesis' statistics (examples run, taken, refused). The unit tier runs them derandomized.

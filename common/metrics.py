@@ -218,6 +218,11 @@ class Curves:
     summary: Optional["Summary"] = None
 
 
+# A run is *shared* when, over its measured interval, anything but its own processes and the
+# comparison used more than this share of the machine's cores (hvdps/measure/load.py).
+SHARED_SHARE = 0.10
+
+
 @dataclasses.dataclass(slots=True)
 class RunRow:
     """One run as the comparison's tables, verdicts and projections read it: the figures its
@@ -280,6 +285,19 @@ class RunRow:
     link_rate_bps: Optional[float] = None
     link_utilisation: Optional[float] = None
     scaling_efficiency: Optional[float] = None
+    # the machine's other load over the measured interval (hvdps/measure/load.py): cores the rest of
+    # the machine used, cores the job used, the machine's cores, and whether that made the run shared
+    others_cores: Optional[float] = None
+    job_cores: Optional[float] = None
+    machine_cores: Optional[int] = None
+    shared: Optional[bool] = None
+    # repeated runs (hvdps compare --repeat; hvdps/measure/repeats.py): which run this is, and on a
+    # configuration's row its runs' count and their own figures
+    repeat: Optional[int] = None
+    repeats: Optional[int] = None
+    repeats_ok: Optional[int] = None
+    repeat_throughputs: Optional[List[float]] = None
+    repeat_times: Optional[List[Optional[float]]] = None
 
     @property
     def name(self):

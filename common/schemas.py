@@ -119,6 +119,25 @@ class LinksFile(Strict):
         return self
 
 
+# ------------------------------------------------------------------ load.json
+LoadSample = Annotated[List[NonNeg], Field(min_length=5, max_length=5)]   # [unix time, busy, total, job, own]
+
+
+class LoadFile(Strict):
+    """The machine's and the job's CPU while a run trained (hvdps/measure/load.py: LoadSampler.save)."""
+    hz: Annotated[int, Field(ge=1, le=1_000_000)]
+    cores: Annotated[int, Field(ge=1, le=65536)]
+    samples: List[LoadSample]
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        _in_time_order(self.samples, "samples:")
+        for i in range(1, len(self.samples)):       # counters since boot only grow
+            if any(self.samples[i][k] < self.samples[i - 1][k] for k in (1, 2, 4)):
+                raise ValueError(f"samples: sample {i} has a counter below sample {i - 1}'s")
+        return self
+
+
 # ------------------------------------------------------------------ compare_run.json
 class RunRecord(Strict):
     """What hvdps compare records next to each run: its wall time from launch, its command."""
@@ -127,6 +146,7 @@ class RunRecord(Strict):
     exit_code: Optional[int] = None
     command: Optional[List[str]] = None
     roles: Optional[Dict[Text, Text]] = None    # task -> host
+    oversubscribed: Optional[bool] = None       # more processes than this machine's cores
 
 
 # ------------------------------------------------------------------ launch.json
@@ -421,6 +441,10 @@ def read_links(path):
     return read_json(path, LinksFile, "a links file")
 
 
+def read_load(path):
+    return read_json(path, LoadFile, "a load file")
+
+
 def read_run_record(path):
     return read_json(path, RunRecord, "a run record")
 
@@ -558,6 +582,7 @@ READERS = {
     "cluster.json": "common.schemas.read_cluster_description",
     "links.json": "common.schemas.read_links",
     "compare_run.json": "common.schemas.read_run_record",
+    "load.json": "common.schemas.read_load",
     "launch.json": "common.schemas.read_launch_record",
     "metrics.jsonl": "common.schemas.read_metrics",
     "config.json": "common.schemas.read_config",

@@ -17,6 +17,7 @@ CLUSTER = {"rate": "1gbit", "rate_bps": 1e9, "latency_s": 5e-5, "rtt_s": 1e-4, "
            "ports": {"10.0.0.1": "h1"}, "subnet": "10.0.0.0/24", "namespaces": {"10.0.0.1": "x-h1"}}
 LINKS = {"series": {"10.0.0.1": [[1.7e9, 10, 20], [1.7e9 + 1, 30, 40]]}, "roles": {"rank:0": "10.0.0.1"},
          "rate_bps": 1e9}
+LOAD = {"hz": 100, "cores": 2, "samples": [[1.7e9, 500, 1000, 100, 3], [1.7e9 + 1, 680, 1200, 180, 4]]}
 RUN = {"seconds": 12.5, "launched_at": 1.7e9, "exit_code": 0, "command": ["python", "x.py"], "roles": None}
 LAUNCH = {"cpu_seconds": {"ps:0": 1.5, "worker:0": 3.0}, "cpu_series": {"ps:0": [[1.7e9, 0.1], [1.7e9 + 1, 0.5]]},
           "exit_code": 0, "ended_by": "workers finished", "restarts": [], "pids": {"ps:0": 12}}
@@ -38,6 +39,11 @@ CASES = [
     (schemas.read_links_spec, CLUSTER, ("counters", None), "counters: input should be a valid string"),
     (schemas.read_links, LINKS, ("series", "10.0.0.1", 0, [1, 2]), "series.10.0.0.1[0]: list should have at least 3"),
     (schemas.read_links, LINKS, ("series", "10.0.0.1", 1, 1, -30), "greater than or equal to 0"),
+    (schemas.read_load, LOAD, ("samples", 1, 0, 1.6e9), "samples: sample 1 is earlier than sample 0"),
+    (schemas.read_load, LOAD, ("samples", 1, 1, 400), "samples: sample 1 has a counter below sample 0's"),
+    (schemas.read_load, LOAD, ("samples", 0, [1.7e9, 500, 1000]), "samples[0]: list should have at least 5"),
+    (schemas.read_load, LOAD, ("hz", 0), "hz: input should be greater than or equal to 1"),
+    (schemas.read_run_record, RUN, ("oversubscribed", "yes"), "oversubscribed: input should be a valid boolean"),
     (schemas.read_run_record, RUN, ("seconds", -3), "seconds: input should be greater than or equal to 0"),
     (schemas.read_run_record, RUN, ("launched_at", 1e300), "launched_at: input should be less than or equal"),
     (schemas.read_launch_record, LAUNCH, ("cpu_series", "ps:0", 0, ["a", 1]), "cpu_series.ps:0[0][0]: input should be"),
@@ -93,7 +99,7 @@ def test_non_utf8_is_one_line(tmp_path):
         schemas.read_comm(str(p))
 
 
-@pytest.mark.parametrize("reader", [schemas.read_comm, schemas.read_links, schemas.read_run_record,
+@pytest.mark.parametrize("reader", [schemas.read_comm, schemas.read_links, schemas.read_load, schemas.read_run_record,
                                     schemas.read_launch_record, schemas.read_metrics, schemas.read_config,
                                     schemas.read_weights])
 def test_a_fifo_is_refused_without_blocking(tmp_path, reader):

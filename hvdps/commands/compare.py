@@ -21,6 +21,7 @@ shell, this repository and Python at the same paths, the run directory
 shared); the report lists each run's tasks by host and, where the links'
 counters can be read (hvdps emulate), the bytes each link carried.
 """
+import contextlib
 import json
 import os
 import re
@@ -37,13 +38,14 @@ from common.flags import check_finite, command_line, interface_or_cidr
 from common.memory import TF_PROCESS_BYTES, memory_estimate
 from common.data import check_input
 from common.errors import UsageError, cli
-from common.files import make_dirs, open_new, writable_dir, write_atomic
+from common.files import make_dirs, open_new, take_folder, writable_dir, write_atomic
 from common.metrics import read_metrics
 from common.plugins import bound_plugins
 from common.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
 from hvdps.methods import get_launcher, parse_variants
-from hvdps.measure.runs import RUN_RECORD, collect, environment_of, runs_from_dirs
+from hvdps.measure.repeats import alternating, merge, repeat_name
+from hvdps.measure.runs import RUN_RECORD, add_scaling, collect, environment_of, runs_from_dirs
 from hvdps.render.report import write_report
 
 
@@ -104,8 +106,12 @@ def run_shapes(args):
 
 
 def plan_runs(args, trainer_args, cores, remote=None):
+    """Every run in the order it goes: with --repeat N, each shape N times, the shapes' order
+    reversed on every other pass (hvdps/measure/repeats.py)."""
     runs = []
-    for name, backend, mode, num_ps, n, procs in run_shapes(args):
+    repeats = getattr(args, "repeat", 1)
+    for k, (base, backend, mode, num_ps, n, procs) in alternating(run_shapes(args), repeats):
+        name = repeat_name(base, k, repeats)
         launcher = get_launcher(backend)
         run_dir = os.path.join(args.out, "runs", name)
         cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=num_ps, remote=remote)
@@ -212,8 +218,10 @@ def dry_run_preamble():
 
 def execute(runs, timeout, progress=True, links=None):
     """Run each job in turn; a failure is recorded, never fatal. ``links``: sample the hosts' link
-    counters while each job runs (hvdps.measure.links)."""
+    counters while each job runs (hvdps.measure.links); every local job's and the machine's CPU
+    is sampled (hvdps.measure.load)."""
     from hvdps.measure.links import Sampler
+    from hvdps.measure.load import LoadSampler
     from tqdm import tqdm
     env, repo = child_env(), REPO
     bar = tqdm(runs, desc="runs", unit="run", disable=None if progress else True,  # None: off when not a TTY
@@ -230,11 +238,12 @@ def execute(runs, timeout, progress=True, links=None):
         with open_new(log_path) as log:
             p = subprocess.Popen(run["cmd"], stdout=log, stderr=subprocess.STDOUT, env={**env, **run["env"]}, cwd=repo,
                                  start_new_session=True)
+            load = None if run.get("roles") else LoadSampler(p.pid)    # across hosts: their cores, not ours
             try:
-                if sampler:
-                    with sampler:
-                        code = _wait(p, run, timeout, bar)
-                else:
+                with contextlib.ExitStack() as sampling:
+                    for each in (sampler, load):
+                        if each:
+                            sampling.enter_context(each)
                     code = _wait(p, run, timeout, bar)
             except Interrupted as exc:
                 stopped_by = exc
@@ -245,9 +254,12 @@ def execute(runs, timeout, progress=True, links=None):
         if os.path.isdir(run["run_dir"]):     # so a report rebuilt with --from still knows the start-up cost
             write_atomic(os.path.join(run["run_dir"], RUN_RECORD),
                          json.dumps({"seconds": run["seconds"], "launched_at": launched_at, "exit_code": code,
-                                     "command": run["cmd"], "roles": run.get("roles")}, indent=2))
+                                     "command": run["cmd"], "roles": run.get("roles"),
+                                     "oversubscribed": run.get("oversubscribed", False)}, indent=2))
             if sampler:
                 sampler.save(run["run_dir"], {"roles": run.get("roles"), "rate_bps": links.rate_bps})
+            if load:
+                load.save(run["run_dir"])
         if stopped_by:
             bar.close()
             raise stopped_by
@@ -341,6 +353,10 @@ def make_parser():
     g.add_argument("--num_ps", default="1", help="parameter-server tasks for PS runs; 1,2 runs each PS variant "
                                                    "with 1 and with 2 shards")
     g.add_argument("--run_timeout", type=float, default=900, help="seconds before a run is stopped")
+    g.add_argument("--repeat", type=int, default=1,
+                   help="runs of each configuration, the methods' order reversed on every other pass (A B C, "
+                        "C B A, ...); the table takes the median, and a difference is called real only when the "
+                        "runs show it")
     g.add_argument("--dry_run", dest="dry_run", action="store_true", help="print the commands, run nothing")
     g.add_argument("--from", dest="from_dirs", nargs="+", default=None,
                    help="rebuild the report from existing run directories")
@@ -363,10 +379,11 @@ def make_parser():
                    help="an emulated cluster's description (hvdps emulate writes it): sample its link counters")
     p.set_defaults(train_dir="runs/compare")
     p.bound("run_timeout", positive=True)
+    p.bound("repeat", 1, 100)
     return p
 
 
-COMPARE_FLAGS = ("workers", "backends", "num_ps", "run_timeout", "dry_run", "from_dirs", "progress", "project",
+COMPARE_FLAGS = ("workers", "backends", "num_ps", "run_timeout", "repeat", "dry_run", "from_dirs", "progress", "project",
                  "train_dir", "resume", "hosts", "rsh", "network_interface", "ps_placement", "port", "links")
 
 
@@ -433,10 +450,9 @@ def main(argv=None):
     if args.resume:
         raise UsageError("--resume does not apply to hvdps compare: it starts fresh runs in --out; continue "
                          "one run with its trainer's command (the first line of runs/<name>.log) and --resume")
-    if not args.dry_run and not args.from_dirs and any(get_launcher(b).graph_mode
-                                                       for b, _ in parse_variants(args.backends)):
-        from common.models import check_plugin_for_graph_mode
-        check_plugin_for_graph_mode(cfg)           # a Keras 3 plug-in under the classic PS: refused here
+    if not args.dry_run and not args.from_dirs:    # a plug-in's training step (Keras 3 under the classic PS)
+        from common.models import check_plugin
+        check_plugin(cfg, graph_mode=any(get_launcher(b).graph_mode for b, _ in parse_variants(args.backends)))
     if not args.dry_run and not args.from_dirs:    # the same refusal every run would meet, once, before any starts
         for n in sorted(set(parse_workers(args.workers)), reverse=True):   # the most workers first: the
             check_input(cfg, n)                                            # tightest batch and file counts
@@ -444,6 +460,7 @@ def main(argv=None):
             check_memory_fits(args, cfg, available_memory())
     if not args.dry_run:
         check_out(args.out, args.from_dirs)
+        take_folder(args.out, "--out")           # a second comparison into it is refused, the first untouched
     interrupted = None
     if args.from_dirs:
         runs = runs_from_dirs(args.from_dirs)
@@ -477,11 +494,13 @@ def main(argv=None):
         except Interrupted as exc:
             interrupted = exc
             runs = [r for r in runs if "returncode" in r]       # the report holds what ran
-    rows = collect(runs)
+    every_run = collect(runs)
+    rows = merge(every_run)             # a row per configuration: the median over its --repeat runs
+    add_scaling(rows)
     configs = cfg.to_dict()
     if args.from_dirs:                  # the runs' own configs, not this command's defaults
-        configs = runs_configs(rows)
-    table = write_report(rows, args.out, configs, environment_of(rows))
+        configs = runs_configs(every_run)
+    table = write_report(rows, args.out, configs, environment_of(every_run), every_run=every_run)
     print(table)
     print(f"\nreport: {os.path.join(args.out, 'report.md')}")
     if interrupted:
@@ -490,7 +509,7 @@ def main(argv=None):
         print(f"error: {interrupted.name}: " + (f"stopped {stopped[0]}; " if stopped else "") +
               f"the report holds the {done} run(s) that finished", file=sys.stderr)
         return 128 + interrupted.signum
-    return 0 if all(r.status == "ok" for r in rows) else 1
+    return 0 if all(r.status == "ok" for r in every_run) else 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from common.procs import REPO
 from common.schemas import read_cluster_description, read_comm
 from hvdps import methods
 from hvdps.cost import crossover, heldout, schedule
+from hvdps.measure.runs import add_load, run_record
 from hvdps.cost.projection import (RING, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
                                    project, projected_step, ring_of, run_exchange_s, single_layer)
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
@@ -112,11 +113,22 @@ def cluster_of(path):
 
 
 def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
-    """A row per multi-worker run under ``path``: measured step time beside the projected one."""
-    rows = []
+    """(a row per multi-worker run under ``path``: measured step time beside the projected one,
+    [(run, why)] of the runs left out: shared or oversubscribed, what they measured was contention
+    for the cores, not the method the model projects)."""
+    rows, left_out = [], []
     for d in find_runs(path):
         row = load_run(d)
         if (row.workers or 1) < 2 or not row.step_s or not row.compute_s:
+            continue
+        add_load(row)
+        record = run_record(d)
+        if row.shared:
+            left_out.append((row.name, f"shared: the rest of the machine used {row.others_cores:.2f} of its "
+                                       f"{row.machine_cores} cores"))
+            continue
+        if record and record.oversubscribed:
+            left_out.append((row.name, "oversubscribed: more processes than cores"))
             continue
         projected, how = projected_step(row, row.ps_shard_bytes, layers, ring, ps, fusion_bytes, cycle_s,
                                         nets)
@@ -126,7 +138,7 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
                      "workers": row.workers, "num_ps": row.num_ps, "how": how,
                      "measured_step_s": row.step_s, "projected_step_s": projected,
                      "ratio": row.step_s / projected})
-    return rows
+    return rows, left_out
 
 
 def heldout_of(path, layers, ring, ps, nets, args):
@@ -159,6 +171,9 @@ def make_parser():
     p.add_argument("--from", "--compute-from", dest="from_dir", default=None,
                    help="hvdps runs (a compare directory or one run): compute time, gradient, the model's "
                         "layers and the overlap each run achieved are taken from them")
+    p.add_argument("--run_timeout", type=float, default=300,
+                   help="--from: seconds the runs' model plug-ins may take to import and build, all together (a "
+                        "plug-in that never returns is named, and its gradient taken as one tensor)")
     p.add_argument("--comm_json", dest="comm_json", default=None,
                    help="measured latency/bandwidth (benchmarks/results/comm.json) to fit the model from")
     p.add_argument("--bandwidth_gbps", dest="bandwidth_gbps", type=float, default=None,
@@ -198,6 +213,7 @@ def make_parser():
         p.bound(name, low, high)
     p.bound("straggler_cv", 0, 1)
     p.bound("gpus_per_server", 1, 1024)
+    p.bound("run_timeout", positive=True)
     p.bound("max_workers", 1, MAX_WORKERS)
     p.add_argument("--out", default="runs/projection", help="where projection.md/json/png go")
     return p
@@ -317,14 +333,19 @@ def run_projection(args):
                  f"TCP payload; latency {cluster.latency_s * 1e6:.0f} us, half the measured round trip).\n\n")
     if notes:
         text += "Measured in the runs:\n\n" + "\n".join(f"- {x}" for x in notes) + "\n\n"
-    checked = check_runs(args.from_dir, layers, ring, ps, int(args.fusion_threshold_mb * (1 << 20)),
-                         args.cycle_time_ms / 1e3, nets) if args.from_dir else []
+    checked, left_out = check_runs(args.from_dir, layers, ring, ps, int(args.fusion_threshold_mb * (1 << 20)),
+                                   args.cycle_time_ms / 1e3, nets) if args.from_dir else ([], [])
+    if checked or left_out:
+        text += "## Projected against measured\n\n"
     if checked:
         ratios = sorted(r["ratio"] for r in checked)
-        text += ("## Projected against measured\n\nEach multi-worker run's median step beside what the model "
+        text += ("Each multi-worker run's median step beside what the model "
                  "above gives for its backend, worker count, gradient, PS shards and its own compute "
                  f"(docs/projection.md); measured / projected from {ratios[0]:.2f} to {ratios[-1]:.2f}, "
                  f"median {ratios[len(ratios) // 2]:.2f}.\n\n" + check_table(checked) + "\n\n")
+    if left_out:
+        text += ("Left out of this check, since they measured contention for the cores, not the method: " +
+                 "; ".join(f"{name} ({why})" for name, why in left_out) + ".\n\n")
     cross = []
     if args.from_dir:
         fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
@@ -349,7 +370,8 @@ def run_projection(args):
                        "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
                        "ps_sharding": args.ps_sharding, "ps_gpus_per_worker": args.ps_gpus_per_worker,
-                       "measured_overlap": {label: ov for label, (ov, _) in measured.items()}, "checked": checked, "crossover": cross,
+                       "measured_overlap": {label: ov for label, (ov, _) in measured.items()}, "checked": checked,
+                       "left_out": [{"run": name, "why": why} for name, why in left_out], "crossover": cross,
                        "heldout": {"entries": held[0], "cores": held[1]}, "rows": rows}))
     if cross:
         crossover_render.plot(cross, os.path.join(args.out, "crossover.png"))
@@ -362,6 +384,8 @@ def run_projection(args):
 @cli
 def main(argv=None):
     args = make_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from common.plugins import bound_plugins
+    bound_plugins(args.run_timeout, "--run_timeout")     # rebuilding a recorded plug-in: bounded like compare's
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} exists and is not a directory")
     return run_projection(args)

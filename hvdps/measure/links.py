@@ -61,33 +61,17 @@ def read_net_dev(path):
     return out
 
 
-class Sampler:
-    """Samples every host's link counters in a thread: {host: [[unix time, bytes in, bytes out]]},
-    and the machine's cores (``cpu``: [[unix time, busy ticks, total ticks]], read_cpu).
+class Periodic:
+    """A context that calls ``sample()`` on entry, every ``every`` seconds in a thread while it
+    is open, and once more on exit: the ends of a run's interval are always sampled."""
 
-    ``ports``: {host: interface in the counters file}; the interface is the switch's side of the
-    host's link, so the host's *in* is the port's transmit and its *out* the port's receive."""
-
-    def __init__(self, counters, ports, every=SAMPLE_EVERY):
-        self.counters, self.ports, self.every = counters, ports, every
-        self.series = {h: [] for h in ports}
-        self.cpu = []
+    def __init__(self, every):
+        self.every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self):
-        try:
-            now, dev = time.time(), read_net_dev(self.counters)
-        except OSError:
-            return
-        try:
-            self.cpu.append([round(now, 4), *read_cpu()])
-        except (OSError, ValueError):
-            pass
-        for host, port in self.ports.items():
-            if port in dev:
-                rx, tx = dev[port]
-                self.series[host].append([round(now, 4), tx, rx])
+        raise NotImplementedError
 
     def _run(self):
         while not self._stop.wait(self.every):
@@ -102,6 +86,34 @@ class Sampler:
         self._stop.set()
         self._thread.join(timeout=5)
         self.sample()
+
+
+class Sampler(Periodic):
+    """Samples every host's link counters in a thread: {host: [[unix time, bytes in, bytes out]]},
+    and the machine's cores (``cpu``: [[unix time, busy ticks, total ticks]], read_cpu).
+
+    ``ports``: {host: interface in the counters file}; the interface is the switch's side of the
+    host's link, so the host's *in* is the port's transmit and its *out* the port's receive."""
+
+    def __init__(self, counters, ports, every=SAMPLE_EVERY):
+        super().__init__(every)
+        self.counters, self.ports = counters, ports
+        self.series = {h: [] for h in ports}
+        self.cpu = []
+
+    def sample(self):
+        try:
+            now, dev = time.time(), read_net_dev(self.counters)
+        except OSError:
+            return
+        try:
+            self.cpu.append([round(now, 4), *read_cpu()])
+        except (OSError, ValueError):
+            pass
+        for host, port in self.ports.items():
+            if port in dev:
+                rx, tx = dev[port]
+                self.series[host].append([round(now, 4), tx, rx])
 
     def save(self, run_dir, extra):
         path = os.path.join(run_dir, LINKS_FILE)

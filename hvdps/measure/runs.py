@@ -4,6 +4,7 @@ import os
 
 from common.errors import UsageError
 from common.metrics import RunRow, load_run, read_metrics
+from hvdps.measure.repeats import split_name
 
 
 RUN_RECORD = "compare_run.json"    # written by hvdps compare next to each run: its wall time from launch
@@ -22,8 +23,10 @@ def collect(runs):
         if run.get("returncode") not in (None, 0):
             row.status = "interrupted" if run.get("interrupted") else "failed"
         row.error = run.get("error")
-        row.oversubscribed = run.get("oversubscribed", False)
-        record = _run_record(run["run_dir"])
+        row.repeat = split_name(run["run_dir"])[1]
+        record = run_record(run["run_dir"])
+        row.oversubscribed = run.get("oversubscribed", bool(record and record.oversubscribed))
+        add_load(row)
         add_startup(row, run.get("seconds") or (record.seconds if record else None),
                     run.get("launched_at") or (record.launched_at if record else None))
         add_links(row, run.get("roles") or (record.roles if record else None))
@@ -32,7 +35,17 @@ def collect(runs):
     return rows
 
 
-def _run_record(run_dir):
+def add_load(row):
+    """The cores the rest of the machine and the job used over the measured interval, and whether
+    the run was shared (hvdps/measure/load.py); left None where the run was not sampled."""
+    from hvdps.measure.load import contention
+    if row.curves.header is None:
+        return
+    row.others_cores, row.job_cores, row.machine_cores, row.shared = contention(
+        row.run_dir, row.curves.header, row.curves.steps)
+
+
+def run_record(run_dir):
     """compare_run.json's typed record, or None where the run has none."""
     from common.schemas import read_run_record
     path = os.path.join(run_dir, RUN_RECORD)

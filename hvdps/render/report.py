@@ -9,8 +9,11 @@ import io
 import json
 import os
 
+import numpy as np
+
 from common.backend import MIN_SHARD_BYTES
 from common.files import make_dirs, write_atomic
+from common.metrics import SHARED_SHARE
 from hvdps import methods
 from hvdps.render.plots import write_plots
 from hvdps.render.styles import name_of
@@ -23,7 +26,8 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "overhead_s", "overhead_share", "exchange_s", "wait_s", "wait_per_worker_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
            "sparse_bytes", "sparse_table_bytes", "wire_rule",
            "ps_cpu_s", "ps_cpu_share", "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
-           "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "error", "run_dir")
+           "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "others_cores", "job_cores", "machine_cores",
+           "shared", "repeat", "error", "run_dir")
 
 
 def links_section(rows):
@@ -120,9 +124,11 @@ def _fmt(v, digits=3):
     return str(v)
 
 
-def write_report(rows, out, cfg_dict, environment):
+def write_report(rows, out, cfg_dict, environment, every_run=None):
+    """``rows``: one per configuration (its runs' medians with --repeat); ``every_run``: each run,
+    repeats apart, for results.csv and results.json (default: ``rows``)."""
     make_dirs(out)
-    plain = [{k: r.column(k) for k in COLUMNS} for r in rows]
+    plain = [{k: r.column(k) for k in COLUMNS} for r in (rows if every_run is None else every_run)]
     write_atomic(os.path.join(out, "results.json"),
                  json.dumps({"rows": plain, "config": cfg_dict, "environment": environment}, indent=2))
     buf = io.StringIO(newline="")
@@ -141,16 +147,18 @@ def write_report(rows, out, cfg_dict, environment):
               f"{r.samples_per_sec_mean:.0f} ± {r.samples_per_sec_error:.0f}")
         eff = f"{100 * r.scaling_efficiency:.0f}%" if r.scaling_efficiency is not None else "-"
         status = r.status or "-"
-        if r.oversubscribed:
-            status += " (oversubscribed)"
         if r.error:
             status += f": {r.error}"
+        if r.oversubscribed:             # what the figures measured besides the method, after the outcome
+            status += " (oversubscribed)"
+        if r.shared:
+            status += f" (shared: {_others(r)})"
         startup = ((f"{r.startup_s:.1f}" if r.startup_s is not None else "-") +
                    (f" (warm-up {100 * r.warmup_share:.0f}%)" if r.warmup_share is not None else "") +
                    (f" + {r.teardown_s:.1f} teardown" if r.teardown_s is not None else ""))
         table.append(f"| {r.model or '-'} | {r.backend} | {r.mode} | {r.workers} | "
                      f"{r.num_ps or '-'} | "
-                     f"{_fmt(r.samples_per_sec_median)} | {tp} | {eff} | {_fmt(r.time_to_target)} | "
+                     f"{_throughput_cell(r)} | {tp} | {eff} | {_fmt(r.time_to_target)} | "
                      f"{_fmt(r.final_test_accuracy)} | {_fmt(r.final_test_loss)} | "
                      f"{_fmt(r.bytes_per_step_per_worker)} | {_split(r)} | {_fmt(r.wall_time)} | {startup} | {status} |")
     findings = verdicts(rows)
@@ -172,9 +180,13 @@ def write_report(rows, out, cfg_dict, environment):
                   "throughput columns."]
     lines += [""] + links_section(rows) + shards_section(rows)
     lines += ["Throughput excludes the first `--warmup_steps` steps; ± is the 95% half-width over "
-              "logging intervals. Scaling efficiency = throughput(n) / (n × throughput(1)) for the same "
-              "backend and mode. A run is *oversubscribed* when it starts more processes than this "
-              "machine has cores: its scaling figures measure contention, not the method.", "",
+              "logging intervals (with --repeat, of the configuration's median run). Scaling efficiency = "
+              "throughput(n) / (n × throughput(1)) for the same backend and mode. A run is *oversubscribed* "
+              "when it starts more processes than this machine has cores: its scaling figures measure "
+              "contention, not the method. A run is *shared* when, over its measured interval, the rest of "
+              "the machine (anything but the run's own processes and this comparison) used more than "
+              f"{100 * SHARED_SHARE:.0f}% of its cores (/proc/stat beside each task's /proc/<pid>/stat; "
+              "docs/metrics.md): its figures measure that other work too.", "",
               "## Environment", ""]
     lines += [f"- {k}: {v}" for k, v in environment.items()]
     lines += ["", "## Config", "", "```json", json.dumps(cfg_dict, indent=2, sort_keys=True), "```", ""]
@@ -187,6 +199,14 @@ def write_report(rows, out, cfg_dict, environment):
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     write_atomic(os.path.join(out, "report.md"), "\n".join(lines))
     return "\n".join(["# hvdps comparison", ""] + table + [""] + findings + ([""] + reasons if reasons else []))
+
+
+def _throughput_cell(r):
+    """The median; with repeated runs, how many and their range."""
+    runs = r.repeat_throughputs
+    if not runs or len(runs) < 2:
+        return _fmt(r.samples_per_sec_median)
+    return f"{_fmt(r.samples_per_sec_median)} ({len(runs)} runs: {_fmt(min(runs))}-{_fmt(max(runs))})"
 
 
 def within_noise(a, b):
@@ -219,7 +239,10 @@ def verdicts(rows):
         goal = f"the target accuracy {target:g}" if target else "the target accuracy"
         reached = sorted((r for r in at_n if r.time_to_target is not None), key=lambda r: r.time_to_target)
         never = [r for r in at_n if r.time_to_target is None]
-        head = f"- **{model}**, {n} worker(s): "
+        counts = sorted({r.repeats or 1 for r in at_n})
+        runs = "one run each" if counts == [1] else \
+            f"{counts[0]} runs each" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} runs each"
+        head = f"- **{model}**, {n} worker(s), {runs}{_caveats(at_n)}: "
         if reached:
             best = reached[0]
             text = head + f"{name_of(best)} reaches {goal} first, in {best.time_to_target:.1f} s"
@@ -227,8 +250,8 @@ def verdicts(rows):
                 text += " (evaluated only at the end: each time is the whole run)"
             if reached[1:]:
                 text += "; then " + ", ".join(
-                    f"{name_of(r)} in {r.time_to_target:.1f} s ({r.time_to_target / best.time_to_target:.2f}x)"
-                    for r in reached[1:])
+                    f"{name_of(r)} in {r.time_to_target:.1f} s ({r.time_to_target / best.time_to_target:.2f}x"
+                    f"{_across_runs(best, r, higher_is_better=False)})" for r in reached[1:])
         else:
             text = head + f"no backend reaches {goal}"
         if never:
@@ -243,6 +266,24 @@ def verdicts(rows):
     return out
 
 
+def _others(r):
+    return f"the rest of the machine used {r.others_cores:.2f} of its {r.machine_cores} cores"
+
+
+def _caveats(runs):
+    """What the verdict's runs measured besides their methods, named up front: other work on the
+    machine (shared) and more processes than cores (oversubscribed)."""
+    out = ""
+    shared = [r for r in runs if r.shared]
+    if shared:
+        out += "; **on a shared machine**, measuring the other work too: " + ", ".join(
+            f"{name_of(r)} ({_others(r)})" for r in shared)
+    crowded = [r for r in runs if r.oversubscribed]
+    if crowded:
+        out += "; **oversubscribed** (more processes than cores): " + ", ".join(name_of(r) for r in crowded)
+    return out
+
+
 def _evaluates_each_epoch(r):
     config = r.header.config if r.header else None
     return config is None or config.eval_every_epoch is not False
@@ -252,11 +293,21 @@ def method_note(rows):
     """How the verdicts were reached, with the repeat count and interval method they rest on."""
     counts = sorted({r.intervals for r in rows if r.status == "ok" and r.intervals})
     span = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}") if counts else "no"
-    return ("Verdicts rank the runs at each workload's largest worker count by time to the target accuracy "
-            "(one run per backend; from the trainer's start to the first evaluation at or above it: each epoch's, "
+    repeats = max((r.repeats or 1 for r in rows), default=1)
+    text = ("Verdicts rank the runs at each workload's largest worker count by time to the target accuracy "
+            "(from the trainer's start to the first evaluation at or above it: each epoch's, "
             "or with --eval_every_epoch false only the last, when the time is the whole run's), "
-            "then by median throughput. A throughput difference is called noise when the two runs' 95% "
-            f"intervals of the mean (mean ± 1.96 standard errors over {span} logging intervals per run) overlap.")
+            "then by median throughput. ")
+    if repeats > 1:
+        return text + (f"Each configuration ran up to {repeats} times, the methods' order reversed on every other "
+                       "pass (A B C, C B A, ...) so that a drift of the machine counts against each in turn; the "
+                       "figures are the medians over its runs (results.csv: every run). A difference is called "
+                       "real only when the runs show it: their ranges do not overlap, or a bootstrap 95% interval "
+                       "of the ratio of the medians (4,000 resamples) excludes 1.")
+    return text + ("Each configuration ran once: a drift of the machine between runs cannot be seen "
+                   "(--repeat 3 judges across runs). A throughput difference is called noise when the two runs' 95% "
+                   f"intervals of the mean (mean ± 1.96 standard errors over {span} logging intervals per run) "
+                   "overlap.")
 
 
 def _bytes_sentence(runs):
@@ -284,12 +335,23 @@ def _throughput_sentence(runs):
     text = f" Throughput: {name_of(top)} {top.samples_per_sec_median:,.0f} samples/s"
     others = []
     for r in ranked[1:]:
-        noise = within_noise(top, r)
-        tag = {True: ", within noise: the 95% intervals overlap", False: "",
-               None: ", no interval to tell noise by (one logging interval)"}[noise]
+        tag = _across_runs(top, r, higher_is_better=True)
+        if tag is None:         # one run each: its logging intervals are all there is to tell noise by
+            noise = within_noise(top, r)
+            tag = {True: ", within noise: the 95% intervals overlap", False: "",
+                   None: ", no interval to tell noise by (one logging interval)"}[noise]
         others.append(f"{top.samples_per_sec_median / r.samples_per_sec_median:.2f}x {name_of(r)} "
                       f"({r.samples_per_sec_median:,.0f}{tag})")
     return text + (": " + "; ".join(others) if others else "") + "."
+
+
+def _across_runs(a, b, higher_is_better):
+    """The call on ``a`` against ``b`` across their repeated runs, as the words after a ratio; ""
+    with no repeats for time to target, None for throughput (the one-run call applies)."""
+    real, why = differ(a, b, higher_is_better)
+    if real is None:
+        return None if higher_is_better else ""
+    return f", {why}" if real is False else f", a real difference: {why}"
 
 
 def _split(r):
@@ -380,3 +442,41 @@ def _details(r):
     return text
 
 
+BOOTSTRAP_SAMPLES = 4000
+
+
+def differ(a, b, higher_is_better=True):
+    """Whether configuration ``a`` beats ``b`` across their runs, with the reason in words:
+    (True, why) when the runs' ranges do not overlap, or a bootstrap 95% interval of the ratio of
+    their medians excludes 1; (False, why) when neither; (None, why) when either has fewer than
+    two runs (one run: no spread between runs to judge by)."""
+    xs, ys = _figures(a, higher_is_better), _figures(b, higher_is_better)
+    if xs is None or ys is None or len(xs) < 2 or len(ys) < 2:
+        return None, "one run"
+    apart = min(xs) > max(ys) if higher_is_better else max(xs) < min(ys)
+    lo, hi = ratio_interval(xs, ys)
+    interval = f"bootstrap 95% interval of the ratio {lo:.2f}-{hi:.2f}"
+    if apart:
+        return True, f"the runs' ranges do not overlap; {interval}"
+    if (lo > 1) if higher_is_better else (hi < 1):
+        return True, interval
+    return False, f"within the runs' spread: their ranges overlap and the {interval} holds 1"
+
+
+def _figures(r, higher_is_better):
+    if higher_is_better:
+        return r.repeat_throughputs
+    if r.repeat_times is None or any(t is None for t in r.repeat_times):
+        return None
+    return r.repeat_times
+
+
+def ratio_interval(xs, ys, seed=0):
+    """The 2.5th and 97.5th percentiles of median(xs*)/median(ys*) over resamples of each with
+    replacement: seeded, so a report rebuilt from the same runs says the same."""
+    rng = np.random.RandomState(seed)
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    num = np.median(x[rng.randint(0, len(x), (BOOTSTRAP_SAMPLES, len(x)))], axis=1)
+    den = np.median(y[rng.randint(0, len(y), (BOOTSTRAP_SAMPLES, len(y)))], axis=1)
+    ratios = num / den
+    return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
