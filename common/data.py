@@ -233,9 +233,18 @@ def check_arrays(arrays, source, num_classes=None, ids=False):
     ``num_classes`` (or at most MAX_CLASSES for a plug-in, whose classes the labels define),
     checked before the cast to int32 that would wrap 2**32 + 1 to 1. ``ids``: the features are
     categorical ids (clicks), kept as integers."""
+    from common.procs import machine_memory
     out = []
+    memory = machine_memory()
     for split, x, y in (("train", arrays[0], arrays[1]), ("test", arrays[2], arrays[3])):
         x, y = np.asarray(x), np.asarray(y)
+        # Sizes before any check touches the values: a broadcast view of 10^10 rows is a few bytes
+        # until it is checked or cast, then tens of GiB (what training holds: float32 features)
+        need = 4 * int(x.size) + 4 * int(y.size)
+        if memory and need > memory:
+            raise DataError(f"{source}: x_{split} {tuple(x.shape)} is {need / 2**30:,.1f} GiB as float32 examples "
+                            f"and labels, more than this machine's {memory / 2**30:.1f} GiB; stream it instead "
+                            f"(a data plug-in returning tf.data pipelines, or TFRecord files: docs/data.md)")
         if x.dtype.kind not in "buif":
             raise DataError(f"{source}: x_{split} has dtype {x.dtype}; expected real numbers (bool, int or float)")
         if x.ndim < 2 or 0 in x.shape[1:]:

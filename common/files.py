@@ -74,6 +74,35 @@ def writable_dir(path, flag):
         raise UsageError(f"{flag} {path} is not writable: {getattr(exc, 'strerror', None) or exc}")
 
 
+_HELD = {}        # folder -> the open descriptor whose lock this process holds, for the process's life
+
+
+def take_folder(path, flag):
+    """Hold an exclusive lock on the folder ``path`` until this process exits (flock on the folder
+    itself: no file is added; the kernel drops it when the process ends, however it ends). A second
+    writer (another hvdps compare with the same --out, another run's chief in the same --train_dir)
+    is refused in one line before it writes anything, and the first loses nothing. Idempotent
+    within a process (an elastic job's new rank 0 takes it again)."""
+    import fcntl
+    path = os.path.realpath(path)
+    if path in _HELD:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: {exc.strerror}")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UsageError(f"{flag} {path} is in use: another hvdps run is writing there; wait for it to end "
+                         f"or choose another directory")
+    except OSError:              # a file system without locks (some network mounts): nothing to hold
+        os.close(fd)
+        return
+    _HELD[path] = fd
+
+
 def write_atomic(path, content):
     """Write ``content`` (str, bytes, or a function given the open binary file) to ``path``:
     whole or not at all, never through a link, mode 0644 & ~umask. Returns ``path``."""

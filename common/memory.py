@@ -37,6 +37,9 @@ def memory_estimate(cfg):
         params = features * cfg.hidden_units + cfg.hidden_units * (classes + 1) + classes
         parts.append((f"--hidden_units {cfg.hidden_units}", 20 * params,
                       f"the MLP's {params:.3g} weights with gradient, optimizer slots and a copy"))
+    if shape and cfg.model in ("mlp", "cnn"):
+        parts.append((f"--num_classes {classes} x --batch_size {cfg.batch_size}", 12 * cfg.batch_size * classes,
+                      "one batch's logits, their softmax and its gradient"))
     if shape and cfg.model == "cnn":
         h, w, c = shape
         params = 9 * c * 32 + 9 * 32 * 64 + (h // 2) * (w // 2) * 64 * 128 + 128 * classes

@@ -84,6 +84,23 @@ def build_model(cfg, check_step=True):
     return build_plugin(cfg, shape, classes, check_step)     # Config has checked it is a plug-in
 
 
+def check_plugin(cfg, graph_mode=False):
+    """Before any task starts (hvdps compare and the local launchers, for every method) or a classic-PS
+    worker joins: a model plug-in built once and taken through one eager training step (output shape
+    and type, training mode, the gradient path: common/plugins.py, check_training_step), since the
+    strategies (MWMS, TF2 PS) build their model in their scope and the classic PS in its graph, where
+    that step cannot run first. ``graph_mode``: it will train under the classic PS, which also
+    refuses Keras 3 (check_plugin_for_graph_mode). Built-in models need neither."""
+    from common.plugins import is_plugin
+    if not is_plugin(cfg.model):
+        return
+    import tensorflow as tf
+    if tf.executing_eagerly():
+        build_model(cfg)        # eager, outside any strategy: the checked step; the model is thrown away
+    if graph_mode:
+        check_plugin_for_graph_mode(cfg)
+
+
 def check_plugin_for_graph_mode(cfg):
     """Before a classic-PS task joins its job (or the launcher starts any): build a model plug-in once
     and refuse Keras 3 (common/keras3.py). In a graph of its own, thrown away: tf-keras names layers

@@ -207,6 +207,9 @@ def build_model(cfg, input_shape, num_classes, check_step=True):
     except Exception as exc:
         raise UsageError(f"--model {cfg.model}: the model does not take inputs of shape {tuple(input_shape)}: "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    if not tf.is_tensor(out):
+        kind = f"{len(out)} outputs" if isinstance(out, (list, tuple, dict)) else type(out).__name__
+        raise UsageError(f"--model {cfg.model}: the model returns {kind}; expected one tensor of logits")
     if tuple(out.shape) != (1, num_classes):
         raise UsageError(f"--model {cfg.model}: the model outputs shape {tuple(out.shape)} for one example; "
                          f"expected (1, {num_classes}) logits")

@@ -122,11 +122,15 @@ class RunLog:
     is worth in samples comes from the run plan, for every backend alike.
     """
 
-    def __init__(self, cfg, backend, plan, model, extra_header=None, start_step=0):
+    def __init__(self, cfg, backend, plan, model, extra_header=None, start_step=0, one_writer=True):
         from common.metrics import MetricsWriter, ThroughputMeter
         self.cfg = cfg
         self.plan = plan
         self.enabled = backend.is_chief
+        if self.enabled and one_writer:  # one writer per run folder: a second run into it is refused here
+            from common.files import make_dirs, take_folder
+            make_dirs(cfg.train_dir)
+            take_folder(cfg.train_dir, "--train_dir")
         self.meter = ThroughputMeter(cfg.warmup_steps + start_step, min_span=plan.updates_per_round)
         self.metrics = MetricsWriter(cfg.train_dir, enabled=self.enabled)
         self.tb = TensorBoard(os.path.join(cfg.train_dir, "tensorboard")) if self.enabled else None

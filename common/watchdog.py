@@ -43,6 +43,46 @@ class Watchdog:
         self._stop.set()
 
 
+class OutsideDeadline:
+    """Ends this process with one ``error:`` line if a block has not finished within ``seconds``,
+    from a forked watcher process: for waits inside TensorFlow that hold the GIL (a
+    MultiWorkerMirroredStrategy joining a peer that never starts), where no thread or signal
+    handler of this process can run. The watcher only waits on a pipe this process closes when
+    the block ends (or when it exits), so it calls nothing TensorFlow's threads may hold.
+    ``message``: called in the watcher, when the time is up, for the line's text."""
+
+    def __init__(self, seconds, message):
+        self.seconds, self.message = seconds, message
+        self._w, self._pid = None, None
+
+    def __enter__(self):
+        import select
+        import signal
+        if not self.seconds or self.seconds <= 0:
+            return self
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                   # the watcher
+            code = 0
+            try:
+                os.close(w)
+                if not select.select([r], [], [], self.seconds)[0]:
+                    os.write(2, f"error: {self.message()}\n".encode(errors="replace"))
+                    os.kill(os.getppid(), signal.SIGKILL)
+                    code = 1
+            finally:
+                os._exit(code)
+        os.close(r)
+        self._w, self._pid = w, pid
+        return self
+
+    def __exit__(self, *exc):
+        if self._w is not None:
+            os.close(self._w)                          # in time: the watcher sees the pipe close and ends
+            os.waitpid(self._pid, 0)
+            self._w = None
+
+
 def check_alive(value):
     if not np.all(np.isfinite(value)):
         raise RunError("loss became NaN/inf: lower --learning_rate")

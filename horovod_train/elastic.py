@@ -52,7 +52,9 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
         if not backend.is_chief:
             return RunLog.disabled()
         if chief_log is None:
-            chief_log = RunLog(cfg, backend, plan_now(), model, start_step=state.updates,
+            # Horovod: rank 0 can move to another live process on a reset, so no folder lock; the
+            # folder's elastic_job file names the one job that writes there
+            chief_log = RunLog(cfg, backend, plan_now(), model, start_step=state.updates, one_writer=False,
                                extra_header={"elastic": True, "commit_steps": args.commit_steps})
         return chief_log
 

@@ -25,6 +25,7 @@ from common.backend import AllreduceBackend, place_rank, ring_wire
 from common.errors import RunError, UsageError, describe
 from common.hosts import parse_address
 from common.plan import make_plan
+from common.watchdog import OutsideDeadline
 
 IMPLEMENTATIONS = ("ring", "auto", "nccl")
 
@@ -74,15 +75,34 @@ class MWMSBackend(AllreduceBackend):
             bytes_per_pack=self.pack_bytes, timeout_seconds=self.step_timeout, implementation=impl)
         resolver = None if self.cluster is None else tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(self.cluster), task_type="worker", task_id=self.rank, rpc_layer="grpc")
-        try:
-            self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
-                                                                      communication_options=options)
-        except (tf.errors.OpError, ValueError, RuntimeError) as exc:
-            raise RunError(f"worker {self.rank}: cannot join the cluster: {describe(exc)}")
-        if self.world_size > 1:      # the strategy would wait without limit for a peer that never comes
-            wait_for_ports([a for i, a in enumerate(self.cluster["worker"]) if i != self.rank],
-                           self.startup_timeout, "worker")
+        # The strategy's join waits inside TensorFlow, GIL held, for a peer that may never start:
+        # bounded by --startup_timeout from a watcher process (common/watchdog.py)
+        with OutsideDeadline(self.startup_timeout if self.world_size > 1 else 0, self._never_joined):
+            try:
+                self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                                          communication_options=options)
+            except (tf.errors.OpError, ValueError, RuntimeError) as exc:
+                raise RunError(f"worker {self.rank}: cannot join the cluster: {describe(exc)}")
+            if self.world_size > 1:      # the strategy would wait without limit for a peer that never comes
+                wait_for_ports([a for i, a in enumerate(self.cluster["worker"]) if i != self.rank],
+                               self.startup_timeout, "worker")
         return self
+
+    def _never_joined(self):
+        """The watcher's line: which peers accept no connection (checked when the time is up)."""
+        import socket
+        missing = []
+        for i, address in enumerate(self.cluster["worker"]):
+            if i == self.rank:
+                continue
+            host, port = parse_address(address, "worker")
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+            except OSError:
+                missing.append(f"worker:{i} ({address})")
+        who = ", ".join(missing) if missing else "a peer"
+        return (f"worker {self.rank}: the cluster did not come up within --startup_timeout "
+                f"{self.startup_timeout:g} s: {who} never joined")
 
     def plan(self, cfg, num_examples):
         """One step = one update averaging one batch from every worker (as Horovod)."""

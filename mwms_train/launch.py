@@ -91,6 +91,8 @@ def parse_args(argv):
     cfg = from_args(args)
     from common.data import check_input       # the data checks and the batch, once, before a task starts
     check_input(cfg, args.num_workers)
+    from common.models import check_plugin      # a plug-in's training step, outside the strategy
+    check_plugin(cfg)
     if args.resume:              # refused here, before a task starts
         import types
         from common.run_dir import check_resume_compatible, check_train_dir

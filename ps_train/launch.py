@@ -161,9 +161,8 @@ def parse_args(argv):
     check_ps_flags(args)
     from common.data import check_input       # the data checks and the batch, once, before a task starts
     check_input(cfg, args.num_workers)
-    if args.ps_api == "v1":
-        from common.models import check_plugin_for_graph_mode
-        check_plugin_for_graph_mode(cfg)         # a Keras 3 plug-in: refused before a task starts
+    from common.models import check_plugin      # a plug-in's training step (and Keras 3 under v1), once
+    check_plugin(cfg, graph_mode=args.ps_api == "v1")
     if args.resume:              # refused here, before a task starts or launch.json is written
         from common.run_dir import check_resume_compatible, check_train_dir
         v2 = args.ps_api == "v2"

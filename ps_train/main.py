@@ -36,7 +36,7 @@ from common.config import build_parser, from_args
 from common.data import input_failure, num_examples
 from common.errors import RunError, UsageError, cli, describe
 from common.files import make_dirs
-from common.models import check_plugin_for_graph_mode
+from common.models import check_plugin
 from common.probe import compute_step_time
 from common.bookkeeper import Adapter, Bookkeeper
 from common.checkpoints import remove_partial_checkpoints
@@ -73,8 +73,8 @@ def main(argv=None):
     if argv is None:                             # PS: listen on this task's address only (tf_cluster/listen.py)
         listen_only_on(backend, args.bind)
     num_train = 0 if backend.is_ps else num_examples(cfg)
-    if not backend.is_ps:                        # a Keras 3 plug-in: one line before joining (common/keras3.py)
-        check_plugin_for_graph_mode(cfg)
+    if not backend.is_ps:                        # a plug-in's training step, and Keras 3 refused, before joining
+        check_plugin(cfg, graph_mode=True)
     backend.setup(cfg)                           # PS: start this task's gRPC server
     if backend.is_ps:                            # PS: serve variables until the chief says stop
         print(f"ps:{index} serving on {backend.address}", flush=True)

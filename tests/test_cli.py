@@ -110,6 +110,9 @@ CASES = [
     (PROJECT, [*BW, "--model_name", "vgg16", "--cycle_time_ms", "-1"], {}, "error: --cycle_time_ms must be >= 0, got -1.0"),
     (PROJECT, [*BW, "--from", "{tmp}/junkrun"], {}, "error: {tmp}/junkrun/metrics.jsonl:4: backend: field required"),
     (PROJECT, [*BW, "--from", "{tmp}/okrun"], {}, "error: --from {tmp}/okrun: no run has a per-step breakdown"),
+    (PROJECT, [*BW, "--from", "{tmp}/hangrun", "--run_timeout", "3"], {},
+     "error: --from {tmp}/hangrun: cannot rebuild the run's model (--model {tmp}/hangs_on_import.py:build: importing "
+     "{tmp}/hangs_on_import.py did not return within 3 s (--run_timeout)"),
     (PROJECT, ["--comm_json", "/nope"], {}, "error: --comm_json /nope: no such file"),
     (COMPARE, ["--project", "--model", "cnn"], {}, "error: unrecognized arguments: --model cnn"),
     (HOSTS, ["{tmp}/binary"], {}, "error: {tmp}/binary: not a text file"),
@@ -150,6 +153,17 @@ CASES = [
                                                               "model fails in training mode: RuntimeError: dropout"),
     (HVD, ["--model", "{tmp}/plug.py:batch_dependent"], {}, "error: --model {tmp}/plug.py:batch_dependent: the model "
                                                             "outputs shape (1, 10) for a batch of 2"),
+    (HVD, ["--model", "{tmp}/plug.py:two_outputs"], {}, "error: --model {tmp}/plug.py:two_outputs: the model returns "
+                                                        "2 outputs; expected one tensor of logits"),
+    # ... the same check before any task starts under the strategies and the classic PS
+    (MWMS_LAUNCH, ["--model", "{tmp}/plug.py:fails_in_training"], {}, "error: --model {tmp}/plug.py:fails_in_training: "
+                                                                      "the model fails in training mode: RuntimeError"),
+    (LAUNCH, ["--ps_api", "v2", "--model", "{tmp}/plug.py:no_gradient"], {},
+     "error: --model {tmp}/plug.py:no_gradient: no gradient reaches the model's weights"),
+    (LAUNCH, ["--sync", "--model", "{tmp}/plug.py:fails_in_training"], {},
+     "error: --model {tmp}/plug.py:fails_in_training: the model fails in training mode: RuntimeError"),
+    (COMPARE, ["--backends", "mwms", "--workers", "2", "--model", "{tmp}/plug.py:two_outputs"], {},
+     "error: --model {tmp}/plug.py:two_outputs: the model returns 2 outputs"),
     # ---- a resume with an empty checkpoint index: refused before a task starts or a file changes
     (HVD, ["--resume", "--train_dir", "{tmp}/emptyidx"], {},
      "error: --resume: no checkpoint in {tmp}/emptyidx/checkpoints (its 'checkpoint' index names none)"),
@@ -206,6 +220,11 @@ CASES = [
     (MPI, ["--dataset", "{tmp}/plug.py:wrapping_label"], {}, "error: --dataset {tmp}/plug.py:wrapping_label: y_train"),
     (LAUNCH, ["--dataset", "{tmp}/plug.py:complex_data"], {}, "error: --dataset {tmp}/plug.py:complex_data: x_train"),
     (COMPARE, ["--dataset", "{tmp}/plug.py:nan_data"], {}, "error: --dataset {tmp}/plug.py:nan_data: x_train has NaN"),
+    # ---- sizes that would exhaust memory: refused from their shapes before anything is allocated
+    (COMPARE, ["--dataset", "{tmp}/plug.py:huge_view", "--out", "{tmp}/out"], {},
+     "error: --dataset {tmp}/plug.py:huge_view: x_train (10000000000, 4) is 186.3 GiB as float32 examples"),
+    (HVD, ["--dataset", "synthetic", "--num_classes", "16777216", "--hidden_units", "1", "--batch_size", "128"], {},
+     "error: --num_classes 16777216 x --batch_size 128: about"),
     (HVD, ["--dataset", "mnist", "--data_dir", "{tmp}/mnist_nan"], {}, "error: {tmp}/mnist_nan: x_train has NaN or "
                                                                        "infinite values in 1 example(s), the first at "
                                                                        "index 2"),
@@ -371,6 +390,14 @@ def files(tmp_path):
     (tmp_path / "okrun" / "metrics.jsonl").write_text(
         json.dumps(dict(type="header", backend="horovod", mode="sync", world_size=1, num_ps=0)) + "\n" +
         json.dumps(dict(type="summary", status="ok", throughput={"median": 10.0})) + "\n")
+    (tmp_path / "hangrun").mkdir()                # a recorded run whose model plug-in now hangs on import
+    config = Config(train_dir=str(tmp_path / "hangrun")).to_dict()        # Config would import the plug-in
+    config["model"] = str(tmp_path / "hangs_on_import.py") + ":build"
+    (tmp_path / "hangrun" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "hangrun" / "metrics.jsonl").write_text(
+        json.dumps(dict(type="header", backend="horovod", mode="sync", world_size=2, num_ps=0)) + "\n" +
+        json.dumps(dict(type="summary", status="ok", throughput={"median": 10.0},
+                        breakdown={"step_s": 0.01, "compute_s": 0.008, "overhead_s": 0.002})) + "\n")
     (tmp_path / "reported").mkdir()
     (tmp_path / "reported" / "report.md").write_text("# an earlier report\n")
     (tmp_path / "np1.json").write_text(json.dumps({"np": 1, "results": [
@@ -426,6 +453,12 @@ def fails_in_training(cfg, input_shape, num_classes):
             return self.dense(self.flat(x))
     return Net()
 
+def two_outputs(cfg, input_shape, num_classes):
+    import tensorflow as tf
+    inp = tf.keras.Input(input_shape)
+    flat = tf.keras.layers.Flatten()(inp)
+    return tf.keras.Model(inp, [tf.keras.layers.Dense(num_classes)(flat), tf.keras.layers.Dense(1)(flat)])
+
 def batch_dependent(cfg, input_shape, num_classes):
     import tensorflow as tf
     class Net(tf.keras.Model):
@@ -445,6 +478,10 @@ def overflow_data(cfg):
     x = np.random.RandomState(0).rand(10, 4)
     x[2, 1] = 1e300
     return _data(x=x)
+
+def huge_view(cfg):
+    x = np.broadcast_to(np.zeros((1, 4), np.float32), (10 ** 10, 4))     # a view: a few bytes until cast
+    return _data(x=x, y=np.broadcast_to(np.zeros(1, np.int64), (10 ** 10,)))
 
 def nan_data(cfg):
     x = np.random.RandomState(0).rand(10, 4)

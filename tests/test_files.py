@@ -152,3 +152,44 @@ def test_loose_umask_still_gives_0644_files_and_0755_folders(tmp_path):
             modes[os.path.join(folder, n)] = stat.S_IMODE(os.lstat(os.path.join(folder, n)).st_mode)
     assert len(modes) >= 7 and all(m & 0o022 == 0 for m in modes.values()), modes
     assert json.loads((out / "config.json").read_text())["train_steps"] == 6
+
+
+HOLD = ("import sys, time\nfrom common.errors import UsageError\nfrom common.files import take_folder\n"
+        "try:\n    take_folder(sys.argv[1], '--out')\nexcept UsageError as exc:\n    print(exc, flush=True)\n"
+        "    sys.exit(2)\nprint('held', flush=True)\ntime.sleep(120)\n")
+
+
+@pytest.mark.process
+def test_a_second_writer_into_a_run_folder_is_refused_and_the_first_loses_nothing(tmp_path):
+    """While one hvdps process holds a folder (a comparison's --out, a run's --train_dir) and has
+    written nothing there yet, a comparison or a trainer started into it is refused in one line
+    before writing anything."""
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(busy)], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                              env=env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = snapshot(tmp_path)
+        for argv in ([os.path.join(os.path.dirname(sys.executable), "hvdps"), "compare", "--backends", "horovod",
+                      "--workers", "1", "--train_steps", "5", "--out", str(busy)],
+                     [sys.executable, HVD, "--train_steps", "5", "--probe_steps", "0", "--train_dir", str(busy)]):
+            r = run(argv, timeout=120)
+            errors = [l for l in (r.stdout + r.stderr).splitlines() if l.startswith("error:")]
+            assert r.returncode == 2 and len(errors) == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+            assert f"{busy} is in use: another hvdps run is writing there" in errors[0], errors
+            assert "Traceback" not in r.stderr
+            assert snapshot(tmp_path) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.process
+def test_a_folder_taken_twice_by_one_process_stays_taken(tmp_path):
+    from common.files import take_folder
+    take_folder(str(tmp_path), "--train_dir")
+    take_folder(str(tmp_path), "--train_dir")            # an elastic job's new rank 0: its own lock, held
+    r = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                       env=env(), timeout=60)
+    assert r.returncode == 2 and "is in use" in r.stdout, r.stdout + r.stderr

@@ -19,7 +19,7 @@ import signal
 import string
 
 import pytest
-from hypothesis import assume, event, given
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from common import schemas
@@ -48,15 +48,21 @@ def one_line(exc):
     event("refused")
 
 
-def run_main(main, argv):
-    """An entry point's main() in-process: (exit code, stderr). Its @cli turns a UsageError into one
-    line and exit 2; anything else escapes and fails the example with its traceback."""
+def call_main(main, argv):
+    """An entry point's main() in-process, bounded: (exit code, what it wrote to stderr)."""
     err = io.StringIO()
     with bounded(), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             code = main(argv) or 0
         except SystemExit as exc:
             code = exc.code
+    return code, err
+
+
+def run_main(main, argv):
+    """An entry point's main() in-process: (exit code, stderr). Its @cli turns a UsageError into one
+    line and exit 2; anything else escapes and fails the example with its traceback."""
+    code, err = call_main(main, argv)
     lines = [l for l in err.getvalue().splitlines() if l.strip() and not l.startswith(("note:", "warning:"))]
     event("refused" if code else "taken")
     if code:
@@ -104,10 +110,17 @@ def replaced(doc, path, value):
     return doc
 
 
+def _at(doc, path):
+    for p in path:
+        doc = doc[p]
+    return doc
+
+
 @st.composite
 def broken(draw, valid):
-    """A valid document with one part replaced, dropped, or the text cut short / nested / doubled."""
-    how = draw(st.sampled_from(["replace", "replace", "replace", "drop", "truncate", "nest", "junk"]))
+    """A valid document with one part replaced (a wrong type or a bad value), dropped (a missing field),
+    added (an extra field), or the text cut short / nested / doubled."""
+    how = draw(st.sampled_from(["replace", "replace", "replace", "drop", "extra", "truncate", "nest", "junk"]))
     if how == "junk":
         return draw(st.one_of(st.binary(max_size=64), JSON.map(dumps)))
     if how == "nest":
@@ -116,6 +129,14 @@ def broken(draw, valid):
     if how == "truncate":
         text = json.dumps(valid)
         return text[:draw(st.integers(min_value=0, max_value=len(text) - 1))]
+    if how == "extra":
+        objects = [p for p in paths(valid) if isinstance(_at(valid, p), dict)]
+        if objects:
+            where = draw(st.sampled_from(objects))
+            doc = json.loads(json.dumps(valid))
+            node = _at(doc, where) if where else doc
+            node[draw(st.sampled_from(["extra", "Loss", "samples_seen ", "", "type"]))] = draw(JSON)
+            return dumps(doc)
     path = draw(st.sampled_from(list(paths(valid))))
     if how == "drop" and path:
         parent = json.loads(json.dumps(valid))
@@ -135,13 +156,13 @@ def write(folder, name, content):
 
 
 # ------------------------------------------------------------------ every reader
-from tests.test_schemas import CLUSTER, COMM, LAUNCH, LINKS, METRIC, PROFILES, RUN  # noqa: E402
+from tests.test_schemas import CLUSTER, COMM, LAUNCH, LINKS, LOAD, METRIC, PROFILES, RUN  # noqa: E402
 
 RECORD_SET = {"layout": "plain", "shape": [2, 3, 1], "dtype": "float32", "classes": 5, "first_label": 0,
               "train": {"files": ["train-00000-of-00001.tfrecord"], "records": [40]},
               "test": {"files": ["test-00000-of-00001.tfrecord"], "records": [10]}}
 READERS = [(schemas.read_record_set, RECORD_SET), (schemas.read_comm, COMM), (schemas.read_cluster_description, CLUSTER),
-           (schemas.read_links_spec, CLUSTER), (schemas.read_links, LINKS), (schemas.read_run_record, RUN),
+           (schemas.read_links_spec, CLUSTER), (schemas.read_links, LINKS), (schemas.read_load, LOAD), (schemas.read_run_record, RUN),
            (schemas.read_launch_record, LAUNCH), (schemas.read_profiles, PROFILES)]
 
 
@@ -344,6 +365,37 @@ def test_projection_from_any_comm_file_ends_in_time(tmp_path_factory, data):
                                                   "results": rows}))
     run_main(projection.main, ["--comm-json", comm, "--model-params", "25", "--step-compute-ms", "100",
                                "--max-workers", "64", "--out", os.path.join(folder, "p")])
+
+
+@settings(max_examples=max(12, settings.default.max_examples // 4))    # each example writes a report and plots
+@given(data=st.data())
+def test_a_broken_recorded_run_is_reported_or_refused_past_the_reader(tmp_path_factory, data):
+    """hvdps compare --from and hvdps project --from on a recorded run with one record broken (a field
+    missing, added or of another type, a bad value, a cut line): a report, or one error line, never a
+    traceback from the code that reads what the reader let through."""
+    from common import plugins
+    from hvdps.commands import compare, project
+    from tests.test_compare import fake_run
+    folder = tmp_path_factory.mktemp("from")
+    run_dir = folder / "runs" / "horovod-sync-w2"
+    fake_run(run_dir, "horovod", "sync", 2, [100.0, 110.0, 120.0], [0.5, 0.95])
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    i = data.draw(st.integers(min_value=0, max_value=len(lines) - 1))
+    bad = data.draw(broken(json.loads(lines[i])))
+    lines[i] = (bad.decode("latin-1") if isinstance(bad, bytes) else bad).replace("\n", " ")
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    budget = plugins._budget                     # compare bounds plug-in imports from its start on
+    try:
+        for main, argv in ((compare.main, ["--from", str(folder / "runs"), "--out", str(folder / "cmp")]),
+                           (project.main, ["--from", str(folder / "runs"), "--bandwidth_gbps", "10", "--latency_us",
+                                           "5", "--out", str(folder / "proj")])):
+            code, err = call_main(main, argv)
+            errors = [l for l in err.getvalue().splitlines() if l.startswith("error:")]
+            assert "Traceback" not in err.getvalue(), err.getvalue()
+            assert code in (0, 1) or (code == 2 and len(errors) == 1), (code, err.getvalue())
+            event(f"{main.__module__}: exit {code}")
+    finally:
+        plugins._budget = budget
 
 
 # ------------------------------------------------------------------ TFRecord files: the first record of each

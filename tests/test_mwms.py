@@ -138,6 +138,26 @@ def test_lost_peer_without_a_launcher_ends_the_survivor_in_bounded_time(tmp_path
     assert "Traceback" not in logs[0], logs[0][-3000:]
 
 
+def test_a_peer_that_never_starts_ends_the_worker_at_its_startup_timeout(tmp_path):
+    """Worker 1 of 2 is never started: worker 0's strategy would wait for it without limit, inside
+    TensorFlow; --startup_timeout ends it with one line naming the missing peer."""
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+    p = subprocess.Popen([sys.executable, MAIN, "--startup_timeout", "8", "--train_dir", str(tmp_path / "run")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         cwd=REPO, env=env(TF_CONFIG=_tf_config(cluster, 0)))
+    t0 = time.monotonic()
+    try:
+        code = p.wait(timeout=90)
+        took = time.monotonic() - t0
+    finally:
+        (log,) = _end([p])
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert code != 0 and took < 45, (code, took, log[-3000:])
+    assert errors == [f"error: worker 0: the cluster did not come up within --startup_timeout 8 s: worker:1 "
+                      f"({cluster['worker'][1]}) never joined"], log[-3000:]
+    assert "Traceback" not in log
+
+
 @pytest.mark.parametrize("argv, extra_env, message", [
     ([MAIN, "--implementation", "nccl"], {}, "error: --implementation nccl needs GPUs"),
     ([MAIN, "--worker_hosts", "127.0.0.1:5000,127.0.0.1:5001", "--task_index", "2"], {},

@@ -245,3 +245,29 @@ def test_a_method_looks_the_same_in_every_workloads_panel(tmp_path, monkeypatch)
 def test_a_step_faster_than_its_compute_is_noise_not_a_negative_overhead(step, compute, says):
     from hvdps.render.report import _split
     assert _split(RunRow(run_dir="r", step_s=step, compute_s=compute, overhead_s=step - compute)) == says
+
+
+@pytest.mark.unit
+def test_every_plot_axis_holds_every_point(tmp_path):
+    """A superlinear run (noise, or caches: efficiency 1.6) stays on the scaling panel."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from hvdps.render.plots import write_plots
+    axes = []
+    real = plt.Figure.savefig
+
+    def keep(fig, *args, **kw):          # every panel of every figure written
+        axes.extend((ax.get_ylabel(), ax.get_ylim()) for ax in fig.axes)
+        return real(fig, *args, **kw)
+    rows = [replace(vrow("horovod", "sync", 1, 1000.0), scaling_efficiency=1.0),
+            replace(vrow("horovod", "sync", 2, 3200.0), scaling_efficiency=1.6)]
+    plt.Figure.savefig = keep
+    try:
+        write_plots(rows, str(tmp_path))
+    finally:
+        plt.Figure.savefig = real
+    (low, high), = [lim for label, lim in axes if label.startswith("throughput(n)")]
+    assert low <= 0 and high >= 1.6, (low, high)
+    (low, high), = [lim for label, lim in axes if label.startswith("samples/sec")]
+    assert low <= 1000 - 100 and high >= 3200 + 100
