@@ -44,6 +44,19 @@ def bound_plugins(seconds, flag):
 
 
 @contextlib.contextmanager
+def plugins_bounded(seconds, flag):
+    """``bound_plugins`` for one command's life, the budget before it put back after: an entry point
+    that may run in-process (hvdps project in a test or a notebook) leaves no deadline behind."""
+    global _budget
+    previous = _budget
+    bound_plugins(seconds, flag)
+    try:
+        yield
+    finally:
+        _budget = previous
+
+
+@contextlib.contextmanager
 def _within_budget(spec, flag, what):
     if _budget is None or threading.current_thread() is not threading.main_thread():
         yield

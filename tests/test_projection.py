@@ -411,3 +411,15 @@ def test_projection_lines_for_tf_ring_from_a_comm_file(tmp_path):
     tf64 = next(r for r in data["rows"] if r["workers"] == 64 and r["arch"] == label)
     assert tf64["step_s"] == pytest.approx(0.5 + schedule.ring_allreduce_time(64, data["grad_bytes"], 8e8, 3e-4), rel=1e-6)
     assert label in open(out / "projection.md").read()
+
+
+@pytest.mark.unit
+def test_an_in_process_projection_leaves_no_plugin_deadline_behind(tmp_path):
+    """hvdps project bounds the plug-ins it rebuilds (--run_timeout) for its own life only: a test or a
+    notebook that calls it in-process keeps its own budget (none) afterwards."""
+    from common import plugins
+    from hvdps.commands import project
+    assert plugins._budget is None
+    assert project.main(["--bandwidth_gbps", "10", "--latency_us", "10", "--model_params", "25",
+                         "--step_compute_ms", "100", "--run_timeout", "5", "--out", str(tmp_path / "p")]) in (0, None)
+    assert plugins._budget is None

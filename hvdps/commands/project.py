@@ -384,11 +384,11 @@ def run_projection(args):
 @cli
 def main(argv=None):
     args = make_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    from common.plugins import bound_plugins
-    bound_plugins(args.run_timeout, "--run_timeout")     # rebuilding a recorded plug-in: bounded like compare's
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} exists and is not a directory")
-    return run_projection(args)
+    from common.plugins import plugins_bounded
+    with plugins_bounded(args.run_timeout, "--run_timeout"):   # rebuilding a recorded plug-in: bounded
+        return run_projection(args)
 
 
 if __name__ == "__main__":
