@@ -135,11 +135,12 @@ slurm: setup
 # a time (pytest-xdist; the root tier and each shared job on one worker: tests/conftest.py), then the tests
 # that need the machine to themselves (marked alone: a CPU hog against none) one after another, with nothing
 # else of the suite beside them (when PYTEST_ARGS is not given: make test PYTEST_ARGS="-m alone tests" runs
-# only those). Every test's duration: PYTEST_ADDOPTS=--durations=0 make test.
+# only those). Every test's duration: make test DURATIONS=0.
 PYTEST_ARGS ?= -n 2 --dist loadgroup -m "not alone" tests
+DURATIONS ?= 15
 test: setup
-	$(BIN)/python -m pytest -q --timeout 900 --durations=15 $(PYTEST_ARGS)
-	$(if $(filter file,$(origin PYTEST_ARGS)),$(BIN)/python -m pytest -q --timeout 900 --durations=15 -m alone tests)
+	$(BIN)/python -m pytest -q --timeout 900 --durations=$(DURATIONS) $(PYTEST_ARGS)
+	$(if $(filter file,$(origin PYTEST_ARGS)),$(BIN)/python -m pytest -q --timeout 900 --durations=$(DURATIONS) -m alone tests)
 
 # The property-based suites (tests/test_fuzz.py) at length: FUZZ_EXAMPLES per property, a new seed each
 # run, with Hypothesis' statistics (examples run, taken, refused). The unit tier runs them derandomized.

@@ -419,7 +419,7 @@ def test_an_in_process_projection_leaves_no_plugin_deadline_behind(tmp_path):
     notebook that calls it in-process keeps its own budget (none) afterwards."""
     from common import plugins
     from hvdps.commands import project
-    assert plugins._budget is None
+    before = plugins._budget          # a comparison run in-process earlier in this process may have set one
     assert project.main(["--bandwidth_gbps", "10", "--latency_us", "10", "--model_params", "25",
                          "--step_compute_ms", "100", "--run_timeout", "5", "--out", str(tmp_path / "p")]) in (0, None)
-    assert plugins._budget is None
+    assert plugins._budget == before
