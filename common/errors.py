@@ -4,6 +4,7 @@ Users launch these scripts under horovodrun/mpirun/Kubernetes, where a Python
 traceback from every rank buries the real cause. Everything a user can get wrong
 raises :class:`UsageError`; :func:`cli` turns it into one line and exit 2.
 """
+import faulthandler
 import functools
 import os
 import sys
@@ -54,8 +55,20 @@ def describe(exc):
     return text.rsplit("; ", 1)[-1].strip() or type(exc).__name__
 
 
-def fail(message, code=EXIT_USAGE, quiet=False, hard_exit=False):
-    if not quiet:
+def say_first(exc):
+    """Print a usage or run error's one line now, before a teardown that follows it (a PS chief
+    releasing its tasks), so that a crash in the teardown cannot lose the line; ``cli`` then does not
+    print it again. Other exceptions are left to ``cli``."""
+    quiet = os.environ.get("HVDPS_QUIET_ERRORS") == "1" and not isinstance(exc, InputError)
+    if isinstance(exc, (UsageError, RunError)) and not quiet and not getattr(exc, "said", False):
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        exc.said = True
+
+
+def fail(message, code=EXIT_USAGE, quiet=False, hard_exit=False, said=False):
+    if said:
+        pass                           # say_first printed the line already
+    elif not quiet:
         print(f"error: {message}", file=sys.stderr, flush=True)
     else:
         # A silenced rank gives rank 0 a moment to print the one error line:
@@ -98,14 +111,21 @@ def cli(fn=None, *, hard_exit=False):
         # or stricter if the umask says so: never group- or world-writable on a shared file system.
         os.umask(os.umask(0) | 0o022)
         whole_lines()
+        # A crash in native code (TensorFlow's, MPI's) leaves the Python stack of every thread on
+        # stderr, in the run's log, instead of only the launcher's "killed by SIGSEGV"
+        try:
+            faulthandler.enable()
+        except (ValueError, OSError, AttributeError):
+            pass                       # a replaced stderr (pytest's capture) has no file descriptor
+        said = lambda exc: getattr(exc, "said", False)     # say_first printed it already
         try:
             return fn(*args, **kwargs)
         except UsageError as exc:
-            fail(str(exc), EXIT_USAGE, quiet(), hard_exit)
+            fail(str(exc), EXIT_USAGE, quiet(), hard_exit, said(exc))
         except InputError as exc:
-            fail(str(exc), EXIT_FAILURE, False, hard_exit)
+            fail(str(exc), EXIT_FAILURE, False, hard_exit, said(exc))
         except RunError as exc:
-            fail(str(exc), EXIT_FAILURE, quiet(), hard_exit)
+            fail(str(exc), EXIT_FAILURE, quiet(), hard_exit, said(exc))
         except KeyboardInterrupt:
             fail("interrupted", 130, quiet(), hard_exit)
     return wrapper

@@ -34,7 +34,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 
 from common.config import build_parser, from_args
 from common.data import input_failure, num_examples
-from common.errors import RunError, UsageError, cli, describe
+from common.errors import RunError, UsageError, cli, describe, say_first
 from common.files import make_dirs
 from common.models import check_plugin
 from common.probe import compute_step_time
@@ -84,6 +84,7 @@ def main(argv=None):
     try:
         lost = run_worker(cfg, backend, num_train)
     except BaseException as exc:                 # PS: a failed chief still releases the PS tasks
+        say_first(exc)                           # its line before the release: a crash there cannot lose it
         backend.shutdown(2 if isinstance(exc, UsageError) else 1)
         raise
     if lost:
@@ -111,6 +112,7 @@ def main_v2(args, cfg, cluster, job, index, restrict):
     try:
         lost = v2.coordinate(cfg, backend, num_train)
     except BaseException as exc:                 # PS: a failed chief still releases the servers
+        say_first(exc)                           # its line before the release: a crash there cannot lose it
         backend.shutdown(2 if isinstance(exc, UsageError) else 1)
         raise
     if lost:

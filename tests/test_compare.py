@@ -255,6 +255,20 @@ Either request fewer slots for your application, or make more slots
      "ImportError: Keras cannot be imported."),
     ("[horovod] step 5/100\nerror: lost a peer\n" + "-" * 74 + "\nmpirun noticed that process rank 1 with PID 0 on node "
      "n2 exited on signal 9 (Killed).\n" + "-" * 74 + "\n", "rank 1 killed by SIGKILL on n2"),
+    ("[chief:0] error: chief: reading the training data: f: record 100\nerror: chief: reading the training data: "
+     "f: record 100\n[worker:1] E0000 00:00:1.2 3 rpc_util.cc:9] UNAVAILABLE: {grpc_message:\"failed to connect to "
+     "all addresses; last error: UNKNOWN: ipv4:127.0.0.1:5: Connection refused\", grpc_status:14}\n",
+     "error: chief: reading the training data: f: record 100"),
+    ("[1,1]<stderr>:error: rank 1: lost a peer\n[1,0]<stderr>:W0 x.cc:1] last error: UNKNOWN: reset\n",
+     "error: rank 1: lost a peer"),
+    ("1: error: rank 1: lost a peer\n0: E0 x.cc:1] last error: UNKNOWN: reset\n", "error: rank 1: lost a peer"),
+    ("W0 x.cc:1] last error: UNKNOWN: reset\n", "error: UNKNOWN: reset"),
+    ("[ps:0] E0 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit\n"
+     "[launch] worker:0 still running after the chief finished: stopping it\n"
+     "[launch] exit code 1 (chief:0 was killed by SIGSEGV)\n", "chief:0 killed by SIGSEGV"),
+    ("[chief:0] error: chief: reading the training data: f: record 2\n[launch] exit code 1 (chief:0 was killed by "
+     "SIGSEGV)\nerror: chief: reading the training data: f: record 2\n", "error: chief: reading the training data: "
+                                                                         "f: record 2"),
     ("", None),
 ])
 def test_a_failed_run_is_named_by_its_cause_not_a_frame(tmp_path, log, expected):

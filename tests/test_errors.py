@@ -36,3 +36,29 @@ class FakeOpError(Exception):
 ])
 def test_describe(exc, expected):
     assert describe(exc) == expected
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind, quiet, code", [("UsageError", False, 2), ("RunError", False, 1),
+                                               ("InputError", True, 1)])
+def test_an_error_said_before_a_teardown_is_said_once_and_first(monkeypatch, capsys, kind, quiet, code):
+    """A PS chief prints its error before releasing its tasks (a crash while releasing cannot lose
+    the line), and cli does not print it again: one line, ahead of what the teardown printed."""
+    import sys
+    import common.errors as errors
+    monkeypatch.setenv("HVDPS_QUIET_ERRORS", "1" if quiet else "0")
+
+    @errors.cli
+    def main():
+        try:
+            raise getattr(errors, kind)("chief: reading the training data: f: record 2")
+        except Exception as exc:
+            errors.say_first(exc)
+            print("releasing the tasks", file=sys.stderr, flush=True)
+            raise
+
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == code
+    assert capsys.readouterr().err.splitlines() == ["error: chief: reading the training data: f: record 2",
+                                                    "releasing the tasks"]

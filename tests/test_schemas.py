@@ -207,12 +207,18 @@ READER_MODULES = {"common/schemas.py", "common/files.py", "common/hosts.py", "co
 
 
 def modules():
-    for top in SOURCES:
-        for folder, _, files in os.walk(os.path.join(REPO, top)):
-            for name in files:
-                if name.endswith(".py"):
-                    path = os.path.join(folder, name)
-                    yield os.path.relpath(path, REPO), ast.parse(open(path).read(), path)
+    """The product's Python files: git's list of them (what another test leaves in the tree while this
+    one runs beside it, under pytest-xdist, is not scanned), or the folders' files outside a checkout."""
+    import subprocess
+    listed = subprocess.run(["git", "ls-files", "-z", "--", *SOURCES], cwd=REPO, capture_output=True)
+    if listed.returncode == 0 and listed.stdout:
+        paths = [os.path.join(REPO, p) for p in listed.stdout.decode().split("\0") if p.endswith(".py")]
+    else:
+        paths = [os.path.join(folder, name) for top in SOURCES for folder, _, files in os.walk(os.path.join(REPO, top))
+                 for name in files if name.endswith(".py")]
+    for path in paths:
+        if os.path.exists(path):           # tracked, not deleted in the working tree
+            yield os.path.relpath(path, REPO), ast.parse(open(path).read(), path)
 
 
 def call_name(node):

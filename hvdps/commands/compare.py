@@ -171,6 +171,14 @@ def _last_error(log_path):
         except ValueError:
             name = f"signal {signum}"
         return f"rank {rank} killed by {name}" + (f" on {node}" if node else "")
+    # hvdps's own lines first: a library's log line can hold "error:" too ("last error: UNKNOWN: ...
+    # Connection refused" from gRPC, printed by a task still running as its cluster is stopped)
+    own = [m.group(1) for m in map(_OWN_ERROR.match, lines) if m]
+    if own:
+        return own[-1]
+    stopped = [m for m in map(_TASK_SIGNAL.search, lines) if m]
+    if stopped:          # a launched task that died by a signal without a word (a crash in native code)
+        return f"{stopped[-1].group(1)} killed by {stopped[-1].group(2)}"
     errors = [l[l.index("error:"):] for l in lines if "error:" in l]
     if errors:
         return errors[-1]
@@ -180,6 +188,12 @@ def _last_error(log_path):
 # Open MPI's word for a rank that died by a signal: "mpirun noticed that process rank 1 with PID 4242
 # on node n1 exited on signal 9 (Killed)."
 _RANK_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ (?:on node (\S+) )?exited on signal (\d+)")
+# An "error: ..." line as hvdps prints it: alone, or behind a launcher's tag ("[chief:0] ",
+# Open MPI's "[1,0]<stderr>:", srun --label's "0: ").
+# The local PS and MWMS launchers' closing line for a task killed by a signal (tf_cluster/supervise.py:
+# "[launch] exit code 1 (chief:0 was killed by SIGSEGV)").
+_TASK_SIGNAL = re.compile(r"^\[launch\] exit code \d+ \((\S+) was killed by (SIG\w+|signal \d+)\)")
+_OWN_ERROR = re.compile(r"^(?:\[[^\]]+\](?:<std\w+>:)?\s?|\d+:\s)?(error: .*)$")
 _EXCEPTION = re.compile(r"^(\[\d+,\d+\]<std\w+>:)?[A-Za-z_.]*(Error|Exception|Exit)\b.*:")
 
 
