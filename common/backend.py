@@ -139,6 +139,11 @@ class AllreduceBackend(Backend):
         """Summary fields only this method measures (bare MPI: its exchange time)."""
         return {}
 
+    def roster(self):
+        """Every rank's host and pid (common/roster.py), for a method whose ranks an MPI launcher
+        starts and ends (Horovod, bare MPI): a survivor names a lost rank. None elsewhere."""
+        return None
+
 
 def ring_share(n):
     """Of every byte all-reduced, what each of n ranks sends (and receives) on a ring: 2(n-1)/n

@@ -10,13 +10,13 @@ import itertools
 
 from common.bookkeeper import Adapter, Bookkeeper
 from common.data import input_failure, input_wait, make_dataset, read_batches
-from common.errors import RunError, describe
 from common.models import build_model, loss_fn, make_optimizer, train_step_fn
 from common.probe import compute_step_time
 from common.checkpoints import Checkpoints
 from common.evaluation import eval_sums, finish_eval
 from common.optim import create_slots, make_lr_schedule
 from common.run_dir import check_resume_compatible, refuse_finished
+from common.roster import step_failure
 from common.runlog import RunLog
 
 
@@ -73,6 +73,9 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
     start_step = backend.broadcast_object(start_step)   # all-reduce: everyone resumes at rank 0's step
     refuse_finished(cfg, start_step, plan.total_updates)
     backend.broadcast_state(model, optimizer)    # all-reduce: rank 0's weights and slots everywhere
+    peers = backend.roster()                     # all-reduce: who the other ranks are, to name a lost one
+    if peers:
+        peers.watch_sigterm()                    # mpirun ends the survivors of a lost rank with SIGTERM
 
     train_ds = backend.distribute_dataset(      # all-reduce: each rank its shard (a strategy: through it)
         lambda index, count: make_dataset(cfg, index, count, start_step=start_step, num_steps=plan.worker_steps))
@@ -80,18 +83,22 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None):
                  extra_header={"loop": loop, "threads_per_worker": backend.threads, **(extra_header or {})})
     books = Bookkeeper(cfg, plan, backend, log, AllreduceAdapter(cfg, backend, model, optimizer, checkpoints),
                        start=start_step)
+    import tensorflow as tf
     extra = {}
-    if loop == "fit":
-        run_fit(backend, model, optimizer, train_ds, start_step, plan.total_updates, books)
-    else:
-        waits = run_custom(backend, model, optimizer, train_ds, start_step, plan.worker_steps, books)
-        extra["input_s"] = input_wait(waits)
-    books.finish(plan.total_updates, **extra)
+    try:
+        if loop == "fit":
+            run_fit(backend, model, optimizer, train_ds, start_step, plan.total_updates, books)
+        else:
+            waits = run_custom(backend, model, optimizer, train_ds, start_step, plan.worker_steps, books, peers)
+            extra["input_s"] = input_wait(waits)
+        books.finish(plan.total_updates, **extra)
+    except tf.errors.OpError as exc:             # a collective of the books (the logged loss, an evaluation)
+        raise step_failure(peers, f"rank {backend.rank}: training failed after update {books.last}", exc)
     backend.shutdown()
     return 0
 
 
-def run_custom(backend, model, optimizer, train_ds, start_step, total_steps, books):
+def run_custom(backend, model, optimizer, train_ds, start_step, total_steps, books, peers=None):
     import tensorflow as tf
     # autograph=False: the step is straight-line code (a model's own control flow is Keras'); AutoGraph would
     # parse and rewrite its source and what it calls in every process before step 1
@@ -103,7 +110,7 @@ def run_custom(backend, model, optimizer, train_ds, start_step, total_steps, boo
         try:
             loss = float(train_step(x, y))
         except tf.errors.OpError as exc:         # a lost peer, a collective's timeout: one line, not a trace
-            raise RunError(f"rank {backend.rank}: training step {step + 1} failed: {describe(exc)}")
+            raise step_failure(peers, f"rank {backend.rank}: training step {step + 1} failed", exc)
         step += 1
         books.after_update(step, loss)
     return waits

@@ -91,6 +91,11 @@ class HorovodBackend(AllreduceBackend):
         self.threads = place_rank(cfg, self.local_rank, self.local_size)   # Horovod: a GPU or a core share
         return self
 
+    def roster(self):
+        from common.roster import Roster
+        import horovod.tensorflow as hvd_tf
+        return Roster.gather(self.rank, hvd_tf.allgather_object)      # Horovod: each rank's host and pid
+
     def refresh(self):
         """Re-read rank and size: an elastic job changes them on every reset."""
         self.rank, self.world_size = self.hvd.rank(), self.hvd.size()

@@ -59,6 +59,10 @@ class MPIBackend(AllreduceBackend):
         self.threads = place_rank(cfg, self.local_rank, self.local_size)   # the Horovod trainer's rule
         return self
 
+    def roster(self):
+        from common.roster import Roster
+        return Roster.gather(self.rank, self.comm.allgather)          # MPI: each rank's host and pid
+
     def plan(self, cfg, num_examples):
         """One step = one update averaging one batch from every rank (as Horovod)."""
         return make_plan(cfg, num_examples, self.world_size, batches_per_update=self.world_size)

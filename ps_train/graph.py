@@ -33,6 +33,7 @@ class TrainGraph:
     mark_done: Any
     saver: Any
     sync_wait: Any = None  # sync: [workers] float64 on the PS: seconds each worker waited for its token
+    input_wait: Any = None  # this worker's step: seconds from its start until the batch came out of the iterator
     data_init: Any = None  # (re)starts this worker's data stream at data_skip batches
     data_skip: Any = None
     eval_init: Any = None  # chief only: re-reads the test set
@@ -56,7 +57,13 @@ def build_graph(cfg, backend, plan):
         train_ds = make_dataset(cfg, backend.rank, plan.workers, start_step=data_skip,
                                 num_steps=plan.worker_steps * plan.workers)
         data_iterator = v1.data.make_initializable_iterator(train_ds)
+        # The input's share, measured at the iterator as the other trainers' loops measure it: a stamp
+        # with no inputs runs as the step starts, the other once the batch is out (both on this
+        # worker, no PS traffic); run only where fetched (the chief's loop).
+        asked = tf.timestamp()
         x, y = data_iterator.get_next()
+        with tf.control_dependencies([x, y]):
+            input_wait = tf.maximum(tf.timestamp() - asked, 0.0)   # the wall clock may step back
         logits = model(x, training=True)
         loss = total_loss(model, y, logits)
         # PS: the model's non-trainable state (BatchNormalization's moving statistics) lives on
@@ -94,7 +101,7 @@ def build_graph(cfg, backend, plan):
         train_op = tf.group(minimize, bookkeeping, *updates)
         mark_done = v1.scatter_update(worker_done, [backend.rank], [1]).op
         graph = TrainGraph(global_step, model, loss, learning_rate, optimizer, train_op, worker_steps,
-                           worker_done, mark_done, saver=None, sync_wait=sync_wait,
+                           worker_done, mark_done, saver=None, sync_wait=sync_wait, input_wait=input_wait,
                            data_init=data_iterator.initializer, data_skip=data_skip,
                            weights=whole_weights(model.weights, owners), owners=owners)
         if backend.is_chief:

@@ -33,7 +33,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common.config import build_parser, from_args
-from common.data import input_failure, num_examples
+from common.data import input_failure, input_wait, num_examples
 from common.errors import RunError, UsageError, cli, describe, say_first
 from common.files import make_dirs
 from common.models import check_plugin
@@ -179,11 +179,12 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
         if chief:                            # PS: the chief keeps the books of the whole job
             chief.waits = WaitMeter(log.meter.warmup_steps)
             books = Bookkeeper(cfg, plan, backend, log, chief, start=int(read(graph.global_step)))
+        fetches = [graph.train_op, graph.loss, graph.global_step] + ([graph.input_wait] if chief else [])
         while not sess.should_stop():
             if chief_watch:
                 chief_watch.check()
             try:
-                _, loss, update = sess.run([graph.train_op, graph.loss, graph.global_step], options=step_opts)
+                _, loss, update, *waited = sess.run(fetches, options=step_opts)
             except tf.errors.DeadlineExceededError:
                 raise RunError((chief.blocked() if chief else None) or
                                f"{backend.job}:{backend.index}: no update for {backend.step_timeout:.0f}s "
@@ -195,6 +196,7 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
                 raise input_failure(exc, who) or RunError(f"{who}: {describe(exc)}")
             dog.kick()
             if books:
+                chief.input_waits.extend(waited)  # PS: the chief's own batches, as rank 0's elsewhere
                 books.after_update(int(update), float(loss))
         read(graph.mark_done)
         if not chief:                        # PS: nothing else to do; the chief ends the job
@@ -293,6 +295,7 @@ class ChiefAdapter(Adapter):
         self.tracker = WorkerTracker(backend.task_names(), backend.sync, backend.step_timeout)
         self.lost = []
         self.waits = None
+        self.input_waits = []                    # seconds each of the chief's steps waited for its batch
 
     def first_checkpoint(self):
         """One when there is none, as TF's hook wrote it: a restarted chief always has something
@@ -346,7 +349,7 @@ class ChiefAdapter(Adapter):
 
     def finish_extra(self, final):
         counts, waits = self.read_counters()
-        extra = {"lost_workers": self.lost, "worker_steps": counts.tolist()}
+        extra = {"lost_workers": self.lost, "worker_steps": counts.tolist(), "input_s": input_wait(self.input_waits)}
         if waits is not None:
             extra.update(sync_wait_total_s=waits.tolist(), wait_s=self.waits.median())
         return extra

@@ -37,7 +37,7 @@ import sys
 import numpy as np
 
 from common.backend import MIN_SHARD_BYTES, Backend, ps_wire
-from common.data import input_failure, make_dataset
+from common.data import input_failure, input_wait, make_dataset
 from common.errors import RunError, UsageError, describe
 from common.hosts import parse_address
 from common.models import build_model, make_optimizer, train_step_fn
@@ -179,7 +179,7 @@ def coordinate(cfg, backend, num_train):
     try:
         while True:
             try:
-                schedule_all(backend, books, dog, train_step, iterators, first, plan)
+                schedule_all(backend, books, dog, train_step, iterators, first, plan, adapter.input_waits)
                 break
             except tf.errors.OpError as exc:
                 if input_failure(exc, "chief"):      # a worker read a bad record: the run ends, naming it
@@ -202,8 +202,9 @@ def coordinate(cfg, backend, num_train):
     return [name.split(" ")[0] for name in adapter.lost]
 
 
-def schedule_all(backend, books, dog, train_step, iterators, first, plan):
-    """Schedules updates ``first``..the last; the logged ones are fetched in order."""
+def schedule_all(backend, books, dog, train_step, iterators, first, plan, input_waits):
+    """Schedules updates ``first``..the last; the logged ones are fetched in order (with their
+    steps' waits for a batch: ``input_waits``)."""
     # Steps are scheduled ahead of the bookkeeping so the workers' queue never runs dry;
     # a logged step is fetched (waited for) only once LAG later steps are queued behind it.
     lag, pending = 2 * plan.workers, collections.deque()
@@ -212,11 +213,11 @@ def schedule_all(backend, books, dog, train_step, iterators, first, plan):
         if step > books.last and books.wants(step):   # after a recovery: past what was logged
             pending.append((step, result))
         while pending and pending[0][0] <= step - lag:
-            books.after_update(*fetched(pending.popleft()))
+            books.after_update(*fetched(pending.popleft(), input_waits))
             dog.kick(f"chief: no step finished for {backend.step_timeout:.0f}s (--step_timeout): "
                      f"every worker lost?")
     while pending:                               # in order, each when it has run: honest timings
-        books.after_update(*fetched(pending.popleft()))
+        books.after_update(*fetched(pending.popleft(), input_waits))
     backend.coordinator.join()                   # PS: every scheduled step has run somewhere
 
 
@@ -232,13 +233,17 @@ def settle(backend, optimizer):
     return int(optimizer.iterations.numpy())
 
 
-def fetched(pending):
-    """(step, its loss): waits for that step's result (not for the later ones). The loss is None
-    when the coordinator has none for it (a step caught in a lost worker's recovery): that log
-    point is then skipped, not invented."""
+def fetched(pending, input_waits):
+    """(step, its loss): waits for that step's result (not for the later ones), and adds the
+    step's wait for its batch to ``input_waits``. The loss is None when the coordinator has none
+    for it (a step caught in a lost worker's recovery): that log point is then skipped, not invented."""
     step, result = pending
-    loss = result.fetch()                        # PS: from the worker that ran it
-    return step, None if loss is None else float(loss)
+    value = result.fetch()                       # PS: from the worker that ran it
+    if value is None:
+        return step, None
+    loss, waited = value
+    input_waits.append(float(waited))
+    return step, float(loss)
 
 
 def _quiet_lost_peer(default):
@@ -266,6 +271,7 @@ class CoordinatorAdapter(Adapter):
         self.cfg, self.backend, self.model, self.optimizer, self.checkpoints = cfg, backend, model, optimizer, checkpoints
         self.test_ds = make_dataset(cfg, 0, 1, split="test")
         self.lost = []
+        self.input_waits = []                    # the logged steps' waits for their batch, on their worker
 
     def reduce_loss(self, losses):
         return losses[-1]                        # only the watched steps are fetched
@@ -300,7 +306,9 @@ class CoordinatorAdapter(Adapter):
         return None if self.lost else compute_step_time(self.cfg)
 
     def finish_extra(self, final):
-        return {"lost_workers": self.lost, "updates_applied": int(self.optimizer.iterations.numpy())}
+        # the input's share from the logged steps' waits (the others' results are never fetched)
+        return {"lost_workers": self.lost, "updates_applied": int(self.optimizer.iterations.numpy()),
+                "input_s": input_wait(self.input_waits)}
 
 
 def make_train_step(strategy, model, optimizer):
@@ -310,8 +318,13 @@ def make_train_step(strategy, model, optimizer):
 
     @tf.function(autograph=False)
     def train_step(iterator):
+        # The input's share, measured at the iterator on the worker that runs the step (stateful ops
+        # run in program order in a tf.function): returned with the loss, read for the logged steps.
+        asked = tf.timestamp()
         x, y = next(iterator)
-        return strategy.run(replica_step, args=(x, y))
+        with tf.control_dependencies([x, y]):
+            waited = tf.maximum(tf.timestamp() - asked, 0.0)     # the wall clock may step back
+        return strategy.run(replica_step, args=(x, y)), waited
 
     return train_step
 

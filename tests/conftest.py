@@ -163,8 +163,8 @@ def digits_cfg():
 
 def kill_rank_mid_run(argv, out, script, rank=1):
     """Start a job, kill -9 its rank ``rank`` once a checkpoint exists, and return (seconds the job
-    took to end after that, its exit code). The whole process group is killed afterwards; the
-    checkpoints in ``out`` must still be readable (checked here)."""
+    took to end after that, its exit code, its output, the killed pid). The whole process group is
+    killed afterwards; the checkpoints in ``out`` must still be readable (checked here)."""
     import time
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True, env=env())
@@ -184,12 +184,12 @@ def kill_rank_mid_run(argv, out, script, rank=1):
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        p.communicate()
+        output = p.communicate()[0]
     import tensorflow as tf
     latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
     assert latest, "no checkpoint survived"
     assert tf.train.load_checkpoint(latest).get_variable_to_shape_map()   # readable, not half-written
-    return took, p.returncode
+    return took, p.returncode, output, victim
 
 
 def snapshot(root):

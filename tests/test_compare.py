@@ -262,6 +262,13 @@ Either request fewer slots for your application, or make more slots
     ("[1,1]<stderr>:error: rank 1: lost a peer\n[1,0]<stderr>:W0 x.cc:1] last error: UNKNOWN: reset\n",
      "error: rank 1: lost a peer"),
     ("1: error: rank 1: lost a peer\n0: E0 x.cc:1] last error: UNKNOWN: reset\n", "error: rank 1: lost a peer"),
+    # a rank failed on its data and exited; mpirun's SIGTERM made the other name it: the data is the cause
+    ("error: rank 0: reading the training data: f: record 100: a label outside 0..9\n" + "-" * 74 + "\nPrimary job "
+     "terminated normally, but 1 process returned\n" + "-" * 74 + "\nerror: rank 1: stopped by SIGTERM from the "
+     "launcher: lost rank 0 (pid 7 on n1)\n", "error: rank 0: reading the training data: f: record 100: a label "
+                                               "outside 0..9"),
+    ("[1,0]<stderr>:error: rank 0: stopped by SIGTERM from the launcher: lost rank 1 (pid 7 on n1)\n",
+     "error: rank 0: stopped by SIGTERM from the launcher: lost rank 1 (pid 7 on n1)"),
     ("W0 x.cc:1] last error: UNKNOWN: reset\n", "error: UNKNOWN: reset"),
     ("[ps:0] E0 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit\n"
      "[launch] worker:0 still running after the chief finished: stopping it\n"

@@ -1,6 +1,7 @@
 """The Horovod trainer, launched the ways users launch it (real ranks, real launchers)."""
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -180,12 +181,15 @@ def test_resume_from_damaged_checkpoint(tmp_path, damage):
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_killed_rank_fails_job_promptly(tmp_path, controller):
-    """kill -9 on one rank: the job must end non-zero within 60 s, checkpoints intact."""
+    """kill -9 on one rank: the job must end non-zero within 60 s, checkpoints intact, and the
+    survivor names the lost rank in one line (common/roster.py)."""
     out = tmp_path / "run"
     argv = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", f"--{controller}",
             sys.executable, MAIN, "--epochs", "400", "--batch_size", "8", "--train_dir", str(out)]
-    took, code = kill_rank_mid_run(argv, out, "horovod_train/main.py")
+    took, code, output, victim = kill_rank_mid_run(argv, out, "horovod_train/main.py")
     assert took < 60 and code != 0
+    named = [line for line in output.splitlines() if "error: rank 0: " in line]
+    assert len(named) == 1 and f"lost rank 1 (pid {victim} on {socket.gethostname()})" in named[0], output[-3000:]
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """The bare-MPI reference trainer (mpi_train), launched with mpirun as users launch MPI programs."""
 import os
+import socket
 import sys
 import time
 
@@ -107,12 +108,16 @@ def test_single_process_has_no_exchange(tmp_path):
 
 
 def test_killed_rank_fails_job_promptly(tmp_path):
-    """kill -9 on rank 1 mid-run: mpirun ends the job non-zero within 60 s, checkpoints readable."""
+    """kill -9 on rank 1 mid-run under the user's own mpirun: mpirun ends the job non-zero within 60 s,
+    checkpoints readable, and rank 0 (blocked in MPI_Allreduce when mpirun's SIGTERM comes) names the
+    lost rank in one line before it exits (common/roster.py)."""
     out = tmp_path / "run"
     argv = [*MPIRUN, "-np", "2", sys.executable, MAIN, "--epochs", "400", "--batch_size", "8",
             "--train_dir", str(out)]
-    took, code = kill_rank_mid_run(argv, out, "mpi_train/main.py")
+    took, code, output, victim = kill_rank_mid_run(argv, out, "mpi_train/main.py")
     assert took < 60 and code != 0
+    named = [line for line in output.splitlines() if "error: rank 0: " in line]
+    assert len(named) == 1 and f"lost rank 1 (pid {victim} on {socket.gethostname()})" in named[0], output[-3000:]
     time.sleep(1)
     left = [d for d in os.listdir("/proc") if d.isdigit() and str(out).encode() in _cmdline(d)]
     assert not left, "a rank outlived the job"

@@ -105,7 +105,7 @@ def test_killed_worker_ends_the_launched_job_promptly(tmp_path):
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "mwms_train.launch", "--num_workers", "2", "--epochs", "400", "--batch_size", "8",
             "--train_dir", str(out)]
-    took, code = kill_rank_mid_run(argv, out, "mwms_train.main")
+    took, code, _, _ = kill_rank_mid_run(argv, out, "mwms_train.main")
     assert took < 30 and code != 0
 
 

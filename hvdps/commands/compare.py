@@ -174,8 +174,9 @@ def _last_error(log_path):
     # hvdps's own lines first: a library's log line can hold "error:" too ("last error: UNKNOWN: ...
     # Connection refused" from gRPC, printed by a task still running as its cluster is stopped)
     own = [m.group(1) for m in map(_OWN_ERROR.match, lines) if m]
-    if own:
-        return own[-1]
+    causes = [line for line in own if not _LOST_PEER.search(line)]
+    if own:              # a survivor's "lost rank N" follows from what that rank said, if it said anything
+        return (causes or own)[-1]
     stopped = [m for m in map(_TASK_SIGNAL.search, lines) if m]
     if stopped:          # a launched task that died by a signal without a word (a crash in native code)
         return f"{stopped[-1].group(1)} killed by {stopped[-1].group(2)}"
@@ -193,6 +194,8 @@ _RANK_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ (?:on node (\S+) )?e
 # The local PS and MWMS launchers' closing line for a task killed by a signal (tf_cluster/supervise.py:
 # "[launch] exit code 1 (chief:0 was killed by SIGSEGV)").
 _TASK_SIGNAL = re.compile(r"^\[launch\] exit code \d+ \((\S+) was killed by (SIG\w+|signal \d+)\)")
+# A survivor's line about a rank it lost (common/roster.py): a consequence, named only when no rank said why.
+_LOST_PEER = re.compile(r": lost rank \d+ \(pid \d+ on ")
 _OWN_ERROR = re.compile(r"^(?:\[[^\]]+\](?:<std\w+>:)?\s?|\d+:\s)?(error: .*)$")
 _EXCEPTION = re.compile(r"^(\[\d+,\d+\]<std\w+>:)?[A-Za-z_.]*(Error|Exception|Exit)\b.*:")
 
