@@ -67,16 +67,19 @@ def _compare(out):
 @pytest.mark.process
 @pytest.mark.alone
 def test_a_cpu_hog_beside_a_comparison_marks_it_shared_and_alone_it_is_not(tmp_path):
-    """With a process spinning on a core beside it, the run is marked shared, the verdict says so
-    up front, and the projection's check against measured runs leaves it out, naming it. The same
-    comparison with the machine to itself is not marked."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """With two processes spinning beside it, the run is marked shared (what the rest of the machine
+    used: 0.45-0.7 of a core, measured here with one or two spinners beside the job's two busy ranks;
+    at least 0.3, well over the 0.2 that makes a run shared on 2 cores), the verdict says so up
+    front, and the projection's check against measured runs leaves it out, naming it. The same
+    comparison with the machine to itself is not marked (under 0.2)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         shared, report = _compare(str(tmp_path / "hog"))
     finally:
-        hog.kill()
-        hog.wait()
-    assert shared["shared"] is True and shared["others_cores"] >= 0.5, shared
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert shared["shared"] is True and shared["others_cores"] >= 0.3, shared
     verdict = report.split("## Runs")[0]
     assert "**on a shared machine**, measuring the other work too: Horovod (the rest of the machine used" in verdict
     assert "| ok (shared: the rest of the machine used " in report          # the table's status

@@ -30,6 +30,20 @@ def zombie():
     return p
 
 
+def sigterm_a_rank(setup):
+    """Run ``setup`` (Python) in a process that then blocks in a read (as a rank inside MPI_Allreduce),
+    SIGTERM it as mpirun would: (its exit code, its stderr)."""
+    code = f"import os; {setup}; print('ready', flush=True); r, w = os.pipe(); os.read(r, 1)"
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.poll() is not None else ""
+        p.send_signal(signal.SIGTERM)
+        return p.wait(timeout=10), p.communicate(timeout=10)[1]
+    finally:
+        p.kill()
+
+
 @pytest.mark.unit
 def test_a_dead_or_unreaped_process_is_gone_and_a_running_one_is_not():
     z = zombie()
@@ -87,17 +101,8 @@ def test_the_launchers_sigterm_ends_a_rank_blocked_in_native_code_naming_its_los
     members = f"[({HOST!r}, os.getpid()), ({HOST!r}, {dead}), ({HOST!r}, 1)]" if speaker else \
         f"[({HOST!r}, 1), ({HOST!r}, {dead}), ({HOST!r}, os.getpid())]"
     rank = 0 if speaker else 2
-    code = (f"import os; from common.roster import Roster; Roster({rank}, {members}).watch_sigterm(); "
-            f"print('ready', flush=True); r, w = os.pipe(); os.read(r, 1)")
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO))
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=10)
-    finally:
-        p.kill()
-    assert p.returncode == 143, err
+    code, err = sigterm_a_rank(f"from common.roster import Roster; Roster({rank}, {members}).watch_sigterm()")
+    assert code == 143, err
     said = f"error: rank {rank}: stopped by SIGTERM from the launcher: lost rank 1 (pid {dead} on {HOST})\n"
     assert err == (said if speaker else ""), err
 
@@ -118,17 +123,8 @@ def test_a_loss_named_by_the_failed_step_is_not_named_again_by_the_sigterm_after
     """horovodrun's SIGTERM can reach a rank that has just named the lost rank from its failed
     collective and is still exiting: one line, not two."""
     dead = dead_pid()
-    code = (f"import os; from common.roster import Roster, step_failure; "
-            f"r = Roster(0, [({HOST!r}, os.getpid()), ({HOST!r}, {dead})]); r.watch_sigterm(); "
-            f"step_failure(r, 'rank 0: training step 3 failed', RuntimeError('reset')); "
-            f"print('ready', flush=True); a, b = os.pipe(); os.read(a, 1)")
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=dict(os.environ, PYTHONPATH=REPO))
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=10)
-    finally:
-        p.kill()
-    assert p.returncode == 143
+    code, err = sigterm_a_rank(f"from common.roster import Roster, step_failure; "
+                               f"r = Roster(0, [({HOST!r}, os.getpid()), ({HOST!r}, {dead})]); r.watch_sigterm(); "
+                               f"step_failure(r, 'rank 0: training step 3 failed', RuntimeError('reset'))")
+    assert code == 143, err
     assert err == f"error: rank 0: training step 3 failed: lost rank 1 (pid {dead} on {HOST})\n", err
