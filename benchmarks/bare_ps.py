@@ -1,18 +1,25 @@
-"""The PS trainer against a bare between-graph loop: what does hvdps' own bookkeeping cost?
+"""The PS trainer against the classic program users write: what does hvdps cost per step?
 
     python benchmarks/bare_ps.py [--modes async,sync] [--updates 3000] [--repeats 10]
                                  [--impls hvdps,launch] [--workers 2] [--pin] [--order alternate]
+                                 [--features data,session,...]
 
-The baseline is the classic distributed-TF example, written once here and not
-used by hvdps: replica_device_setter, an MLP from plain variables, Adam, a
-MonitoredTrainingSession (plus SyncReplicasOptimizer's hook in sync mode) and a
-loop that feeds NumPy batches and fetches the train op and the global step.
-Both sides run the same job on this machine: 1 PS, 2 workers on loopback,
-MLP 784-100-10 on the 28x28 digits (examples/digits28.py), batch 100 per
-worker, Adam 0.001, the same number of updates. Both are started the same way,
-one process per role (``hvdps``: ``python -m ps_train.main --job_name=...``);
-``launch`` adds ps_train through its local launcher as a third run, so the
-launcher's own cost, if any, shows separately.
+The baseline ("bare") is the classic between-graph program, written here from
+Kubeflow's dist-mnist example (training-operator examples/tensorflow/dist-mnist
+before its TF2 rewrite) as a user ports it to ``tf.compat.v1``: reference
+variables under replica_device_setter, an MLP of 100 hidden units, a summed
+softmax cross-entropy, Adam 0.01, SyncReplicasOptimizer with its chief queue
+runner and init tokens in sync mode, a Supervisor's session, and a loop that
+feeds NumPy batches (a fresh shuffle each epoch), fetches the train op and the
+global step, prints one line per step and stops at the global step. It does
+nothing else per step. Both sides run the same job on this machine: 1 PS, 2
+workers on loopback, MLP 784-100-10 on the 28x28 digits (examples/digits28.py),
+batch 100 per worker, Adam 0.01, the same number of updates, one process per
+role (``hvdps``: ``python -m ps_train.main --job_name=...``); ``launch`` adds
+ps_train through its local launcher as a third run, so the launcher's own
+cost, if any, shows separately. ``--features`` adds ps_train's choices to the
+classic program one at a time (its input pipeline, its session, resource
+variables, ...), to find where a difference goes.
 
 Throughput is measured the same way for both: the chief's global step over
 time, samples/sec per interval of ``--log_every`` of its own steps after
@@ -23,7 +30,7 @@ noisy machine hits both. Two ratios: of the medians of the runs, and the
 median of the pair ratios (each run against the bare run just before it)
 with a 90% percentile-bootstrap interval, which says how far 2 shared cores'
 run-to-run noise (10-20% per pair) lets that median move.
-Results: benchmarks/results/bare_ps.json and a markdown table.
+Results: benchmarks/results/bare_ps.json (or --out) and a markdown table.
 """
 import argparse
 import json
@@ -33,6 +40,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -40,17 +50,81 @@ sys.path.insert(0, REPO)
 from common.errors import cli  # noqa: E402
 from common.flags import Parser  # noqa: E402
 
-BATCH, HIDDEN, LR = 100, 100, 0.001
+BATCH, HIDDEN, LR = 100, 100, 0.01
+
+
+class Batches:
+    """The classic program's ``mnist.train.next_batch``: a fresh shuffle each epoch, then slices."""
+
+    def __init__(self, x, y, seed):
+        self.x, self.y, self.rng, self.pos = x, y, np.random.default_rng(seed), len(x)
+
+    def next_batch(self, n):
+        if self.pos + n > len(self.x):
+            order = self.rng.permutation(len(self.x))
+            self.x, self.y, self.pos = self.x[order], self.y[order], 0
+        self.pos += n
+        return self.x[self.pos - n:self.pos], self.y[self.pos - n:self.pos]
+
+
+def classic_graph(tf, cluster, index, sync, feats, x_train, onehot, updates):
+    """The classic program's graph for worker ``index``: its train op, global step, loss and feeds."""
+    v1 = tf.compat.v1
+    workers = cluster.num_tasks("worker")
+    device = f"/job:worker/task:{index}/cpu:0"
+    setter = v1.train.replica_device_setter(worker_device=device, ps_device="/job:ps/cpu:0", cluster=cluster)
+    with v1.device(setter):
+        kind = {"use_resource": "resource" in feats}   # the port's reference variables unless asked
+        step = v1.Variable(0, name="global_step", trainable=False, **kind)
+        if "session" in feats:            # where the session's StopAtStepHook looks for it
+            v1.add_to_collection(v1.GraphKeys.GLOBAL_STEP, step)
+        w1 = v1.Variable(v1.truncated_normal([784, HIDDEN], stddev=1.0 / 28), name="hid_w", **kind)
+        b1 = v1.Variable(v1.zeros([HIDDEN]), name="hid_b", **kind)
+        w2 = v1.Variable(v1.truncated_normal([HIDDEN, 10], stddev=1.0 / HIDDEN ** 0.5), name="sm_w", **kind)
+        b2 = v1.Variable(v1.zeros([10]), name="sm_b", **kind)
+        x = v1.placeholder(tf.float32, [None, 784])
+        y_ = v1.placeholder(tf.float32, [None, 10])
+        if "data" in feats:                   # ps_train's input pipeline (common/data.py), no feeds
+            from common.config import make_config
+            from common.data import make_dataset
+            cfg = make_config(model="mlp", batch_size=BATCH, train_steps=2 * updates, dataset="examples/digits28.py:load")
+            x, labels = v1.data.make_one_shot_iterator(make_dataset(cfg, index, workers, num_steps=2 * updates)).get_next()
+            x, y_ = tf.reshape(x, [-1, 784]), tf.one_hot(labels, 10)
+        probs = tf.nn.softmax(v1.nn.xw_plus_b(tf.nn.relu(v1.nn.xw_plus_b(x, w1, b1)), w2, b2))
+        loss = -tf.reduce_sum(y_ * v1.log(tf.clip_by_value(probs, 1e-10, 1.0)))
+        opt = v1.train.AdamOptimizer(LR)
+        if sync:
+            opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=workers, total_num_replicas=workers,
+                                                 name="mnist_sync_replicas")
+        train_op = opt.minimize(loss, global_step=step)
+        if "counter" in feats:                # ps_train's per-worker step counter on the PS
+            with v1.device(step.device):
+                counts = v1.Variable(tf.zeros([workers], tf.int64), trainable=False, name="counts", **kind)
+                train_op = tf.group(train_op, v1.scatter_add(counts, [index], [1]))
+    return types.SimpleNamespace(device_setter=setter, step=step, x=x, y=y_, loss=loss, opt=opt, train_op=train_op)
 
 
 def bare_role(args):
-    """One task of the bare job (run as a child process)."""
+    """One task of the classic program (run as a child process).
+
+    Kubeflow's dist-mnist (training-operator examples/tensorflow/dist-mnist before
+    its TF2 rewrite) as a user ports it to ``tf.compat.v1``: plain variables under
+    replica_device_setter, an MLP of HIDDEN units, a softmax cross-entropy summed
+    over the batch, Adam, SyncReplicasOptimizer for sync with its chief queue
+    runner and init tokens, a Supervisor, and a loop that feeds NumPy batches
+    with feed_dict, fetches the train op and the global step, prints one line
+    per step and stops at the global step. ``--features`` adds one of ps_train's
+    per-step choices at a time, to find what a difference costs.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import numpy as np
     import tensorflow as tf
     from examples.digits28 import load
     v1 = tf.compat.v1
-    v1.disable_eager_execution()
+    feats = set(filter(None, (args.features or "").split(",")))
+    if "resource" in feats:
+        v1.disable_eager_execution()          # ps_train's setting: resource variables, TF2 control flow
+    else:
+        v1.disable_v2_behavior()              # the port's first line (TF's migration guide)
     tf.get_logger().setLevel("ERROR")
     cluster = tf.train.ClusterSpec(json.loads(args.cluster))
     server = tf.distribute.Server(cluster, job_name=args.role, task_index=args.index, protocol="grpc")
@@ -60,61 +134,56 @@ def bare_role(args):
     workers = len(json.loads(args.cluster)["worker"])
     x_train, y_train, _, _ = load(None)
     x_train = x_train.reshape(len(x_train), -1).astype(np.float32)
-    y_train = y_train.astype(np.int64)
-    device = f"/job:worker/task:{args.index}"
-    with v1.device(v1.train.replica_device_setter(worker_device=device, cluster=cluster)):
-        step = v1.train.get_or_create_global_step()
-        x = v1.placeholder(tf.float32, [None, 784])
-        y = v1.placeholder(tf.int64, [None])
-        w1 = v1.get_variable("w1", [784, HIDDEN], initializer=v1.glorot_uniform_initializer(seed=1))
-        b1 = v1.get_variable("b1", [HIDDEN], initializer=v1.zeros_initializer())
-        w2 = v1.get_variable("w2", [HIDDEN, 10], initializer=v1.glorot_uniform_initializer(seed=2))
-        b2 = v1.get_variable("b2", [10], initializer=v1.zeros_initializer())
-        logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
-        feats = set(filter(None, (args.features or "").split(",")))
-        if "data" in feats:
-            ds = tf.data.Dataset.from_tensor_slices((x_train, y_train)).shard(workers, args.index).repeat()
-            x, y = v1.data.make_one_shot_iterator(ds.batch(BATCH).prefetch(2)).get_next()
-            logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-        lr = LR
-        if "lr" in feats:
-            lr = LR * tf.minimum(tf.cast(step, tf.float32) / 100.0, 1.0)
-        opt = v1.train.AdamOptimizer(lr)
-        if args.sync:
-            opt = v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=workers, total_num_replicas=workers)
-        train_op = opt.minimize(loss, global_step=step)
-        if "counter" in feats:
-            counts = v1.get_variable("counts", [workers], tf.int64, v1.zeros_initializer(), trainable=False)
-            with tf.control_dependencies([train_op]):
-                train_op = v1.scatter_add(counts, [args.index], [1]).op
-    hooks = [v1.train.StopAtStepHook(last_step=args.updates)]
-    if args.sync:
-        hooks.append(opt.make_session_run_hook(args.index == 0, num_tokens=0))
-    config = v1.ConfigProto(device_filters=["/job:ps", device])
+    onehot = np.eye(10, dtype=np.float32)[y_train.astype(np.int64)]
+    batches = Batches(x_train, onehot, seed=args.index)
     chief = args.index == 0
-    if not chief:       # TF's own wait for the chief's initialisation polls every 30 s
-        with v1.Session(server.target, config=config) as s:
-            while len(s.run(v1.report_uninitialized_variables(v1.global_variables()))):
-                time.sleep(0.2)
-    marks, n, pos, first = [], 0, args.index * BATCH, None
+    g = classic_graph(tf, cluster, args.index, args.sync, feats, x_train, onehot, args.updates)
+    with v1.device(g.device_setter):
+        sv_args = {}
+        if args.sync:
+            sv_args = dict(local_init_op=g.opt.chief_init_op if chief else g.opt.local_step_init_op,
+                           ready_for_local_init_op=g.opt.ready_for_local_init_op)
+            # the classic program's tokens: R at the start (TF's default), so each worker may start its
+            # next step before the update it waits for is applied; tokens0: none spare (ps_train's lock-step)
+            tokens = g.opt.get_init_tokens_op(0 if "tokens0" in feats else -1)
+            queue_runner = g.opt.get_chief_queue_runner()
+        sv = None if "session" in feats else v1.train.Supervisor(is_chief=chief, logdir=tempfile.mkdtemp(prefix="bare_ps-"),
+                                 init_op=v1.global_variables_initializer(), recovery_wait_secs=1,
+                                 global_step=g.step, **sv_args)
+    config = v1.ConfigProto(allow_soft_placement=True, device_filters=["/job:ps", f"/job:worker/task:{args.index}"])
+    if "session" in feats:                # ps_train's session: MonitoredTrainingSession, StopAtStepHook
+        hooks = [v1.train.StopAtStepHook(last_step=args.updates)]
+        if args.sync:
+            hooks.append(g.opt.make_session_run_hook(chief, num_tokens=0 if "tokens0" in feats else -1))
+        if not chief:                     # as ps_train does: TF's own wait polls every 30 s
+            with v1.Session(server.target, config=config) as s:
+                while len(s.run(v1.report_uninitialized_variables(v1.global_variables()))):
+                    time.sleep(0.2)
+        sess = v1.train.MonitoredTrainingSession(master=server.target, is_chief=chief, hooks=hooks, config=config,
+                                                 save_checkpoint_secs=None, save_summaries_steps=None,
+                                                 save_summaries_secs=None, log_step_count_steps=0)
+    else:
+        sess = sv.prepare_or_wait_for_session(server.target, config=config)
+        if args.sync and chief:
+            sess.run(tokens)
+            sv.start_queue_runners(sess, [queue_runner])
+    fetches = [g.train_op, g.step] + ([g.loss] if "loss" in feats else [])
     opts = v1.RunOptions(timeout_in_ms=60000) if "timeout" in feats else None
-    with v1.train.MonitoredTrainingSession(master=server.target, is_chief=chief, hooks=hooks, config=config,
-                                           save_checkpoint_secs=None, save_summaries_steps=None,
-                                           save_summaries_secs=None, log_step_count_steps=0,
-                                           stop_grace_period_secs=5) as sess:
-        while not sess.should_stop():
-            if pos + BATCH > len(x_train):
-                pos = 0
-            fetches = [train_op, step] + ([loss] if "loss" in feats else [])
-            feed = None if "data" in feats else {x: x_train[pos:pos + BATCH], y: y_train[pos:pos + BATCH]}
-            g = sess.run(fetches, feed_dict=feed, options=opts)[1]
-            pos += BATCH * workers
-            n += 1
-            first = first or time.time()
-            if chief and n % args.log_every == 0:
-                marks.append((time.perf_counter(), int(g)))
-        last = time.time()
+    marks, n, first = [], 0, None
+    while True:
+        feed = None
+        if "data" not in feats:
+            bx, by = batches.next_batch(BATCH)
+            feed = {g.x: bx, g.y: by}
+        update = sess.run(fetches, feed_dict=feed, options=opts)[1]
+        n += 1
+        first = first or time.time()
+        print(f"{time.time():f}: Worker {args.index}: training step {n} done (global step: {update})")
+        if chief and n % args.log_every == 0:
+            marks.append((time.perf_counter(), int(update)))
+        if update >= args.updates or ("session" in feats and sess.should_stop()):
+            break
+    last = time.time()
     if chief:
         print("BARE " + json.dumps({"marks": marks, "end": last, "first_step": first}), flush=True)
 
@@ -308,9 +377,13 @@ def main():
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sync", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--features", default="", help="hvdps' per-step features to add to the bare loop, to find "
-                    "what costs: data (tf.data instead of feeds), lr (schedule from the global step), counter "
-                    "(per-worker step counter on the PS), loss (fetch the loss), timeout (RunOptions timeout)")
+    ap.add_argument("--features", default="", help="ps_train's choices to add to the classic program, one "
+                    "comma-separated list, to find what a difference costs: data (ps_train's tf.data pipeline "
+                    "instead of feeds), session (MonitoredTrainingSession with a StopAtStepHook instead of the "
+                    "Supervisor's session), resource (resource variables instead of the port's reference "
+                    "variables), counter (a per-worker step counter on the PS), loss (fetch the loss), timeout "
+                    "(a RunOptions timeout), tokens0 (sync: no spare tokens, ps_train's lock-step, instead of TF's "
+                    "default of R)")
     ap.add_argument("--modes", default="async,sync")
     ap.add_argument("--workers", type=int, default=2, help="worker tasks (1 PS either way)")
     ap.add_argument("--updates", type=int, default=3000)

@@ -10,7 +10,7 @@ the gradient tape (Horovod's included), the optimizers, checkpoints, ``get_weigh
 no second copy of any weight. The run records which Keras built its model (``keras_of``).
 
 Not offered: the classic TF1 PS (``ps_train/graph.py``) builds its model in a TF1 graph inside
-``replica_device_setter`` and runs it in ``MonitoredTrainingSession``, which Keras 3 does not support
+``replica_device_setter`` and runs it in a TF1 session, which Keras 3 does not support
 (its state updates, seed generators and variable creation assume eager or ``tf.function``);
 ``refuse_graph_mode`` says so in one line, with what to use instead.
 """
@@ -101,7 +101,7 @@ def keras_of(model):
 
 
 def refuse_graph_mode(cfg, model):
-    """The classic PS trains TF1 graphs (replica_device_setter, MonitoredTrainingSession): refuse a
+    """The classic PS trains TF1 graphs (replica_device_setter, a TF1 session): refuse a
     Keras 3 plug-in in one line that says what to use instead."""
     if is_wrapped(model):
         raise UsageError(f"--model {cfg.model}: a Keras 3 model (import keras) cannot train under the classic "

@@ -89,8 +89,8 @@ def build_graph(cfg, backend, plan):
         # Grouped with the update, not chained after it (a second PS round trip inside every
         # step), and its constants on the PS (else two more tensors sent per step). With the
         # update's own constants on the PS (apply_on_each_ps), a 1-PS MLP step moves 9 tensors
-        # between worker and PS (5 reads, 4 gradients); the bare loop of benchmarks/bare_ps.py moves 13.
-        # Measured: BENCHMARKS.md, "Both trainers against their bare-loop baselines".
+        # between worker and PS (5 reads, 4 gradients); the classic program of benchmarks/bare_ps.py
+        # moves 13 (its Adam constants too). Measured: BENCHMARKS.md, section 5.
         # The sync wait is timed on the same PS and grouped there with the counter, so the
         # worker still receives one control signal from it and no extra tensor.
         with v1.device(global_step.device):
@@ -179,7 +179,7 @@ def whole_weights(weights, owners):
 
 
 def scaffold(graph, is_chief):
-    """MonitoredTrainingSession's scaffold: the graph's saver, and the sync wait zeroed by the chief.
+    """The session's scaffold (main.Session): the graph's saver, and the sync wait zeroed by the chief.
 
     A restored chief finds every saved variable ready and the wait uninitialised:
     its local-init step (run once the saved ones are) zeroes it. The other

@@ -162,13 +162,15 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
     chief_watch = None if backend.is_chief else ChiefWatch(backend, on_wait=dog.kick)
     step_opts = tf.compat.v1.RunOptions(timeout_in_ms=int(backend.step_timeout * 1000))
     try:
-        # PS: never closed. Closing a distributed MonitoredSession took 0-9 s after everything
-        # was written (4 s typical, 5 s more in sync mode waiting for the SyncReplicasOptimizer's
-        # queue runner); every task leaves by hard_exit, and the PS tasks are released explicitly.
-        sess = stop.never_close(open_session(cfg, backend, plan, graph))
+        # PS: never closed. Closing a distributed session is a round of RPCs (and waits for the
+        # SyncReplicasOptimizer's queue runner); every task leaves by hard_exit, and the PS tasks
+        # are released explicitly.
+        session = Session(cfg, backend, plan, graph)
+        sess = stop.never_close(session.raw)
         dog.kick(f"{backend.job}:{backend.index}: a training step blocked (lost PS or sync peer?)")
         read = reader(sess)
-        start = data_position(plan, read(graph.global_step), read(graph.worker_steps)[backend.rank])
+        at = int(read(graph.global_step))
+        start = data_position(plan, at, read(graph.worker_steps)[backend.rank])
         read(graph.data_init, {graph.data_skip: start})   # PS: resume the data stream where it was
         chief = books = None
         if backend.is_chief:
@@ -180,24 +182,32 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
             chief.waits = WaitMeter(log.meter.warmup_steps)
             books = Bookkeeper(cfg, plan, backend, log, chief, start=int(read(graph.global_step)))
         fetches = [graph.train_op, graph.loss, graph.global_step] + ([graph.input_wait] if chief else [])
-        while not sess.should_stop():
+        done = at >= plan.total_updates             # a worker that joins a finished job steps no more
+
+        def step(raw):
+            return raw.run(fetches, options=step_opts)
+        who = f"{backend.job}:{backend.index}"
+        while not done:
             if chief_watch:
                 chief_watch.check()
             try:
-                _, loss, update, *waited = sess.run(fetches, options=step_opts)
+                _, loss, update, *waited = retried(sess, step, f"{who}: training step",
+                                                   first=ps_watch.exit_if_lost)   # a PS gone: its line
             except tf.errors.DeadlineExceededError:
+                session.check()                  # the queue runner's own error first, if it stopped
                 raise RunError((chief.blocked() if chief else None) or
                                f"{backend.job}:{backend.index}: no update for {backend.step_timeout:.0f}s "
                                f"({backend.mode} mode): a worker or PS was lost")
             except tf.errors.OutOfRangeError:
                 break                        # this worker's data stream is used up: its part is done
             except (tf.errors.OpError, OSError) as exc:   # a full disk under the checkpoint hook, ...
-                who = f"{backend.job}:{backend.index}"
                 raise input_failure(exc, who) or RunError(f"{who}: {describe(exc)}")
             dog.kick()
+            session.check()
             if books:
                 chief.input_waits.extend(waited)  # PS: the chief's own batches, as rank 0's elsewhere
                 books.after_update(int(update), float(loss))
+            done = reached(plan.total_updates, int(update), lambda: int(read(graph.global_step)))
         read(graph.mark_done)
         if not chief:                        # PS: nothing else to do; the chief ends the job
             ps_watch.stop()
@@ -210,26 +220,77 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
         dog.stop()
 
 
-def open_session(cfg, backend, plan, graph):
+def reached(target, fetched, read_now):
+    """Whether the job has applied ``target`` updates, after a step that fetched the global step.
+
+    The step's own read of the global step may run before or after its update (they are not
+    ordered), so near the target the PS is asked once more, as TF's StopAtStepHook does. The
+    hook itself is not used: it fetches its own read of the global step with every step
+    (a check that the variable is initialised, then the read: a cond of PS reads), which cost
+    a fifth of a small model's step (BENCHMARKS.md, "The PS trainer against the classic program").
+    """
+    return fetched + 1 >= target and read_now() >= target
+
+
+class Session:
+    """A plain session made ready the way TF's MonitoredTrainingSession makes one, without its wrapper.
+
+    The chief restores the latest checkpoint or initialises the variables and runs its local
+    init; another worker waits until that is done and runs its own; sync: every worker's
+    SyncReplicasOptimizer local step, and on the chief the tokens and the queue runner that
+    applies the updates (what the optimizer's session hook does). Steps then run on the raw
+    session: the monitored one wraps every step in Python layers (coordinator, hooks,
+    recovery) that cost a twentieth of a small model's step (benchmarks/ps_step_cost.py).
+    """
+
+    def __init__(self, cfg, backend, plan, graph):
+        import tensorflow as tf
+        v1 = tf.compat.v1
+        self.coord = v1.train.Coordinator()
+        sync_local = runner = tokens = None
+        if backend.sync:                         # PS: the chief runs the token queue; no spare tokens
+            opt = graph.optimizer
+            sync_local = opt.chief_init_op if backend.is_chief else opt.local_step_init_op
+            if backend.is_chief:
+                runner = opt.get_chief_queue_runner()
+                tokens = opt.get_init_tokens_op(max(0, backend.replicas_to_aggregate - plan.workers))
+        steps = scaffold(graph, backend.is_chief)
+        steps.finalize()                         # no op is added past this point (the graph is final)
+        manager = v1.train.SessionManager(local_init_op=steps.local_init_op, ready_op=steps.ready_op,
+                                          ready_for_local_init_op=steps.ready_for_local_init_op,
+                                          recovery_wait_secs=0.2)
+        config = backend.session_config()
+        if backend.is_chief:
+            self.raw = restore_or_init(manager, backend, steps, config, os.path.join(cfg.train_dir, "checkpoints"))
+        else:
+            self.raw = manager.wait_for_session(backend.server.target, config=config,
+                                                max_wait_secs=backend.startup_timeout)
+            if self.raw is None:
+                raise RunError(f"{backend.job}:{backend.index}: the chief did not initialise the model "
+                               f"within {backend.startup_timeout:.0f}s (--startup_timeout)")
+        if sync_local is not None:
+            self.raw.run(sync_local)
+        if tokens is not None:
+            self.raw.run(tokens)
+            runner.create_threads(self.raw, coord=self.coord, daemon=True, start=True)
+
+    def check(self):
+        """Raise what stopped the sync queue runner (a lost PS, say), if anything did."""
+        if self.coord.should_stop():
+            self.coord.raise_requested_exception()
+
+
+def restore_or_init(manager, backend, steps, config, ckpt_dir):
+    """The chief's session: the latest checkpoint in ``ckpt_dir`` restored, else the variables initialised.
+
+    Saving is the chief loop's (ChiefAdapter.save), never a hook's."""
     import tensorflow as tf
-    hooks = [tf.compat.v1.train.StopAtStepHook(last_step=plan.total_updates)]
-    if backend.sync:                             # PS: chief runs the token queue; no spare tokens
-        hooks.append(graph.optimizer.make_session_run_hook(
-            backend.is_chief, num_tokens=max(0, backend.replicas_to_aggregate - plan.workers)))
-    # checkpoint_dir only to restore from: saving is the chief loop's (Checkpoints), because TF's
-    # CheckpointSaverHook re-reads the global step from the PS after every step it thinks may be due
-    ckpt_dir = os.path.join(cfg.train_dir, "checkpoints")
     try:
-        return tf.compat.v1.train.MonitoredTrainingSession(
-            master=backend.server.target, is_chief=backend.is_chief, hooks=hooks,
-            scaffold=scaffold(graph, backend.is_chief), checkpoint_dir=ckpt_dir if backend.is_chief else None,
-            save_checkpoint_steps=None,
-            save_checkpoint_secs=None, save_summaries_steps=None, save_summaries_secs=None,
-            log_step_count_steps=0, config=backend.session_config(),
-            max_wait_secs=backend.startup_timeout, stop_grace_period_secs=5)
+        return manager.prepare_session(backend.server.target, init_op=steps.init_op, saver=steps.saver,
+                                       checkpoint_dir=ckpt_dir, config=config)
     except tf.errors.NotFoundError as exc:
         missing = re.search(r"Key (\S+) not found in checkpoint", str(exc))
-        if not (backend.is_chief and missing):
+        if not missing:
             raise
         # The same model, mode and PS count (check_resume_compatible), yet another graph: a checkpoint
         # of another ps_train version (async Adam's beta powers are one pair per PS task), or a file
@@ -239,32 +300,21 @@ def open_session(cfg, backend, plan, graph):
                          f"another job (start a new --train_dir)") from None
 
 
-class _Transient(Exception):
-    """A gRPC error (Unavailable, Aborted) carried past MonitoredSession's recovery."""
+def retried(sess, fn, what, attempts=3, pause=1.0, first=None):
+    """fn(session), retried on a transient gRPC error (Unavailable, Aborted); ``first()`` is called
+    before trying again (a training step: end at once with its own line if a PS is gone).
 
-
-def outside_hooks(sess, fn, what, attempts=3, pause=1.0):
-    """fn(raw session) without the training hooks, retried on a transient gRPC error.
-
-    MonitoredSession would "recover" from Unavailable/Aborted here by closing
-    the session and calling fn again with the closed one (TF 2.15's
-    _RecoverableSession.run_step_fn passes the stale raw session): a one-off
-    gRPC hiccup became "Attempted to use a closed Session" (seen once in CI,
-    on the chief's read of the step counters). These calls only read or set
-    idempotent state, so the same session simply tries again.
-    """
+    The same session simply tries again: a one-off gRPC hiccup on the chief's read of the counters
+    is not the end of a run. Reads and checkpoints are idempotent; a training step that failed
+    this way may or may not have reached the PS, so tried again its batch may count twice, as
+    under TF's own recovery (MonitoredSession runs the step again on a new session)."""
     import tensorflow as tf
-
-    def step_fn(step_context):
-        try:
-            return fn(step_context.session)
-        except (tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
-            raise _Transient(exc) from None
     for attempt in range(1, attempts + 1):
         try:
-            return sess.run_step_fn(step_fn)
-        except _Transient as wrapped:
-            exc = wrapped.args[0]
+            return fn(sess)
+        except (tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
+            if first:
+                first()
             if attempt == attempts:
                 raise RunError(f"{what}: {describe(exc)} ({attempts} attempts)")
             print(f"{what}: {type(exc).__name__}: {describe(exc)}; trying again", file=sys.stderr, flush=True)
@@ -272,9 +322,9 @@ def outside_hooks(sess, fn, what, attempts=3, pause=1.0):
 
 
 def reader(sess):
-    """Run fetches on the PS without the training hooks (no step counted, no checkpoint)."""
+    """Run fetches on the PS outside the training steps (no step counted, no checkpoint)."""
     def read(fetches, feed_dict=None):
-        return outside_hooks(sess, lambda raw: raw.run(fetches, feed_dict=feed_dict), "reading the PS")
+        return retried(sess, lambda raw: raw.run(fetches, feed_dict=feed_dict), "reading the PS")
     return read
 
 
@@ -333,7 +383,7 @@ class ChiefAdapter(Adapter):
             self.graph.saver.save(raw, os.path.join(self.dir, "model.ckpt"), global_step=update,
                                   write_meta_graph=False)
         try:
-            outside_hooks(self.sess, write, "chief: checkpoint")
+            retried(self.sess, write, "chief: checkpoint")
         except (tf.errors.OpError, OSError) as exc:       # a full disk, say: one line, the old files kept
             remove_partial_checkpoints(self.dir)
             raise RunError(f"chief: checkpoint: {describe(exc)}")

@@ -1,7 +1,7 @@
 """A worker's view of the tasks it depends on: the PS tasks and the chief.
 
-TensorFlow reacts to a lost PS by re-creating the session and waiting for it
-(MonitoredSession's recovery), which from the outside is a silent hang; and an
+A lost PS shows in a worker as a failed step whose message names no task, or,
+in TensorFlow's monitored sessions, as a silent wait for a new session; and an
 async worker that loses its chief would happily train on alone, unsaved. So
 each worker probes its peers' ports itself:
 
@@ -37,9 +37,18 @@ class PSWatch:
             for i, addr in enumerate(self.backend.cluster["ps"]):
                 failures[addr] = 0 if port_open(addr) else failures[addr] + 1
                 if failures[addr] >= PS_LOST_PROBES and not self._stop.is_set():
-                    print(f"error: {self.backend.job}:{self.backend.index}: parameter server ps:{i} ({addr}) "
-                          f"is gone: stopping", file=sys.stderr, flush=True)
-                    os._exit(1)
+                    self._leave(i, addr)
+
+    def exit_if_lost(self):
+        """After a failed step: if a PS's port is closed now, that is the cause; say so and leave."""
+        for i, addr in enumerate(self.backend.cluster["ps"]):
+            if not port_open(addr):
+                self._leave(i, addr)
+
+    def _leave(self, i, addr):
+        print(f"error: {self.backend.job}:{self.backend.index}: parameter server ps:{i} ({addr}) "
+              f"is gone: stopping", file=sys.stderr, flush=True)
+        os._exit(1)
 
     def stop(self):
         """Training is over: the PS tasks may now leave without that being an error."""

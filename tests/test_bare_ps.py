@@ -50,3 +50,19 @@ def test_pool_of_a_bad_file_is_a_usage_error(tmp_path):
     bad.write_text("{not json")
     r = py(os.path.join(REPO, "benchmarks", "bare_ps.py"), "--pool", str(bad), timeout=60)
     assert r.returncode == 2 and "not a bare_ps.py result file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_step_cost_table_gives_each_way_against_ps_train():
+    """benchmarks/ps_step_cost.py's table: each way's median CPU per step and the median of its block
+    ratios to ps_train's plain session, with the quartiles of those ratios."""
+    spec = importlib.util.spec_from_file_location("ps_step_cost", os.path.join(REPO, "benchmarks", "ps_step_cost.py"))
+    cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cost)
+    ours = [5.0, 6.0, 5.0, 4.0]
+    blocks = {way: [{"cpu_ms": c * k, "wall_ms": 1.0} for c in ours]
+              for way, k in zip(cost.WAYS, (1.1, 1.0, 1.05, 1.25))}
+    blocks[cost.WAYS[3]][0]["cpu_ms"] = 5.0 * 1.5          # one noisy block: the median ratio stays
+    rows = dict((r.split(" | ")[0].lstrip("| "), r) for r in cost.table(blocks)[2:])
+    assert "| 5.00 | 1.000 [1.000, 1.000] |" in rows["ps_train"]
+    assert "| 5.50 | 1.100 [1.100, 1.100] |" in rows["classic"]
+    assert "| 1.250 [1.250, 1.250] |" in rows["ps_train, + StopAtStepHook"]

@@ -61,7 +61,7 @@ def reaches_accuracy(r, out, num_ps, mode):
     spe = (1438 // 2) // 32
     target = 4 * spe * 2 // R                  # the same samples as Horovod's 4 epochs
     steps = curves["summary"]["steps"]
-    # async: StopAtStepHook judges from the global step it read before its own step, so
+    # async: a worker judges from the global step its own step read (ps_train.main.reached), so
     # the other worker may finish up to two steps already under way when the target is hit
     assert target <= steps <= target + (0 if R == 2 else 2)
     assert curves["summary"]["samples_seen"] == steps * 32 * R
@@ -366,31 +366,38 @@ def _flaky(failures, error):
     return fn, calls
 
 
-def _monitored_session():
+@pytest.mark.parametrize("error_name", ["UnavailableError", "AbortedError"])
+def test_reads_survive_a_transient_grpc_error(error_name, capsys):
+    """ps_train.main.retried: the chief's reads of the PS (counters, weights, a checkpoint) try the
+    same session again after a one-off Unavailable or Aborted, three times at most."""
     import tensorflow as tf
+    from ps_train.main import retried
+    error = getattr(tf.errors, error_name)
     graph = tf.Graph()
     with graph.as_default():
         tf.constant(7, name="seven")
-        tf.compat.v1.train.get_or_create_global_step()
-    return graph, tf.compat.v1.train.MonitoredSession
-
-
-@pytest.mark.parametrize("error_name", ["UnavailableError", "AbortedError"])
-def test_reads_outside_hooks_survive_a_transient_grpc_error(error_name, capsys):
-    import tensorflow as tf
-    from ps_train.main import outside_hooks
-    error = getattr(tf.errors, error_name)
-    graph, monitored = _monitored_session()
-    with graph.as_default(), monitored() as sess:
-        # The control: TF's own recovery hands the closed session to the retry (the CI failure).
-        fn, _ = _flaky(1, error)
-        with pytest.raises(RuntimeError, match="closed Session"):
-            sess.run_step_fn(lambda step_context: fn(step_context.session))
-    with graph.as_default(), monitored() as sess:
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
         fn, calls = _flaky(2, error)
-        assert outside_hooks(sess, fn, "reading the PS", pause=0.01) == 7
-        assert len(calls) == 3 and calls[0] is calls[2]       # the same session, not a recreated one
+        assert retried(sess, fn, "reading the PS", pause=0.01) == 7
+        assert len(calls) == 3 and calls[0] is calls[2] is sess
         assert capsys.readouterr().err.count(f"reading the PS: {error_name}: Socket closed; trying again") == 2
         fn, _ = _flaky(5, error)
         with pytest.raises(RunError, match=r"^reading the PS: Socket closed \(3 attempts\)$"):
-            outside_hooks(sess, fn, "reading the PS", pause=0.01)
+            retried(sess, fn, "reading the PS", pause=0.01)
+
+
+@pytest.mark.parametrize("fetched, now, stops, asks", [
+    (5, 9, False, False),      # far from the target: the PS is not asked
+    (8, 9, False, False),
+    (9, 9, False, True),       # the step's read came before its update, and the PS is still short
+    (9, 10, True, True),       # ... or its update was the target's
+    (10, 10, True, True),
+    (12, 13, True, True),      # past it (async: a peer's steps landed too)
+])
+def test_a_worker_stops_at_the_target_from_its_own_read(fetched, now, stops, asks):
+    """ps_train.main.reached: the global step a step fetched may precede its own update, so near
+    the target (10) the PS is read once more; far from it nothing more is read."""
+    from ps_train.main import reached
+    asked = []
+    assert reached(10, fetched, lambda: asked.append(1) or now) is stops
+    assert bool(asked) is asks

@@ -140,11 +140,16 @@ def supervise(cluster, sync, timeout=None, chief_name="worker:0"):
     while True:
         cluster.sample_cpu()
         code = chief.poll()
+        others = [(name, p.poll()) for name, p in cluster.procs.items() if name != chief_name and name not in reported]
+        if code:     # the chief failed: a PS (or sync worker) killed by a signal by now is the cause, not the chief
+            cause = next(((name, rc) for name, rc in others
+                          if rc is not None and rc < 0 and (name.startswith("ps:") or sync)), None)
+            if cause:
+                others, code = [cause], None
         if code is not None:
             break
-        for name, p in cluster.procs.items():
-            rc = p.poll()
-            if rc is None or name in reported or name == chief_name:
+        for name, rc in others:
+            if rc is None:
                 continue
             reported.add(name)
             if name.startswith("ps:") and rc == 0:
