@@ -27,7 +27,7 @@ class TrainGraph:
     loss: Any
     learning_rate: Any
     optimizer: Any
-    train_op: Any          # one worker batch: gradients pushed, worker's step counter bumped
+    train_op: Any          # one worker batch's targets: gradients pushed; worker's step counter bumped on the PS
     worker_steps: Any      # [workers] int64 on the PS: batches applied per worker
     worker_done: Any       # [workers] int64 on the PS: 1 once a worker has left its loop
     mark_done: Any
@@ -86,19 +86,22 @@ def build_graph(cfg, backend, plan):
             minimize = optimizer.apply_gradients(grads, global_step=global_step)
         else:                                    # PS: each task updates its own variables
             minimize = apply_on_each_ps(tf, cfg, make_lr_schedule(cfg, plan), grads, global_step)
-        # Grouped with the update, not chained after it (a second PS round trip inside every
+        # Run with the update, not chained after it (a second PS round trip inside every
         # step), and its constants on the PS (else two more tensors sent per step). With the
         # update's own constants on the PS (apply_on_each_ps), a 1-PS MLP step moves 9 tensors
         # between worker and PS (5 reads, 4 gradients); the classic program of benchmarks/bare_ps.py
         # moves 13 (its Adam constants too). Measured: BENCHMARKS.md, section 5.
-        # The sync wait is timed on the same PS and grouped there with the counter, so the
-        # worker still receives one control signal from it and no extra tensor.
+        # The sync wait is timed on the same PS and grouped there with the counter: no tensor
+        # crosses for either, and no control signal (train_op below).
         with v1.device(global_step.device):
             bookkeeping = [v1.scatter_add(worker_steps, [backend.rank], [1])]
             if sync_wait is not None:
                 bookkeeping.append(time_token_wait(tf, minimize, sync_wait, backend.rank))
             bookkeeping = tf.group(*bookkeeping)
-        train_op = tf.group(minimize, bookkeeping, *updates)
+        # Two targets, not one group: a group on the worker waits for the PS's bookkeeping through a
+        # control signal of its own (a RecvTensor RPC every step), while a target on the PS is done
+        # when the PS's part of the step returns, which the step waits for anyway.
+        train_op = [tf.group(minimize, *updates), bookkeeping]
         mark_done = v1.scatter_update(worker_done, [backend.rank], [1]).op
         graph = TrainGraph(global_step, model, loss, learning_rate, optimizer, train_op, worker_steps,
                            worker_done, mark_done, saver=None, sync_wait=sync_wait, input_wait=input_wait,

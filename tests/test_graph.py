@@ -129,7 +129,8 @@ def test_async_step_sends_the_ps_only_gradients(tmp_path, num_ps, optimizer, var
 def test_sync_wait_is_timed_on_the_ps_without_sending_more(tmp_path):
     """Sync: SyncReplicasOptimizer's own traffic and nothing else. Timing the wait for the token
     (ps_train.graph.time_token_wait) happens beside the dequeue on the PS and is grouped there
-    with the step counter: no tensor and no extra control signal crosses for it."""
+    with the step counter, a target of the step on the PS: no tensor and no control signal
+    crosses for either."""
     data = trace_step(tmp_path, 1, "adam", "sync")
     moves = [crossings(e) for e in data["edges"]]
     to_ps = [name for name, src, dst in moves if src == "worker" and dst == "ps"]
@@ -138,6 +139,7 @@ def test_sync_wait_is_timed_on_the_ps_without_sending_more(tmp_path):
     assert len(to_ps) == 2 * 4 and sum("grad" in name for name in to_ps) == 4, to_ps
     # the worker reads each variable, the global step it fetches, and its token
     assert len(to_worker) == 4 + 2 and sum("sync_token_q" in n for n in to_worker) == 1, to_worker
-    # one signal: the train op's group waiting for the PS-side bookkeeping (counter + wait) as one
-    assert data["signals"] == 1, data["signals"]
+    # no signal: the PS-side bookkeeping (counter + wait) is a target of the step on the PS, done when
+    # the PS's part of the step returns; the worker's part ends with the token it receives
+    assert data["signals"] == 0, data["signals"]
     assert data["worker_steps"] == [4] and data["sync_wait"][0] > 0
