@@ -85,6 +85,7 @@ AuthInfo=socket={self.socket}
 StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool/%n
 TmpFS={d}/tmp/%n
+TaskProlog={d}/task_prolog.sh
 SlurmctldPidFile={d}/slurmctld.pid
 SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/slurmctld.log
@@ -131,6 +132,16 @@ PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         for name in self.names:
             os.makedirs(os.path.join(self.dir, "spool", name), exist_ok=True)
             os.makedirs(os.path.join(self.dir, "tmp", name), exist_ok=True)
+        # Open MPI's session folder in the host's own tmp: the emulated hosts share this machine's /tmp,
+        # and two emulated clusters share their host names (h1, h2, ...), so a job ending on one
+        # cluster's h2 could remove the folder a rank on the other's h2 still needs ("A system call
+        # failed during shared memory initialization", then a hang). A task prolog's "export" lines
+        # set the task's environment (slurm.conf: TaskProlog).
+        prolog = os.path.join(self.dir, "task_prolog.sh")
+        write_atomic(prolog, '#!/bin/sh\n'
+                     f'mkdir -p "{self.dir}/tmp/$SLURMD_NODENAME/ompi"\n'
+                     f'echo "export OMPI_MCA_orte_tmpdir_base={self.dir}/tmp/$SLURMD_NODENAME/ompi"\n')
+        os.chmod(prolog, 0o755)
         key = os.path.join(self.dir, "munge.key")
         subprocess.run([_tool("mungekey"), "--create", "--keyfile", key], check=True, capture_output=True,
                        timeout=30)
