@@ -33,17 +33,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
+from benchmarks.bare_ps import cpu_seconds  # noqa: E402
 from benchmarks.results_file import save  # noqa: E402
 from common.errors import cli  # noqa: E402
 from common.flags import Parser  # noqa: E402
 
 WAYS = ("classic", "ps_train", "ps_train, MonitoredSession", "ps_train, + StopAtStepHook")
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def worker(args):
