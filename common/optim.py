@@ -26,6 +26,17 @@ def _schedule_class():
             frac = tf.minimum(tf.cast(step, tf.float32) / float(self.warmup_steps), 1.0)
             return self.base + (self.peak - self.base) * frac
 
+        def at(self, step):
+            """The rate at update ``step`` as a Python float, in float32 arithmetic as ``__call__``
+            computes it (the same bits, tests/test_optim.py): a PS chief logs the rate of the step
+            it reached without asking the PS, where the schedule runs, for it."""
+            import numpy as np
+            f32 = np.float32
+            if self.warmup_steps == 0:
+                return float(f32(self.peak))
+            frac = min(f32(step) / f32(self.warmup_steps), f32(1.0))
+            return float(f32(self.base) + f32(self.peak - self.base) * frac)
+
         def get_config(self):
             return {"base": self.base, "peak": self.peak, "warmup_steps": self.warmup_steps}
 

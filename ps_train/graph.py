@@ -26,6 +26,7 @@ class TrainGraph:
     model: Any
     loss: Any
     learning_rate: Any
+    schedule: Any          # the learning rate as a function of the update (common.optim): read without the PS
     optimizer: Any
     train_op: Any          # one worker batch's targets: gradients pushed; worker's step counter bumped on the PS
     worker_steps: Any      # [workers] int64 on the PS: batches applied per worker
@@ -70,8 +71,9 @@ def build_graph(cfg, backend, plan):
         # the PS with the weights; each worker's step applies its batch's update to it there,
         # as a single process's step would (a session graph does not run them by itself).
         updates = state_updates(model, x)
+        schedule = make_lr_schedule(cfg, plan)
         with v1.device(global_step.device):      # PS: computed where the update reads it
-            learning_rate = make_lr_schedule(cfg, plan)(global_step)
+            learning_rate = schedule(global_step)
         optimizer = backend.wrap_optimizer(make_optimizer(cfg, learning_rate, api="v1"))  # PS: sync wraps
         zeros = v1.zeros_initializer()
         with v1.device(global_step.device):      # PS: bookkeeping beside the global step (see below)
@@ -83,9 +85,10 @@ def build_graph(cfg, backend, plan):
                                         trainable=False) if backend.sync else None
         grads = optimizer.compute_gradients(loss, var_list=model.trainable_variables)
         if backend.sync:                         # PS: SyncReplicasOptimizer places its own update
-            minimize = optimizer.apply_gradients(grads, global_step=global_step)
+            with local_step_read_once(tf, backend.device):
+                minimize = optimizer.apply_gradients(grads, global_step=global_step)
         else:                                    # PS: each task updates its own variables
-            minimize = apply_on_each_ps(tf, cfg, make_lr_schedule(cfg, plan), grads, global_step)
+            minimize = apply_on_each_ps(tf, cfg, schedule, grads, global_step)
         # Run with the update, not chained after it (a second PS round trip inside every
         # step), and its constants on the PS (else two more tensors sent per step). With the
         # update's own constants on the PS (apply_on_each_ps), a 1-PS MLP step moves 9 tensors
@@ -103,7 +106,7 @@ def build_graph(cfg, backend, plan):
         # when the PS's part of the step returns, which the step waits for anyway.
         train_op = [tf.group(minimize, *updates), bookkeeping]
         mark_done = v1.scatter_update(worker_done, [backend.rank], [1]).op
-        graph = TrainGraph(global_step, model, loss, learning_rate, optimizer, train_op, worker_steps,
+        graph = TrainGraph(global_step, model, loss, learning_rate, schedule, optimizer, train_op, worker_steps,
                            worker_done, mark_done, saver=None, sync_wait=sync_wait, input_wait=input_wait,
                            data_init=data_iterator.initializer, data_skip=data_skip,
                            weights=whole_weights(model.weights, owners), owners=owners)
@@ -196,6 +199,27 @@ def scaffold(graph, is_chief):
              } if is_chief else {}
     return v1.train.Scaffold(saver=graph.saver, **extra,
                              ready_for_local_init_op=v1.report_uninitialized_variables(saved))
+
+
+@contextlib.contextmanager
+def local_step_read_once(tf, device):
+    """SyncReplicasOptimizer's local step, read once per step as the classic program reads it.
+
+    The worker's step hands its local step to every gradient's accumulator on the PS, with the
+    gradient. As a resource variable (TF2's default) each of those uses is a read of its own,
+    and each read crosses to the PS as a tensor of its own: a RecvTensor RPC per variable per
+    step (4 more for a 2-layer MLP, a third more than the whole step's other transfers), where
+    the classic program's reference variable sends one snapshot. A caching device on the
+    worker gives the variable one read that every use shares (TF's own ResourceVariable
+    caching); its value is the same read, before the step's token is assigned to it.
+    """
+    def creator(next_creator, **kw):
+        if kw.get("name") == "sync_rep_local_step":
+            kw["caching_device"] = device
+        return next_creator(**kw)
+
+    with tf.compat.v1.variable_creator_scope(creator):
+        yield
 
 
 def apply_on_each_ps(tf, cfg, schedule, grads, global_step):

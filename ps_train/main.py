@@ -362,7 +362,9 @@ class ChiefAdapter(Adapter):
         return tuple(self.read([self.graph.worker_steps, self.graph.sync_wait]))
 
     def lr(self, step):
-        return float(self.read(self.graph.learning_rate))
+        # the schedule's own value at this update, not a read of the rate on the PS: a session run
+        # (a RunGraph round trip to the PS) per log costs about 2 ms, in sync mode stalling every worker
+        return self.graph.schedule.at(step)
 
     def log_extra(self, step):                   # PS: every worker's progress, from the PS
         counts, waits = self.read_counters()

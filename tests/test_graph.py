@@ -135,8 +135,11 @@ def test_sync_wait_is_timed_on_the_ps_without_sending_more(tmp_path):
     moves = [crossings(e) for e in data["edges"]]
     to_ps = [name for name, src, dst in moves if src == "worker" and dst == "ps"]
     to_worker = [name for name, src, dst in moves if src == "ps" and dst == "worker"]
-    # each accumulator gets its gradient and the worker's local step (SyncReplicasOptimizer's staleness check)
-    assert len(to_ps) == 2 * 4 and sum("grad" in name for name in to_ps) == 4, to_ps
+    # each accumulator gets its gradient and the worker's local step (SyncReplicasOptimizer's staleness
+    # check): the local step crosses once, read once for all four (ps_train.graph.local_step_read_once),
+    # as the classic program's reference variable is
+    assert len(to_ps) == 4 + 1 and sum("grad" in name for name in to_ps) == 4, to_ps
+    assert sum("sync_rep_local_step" in name for name in to_ps) == 1, to_ps
     # the worker reads each variable, the global step it fetches, and its token
     assert len(to_worker) == 4 + 2 and sum("sync_token_q" in n for n in to_worker) == 1, to_worker
     # no signal: the PS-side bookkeeping (counter + wait) is a target of the step on the PS, done when
