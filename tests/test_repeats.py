@@ -109,7 +109,11 @@ def test_the_ratios_interval_is_seeded_and_holds_the_ratio_of_medians():
 def test_time_to_target_is_judged_lower_first():
     fast = RunRow(run_dir="runs/a", repeat_times=[5.0, 5.2, 5.1])
     slow = RunRow(run_dir="runs/b", repeat_times=[7.0, 7.3, 6.9])
-    assert differ(fast, slow, higher_is_better=False)[0] is True
+    real, why = differ(fast, slow, higher_is_better=False)
+    assert real is True
+    # the interval is of the ratio the verdict states (slow's time over fast's, "1.38x"), not its inverse
+    lo, hi = map(float, why.rsplit(" ", 1)[1].split("-"))
+    assert 1 < lo <= 7.0 / 5.1 <= hi, why
     assert differ(slow, fast, higher_is_better=False)[0] is False
     never = RunRow(run_dir="runs/c", repeat_times=[7.0, None, 6.9])
     assert differ(fast, never, higher_is_better=False)[0] is None

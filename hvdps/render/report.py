@@ -449,16 +449,18 @@ def differ(a, b, higher_is_better=True):
     """Whether configuration ``a`` beats ``b`` across their runs, with the reason in words:
     (True, why) when the runs' ranges do not overlap, or a bootstrap 95% interval of the ratio of
     their medians excludes 1; (False, why) when neither; (None, why) when either has fewer than
-    two runs (one run: no spread between runs to judge by)."""
+    two runs (one run: no spread between runs to judge by). The ratio is the one the verdict
+    states, how many times better ``a`` is: a's throughput over b's, b's time over a's."""
     xs, ys = _figures(a, higher_is_better), _figures(b, higher_is_better)
     if xs is None or ys is None or len(xs) < 2 or len(ys) < 2:
         return None, "one run"
-    apart = min(xs) > max(ys) if higher_is_better else max(xs) < min(ys)
-    lo, hi = ratio_interval(xs, ys)
+    better, worse = (xs, ys) if higher_is_better else (ys, xs)
+    apart = min(better) > max(worse)
+    lo, hi = ratio_interval(better, worse)
     interval = f"bootstrap 95% interval of the ratio {lo:.2f}-{hi:.2f}"
     if apart:
         return True, f"the runs' ranges do not overlap; {interval}"
-    if (lo > 1) if higher_is_better else (hi < 1):
+    if lo > 1:
         return True, interval
     return False, f"within the runs' spread: their ranges overlap and the {interval} holds 1"
 
