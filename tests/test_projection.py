@@ -1,6 +1,7 @@
 """The alpha-beta cost model against hand-computed values, and the --project command."""
 import json
 import os
+import re
 
 from dataclasses import replace
 
@@ -216,6 +217,8 @@ def test_project_from_runs(tmp_path):
              "--bandwidth_gbps", "10", "--latency_us", "20", "--max_workers", "64", "--out", str(out)],
             timeout=180)
     assert r.returncode == 0, r.stderr
+    # the model was rebuilt in this process: TensorFlow's C++ start-up lines stay off the user's terminal
+    assert not re.search(r"^[IWE]0000 |absl::InitializeLog|cuInit", r.stderr + r.stdout, re.M), r.stderr
     data = json.load(open(out / "projection.json"))
     assert data["compute_s"] == pytest.approx(0.010)
     assert data["grad_bytes"] == 605224 and data["layers"] == 4          # the CNN, rebuilt from config
