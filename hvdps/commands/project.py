@@ -373,7 +373,7 @@ def run_projection(args):
                                   lambda row, shard_bytes: projected_step(row, shard_bytes, layers, ring, ps, fusion, cycle,
                                                                      nets)[0], layers=layers)
         if cross:
-            text += "\n".join(crossover_render.section(cross)) + "\n![crossover](crossover.png)\n\n"
+            text += "\n".join(crossover_render.section(cross, left_out)) + "\n![crossover](crossover.png)\n\n"
     held = heldout_of(args.from_dir, layers, ring, ps, nets, args) if args.from_dir else ([], None)
     if held[0]:
         text += "\n".join(heldout_render.section(*held)) + "\n"

@@ -6,8 +6,11 @@ def _ms(s):
     return "-" if s is None else f"{1e3 * s:.0f}"
 
 
-def section(result):
-    """Markdown: per workload, where the ring overtakes one PS and the shards that match it."""
+def section(result, contended=()):
+    """Markdown: per workload, where the ring overtakes one PS and the shards that match it.
+
+    ``contended``: [(run, why)] of the runs that measured contention for the cores (shared,
+    oversubscribed), named under the tables: a measured crossover resting on them says so."""
     if not result:
         return []
     lines = ["## Crossover: ring all-reduce against parameter servers", "",
@@ -34,6 +37,10 @@ def section(result):
                              f"({_ms(b['ps1_projected_s'])}) | {shards} | "
                              f"{b['shards_projected'] or _none(b['closest_projected'])} |")
         lines.append("")
+    if contended:
+        lines += ["The measured columns rest in part on runs that measured contention for the cores as well as "
+                  "their method, so a measured crossover there is the machine's as much as the methods': " +
+                  "; ".join(f"{name} ({why})" for name, why in contended) + ".", ""]
     return lines
 
 
