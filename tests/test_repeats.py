@@ -111,7 +111,7 @@ def test_time_to_target_is_judged_lower_first():
     slow = RunRow(run_dir="runs/b", repeat_times=[7.0, 7.3, 6.9])
     real, why = differ(fast, slow, higher_is_better=False)
     assert real is True
-    # the interval is of the ratio the verdict states (slow's time over fast's, "1.38x"), not its inverse
+    # the interval is of the ratio the verdict states (slow's median time over fast's, "1.37x"), not its inverse
     lo, hi = map(float, why.rsplit(" ", 1)[1].split("-"))
     assert 1 < lo <= 7.0 / 5.1 <= hi, why
     assert differ(slow, fast, higher_is_better=False)[0] is False
