@@ -25,10 +25,25 @@ EXIT_SIGTERM = 128 + signal.SIGTERM
 # reaches it (a comparison stopped, a job cancelled) does not take it for a lost rank. Open MPI's
 # SIGKILL follows its SIGTERM after odls_base_sigkill_timeout, 1 s by default.
 LEAVE_AFTER = 0.3
+# How long a rank whose collective failed looks for a lost peer before it gives TensorFlow's words.
+SETTLE = 0.5
+
+
+# linux/sched.h: set on a task as its exit begins, before its files (a peer's sockets) are closed.
+PF_EXITING = 0x4
+
+
+def leaving(stat):
+    """From the text of /proc/<pid>/stat: the process is dead or on its way out. A peer's collective
+    fails as the lost rank's sockets close, inside its exit and before it is a zombie, so a zombie
+    check alone can find it still there; the PF_EXITING flag is set before those sockets close."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] in ("Z", "X", "x") or bool(int(fields[6]) & PF_EXITING)
 
 
 def alive(pid):
-    """True while ``pid`` runs (a zombie, dead but not yet reaped by its launcher, counts as gone)."""
+    """True while ``pid`` runs (a zombie, dead but not yet reaped by its launcher, or a process in
+    its exit counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -37,8 +52,8 @@ def alive(pid):
         return True
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+            return not leaving(f.read())
+    except (OSError, IndexError, ValueError):
         return True          # no /proc: what kill(0) said
 
 
@@ -61,6 +76,17 @@ class Roster:
         """The ranks on this host whose process is gone."""
         return [r for r, (host, pid) in enumerate(self.members)
                 if r != self.rank and host == self.host and not alive(pid)]
+
+    def settled_gone(self, within=SETTLE):
+        """The ranks of this host that are gone, looked for again for up to ``within`` seconds while
+        none is: a failed collective is the first sign of a lost peer, and the peer's exit may still
+        be under way (see ``leaving``). Open MPI's SIGTERM comes only after it has reaped the lost rank."""
+        deadline = time.monotonic() + within
+        gone = self.gone()
+        while not gone and time.monotonic() < deadline and not self.terminating.is_set():
+            time.sleep(0.05)
+            gone = self.gone()
+        return gone
 
     def speaks(self, gone):
         """This rank names the loss: the lowest rank left on this host."""
@@ -106,7 +132,7 @@ def step_failure(roster, what, exc):
         error = RunError(f"{what}: {describe(exc)}")
         error.said = True
         return error
-    gone = roster.gone() if roster else []
+    gone = roster.settled_gone() if roster else []
     if not gone:
         return RunError(f"{what}: {describe(exc)}")
     error = RunError(f"{what}: lost {roster.lost(gone)}")

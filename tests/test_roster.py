@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from common.roster import Roster, alive, step_failure
+from common.roster import Roster, alive, leaving, step_failure
 from tests.conftest import REPO
 
 HOST = socket.gethostname()
@@ -51,6 +51,51 @@ def test_a_dead_or_unreaped_process_is_gone_and_a_running_one_is_not():
         assert not alive(z.pid) and not alive(dead_pid()) and alive(os.getpid())
     finally:
         z.wait()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("stat, gone", [
+    ("42 (python) S 1 42 42 0 -1 4194560 99 0 0 0", False),            # asleep in a collective
+    ("42 (python) R 1 42 42 0 -1 4194304 99 0 0 0", False),
+    ("42 (py) thon) R 1 42 42 0 -1 4194308 99 0 0 0", True),          # PF_EXITING (0x4): in its exit
+    ("42 (python) D 1 42 42 0 -1 4194372 99 0 0 0", True),             # freeing its memory, sockets still open
+    ("42 (python) Z 1 42 42 0 -1 4227084 99 0 0 0", True),             # a zombie
+    ("42 (python) X 1 42 42 0 -1 0 99 0 0 0", True),
+])
+def test_a_process_in_its_exit_is_leaving(stat, gone):
+    assert leaving(stat) == gone
+
+
+@pytest.mark.process
+def test_a_killed_rank_is_gone_before_its_sockets_close():
+    """A peer's collective fails as the killed rank's sockets close, and it looks for the rank at
+    once: the rank must read as gone by then. Its exit frees its memory first (tens of ms for 1 GiB),
+    its sockets after, and only then is it a zombie: seen as gone while its socket is still open."""
+    import select
+    import socket as sockets
+    code = "import os, sys; held = b'x' * (1 << 30); print('ready', flush=True); os.read(0, 1)"
+    seen = False
+    for attempt in range(3):                 # a sample can miss the window only if this test is descheduled
+        ours, theirs = sockets.socketpair()
+        p = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+        theirs.close()                       # the child's copy is the only one left
+        try:
+            assert p.stdout.readline().strip() == b"ready"
+            os.kill(p.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                still_open = not select.select([ours], [], [], 0)[0]    # first the socket, then the process
+                if not alive(p.pid):
+                    seen = still_open
+                    break
+        finally:
+            p.kill()
+            p.wait()
+            ours.close()
+        if seen:
+            break
+    assert seen, "the killed process read as running until its sockets had closed"
 
 
 @pytest.mark.unit
@@ -128,3 +173,30 @@ def test_a_loss_named_by_the_failed_step_is_not_named_again_by_the_sigterm_after
                                f"step_failure(r, 'rank 0: training step 3 failed', RuntimeError('reset'))")
     assert code == 143, err
     assert err == f"error: rank 0: training step 3 failed: lost rank 1 (pid {dead} on {HOST})\n", err
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("dies_after, named", [(0.2, True), (None, False)])
+def test_a_failed_step_waits_briefly_for_a_peer_still_leaving(monkeypatch, capsys, dies_after, named):
+    """The collective can fail before the lost peer's process reads as gone: the rank looks again
+    for up to SETTLE seconds, and with no peer gone gives TensorFlow's words after that bound."""
+    import threading
+    from common.roster import SETTLE
+    monkeypatch.setenv("HVDPS_QUIET_ERRORS", "0")
+    peer = subprocess.Popen(["sleep", "30"])
+    timer = threading.Timer(dies_after, peer.kill) if dies_after else None
+    try:
+        roster = Roster(0, [(HOST, os.getpid()), (HOST, peer.pid)])
+        t0 = time.monotonic()
+        if timer:
+            timer.start()
+        error = step_failure(roster, "rank 0: training step 3 failed", RuntimeError("Connection reset by peer"))
+        took = time.monotonic() - t0
+    finally:
+        peer.kill()
+        peer.wait()
+    if named:
+        assert str(error) == f"rank 0: training step 3 failed: lost rank 1 (pid {peer.pid} on {HOST})"
+        assert capsys.readouterr().err == f"error: {error}\n"
+    else:
+        assert "lost" not in str(error) and SETTLE <= took < SETTLE + 5
