@@ -242,13 +242,17 @@ def test_what_a_killed_run_left_is_removed_at_the_next_start(tmp_path):
     sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "300"])
     folder = f"/tmp/hvdps-ompi/hvdps-{dead.pid}-h2"          # an Open MPI folder whose namespace is gone
     os.makedirs(os.path.join(folder, "ompi.vm.0"))
+    segments = f"/dev/shm/hvdps-emulate-{dead.pid}-slurm"     # a SLURM lab's shared-memory segments
+    os.makedirs(os.path.join(segments, "h1"))
+    open(os.path.join(segments, "h1", "vader_segment.h1.0.1.0"), "w").close()
     try:
         r = emulate("--cleanup")
         assert r.returncode == 0, r.stderr
         assert ns in r.stdout and sleeper.wait(timeout=10) is not None
         assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert not os.path.exists(folder)
+        assert not os.path.exists(folder) and not os.path.exists(segments)
     finally:
+        shutil.rmtree(segments, ignore_errors=True)
         if sleeper.poll() is None:
             sleeper.kill()
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)

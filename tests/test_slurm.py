@@ -17,7 +17,7 @@ import pytest
 
 from common.metrics import read_records
 from common.procs import child_env
-from hvdps.measure.slurm_lab import SLURM_TOOLS
+from hvdps.measure.slurm_lab import SLURM_TOOLS, shm_dir
 from tests.conftest import REPO, run
 
 pytestmark = pytest.mark.root
@@ -46,7 +46,7 @@ def leftovers(pid):
              if n.startswith(f"hvdps-{pid}-")]
     daemons = subprocess.run(["pgrep", "-f", f"/run/hvdps-emulate/{pid}-slurm"], capture_output=True,
                              text=True).stdout.split()
-    files = [p for p in (f"/run/hvdps-emulate/{pid}-slurm", f"/run/hvdps-emulate/{pid}.json")
+    files = [p for p in (f"/run/hvdps-emulate/{pid}-slurm", f"/run/hvdps-emulate/{pid}.json", shm_dir(pid))
              if os.path.exists(p)] + [f"/etc/netns/{n}" for n in names if os.path.exists(f"/etc/netns/{n}")]
     return names, daemons, files
 

@@ -12,7 +12,7 @@ import time
 
 from common.errors import UsageError
 from common.procs import REPO
-from hvdps.measure.slurm_lab import remove_netns_etc
+from hvdps.measure.slurm_lab import SHM, remove_netns_etc, shm_dir
 
 
 STATE_DIR = "/run/hvdps-emulate"
@@ -118,12 +118,17 @@ def cleanup_stale(out=sys.stdout):
                 owners.setdefault(int(m.group(1)), [])
                 if name not in owners[int(m.group(1))]:
                     owners[int(m.group(1))].append(name)
+    for name in os.listdir(SHM) if os.path.isdir(SHM) else []:   # a SLURM lab's segments
+        m = re.match(r"^hvdps-emulate-(\d+)-slurm$", name)
+        if m:
+            owners.setdefault(int(m.group(1)), [])
     for pid, names in owners.items():
         if pid != os.getpid() and _alive(pid):
             continue
         remove_namespaces(names)
         remove_netns_etc(names)
         shutil.rmtree(os.path.join(STATE_DIR, f"{pid}-slurm"), ignore_errors=True)
+        shutil.rmtree(shm_dir(pid), ignore_errors=True)
         removed += names
         try:
             os.unlink(os.path.join(STATE_DIR, f"{pid}.json"))

@@ -26,6 +26,7 @@ from common.files import write_atomic
 SLURM_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "salloc", "srun", "sinfo", "scontrol",
                "scancel", "unshare")
 NETNS_ETC = "/etc/netns"
+SHM = "/dev/shm"
 CPUS_PER_NODE = 4
 
 
@@ -38,6 +39,11 @@ def check_slurm_tools():
 
 def _tool(name):
     return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+def shm_dir(pid):
+    """The shared-memory folder of the lab of emulation ``pid`` (``SlurmLab.task_prolog``)."""
+    return os.path.join(SHM, f"hvdps-emulate-{pid}-slurm")
 
 
 def host_names(count):
@@ -54,6 +60,7 @@ class SlurmLab:
         self.dir = os.path.join("/run/hvdps-emulate", f"{os.getpid()}-slurm")
         self.conf = os.path.join(self.dir, "slurm.conf")
         self.socket = os.path.join(self.dir, "munge.socket")
+        self.shm = shm_dir(os.getpid())
 
     def env(self, base=None):
         """What a SLURM client on the login node needs: the configuration, and nothing from an outer job."""
@@ -111,6 +118,23 @@ PropagateResourceLimitsExcept=ALL
 PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
+    def task_prolog(self):
+        """The tasks' Open MPI files in folders of this lab alone.
+
+        The emulated hosts share this machine's /tmp and /dev/shm, and two emulated clusters share
+        their host names (h1, h2, ...) and job ids (1, 2, ...). Open MPI names a rank's session
+        folder by host (/tmp/ompi.<host>.<uid>) and its shared-memory segment by host, job and local
+        rank (/dev/shm/vader_segment.<host>.<uid>.<job>.<rank>, the job from SLURM's PMIx namespace
+        'slurm.pmix.<job>.<step>'), so job 1 on one cluster's h1 would map the segment of job 1 on the
+        other's: ranks crash or hang. A task prolog's "export" lines set the task's environment
+        (slurm.conf: TaskProlog); the segments stay on tmpfs."""
+        tmp, shm = f"{self.dir}/tmp/$node/ompi", f"{self.shm}/$node"
+        return ("#!/bin/sh\n"
+                "node=$(hostname)\n"      # the node's own name (SLURMD_NODENAME can be the batch step's)
+                f'mkdir -p "{tmp}" "{shm}"\n'
+                f'echo "export OMPI_MCA_orte_tmpdir_base={tmp}"\n'
+                f'echo "export OMPI_MCA_btl_vader_backing_directory={shm}"\n')
+
     def _start(self, ns, argv, name, hostname=None):
         """A daemon in namespace ``ns``; with ``hostname``, in a UTS namespace of its own named so
         (slurmctld accepts only the host SlurmctldHost names; jobs' ``hostname`` is their node's)."""
@@ -132,15 +156,8 @@ PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         for name in self.names:
             os.makedirs(os.path.join(self.dir, "spool", name), exist_ok=True)
             os.makedirs(os.path.join(self.dir, "tmp", name), exist_ok=True)
-        # Open MPI's session folder in the host's own tmp: the emulated hosts share this machine's /tmp,
-        # and two emulated clusters share their host names (h1, h2, ...), so a job ending on one
-        # cluster's h2 could remove the folder a rank on the other's h2 still needs ("A system call
-        # failed during shared memory initialization", then a hang). A task prolog's "export" lines
-        # set the task's environment (slurm.conf: TaskProlog).
         prolog = os.path.join(self.dir, "task_prolog.sh")
-        write_atomic(prolog, '#!/bin/sh\n'
-                     f'mkdir -p "{self.dir}/tmp/$SLURMD_NODENAME/ompi"\n'
-                     f'echo "export OMPI_MCA_orte_tmpdir_base={self.dir}/tmp/$SLURMD_NODENAME/ompi"\n')
+        write_atomic(prolog, self.task_prolog())
         os.chmod(prolog, 0o755)
         key = os.path.join(self.dir, "munge.key")
         subprocess.run([_tool("mungekey"), "--create", "--keyfile", key], check=True, capture_output=True,
@@ -201,6 +218,7 @@ PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         """Remove the hosts files and the private folder; the daemons go with the namespaces."""
         remove_netns_etc([self.cluster.login, *self.cluster.hosts])
         shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.shm, ignore_errors=True)
 
 
 def remove_netns_etc(namespaces):
