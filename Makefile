@@ -85,7 +85,7 @@ demo: setup
 	-$(BIN)/hvdps compare $(DEMO_COMMON) --backends horovod,horovod:sparse_as_dense,mpi,mwms,ps --model rec \
 	    --dataset clicks --batch_size 64 --epochs $(DEMO_REC_EPOCHS) --target_accuracy 0.75 --out $(DEMO_OUT)/rec $(DEMO_ARGS)
 	$(BIN)/hvdps compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs $(DEMO_OUT)/rec/runs --out $(DEMO_OUT)
-	-$(BIN)/hvdps compare --project --from $(DEMO_OUT)/cnn/runs --bandwidth_gbps 25 --latency_us 10 \
+	-$(BIN)/hvdps project --from $(DEMO_OUT)/cnn/runs --bandwidth_gbps 25 --latency_us 10 \
 	    --max_workers 64 --out $(DEMO_OUT)/projection
 
 # The comparison on an emulated cluster (root: network namespaces, tc tbf): EMU_HOSTS hosts, each link

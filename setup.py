@@ -13,7 +13,7 @@ setup(
     description="Train one TensorFlow model several ways (Horovod or TensorFlow all-reduce vs parameter servers) and compare",
     python_requires=">=3.9,<3.14",
     # every method package (<name>_train: its trainer, launcher and registry entry) is found by its name
-    packages=find_packages(include=["common", "common.*", "*_train", "*_train.*", "tf_cluster", "tf_cluster.*",
+    packages=find_packages(include=["common", "common.*", "allreduce", "allreduce.*", "*_train", "*_train.*", "tf_cluster", "tf_cluster.*",
                                     "hvdps", "hvdps.*"]),
     package_data={"hvdps.cost": ["model_profiles.json"],   # layer profiles of the benchmark models
                   "hvdps.measure": ["*.sh"],             # the remote-shell agents (namespaces, SLURM)
@@ -39,16 +39,6 @@ setup(
     entry_points={
         "console_scripts": [
             "hvdps=hvdps.cli:main",
-            "hvdps-horovod=horovod_train.main:main",
-            "hvdps-mpi=mpi_train.main:main",
-            "hvdps-mwms=mwms_train.main:main",
-            "hvdps-mwms-launch=mwms_train.launch:main",
-            "hvdps-ps=ps_train.main:main",
-            "hvdps-ps-launch=ps_train.launch:main",
-            "hvdps-compare=hvdps.commands.compare:main",
-            "hvdps-project=hvdps.commands.project:main",
-            "hvdps-hosts=hvdps.commands.hosts:main",
-            "hvdps-emulate=hvdps.commands.emulate:main",
         ],
     },
 )

@@ -2,7 +2,7 @@
 
     python benchmarks/allreduce_loop.py [--backends mpi,horovod,mwms] [--variants default,yield,...] [--repeats 3]
 
-Every trainer runs ``common/sync_loop.py`` with the same model, batch, data and
+Every trainer runs ``allreduce/sync_loop.py`` with the same model, batch, data and
 threads; only the gradient exchange differs (Horovod's DistributedGradientTape,
 TensorFlow's MultiWorkerMirroredStrategy's collective all-reduce in
 apply_gradients, or one mpi4py ``Allreduce`` on one fused buffer). Each repeat

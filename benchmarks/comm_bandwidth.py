@@ -11,7 +11,7 @@ writes benchmarks/results/comm.json plus a markdown table:
 - Horovod again with tuning (fusion threshold, cycle time) given by --tuned_env;
 - TensorFlow's own all-reduce: --np MultiWorkerMirroredStrategy tasks on loopback, each told
   the cluster by TF_CONFIG, timing the strategy's ``all_reduce`` (``RING``, gRPC): the measurement
-  hvdps-project fits TensorFlow's ring from (``mwms``);
+  hvdps project fits TensorFlow's ring from (``mwms``);
 - PS push (worker -> PS ``assign_add``) and pull (PS -> worker read) over
   TensorFlow's gRPC runtime, 1 worker and 1 PS task, on the same sizes.
 

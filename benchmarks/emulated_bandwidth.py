@@ -3,14 +3,14 @@
     sudo .venv/bin/python benchmarks/emulated_bandwidth.py [--hosts 4] [--rate 100mbit] \\
         [--workers 2,3] [--sizes_mb 4,16] [--repeats 5]
 
-Brings up the same emulated cluster hvdps-emulate runs the comparison on (network
+Brings up the same emulated cluster hvdps emulate runs the comparison on (network
 namespaces on one bridge, each host's link shaped both ways by ``tc tbf``), measures
 with no training in the way, and removes every namespace again, also on failure:
 
 - **TCP**, one stream from h1 to h2 (a Python socket, nothing else): the ceiling one
   connection reaches on a link, TCP/IP headers taken;
 - **ring all-reduce** with w ranks on w hosts, started by ``mpirun`` from the login
-  namespace through the same remote-shell agent and MCA flags ``hvdps-compare --hosts``
+  namespace through the same remote-shell agent and MCA flags ``hvdps compare --hosts``
   uses (TCP on the cluster's subnet, Open MPI's ring algorithm): bare MPI (mpi4py
   ``Allreduce``) and ``hvd.allreduce`` with the MPI controller. Bus bandwidth =
   2(w-1)/w x bytes / time, the bytes each link carries per direction;
@@ -275,7 +275,7 @@ def main():
     ap.add_argument("--workers", default="2,3", help="ring sizes (ranks, one per host)")
     ap.add_argument("--sizes_mb", type=megabytes, default=megabytes("4,16"))
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--queue_ms", type=int, default=200, help="tbf queue on each link end, as hvdps-emulate")
+    ap.add_argument("--queue_ms", type=int, default=200, help="tbf queue on each link end, as hvdps emulate")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--exchanges", default="tcp,mpi4py,horovod,mwms,ps",
                     help="which exchanges to measure (tcp, mpi4py, horovod, mwms, ps)")
@@ -340,7 +340,7 @@ def main():
     finally:
         left = cluster.down()
         if left:
-            print(f"error: namespaces left: {', '.join(left)}; run hvdps-emulate --cleanup", file=sys.stderr)
+            print(f"error: namespaces left: {', '.join(left)}; run hvdps emulate --cleanup", file=sys.stderr)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"rate": args.rate, "rate_bps": cluster.rate_bps, "hosts": args.hosts, "repeats": args.repeats,

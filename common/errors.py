@@ -59,7 +59,7 @@ def say_first(exc, force=False):
     """Print a usage or run error's one line now, before a teardown that follows it (a PS chief
     releasing its tasks), so that a crash in the teardown cannot lose the line; ``cli`` then does not
     print it again. Other exceptions are left to ``cli``. ``force``: also on a rank whose errors are
-    silenced (the one rank that names a lost peer: common/roster.py)."""
+    silenced (the one rank that names a lost peer: allreduce/roster.py)."""
     quiet = os.environ.get("HVDPS_QUIET_ERRORS") == "1" and not isinstance(exc, InputError) and not force
     if isinstance(exc, (UsageError, RunError)) and not quiet and not getattr(exc, "said", False):
         print(f"error: {exc}", file=sys.stderr, flush=True)

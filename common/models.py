@@ -138,7 +138,7 @@ def has_sparse_gradients(model):
 
 def gradient_sizes(cfg, model):
     """What one worker's gradient of one batch really is, the input of every backend's wire rule
-    (common.backend): ``dense_bytes`` (float32 tensors sent whole), and for embedding tables
+    (allreduce.backend, ps_train.backend): ``dense_bytes`` (float32 tensors sent whole), and for embedding tables
     ``sparse_bytes`` (the tf.IndexedSlices TensorFlow produces: one row of values and one index
     per id looked up, duplicates included, as they are sent), ``sparse_table_bytes`` (the same
     tables sent dense), ``sparse_rows`` and ``sparse_unique_rows`` (rows looked up per batch).

@@ -3,13 +3,13 @@
 Everything that knows about ``hvd`` lives here: joining the job, giving each
 rank its GPU or its share of the CPU cores, wrapping the optimizer/tape for ring
 all-reduce, broadcasting rank 0's state and averaging metrics: the members of
-``common.backend.AllreduceBackend``, plus ``refresh`` for elastic runs.
+``allreduce.backend.AllreduceBackend``, plus ``refresh`` for elastic runs.
 """
 import os
 
 import numpy as np
 
-from common.backend import AllreduceBackend, place_rank, ring_wire, yield_when_idle
+from allreduce.backend import AllreduceBackend, place_rank, ring_wire, yield_when_idle
 from common.files import make_dirs, write_atomic
 from common.plan import make_plan
 
@@ -92,7 +92,7 @@ class HorovodBackend(AllreduceBackend):
         return self
 
     def roster(self):
-        from common.roster import Roster
+        from allreduce.roster import Roster
         import horovod.tensorflow as hvd_tf
         return Roster.gather(self.rank, hvd_tf.allgather_object)      # Horovod: each rank's host and pid
 

@@ -26,7 +26,7 @@ from common.data import make_dataset
 from common.errors import UsageError
 from common.models import train_step_fn
 from common.plan import make_plan
-from common.sync_loop import AllreduceAdapter
+from allreduce.sync_loop import AllreduceAdapter
 from common.checkpoints import Checkpoints
 from common.optim import create_slots, make_lr_schedule
 from common.runlog import RunLog

@@ -25,7 +25,7 @@ from common.errors import cli
 from common.models import build_model, make_optimizer
 from common.run_dir import check_resume_compatible, check_train_dir
 from common.procs import launcher_rank
-from common.sync_loop import train_allreduce
+from allreduce.sync_loop import train_allreduce
 from horovod_train.backend import (HorovodBackend, add_horovod_args, joining_elastic_job, mark_elastic_job,
                                    tuning_env)
 from horovod_train.elastic import train_elastic
@@ -53,7 +53,7 @@ def main(argv=None):
 
     # Horovod: each rank runs 1/size of an epoch's steps, the lr scaled by the workers with a warm-up,
     # rank 0's state broadcast, gradients all-reduced through DistributedGradientTape (--loop custom)
-    # or DistributedOptimizer (--loop fit): common/sync_loop.py, shared with the bare-MPI trainer.
+    # or DistributedOptimizer (--loop fit): allreduce/sync_loop.py, shared with the bare-MPI trainer.
     return train_allreduce(cfg, backend, num_train, loop=args.loop,
                            extra_header={"fp16_allreduce": args.fp16_allreduce})
 

@@ -65,6 +65,7 @@ def remote_mpi_flags(remote):
 
 class Launcher:
     graph_mode = False           # trains TF1 graphs: no Keras 3 plug-in (common/keras3.py)
+    trainer_flags = ()           # what the method's trainer is told besides the user's flags (hvdps train)
 
     def __init__(self, mpi_yield=False):
         # mpi_yield_when_idle: a rank waiting in MPI yields its core instead of spinning on it
@@ -94,6 +95,11 @@ class Launcher:
         for the dry run; [] where one launcher line starts everything (mpirun)."""
         return []
 
+    def launch_entry(self, name):
+        """(module whose main starts a whole job of method ``name``, the argv it is given before the
+        user's): ``hvdps launch NAME``."""
+        raise NotImplementedError
+
 
 class MPIRunLauncher(Launcher):
     """One ``mpirun`` line that starts every rank of a trainer (``main``: its package and script), on
@@ -101,6 +107,9 @@ class MPIRunLauncher(Launcher):
     launch. ``dense_mode``: the mode whose ranks all-reduce embedding tables whole."""
     main = None                  # (package, script), set by the method package's launcher
     dense_mode = None
+
+    def launch_entry(self, name):
+        return "hvdps.commands.launch", [name]      # this launcher's own mpirun line, run in place
 
     def env(self, remote=None):
         return {} if remote else loopback_only_env()   # across hosts MPI binds the network it is given
@@ -130,6 +139,9 @@ class TaskLauncher(Launcher):
     it takes ``--ps_placement``; ``extra``: flags every job of the method passes."""
     module = None
     placement = False
+
+    def launch_entry(self, name):
+        return self.module, list(self.trainer_flags)  # the method's own launch module
 
     def launcher_argv(self, workers, mode, num_ps):
         """The launcher's own flags for a job of ``workers`` workers."""

@@ -11,24 +11,49 @@ hvdps knows of it:
   cluster's counters), the exchange's alpha-beta time, and the step the projection expects;
 - the report's wording for its distribution overhead, alone and with peers, and its waits.
 
-The per-worker wire rule the trainers record (``common.backend.ring_wire`` / ``ps_wire``) and the
-formulas here share their pieces (``common.backend.ring_share``, ``hvdps.cost.schedule``), so each
+The per-worker wire rule the trainers record (``allreduce.backend.ring_wire`` / ``ps_train.backend.ps_wire``) and the
+formulas here share their pieces (``allreduce.backend.ring_share``, ``hvdps.cost.schedule``), so each
 formula is written once; this module holds the cost models the entries pick from. Everything else asks this module (``get``, ``lookup``,
 ``parse_variants``) and never compares a method's name; an unknown name is refused with the
 valid ones listed, as Model Garden's ``get_distribution_strategy`` does.
 """
+import dataclasses
 import functools
 import importlib
 import os
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
-from common.backend import ring_share
+from allreduce.backend import ring_share
 from common.errors import UsageError
 from common.procs import REPO
 from hvdps.cost import schedule
 
 
 # ------------------------------------------------------------------ cost models
+@runtime_checkable
+class CostModel(Protocol):
+    """What the application asks a method's cost model (``Ring`` and ``ParameterServers`` are the two
+    families; a method may subclass either): whether it starts server tasks, the projection's
+    architecture and network, whether its ranks spin while they wait, whether its workers step in
+    lock-step, the bytes each host's link carries per round, the exchange's alpha-beta time, and the
+    step as terms (``combine``) and as one figure with how it was reached."""
+    collective: bool
+    arch: str
+    network: str
+    polls: bool
+
+    def lockstep(self, mode): ...
+
+    def predict_links(self, mode, roles, gradient, shard_bytes=None): ...
+
+    def exchange_s(self, row, ring, ps): ...
+
+    def step_terms(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s): ...
+
+    def projected_step(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s): ...
+
+
 def combine(compute, terms, factors=None, compute_with=None):
     """A step from a cost model's terms: the longest of (compute, where the term waits for it) +
     factor x seconds. ``factors``: {term: factor} (hvdps/cost/heldout.py fits them; 1 otherwise);
@@ -62,6 +87,11 @@ class Ring:
     cores measures their waiting, not their work (hvdps/cost/heldout.py fits no cores floor for it)."""
     collective = True       # no server tasks; one worker alone exchanges nothing
     arch = "ring"           # the projection's architecture this method is measured against
+    # Every update is the all-ranks average of that step's gradients, so one exact ring is a drop-in
+    # for another: the crossover's ring side is the fastest of them. A ring method that is not exact
+    # (local SGD: weights averaged every k steps) is set against them instead, and the projection
+    # draws it on rows of its own even where it shares the ring's network.
+    exact = True
 
     def lockstep(self, mode):
         """Every rank computes at the same moment each step (they all wait for the all-reduce)."""
@@ -74,11 +104,15 @@ class Ring:
         self.how = how or ("ring, wait-free schedule of the layers" if wait_free
                            else "ring Allreduce after back-propagation")
 
+    def dense(self, mode):
+        """Whether ``mode`` all-reduces embedding tables whole (else their slices are all-gathered)."""
+        return mode in self.dense_modes
+
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
         """{host: {"in", "out"}} bytes per round: each host with a rank carries the ring's share of
         the dense gradient (tables whole) both ways; a job on one host crosses no link."""
         dense, sparse, table = (getattr(gradient, k) or 0 for k in ("dense_bytes", "sparse_bytes", "sparse_table_bytes"))
-        if sparse and mode not in self.dense_modes:
+        if sparse and not self.dense(mode):
             return None
         hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}
         ranks = [h for t, h in roles.items() if t.startswith("rank:")]
@@ -194,6 +228,7 @@ class Method:
     alone: dict = field(default_factory=dict)   # mode -> the overhead's name at one worker
     waits: dict = field(default_factory=dict)   # mode -> (the measured wait, the rest), n >= 2
     waits_alone: tuple = ()          # the same at one worker
+    package: str = ""                # the package that declared it (set by the registry): its trainer's home
 
     @property
     def modes(self):
@@ -201,6 +236,13 @@ class Method:
 
     def label(self, mode):
         return self.labels.get(mode, f"{self.name} {mode}")
+
+    def parse_mode(self, text):
+        """The mode ``--backends NAME:TEXT`` names, or a usage error listing the valid ones. A method
+        whose mode is a value rather than a name (local SGD's k) overrides it."""
+        if text not in self.modes:
+            raise UsageError(f"backend {self.name} has no mode '{text}' (valid: {', '.join(self.modes)})")
+        return text
 
     def overhead_parts(self, mode, alone, measured_wait):
         """What the report calls the overhead: [name] or, where the run measured its wait for
@@ -221,6 +263,36 @@ def method_packages(kind="method"):
     return found
 
 
+def check_entry(method, module):
+    """A method entry as the application will use it, or a RuntimeError naming the module and what
+    it lacks: the contract is checked when the registry loads, not where a report first reads it."""
+    from hvdps.launchers import Launcher
+    problems = []
+    if not isinstance(method, Method):
+        problems.append("is not a hvdps.methods.Method")
+    else:
+        if not method.labels:
+            problems.append("declares no mode")
+        if not (isinstance(method.launcher, type) and issubclass(method.launcher, Launcher)):
+            problems.append("has no hvdps.launchers.Launcher subclass as its launcher")
+        if not isinstance(method.cost, CostModel):
+            problems.append("has no cost model (hvdps.methods.CostModel: " + ", ".join(
+                n for n in ("collective", "arch", "network", "polls", "lockstep", "predict_links", "exchange_s",
+                            "step_terms", "projected_step") if not hasattr(method.cost, n)) + " missing)")
+        if method.cost is not None and getattr(method.cost, "collective", False) and not hasattr(method.cost, "exact"):
+            problems.append("is collective without saying whether it is an exact ring (Ring.exact)")
+        for mode in method.modes:
+            if method.parse_mode(mode) != mode or method.overhead_parts(mode, False, False)[0] in ("", "distribution"):
+                problems.append(f"mode {mode!r} does not parse back to itself or has no overhead wording")
+        for mode in method.default_modes:
+            if mode not in method.modes:
+                problems.append(f"default mode {mode!r} is not one of its modes")
+    if problems:
+        name = getattr(method, "name", repr(method))
+        raise RuntimeError(f"{module}: method {name!r} " + "; ".join(problems))
+    return method
+
+
 @functools.lru_cache(maxsize=None)
 def _registry():
     """{name: Method} from every method package's ``METHODS`` (collected on first use: each package
@@ -230,7 +302,8 @@ def _registry():
         for method in importlib.import_module(module).METHODS:
             if method.name in found:
                 raise RuntimeError(f"two methods are called {method.name!r} ({module})")
-            found[method.name] = method
+            check_entry(method, module)
+            found[method.name] = dataclasses.replace(method, package=module.split(".")[0])
     return found
 
 
@@ -283,8 +356,7 @@ def parse_variants(text):
     for item in [s.strip() for s in text.split(",") if s.strip()]:
         name, _, mode = item.partition(":")
         method = get(name)                         # unknown names list the valid ones
-        if mode and mode not in method.modes:
-            raise UsageError(f"backend {name} has no mode '{mode}' (valid: {', '.join(method.modes)})")
+        mode = method.parse_mode(mode) if mode else mode
         for variant in [(name, m) for m in ([mode] if mode else method.default_modes or method.modes)]:
             if variant in out:          # 'ps,ps:sync' or 'mwms,mwms': a run planned twice would overwrite itself
                 raise UsageError(f"--backends names {variant[0]}:{variant[1]} twice ('{item}' repeats it)")

@@ -18,13 +18,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # keep TF's C++ start-up ch
 if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from allreduce.mpi import mpi_env_check
+from allreduce.sync_loop import train_allreduce
 from common.config import build_parser, from_args
 from common.data import num_examples
 from common.errors import cli
 from common.procs import launcher_rank
-from common.sync_loop import train_allreduce
 from common.run_dir import check_resume_compatible, check_train_dir
-from mpi_train.backend import MPIBackend, mpi_env_check
+from mpi_train.backend import MPIBackend
 
 
 @cli(hard_exit=True)   # MPI: a failed rank leaves without MPI_Finalize, so mpirun ends the others
@@ -33,14 +34,14 @@ def main(argv=None):
         os.environ["HVDPS_QUIET_ERRORS"] = "1"   # MPI: one error line per job, not per rank
     args = build_parser(__doc__.splitlines()[0], prog="mpi_train/main.py").parse_args(argv)
     cfg = from_args(args)
-    mpi_env_check()
+    mpi_env_check("mpi")
     check_train_dir(cfg)                         # every rank, before joining
     if cfg.resume:
         check_resume_compatible(cfg, cfg.train_dir)
     num_train = num_examples(cfg)
 
     backend = MPIBackend().setup(cfg)            # MPI: join COMM_WORLD, split the cores between local ranks
-    # MPI: the Horovod trainer's run (common/sync_loop.py) with one MPI_Allreduce per step
+    # MPI: the Horovod trainer's run (allreduce/sync_loop.py) with one MPI_Allreduce per step
     return train_allreduce(cfg, backend, num_train)
 
 

@@ -4,7 +4,7 @@ One task per worker, each with a copy of every variable (``MirroredVariable``); 
 gradients are summed across the workers by the strategy's collective all-reduce inside
 ``optimizer.apply_gradients``, over gRPC between hosts (``--implementation ring``, or
 ``auto``; ``nccl`` on GPUs), packed into messages of ``--pack_size_mb``. Nothing here
-reduces a tensor itself: the loop (common/sync_loop.py) runs its usual step through
+reduces a tensor itself: the loop (allreduce/sync_loop.py) runs its usual step through
 ``strategy.run`` and the strategy does the exchange, as TensorFlow's multi-worker custom
 training loop tutorial does.
 
@@ -21,7 +21,7 @@ import pickle
 
 import numpy as np
 
-from common.backend import AllreduceBackend, place_rank, ring_wire
+from allreduce.backend import AllreduceBackend, place_rank, ring_wire
 from common.errors import RunError, UsageError, describe
 from common.hosts import parse_address
 from common.plan import make_plan

@@ -16,7 +16,6 @@ through the remote shell (ssh, srun's agent under --hosts slurm, or --rsh) with 
 --task_index in its command line, listening on its host's own address at --port and up, and
 tethered to its connection (common/tether.py), so the same teardown reaches every host.
 """
-import argparse
 import json
 import os
 import sys
@@ -46,8 +45,6 @@ def make_parser():
     g.add_argument("--pin_workers", action="store_true",
                    help="pin worker i to core i (equal core budget per worker, for scaling benchmarks)")
     g.add_argument("--run_timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
-    g.add_argument("--timeout", dest="run_timeout", type=float, default=argparse.SUPPRESS,
-                   help=argparse.SUPPRESS)   # the former name of --run_timeout
     g.add_argument("--hosts", default=None,
                    help="start the workers on these hosts instead: hostfile, h1:2,h2:2 or 'slurm' (the allocation)")
     g.add_argument("--rsh", type=command_line, default=None, help="with --hosts: remote shell called as 'AGENT HOST COMMAND' "

@@ -9,7 +9,7 @@ One task per worker, each told the cluster by TF_CONFIG (as Kubeflow's TFJob set
     python mwms_train/main.py                                      # one process on its own
 
 Lines marked ``# MWMS:`` are the only differences from single-process code; the loop,
-bookkeeping, checkpoints and metrics are the Horovod trainer's (common/sync_loop.py).
+bookkeeping, checkpoints and metrics are the Horovod trainer's (allreduce/sync_loop.py).
 """
 import os
 import sys
@@ -21,7 +21,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 from common.config import build_parser, from_args
 from common.data import num_examples
 from common.errors import cli
-from common.sync_loop import train_allreduce
+from allreduce.sync_loop import train_allreduce
 from common.run_dir import check_resume_compatible, check_train_dir
 from mwms_train.backend import MWMSBackend, add_mwms_args, listen_on_own_address, resolve_workers
 
@@ -47,7 +47,7 @@ def main(argv=None):
     backend.setup(cfg)
 
     # MWMS: variables made in the strategy's scope, each step through strategy.run, the gradients
-    # summed by its all-reduce in apply_gradients: common/sync_loop.py, as the Horovod trainer.
+    # summed by its all-reduce in apply_gradients: allreduce/sync_loop.py, as the Horovod trainer.
     return train_allreduce(cfg, backend, num_train, extra_header={"implementation": args.implementation})
 
 

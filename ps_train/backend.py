@@ -13,12 +13,26 @@ Members outside the interface (``server``, ``device_setter``,
 """
 import socket
 
-from common.backend import Backend, ps_wire
+from common.backend import Backend
 from common.errors import UsageError
 from common.hosts import parse_address
 from common.plan import make_plan
 from common.procs import wait_for_ports
 from ps_train.cluster import replicas
+
+
+def ps_wire(sizes, plan, num_ps):
+    """Parameter servers: a worker pushes its gradient and pulls the weights every batch; a PS
+    task carries its share of that for every batch that makes an update (even sharding). An
+    embedding table moves only the rows a batch looks up, both ways: the ids and the gathered
+    rows out, the ids and the rows' gradients in (tf.IndexedSlices, duplicates included)."""
+    per_batch = 2 * (sizes["dense_bytes"] + sizes["sparse_bytes"])
+    rule = "PS: push gradient + pull weights per worker batch; a PS task carries 1/num_ps of it per batch in an update"
+    if sizes["sparse_table_bytes"]:
+        rule += "; embedding tables: only the looked-up rows and their ids, both ways"
+    return {"bytes_per_step_per_worker": int(per_batch),
+            "bytes_per_update_per_ps": int(per_batch * plan.batches_per_update / max(1, num_ps)),
+            "wire_rule": rule}
 
 
 class PSBackend(Backend):

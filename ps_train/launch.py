@@ -19,7 +19,6 @@ shell (ssh, srun's agent, or --rsh), listens on its host's own address at
 --port and up, and is tethered to its connection (common/tether.py), so the
 same teardown reaches every host.
 """
-import argparse
 import json
 import os
 import sys
@@ -100,8 +99,6 @@ def make_parser():
                    help="with --hosts: each PS on a host of its own (own) or on the workers' hosts (beside)")
     g.add_argument("--port", type=int, default=2222, help="with --hosts: first port on each host (Kubeflow: 2222)")
     g.add_argument("--run_timeout", type=float, default=0, help="stop everything after this many seconds (0: none)")
-    g.add_argument("--timeout", dest="run_timeout", type=float, default=argparse.SUPPRESS,
-                   help=argparse.SUPPRESS)   # the former name of --run_timeout
     g.add_argument("--max_restarts", type=int, default=0,
                    help="when the job fails (a PS or the chief lost, a sync worker gone), restart every role "
                         "from the latest checkpoint up to this many times (see --checkpoint_steps)")

@@ -162,25 +162,7 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
     chief_watch = None if backend.is_chief else ChiefWatch(backend, on_wait=dog.kick)
     step_opts = tf.compat.v1.RunOptions(timeout_in_ms=int(backend.step_timeout * 1000))
     try:
-        # PS: never closed. Closing a distributed session is a round of RPCs (and waits for the
-        # SyncReplicasOptimizer's queue runner); every task leaves by hard_exit, and the PS tasks
-        # are released explicitly.
-        session = Session(cfg, backend, plan, graph)
-        sess = stop.never_close(session.raw)
-        dog.kick(f"{backend.job}:{backend.index}: a training step blocked (lost PS or sync peer?)")
-        read = reader(sess)
-        at = int(read(graph.global_step))
-        start = data_position(plan, at, read(graph.worker_steps)[backend.rank])
-        read(graph.data_init, {graph.data_skip: start})   # PS: resume the data stream where it was
-        chief = books = None
-        if backend.is_chief:
-            chief = ChiefAdapter(cfg, backend, graph, read, dog.kick)
-            chief.sess = sess
-            chief.first_checkpoint()         # start-up, not warm-up
-        log = start_log()
-        if chief:                            # PS: the chief keeps the books of the whole job
-            chief.waits = WaitMeter(log.meter.warmup_steps)
-            books = Bookkeeper(cfg, plan, backend, log, chief, start=int(read(graph.global_step)))
+        session, sess, read, at, chief, books = start_session(cfg, backend, plan, graph, start_log, dog)
         fetches = [graph.train_op, graph.loss, graph.global_step] + ([graph.input_wait] if chief else [])
         done = at >= plan.total_updates             # a worker that joins a finished job steps no more
 
@@ -218,6 +200,32 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
         return chief.lost
     finally:
         dog.stop()
+
+
+def start_session(cfg, backend, plan, graph, start_log, dog):
+    """(session, its never-closed raw session, a reader, the global step it starts at, and on the
+    chief its adapter and books): the data stream resumed where the job was, the chief's first
+    checkpoint written (start-up, not warm-up)."""
+    # PS: never closed. Closing a distributed session is a round of RPCs (and waits for the
+    # SyncReplicasOptimizer's queue runner); every task leaves by hard_exit, and the PS tasks
+    # are released explicitly.
+    session = Session(cfg, backend, plan, graph)
+    sess = stop.never_close(session.raw)
+    dog.kick(f"{backend.job}:{backend.index}: a training step blocked (lost PS or sync peer?)")
+    read = reader(sess)
+    at = int(read(graph.global_step))
+    start = data_position(plan, at, read(graph.worker_steps)[backend.rank])
+    read(graph.data_init, {graph.data_skip: start})   # PS: resume the data stream where it was
+    chief = books = None
+    if backend.is_chief:
+        chief = ChiefAdapter(cfg, backend, graph, read, dog.kick)
+        chief.sess = sess
+        chief.first_checkpoint()         # start-up, not warm-up
+    log = start_log()
+    if chief:                            # PS: the chief keeps the books of the whole job
+        chief.waits = WaitMeter(log.meter.warmup_steps)
+        books = Bookkeeper(cfg, plan, backend, log, chief, start=int(read(graph.global_step)))
+    return session, sess, read, at, chief, books
 
 
 def reached(target, fetched, read_now):

@@ -23,12 +23,13 @@ class PS2Launcher(PSLauncher):
     """TensorFlow 2's ParameterServerStrategy: the same launcher with ``--ps_api v2``; asynchronous
     only, and one more process, the chief that coordinates (it does not train)."""
     graph_mode = False
+    trainer_flags = ("--ps_api", "v2")
 
     def server_tasks(self, num_ps):
         return num_ps + 1
 
     def launcher_argv(self, workers, mode, num_ps):
-        return [*super().launcher_argv(workers, mode, num_ps), "--ps_api", "v2"]
+        return [*super().launcher_argv(workers, mode, num_ps), *self.trainer_flags]
 
 
 METHODS = (

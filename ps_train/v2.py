@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from common.backend import MIN_SHARD_BYTES, Backend, ps_wire
+from common.backend import MIN_SHARD_BYTES, Backend
 from common.data import input_failure, input_wait, make_dataset
 from common.errors import RunError, UsageError, describe
 from common.hosts import parse_address
@@ -51,7 +51,7 @@ from common.optim import make_lr_schedule
 from common.run_dir import refuse_finished
 from common.runlog import RunLog
 from common.watchdog import Watchdog
-from ps_train.backend import check_port_free, describe_placement, shard_bytes
+from ps_train.backend import check_port_free, describe_placement, ps_wire, shard_bytes
 
 
 class StrategyBackend(Backend):

@@ -25,6 +25,16 @@ settings.load_profile("fuzz" if os.environ.get("HVDPS_FUZZ") == "1" else "unit")
 BIN = os.path.dirname(sys.executable)
 
 
+def registry_names():
+    """Every name ``--backends``, ``hvdps train`` and ``hvdps launch`` take, as an error line lists them:
+    the tests' expectations come from the registry, so a method added as a package is expected everywhere."""
+    from hvdps.methods import METHODS
+    return ", ".join(sorted(METHODS))
+
+
+VALID_BACKENDS = registry_names()
+
+
 def env(**extra):
     """The project's child environment (common.procs), with Open MPI kept on loopback."""
     from common.procs import child_env

@@ -11,7 +11,7 @@ import pytest
 
 from common.config import Config
 from common.data import MNIST_FILES, write_idx
-from tests.conftest import BIN, REPO, env, run, snapshot
+from tests.conftest import BIN, REPO, VALID_BACKENDS, env, run, snapshot
 
 HVD = [sys.executable, os.path.join(REPO, "horovod_train", "main.py")]
 PS = [sys.executable, os.path.join(REPO, "ps_train", "main.py")]
@@ -19,9 +19,9 @@ MPI = [sys.executable, os.path.join(REPO, "mpi_train", "main.py")]
 PS_FLAGS = ["--job_name=worker", "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2"]
 LAUNCH = [sys.executable, "-m", "ps_train.launch"]
 MWMS_LAUNCH = [sys.executable, "-m", "mwms_train.launch"]
-COMPARE = [os.path.join(BIN, "hvdps-compare")]
-PROJECT = [os.path.join(BIN, "hvdps-project")]
-HOSTS = [os.path.join(BIN, "hvdps-hosts")]
+COMPARE = [os.path.join(BIN, "hvdps"), "compare"]
+PROJECT = [os.path.join(BIN, "hvdps"), "project"]
+HOSTS = [os.path.join(BIN, "hvdps"), "hosts"]
 MPIRUN = ["mpirun", "-np", "2", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
           "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL", *HVD]
 LIST_TYPE = json.dumps({"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
@@ -86,7 +86,6 @@ CASES = [
     # ---- local PS launcher
     (LAUNCH, ["--num_workers", "0"], {}, "error: --num_ps and --num_workers must be at least 1"),
     (LAUNCH, ["--job_name", "ps"], {}, "error: --job_name is chosen by the launcher"),
-    (LAUNCH, ["--timeout", "-5"], {}, "error: --run_timeout must be >= 0, got -5.0"),     # the former name
     (LAUNCH, ["--run_timeout", "nan"], {}, "error: --run_timeout must be a finite number, got nan"),
     (LAUNCH, ["--learning_rate", "nan"], {}, "error: --learning_rate must be a finite number, got nan"),
     (LAUNCH, ["--step_timeout", "inf"], {}, "error: --step_timeout must be a finite number, got inf"),
@@ -95,7 +94,7 @@ CASES = [
     (LAUNCH, ["--rsh", "ssh"], {}, "error: --rsh, --ps_placement and --port apply only with --hosts"),
     (LAUNCH, [], {"TF_CONFIG": LIST_TYPE}, "error: TF_CONFIG is set: the launcher chooses the cluster"),
     # ---- comparison, projection, hosts
-    (COMPARE, ["--backends", "mxnet"], {}, "error: unknown backend 'mxnet' (valid: horovod, mpi, mwms, ps, ps2)"),
+    (COMPARE, ["--backends", "mxnet"], {}, f"error: unknown backend 'mxnet' (valid: {VALID_BACKENDS})"),
     (COMPARE, ["--backends", "ps:lazy"], {}, "error: backend ps has no mode 'lazy' (valid: async, sync)"),
     (COMPARE, ["--workers", "0"], {}, "error: --workers expects positive numbers"),
     (COMPARE, ["--workers", "a,b"], {}, "error: --workers expects numbers like 1,2,4"),
@@ -106,7 +105,6 @@ CASES = [
     (COMPARE, ["--learning_rate", "inf"], {}, "error: --learning_rate must be a finite number, got inf"),
     (PROJECT, ["--bandwidth_gbps", "nan", "--latency_us", "10"], {}, "error: --bandwidth_gbps must be a finite"),
     (PROJECT, [*BW, "--model_name", "alexnet"], {}, "error: unknown --model_name 'alexnet'"),
-    (PROJECT, [*BW, "--model_name", "vgg16", "--overlap", "0.5"], {}, "error: --overlap is gone: the overlap now"),
     (PROJECT, [*BW, "--model_name", "vgg16", "--cycle_time_ms", "-1"], {}, "error: --cycle_time_ms must be >= 0, got -1.0"),
     (PROJECT, [*BW, "--from", "{tmp}/junkrun"], {}, "error: {tmp}/junkrun/metrics.jsonl:4: backend: field required"),
     (PROJECT, [*BW, "--from", "{tmp}/okrun"], {}, "error: --from {tmp}/okrun: no run has a per-step breakdown"),
@@ -114,7 +112,6 @@ CASES = [
      "error: --from {tmp}/hangrun: cannot rebuild the run's model (--model {tmp}/hangs_on_import.py:build: importing "
      "{tmp}/hangs_on_import.py did not return within 3 s (--run_timeout)"),
     (PROJECT, ["--comm_json", "/nope"], {}, "error: --comm_json /nope: no such file"),
-    (COMPARE, ["--project", "--model", "cnn"], {}, "error: unrecognized arguments: --model cnn"),
     (HOSTS, ["{tmp}/binary"], {}, "error: {tmp}/binary: not a text file"),
     (HOSTS, ["{tmp}/inventory", "--port", "65535"], {}, "error: --port 65535: host a needs ports up to 65536"),
     (HOSTS, ["{tmp}/badslots"], {}, "error: {tmp}/badslots:1: slots must be a positive integer, got 'two'"),
@@ -136,7 +133,7 @@ CASES = [
      "error: --dataset {tmp}/plug.py:never_returns: the plug-in did not return within 3 s (--run_timeout)"),
     (LAUNCH, ["--dataset", "{tmp}/plug.py:spins", "--run_timeout", "3"], {},
      "error: --dataset {tmp}/plug.py:spins: the plug-in did not return within 3 s (--run_timeout)"),
-    (MWMS_LAUNCH, ["--dataset", "{tmp}/plug.py:swallows_everything", "--timeout", "3"], {},
+    (MWMS_LAUNCH, ["--dataset", "{tmp}/plug.py:swallows_everything", "--run_timeout", "3"], {},
      "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--run_timeout)"),
     (LAUNCH, ["--num_ps", "100000"], {}, "error: --num_ps 100000 and --num_workers 2: 100002 tasks on this machine"),
     (COMPARE, ["--workers", "100000", "--dry_run"], {}, "error: run ps-async-w100000-ps1: 100001 tasks, more than the "
@@ -611,16 +608,24 @@ def _hvdps(argv):
 def test_hvdps_help_lists_every_subcommand_and_method_package():
     code, out, _ = _hvdps(["--help"])
     assert code == 0
-    for sub in ("compare", "project", "emulate", "hosts", "train horovod|mpi|mwms|ps", "launch mwms|ps"):
+    for sub in ("compare", "project", "emulate", "hosts", "train " + VALID_BACKENDS.replace(", ", "|"), "launch " + VALID_BACKENDS.replace(", ", "|")):
         assert f"\n  {sub} " in out, out
+
+
+@pytest.mark.parametrize("group", ["train", "launch"])
+def test_hvdps_train_and_launch_help_list_every_method(group):
+    code, out, err = _hvdps([group, "--help"])
+    assert code == 0 and not err, err
+    assert f"usage: hvdps {group} METHOD" in out and f"METHOD is one of: {VALID_BACKENDS}" in out
 
 
 @pytest.mark.parametrize("argv, message", [
     ([], "error: a subcommand is needed (valid: compare, project, emulate, hosts, data, train, launch)"),
     (["comapre"], "error: unknown subcommand 'comapre' (valid: compare, project, emulate, hosts, data, train, launch)"),
-    (["train"], "error: hvdps train: unknown method none (valid: horovod, mpi, mwms, ps)"),
-    (["train", "ps2"], "error: hvdps train: unknown method 'ps2' (valid: horovod, mpi, mwms, ps)"),
-    (["launch", "horovod"], "error: hvdps launch: unknown method 'horovod' (valid: mwms, ps)"),
+    (["train"], f"error: hvdps train: unknown method none (valid: {VALID_BACKENDS})"),
+    (["train", "mxnet"], f"error: hvdps train: unknown method 'mxnet' (valid: {VALID_BACKENDS})"),
+    (["launch", "horovod:sync"], f"error: hvdps launch: unknown method 'horovod:sync' (valid: {VALID_BACKENDS})"),
+    (["launch", "mpi", "--num_workers", "0"], "error: --num_workers must be in [1, 1024], got 0"),
     (["train", "horovod", "--batch_size", "-4"], "error: --batch_size must be positive"),
     (["train", "horovod", "--batch-size", "0"], "error: --batch_size must be positive"),    # the other spelling
     (["launch", "ps", "--num-workers", "0"], "error: --num_ps and --num_workers must be at least 1"),
@@ -656,7 +661,7 @@ def test_spelling_leaves_values_and_another_programs_flags_alone():
 
 
 def test_hvdps_compare_dry_run_is_the_console_scripts(tmp_path):
-    """``hvdps compare`` is hvdps-compare's own main: the same lines, whichever spelling."""
+    """``hvdps compare`` is hvdps.commands.compare's own main: the same lines, whichever spelling."""
     flags = ["--workers", "1,2", "--backends", "horovod,ps:sync", "--batch_size", "16", "--out", str(tmp_path / "c")]
     code, a, _ = _hvdps(["compare", "--dry-run", *flags])
     assert code == 0

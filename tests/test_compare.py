@@ -13,7 +13,7 @@ from hvdps.render.report import write_report
 from common.config import make_config
 from common.errors import UsageError
 from common.metrics import MetricsWriter, throughput_stats
-from tests.conftest import BIN, REPO, run
+from tests.conftest import BIN, REPO, VALID_BACKENDS, run
 
 
 def fake_run(d, backend, mode, workers, rates, accs, num_ps=0):
@@ -75,7 +75,7 @@ def test_variants(text, expected):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("nccl", "unknown backend 'nccl' (valid: horovod, mpi, mwms, ps, ps2)"),
+    ("nccl", f"unknown backend 'nccl' (valid: {VALID_BACKENDS})"),
     ("ps:lazy", "backend ps has no mode 'lazy' (valid: async, sync)"),
 ])
 def test_bad_variants(text, message):
@@ -84,7 +84,7 @@ def test_bad_variants(text, message):
 
 
 def test_dry_run_prints_real_commands(tmp_path):
-    r = run([os.path.join(BIN, "hvdps-compare"), "--dry-run", "--workers", "1,2", "--batch_size", "16",
+    r = run([os.path.join(BIN, "hvdps"), "compare", "--dry-run", "--workers", "1,2", "--batch_size", "16",
              "--out", str(tmp_path / "c")], timeout=60)
     assert r.returncode == 0, r.stderr
     out = r.stdout.strip().splitlines()
@@ -103,7 +103,7 @@ def test_dry_run_pasted_into_a_shell_trains(tmp_path):
     """What --dry-run prints is the whole recipe: run from another folder with a bare
     environment, the lines train the same runs the comparison would."""
     out = tmp_path / "c"
-    r = run([os.path.join(BIN, "hvdps-compare"), "--dry-run", "--workers", "2", "--backends", "horovod,ps:sync",
+    r = run([os.path.join(BIN, "hvdps"), "compare", "--dry-run", "--workers", "2", "--backends", "horovod,ps:sync",
              "--train_steps", "6", "--batch_size", "16", "--log_every", "2", "--probe_steps", "0",
              "--no-progress", "--out", str(out)], timeout=60)
     assert r.returncode == 0, r.stderr
@@ -120,7 +120,7 @@ def test_dry_run_pasted_into_a_shell_trains(tmp_path):
 @pytest.mark.process
 def test_end_to_end_both_backends(tmp_path):
     out = tmp_path / "cmp"
-    r = run([os.path.join(BIN, "hvdps-compare"), "--workers", "1,2", "--backends", "horovod,mpi,ps:async",
+    r = run([os.path.join(BIN, "hvdps"), "compare", "--workers", "1,2", "--backends", "horovod,mpi,ps:async",
              "--train_steps", "30", "--batch_size", "16", "--log_every", "5", "--no-progress",
              "--out", str(out)], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -144,7 +144,7 @@ def test_end_to_end_both_backends(tmp_path):
     assert "Where each step's time goes" in report and "![breakdown.png](breakdown.png)" in report
     assert report.count(" worker(s): ") >= 6 and "2 worker(s), one run each" in report   # a sentence per run, and the verdict
     # --from rebuilds the same table without training
-    r2 = run([os.path.join(BIN, "hvdps-compare"), "--from", str(out / "runs"), "--out", str(tmp_path / "again")],
+    r2 = run([os.path.join(BIN, "hvdps"), "compare", "--from", str(out / "runs"), "--out", str(tmp_path / "again")],
              timeout=120)
     assert r2.returncode == 0, r2.stderr
     again = json.load(open(tmp_path / "again" / "results.json"))["rows"]
@@ -179,7 +179,7 @@ def test_signal_mid_run_stops_every_job_and_reports_what_finished(tmp_path, back
     import signal as sig
     import time
     out = tmp_path / "cmp"
-    p = subprocess.Popen([os.path.join(BIN, "hvdps-compare"), "--workers", workers, "--backends", backend,
+    p = subprocess.Popen([os.path.join(BIN, "hvdps"), "compare", "--workers", workers, "--backends", backend,
                           "--train_steps", "100000", "--batch_size", "16", "--log_every", "5", "--probe_steps", "0",
                           "--no-progress", "--run_timeout", str(timeout), "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
@@ -289,7 +289,7 @@ def test_local_mpi_runs_more_ranks_than_cores(tmp_path):
     """Open MPI refuses more ranks than physical cores unless told: a local comparison at more workers
     than cores still runs them (and marks the run oversubscribed in the report)."""
     workers = (os.cpu_count() or 1) + 1
-    r = run([os.path.join(BIN, "hvdps-compare"), "--workers", str(workers), "--backends", "horovod",
+    r = run([os.path.join(BIN, "hvdps"), "compare", "--workers", str(workers), "--backends", "horovod",
              "--train_steps", "3", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
              "--no-progress", "--out", str(tmp_path / "out")], timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -305,7 +305,7 @@ def test_a_rank_killed_under_mpirun_is_named_by_rank_and_signal(tmp_path):
     import time
     from tests.conftest import env, rank_pid
     out = tmp_path / "cmp"
-    p = subprocess.Popen([os.path.join(BIN, "hvdps-compare"), "--workers", "2", "--backends", "horovod",
+    p = subprocess.Popen([os.path.join(BIN, "hvdps"), "compare", "--workers", "2", "--backends", "horovod",
                           "--train_steps", "100000", "--batch_size", "16", "--log_every", "5", "--probe_steps", "0",
                           "--no-progress", "--run_timeout", "240", "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env(),

@@ -1,4 +1,4 @@
-"""The emulated cluster: hvdps-emulate brings up shaped hosts, runs hvdps-compare --hosts across
+"""The emulated cluster: hvdps emulate brings up shaped hosts, runs hvdps compare --hosts across
 them, measures each link, and leaves nothing behind (namespaces, qdiscs with them, processes).
 
 Needs root and iproute2 (ip, tc with tbf); skipped with the reason elsewhere.
@@ -34,7 +34,7 @@ def emulate(*argv, timeout=600):
 
 
 def ours(pid):
-    """Namespaces (and their Open MPI session folders) and the state file one hvdps-emulate (by pid)
+    """Namespaces (and their Open MPI session folders) and the state file one hvdps emulate (by pid)
     could have left."""
     names = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
              if n.startswith(f"hvdps-{pid}-")]
@@ -45,7 +45,7 @@ def ours(pid):
 
 
 def start(out, backends, train_steps, **kw):
-    """hvdps-emulate on 3 hosts at 50 Mbit/s, comparing ``backends`` at 2 workers; the Popen."""
+    """hvdps emulate on 3 hosts at 50 Mbit/s, comparing ``backends`` at 2 workers; the Popen."""
     return subprocess.Popen([sys.executable, "-m", "hvdps.commands.emulate", "--hosts", "3", "--rate", "50mbit",
                              "--out", str(out), "--", "--workers", "2", "--backends", backends,
                              "--train_steps", str(train_steps), *FAST], stdout=subprocess.PIPE,

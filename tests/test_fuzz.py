@@ -272,8 +272,8 @@ VALUE = st.one_of(TEXT, st.sampled_from(["", " ", "nan", "inf", "-inf", "1e999",
                   st.floats(allow_nan=True, allow_infinity=True).map(repr))
 # Flags that reach beyond this process (hosts, shells, other runs' folders) or replace the whole run:
 # their values are exercised by the tables in tests/test_cli.py.
-AWAY = {"--hosts", "--rsh", "--links", "--from", "--project", "--resume", "--help", "--data_dir", "--comm-json",
-        "--out", "--train_dir", "--dry-run", "--cleanup", "--sbatch", "--compute-from"}
+AWAY = {"--hosts", "--rsh", "--links", "--from", "--resume", "--help", "--data_dir", "--comm-json",
+        "--out", "--train_dir", "--dry-run", "--cleanup", "--sbatch"}
 
 
 def flag_argv(parser, data):

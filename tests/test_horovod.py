@@ -182,7 +182,7 @@ def test_resume_from_damaged_checkpoint(tmp_path, damage):
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_killed_rank_fails_job_promptly(tmp_path, controller):
     """kill -9 on one rank: the job must end non-zero within 60 s, checkpoints intact, and the
-    survivor names the lost rank in one line (common/roster.py)."""
+    survivor names the lost rank in one line (allreduce/roster.py)."""
     out = tmp_path / "run"
     argv = [os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", f"--{controller}",
             sys.executable, MAIN, "--epochs", "400", "--batch_size", "8", "--train_dir", str(out)]

@@ -151,9 +151,9 @@ def test_shipped_hostfile_accepted_by_horovodrun(name, tmp_path):
     from horovod.runner.common.util.hosts import parse_host_files
     path = os.path.join(HF, name)
     assert parse_host_files(path) == ",".join(f"{h}:{s}" for h, s in parse_hostfile(path))
-    # and what hvdps-hosts writes for mpirun/horovodrun is accepted as well
+    # and what hvdps hosts writes for mpirun/horovodrun is accepted as well
     out = tmp_path / "hf"
-    r = run([os.path.join(BIN, "hvdps-hosts"), path, "--format", "mpi-hostfile"], timeout=60)
+    r = run([os.path.join(BIN, "hvdps"), "hosts", path, "--format", "mpi-hostfile"], timeout=60)
     out.write_text(r.stdout)
     assert parse_host_files(str(out)) == parse_host_files(path)
 

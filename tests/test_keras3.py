@@ -143,7 +143,7 @@ def test_classic_ps_refuses_keras3_in_one_line(tmp_path, entry):
             "trainer": [sys.executable, os.path.join(REPO, "ps_train", "main.py"), "--job_name", "worker",
                         "--task_index", "0", "--ps_hosts", "127.0.0.1:1", "--worker_hosts", "127.0.0.1:2",
                         *PLUGIN, "--train_dir", str(out)],
-            "compare": [os.path.join(BIN, "hvdps-compare"), "--workers", "1", "--backends", "horovod,ps", *PLUGIN,
+            "compare": [os.path.join(BIN, "hvdps"), "compare", "--workers", "1", "--backends", "horovod,ps", *PLUGIN,
                         "--no-progress", "--out", str(out)]}[entry]
     before = snapshot(tmp_path)
     r = run(argv, timeout=120)

@@ -198,7 +198,7 @@ def test_closing_line_says_why(tmp_path):
     (["--model", "nope"], "error: unknown model 'nope'"),
     (["--num_ps", "many"], "error: argument --num_ps: invalid int value: 'many'"),
     (["--run_timeout", "-5"], "error: --run_timeout must be >= 0, got -5.0"),
-    (["--timeout", "nan"], "error: --run_timeout must be a finite number, got nan"),
+    (["--run_timeout", "nan"], "error: --run_timeout must be a finite number, got nan"),
     (["--learning_rate", "nan"], "error: --learning_rate must be a finite number, got nan"),
     (["--step_timeout", "inf"], "error: --step_timeout must be a finite number, got inf"),
     (["--startup_timeout", "nan"], "error: --startup_timeout must be a finite number, got nan"),

@@ -1,5 +1,6 @@
 """The method registry (hvdps/methods.py): one entry per method, and nobody else branching on names."""
 import ast
+import re
 import glob
 import os
 
@@ -9,7 +10,7 @@ from common.schemas import Gradient
 
 from common.errors import UsageError
 from hvdps import launchers, methods
-from tests.conftest import REPO
+from tests.conftest import REPO, VALID_BACKENDS
 
 NAMES = set(methods.METHODS)
 MODES = {mode for m in methods.METHODS.values() for mode in m.modes}
@@ -31,7 +32,7 @@ def test_variants(text, expected):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("mxnet", r"unknown backend 'mxnet' \(valid: horovod, mpi, mwms, ps, ps2\)"),
+    ("mxnet", re.escape(f"unknown backend 'mxnet' (valid: {VALID_BACKENDS})")),
     ("ps:bulk", r"backend ps has no mode 'bulk' \(valid: async, sync\)"),
     (",", r"--backends is empty"),
     ("mwms,mwms", r"--backends names mwms:sync twice \('mwms' repeats it\)"),       # planned twice: refused
@@ -54,6 +55,29 @@ def test_every_entry_is_whole(name):
         assert m.label(mode) != f"{name} {mode}" and m.overhead[mode]
         assert m.overhead_parts(mode, alone=False, measured_wait=False)[0]
     assert (m.launcher().server_tasks(2) == 0) == m.cost.collective
+
+
+class _NoCost:
+    collective = True
+
+
+@pytest.mark.parametrize("entry, problem", [
+    (lambda m: "not an entry", "is not a hvdps.methods.Method"),
+    (lambda m: methods.dataclasses.replace(m, labels={}), "declares no mode"),
+    (lambda m: methods.dataclasses.replace(m, launcher=object), "has no hvdps.launchers.Launcher subclass"),
+    (lambda m: methods.dataclasses.replace(m, cost=_NoCost()), "arch, network, polls, lockstep, predict_links"),
+    (lambda m: methods.dataclasses.replace(m, overhead={}), "mode 'sync' does not parse back to itself or has no "
+                                                            "overhead wording"),
+    (lambda m: methods.dataclasses.replace(m, default_modes=("fast",)), "default mode 'fast' is not one of its modes"),
+])
+def test_the_registry_refuses_an_incomplete_entry(entry, problem):
+    """The contract is checked as the registry loads a package: an entry that lacks a part is named
+    with its module, before a comparison or a report would trip on it."""
+    good = methods.get("mpi")
+    assert methods.check_entry(good, "mpi_train.method") is good
+    with pytest.raises(RuntimeError) as e:
+        methods.check_entry(entry(good), "x_train.method")
+    assert str(e.value).startswith("x_train.method: method ") and problem in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("backend, mode, roles, expect", [
@@ -120,7 +144,8 @@ def test_no_module_branches_on_a_method_name():
     trainers' own packages and the CLI's help texts may name themselves.)"""
     offenders = []
     for path in sorted(glob.glob(os.path.join(REPO, "hvdps", "**", "*.py"), recursive=True)
-                       + glob.glob(os.path.join(REPO, "common", "*.py")) + glob.glob(os.path.join(REPO, "tf_cluster", "*.py"))):
+                       + glob.glob(os.path.join(REPO, "common", "*.py")) + glob.glob(os.path.join(REPO, "tf_cluster", "*.py"))
+                       + glob.glob(os.path.join(REPO, "allreduce", "*.py"))):
         if os.path.basename(path) == "methods.py":
             continue
         with open(path) as f:

@@ -119,7 +119,7 @@ def test_no_breakdown_without_both_measurements(compute, rate):
 
 @pytest.mark.parametrize("workers, grad, per_worker", [(1, 1000, 0), (2, 1000, 1000), (4, 1000, 1500)])
 def test_ring_wire(workers, grad, per_worker):
-    from common.backend import ring_wire
+    from allreduce.backend import ring_wire
     sizes = {"dense_bytes": grad, "sparse_bytes": 0, "sparse_table_bytes": 0}
     assert ring_wire(sizes, workers)["bytes_per_step_per_worker"] == per_worker
 
@@ -127,7 +127,7 @@ def test_ring_wire(workers, grad, per_worker):
 @pytest.mark.parametrize("batches_per_update, num_ps, per_ps", [(1, 1, 2000), (2, 1, 4000), (2, 2, 2000)])
 def test_ps_wire(batches_per_update, num_ps, per_ps):
     from types import SimpleNamespace
-    from common.backend import ps_wire
+    from ps_train.backend import ps_wire
     sizes = {"dense_bytes": 1000, "sparse_bytes": 0, "sparse_table_bytes": 0}
     wire = ps_wire(sizes, SimpleNamespace(batches_per_update=batches_per_update), num_ps)
     assert wire["bytes_per_step_per_worker"] == 2000 and wire["bytes_per_update_per_ps"] == per_ps

@@ -110,7 +110,7 @@ def test_single_process_has_no_exchange(tmp_path):
 def test_killed_rank_fails_job_promptly(tmp_path):
     """kill -9 on rank 1 mid-run under the user's own mpirun: mpirun ends the job non-zero within 60 s,
     checkpoints readable, and rank 0 (blocked in MPI_Allreduce when mpirun's SIGTERM comes) names the
-    lost rank in one line before it exits (common/roster.py)."""
+    lost rank in one line before it exits (allreduce/roster.py)."""
     out = tmp_path / "run"
     argv = [*MPIRUN, "-np", "2", sys.executable, MAIN, "--epochs", "400", "--batch_size", "8",
             "--train_dir", str(out)]
@@ -135,7 +135,7 @@ def _cmdline(pid):
 def test_ranks_yield_when_idle_unless_told_otherwise(mca, expected):
     """Both MPI trainers ask Open MPI to yield a waiting rank's core (BENCHMARKS.md section 4:
     Horovod 0.52x -> 0.86x of bare MPI here); a user's explicit --mca still decides."""
-    probe = ("import os; from common.backend import yield_when_idle; yield_when_idle(); "
+    probe = ("import os; from allreduce.backend import yield_when_idle; yield_when_idle(); "
              "from mpi4py import MPI; print('yield=' + os.environ['OMPI_MCA_mpi_yield_when_idle'])")
     r = ok(run([*MPIRUN, *mca, "-np", "1", sys.executable, "-c", probe], timeout=60))
     assert f"yield={expected}" in r.stdout, r.stdout

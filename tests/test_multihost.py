@@ -143,7 +143,7 @@ def test_compare_launched_from_one_of_the_hosts(hosts, tmp_path):
     must still be kept on the hosts' network (found from the interface holding the address), or the
     daemon on the other host cannot call back. No --network-interface given: the launch finds it."""
     out = tmp_path / "cmp"
-    argv = [os.path.join(os.path.dirname(sys.executable), "hvdps-compare"), "--hosts",
+    argv = [os.path.join(os.path.dirname(sys.executable), "hvdps"), "compare", "--hosts",
             f"{hosts.addrs[0]}:1,{hosts.addrs[1]}:1", "--rsh", AGENT, "--backends", "horovod", "--workers", "2",
             "--epochs", "2", "--batch_size", "32", "--probe_steps", "0", "--no-progress", "--run_timeout", "240",
             "--out", str(out)]

@@ -47,7 +47,7 @@ def test_example_through_compare_with_relative_paths(tmp_path):
     to 0.90 in 4 epochs, through a comparison given relative plug-in paths: they work from the user's
     folder although every run starts in the repo."""
     os.symlink(os.path.join(REPO, "examples"), tmp_path / "ex")
-    r = run([os.path.join(BIN, "hvdps-compare"), "--workers", "2", "--backends", "horovod,ps:sync",
+    r = run([os.path.join(BIN, "hvdps"), "compare", "--workers", "2", "--backends", "horovod,ps:sync",
              "--model", "ex/my_model.py:build", "--dataset", "ex/my_data.py:load", "--epochs", "4", "--log_every", "5",
              "--probe_steps", "0", "--no-progress", "--out", "cmp"], cwd=str(tmp_path), timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

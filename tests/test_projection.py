@@ -79,7 +79,7 @@ def test_fit_from_comm_uses_ring_formula():
 @pytest.mark.process
 def test_project_command(tmp_path):
     out = tmp_path / "p"
-    r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth_gbps", "25", "--latency_us", "10",
+    r = run([os.path.join(BIN, "hvdps"), "project", "--bandwidth_gbps", "25", "--latency_us", "10",
              "--model_name", "resnet101", "--step_compute_ms", "580", "--gpus_per_server", "4",
              "--straggler_cv", "0", "--out", str(out)], timeout=120)
     assert r.returncode == 0, r.stderr
@@ -158,7 +158,7 @@ def test_ps_resnet101_trails_inception_v3_by_its_bytes(towers, ps_gbps):
 @pytest.mark.process
 def test_published_command_line_matches(tmp_path):
     # the documented command gives the same figure as the function the checks use
-    r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth_gbps", "22.5", "--latency_us", "5",
+    r = run([os.path.join(BIN, "hvdps"), "project", "--bandwidth_gbps", "22.5", "--latency_us", "5",
              "--model_name", "vgg16", "--step_compute_ms", str(1e3 * 64 / 154), *HOROVOD_2018,
              "--max_workers", "512", "--out", str(tmp_path)], timeout=120)
     assert r.returncode == 0, r.stderr
@@ -170,7 +170,7 @@ def test_published_command_line_matches(tmp_path):
 @pytest.mark.process
 def test_ps_layout_flags_reach_the_schedule(tmp_path):
     # --ps_gpus_per_worker and --ps_bandwidth_gbps give what project() gives with the same inputs
-    r = run([os.path.join(BIN, "hvdps-project"), "--bandwidth_gbps", "22.5", "--latency_us", "25",
+    r = run([os.path.join(BIN, "hvdps"), "project", "--bandwidth_gbps", "22.5", "--latency_us", "25",
              "--model_name", "resnet101", "--step_compute_ms", str(1e3 * 64 / 129), *HOROVOD_2018,
              "--ps_gpus_per_worker", "4", "--ps_bandwidth_gbps", "6.4", "--max_workers", "128",
              "--out", str(tmp_path)], timeout=120)
@@ -213,7 +213,7 @@ def test_project_from_runs(tmp_path):
     fake_sync_run(tmp_path / "runs" / "mpi-2", "mpi", 2, 0.010, 0.012, exchange_s=0.004)
     fake_sync_run(tmp_path / "runs" / "mpi-1", "mpi", 1, 0.010, 0.010)
     out = tmp_path / "p"
-    r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--from", str(tmp_path / "runs"),
+    r = run([os.path.join(BIN, "hvdps"), "project", "--from", str(tmp_path / "runs"),
              "--bandwidth_gbps", "10", "--latency_us", "20", "--max_workers", "64", "--out", str(out)],
             timeout=180)
     assert r.returncode == 0, r.stderr
@@ -232,7 +232,7 @@ def test_project_from_runs(tmp_path):
     # Ring and PS runs of one workload: the crossover section and its plot (hvdps/cost/crossover.py).
     assert "## Crossover" not in text and not (out / "crossover.png").exists()
     fake_sync_run(tmp_path / "runs" / "ps-2", "ps", 2, 0.010, 0.030, num_ps=1)
-    r = run([os.path.join(BIN, "hvdps-project"), "--from", str(tmp_path / "runs"),
+    r = run([os.path.join(BIN, "hvdps"), "project", "--from", str(tmp_path / "runs"),
              "--bandwidth_gbps", "10", "--latency_us", "20", "--out", str(out)], timeout=180)
     assert r.returncode == 0, r.stderr
     text = (out / "projection.md").read_text()
@@ -245,12 +245,12 @@ def test_project_from_runs(tmp_path):
     # PS at 2, 4 and 8 workers: fitted at 2 and 4, 8 predicted (hvdps/cost/heldout.py)
     for n, step in ((4, 0.050), (8, 0.090)):
         fake_sync_run(tmp_path / "runs" / f"ps-{n}", "ps", n, 0.010, step, num_ps=1)
-    r = run([os.path.join(BIN, "hvdps-project"), "--from", str(tmp_path / "runs"),
+    r = run([os.path.join(BIN, "hvdps"), "project", "--from", str(tmp_path / "runs"),
              "--bandwidth_gbps", "10", "--latency_us", "20", "--out", str(out)], timeout=180)
     assert r.returncode == 0, r.stderr
     assert "## Held out: fitted at the two smallest worker counts" in (out / "projection.md").read_text()
     held = json.load(open(out / "projection.json"))["heldout"]
-    assert held["cores"] is None                           # no hvdps-emulate record: no shared cores
+    assert held["cores"] is None                           # no hvdps emulate record: no shared cores
     assert [(e["workers"], e["held_out"]) for e in held["entries"]] == [(2, False), (4, False), (8, True)]
 
 
@@ -258,7 +258,6 @@ def test_project_from_runs(tmp_path):
     (["--bandwidth_gbps", "-3", "--latency_us", "10"], "--bandwidth_gbps must be in [1e-06, 1e+06], got -3.0"),
     (["--comm_json", "{bad}"], "bad.json: not valid JSON"),
     (["--comm_json", "/no/such.json"], "--comm_json /no/such.json: no such file"),
-    (["--bandwidth_gbps", "25", "--latency_us", "10", "--overlap", "0.5"], "--overlap is gone"),
     (["--bandwidth_gbps", "25", "--latency_us", "10", "--from", "/no/runs"], "--from /no/runs: no such directory"),
     (["--bandwidth_gbps", "25", "--latency_us", "10", "--straggler_cv", "1.5"], "--straggler_cv must be in [0, 1], got 1.5"),
     (["--bandwidth_gbps", "25", "--latency_us", "10", "--ps_sharding", "random"], "invalid choice: 'random'"),
@@ -278,13 +277,13 @@ def test_project_bad_input(tmp_path, args, message):
     tiny.write_text(json.dumps({"np": 2, "results": [
         {"impl": "horovod-mpi", "bytes": b, "seconds": t} for b, t in ((30000, 1e-5), (1e6, 8e-4), (1e8, 0.08))]}))
     args = [str(bad) if a == "{bad}" else str(tiny) if a == "{tiny}" else a for a in args]
-    r = run([os.path.join(BIN, "hvdps-compare"), "--project", *args, "--model_name", "vgg16",
+    r = run([os.path.join(BIN, "hvdps"), "project", *args, "--model_name", "vgg16",
              "--step_compute_ms", "100", "--out", str(tmp_path / "p")], timeout=60)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_project_needs_inputs(tmp_path):
-    r = run([os.path.join(BIN, "hvdps-compare"), "--project", "--bandwidth_gbps", "25", "--latency_us", "10",
+    r = run([os.path.join(BIN, "hvdps"), "project", "--bandwidth_gbps", "25", "--latency_us", "10",
              "--out", str(tmp_path / "p")], timeout=60)
     assert r.returncode == 2 and "needs the model" in r.stderr
 

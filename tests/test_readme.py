@@ -36,12 +36,12 @@ pytestmark = pytest.mark.root
 
 FENCE = re.compile(r"^( *)```(\w*)\s*$")
 # Where a line that trains takes its first flag: a trainer's script or module, the comparison, or the
-# comparison's flags after hvdps-emulate's "--".
+# comparison's flags after hvdps emulate's "--".
 TRAINS = re.compile(r"(?:(?<=horovod_train/main\.py)|(?<=mpi_train/main\.py)|(?<=ps_train/main\.py)"
                     r"|(?<=hvdps launch ps)|(?<=hvdps launch mwms))(?= --| \\$|$)"
                     r"|(?:(?<=^hvdps compare)|(?<= --))(?= --workers)", re.M)
 STEPS = " --train_steps 20 --probe_steps 5"
-COMMANDS = ("make ", "hvdps ", "hvdps-", "python ", "horovodrun ", "mpirun ", "sudo ", "TF_CONFIG=")
+COMMANDS = ("make ", "hvdps ", "python ", "horovodrun ", "mpirun ", "sudo ", "TF_CONFIG=")
 SIZES = {
     "DEMO_ARGS": "--train_steps 12 --probe_steps 5 --backends horovod", "DEMO_WORKERS": "1",
     "PYTEST_ARGS": "-m unit tests/test_config.py", "FUZZ_EXAMPLES": "5",

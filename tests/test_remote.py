@@ -91,7 +91,7 @@ def test_remote_command_runs_here_as_it_would_there(tmp_path):
 
 
 def call(argv):
-    """hvdps-compare's exit code, as the shell would see it."""
+    """hvdps compare's exit code, as the shell would see it."""
     try:
         return compare.main(argv)
     except SystemExit as exc:

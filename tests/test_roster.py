@@ -1,4 +1,4 @@
-"""A rank that loses a peer under an MPI launcher names it (common/roster.py): which ranks of this
+"""A rank that loses a peer under an MPI launcher names it (allreduce/roster.py): which ranks of this
 host are gone, who speaks for the host, the failed step's line, and the SIGTERM mpirun sends."""
 import os
 import signal
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from common.roster import Roster, alive, leaving, step_failure
+from allreduce.roster import Roster, alive, leaving, step_failure
 from tests.conftest import REPO
 
 HOST = socket.gethostname()
@@ -146,7 +146,7 @@ def test_the_launchers_sigterm_ends_a_rank_blocked_in_native_code_naming_its_los
     members = f"[({HOST!r}, os.getpid()), ({HOST!r}, {dead}), ({HOST!r}, 1)]" if speaker else \
         f"[({HOST!r}, 1), ({HOST!r}, {dead}), ({HOST!r}, os.getpid())]"
     rank = 0 if speaker else 2
-    code, err = sigterm_a_rank(f"from common.roster import Roster; Roster({rank}, {members}).watch_sigterm()")
+    code, err = sigterm_a_rank(f"from allreduce.roster import Roster; Roster({rank}, {members}).watch_sigterm()")
     assert code == 143, err
     said = f"error: rank {rank}: stopped by SIGTERM from the launcher: lost rank 1 (pid {dead} on {HOST})\n"
     assert err == (said if speaker else ""), err
@@ -168,7 +168,7 @@ def test_a_loss_named_by_the_failed_step_is_not_named_again_by_the_sigterm_after
     """horovodrun's SIGTERM can reach a rank that has just named the lost rank from its failed
     collective and is still exiting: one line, not two."""
     dead = dead_pid()
-    code, err = sigterm_a_rank(f"from common.roster import Roster, step_failure; "
+    code, err = sigterm_a_rank(f"from allreduce.roster import Roster, step_failure; "
                                f"r = Roster(0, [({HOST!r}, os.getpid()), ({HOST!r}, {dead})]); r.watch_sigterm(); "
                                f"step_failure(r, 'rank 0: training step 3 failed', RuntimeError('reset'))")
     assert code == 143, err
@@ -181,7 +181,7 @@ def test_a_failed_step_waits_briefly_for_a_peer_still_leaving(monkeypatch, capsy
     """The collective can fail before the lost peer's process reads as gone: the rank looks again
     for up to SETTLE seconds, and with no peer gone gives TensorFlow's words after that bound."""
     import threading
-    from common.roster import SETTLE
+    from allreduce.roster import SETTLE
     monkeypatch.setenv("HVDPS_QUIET_ERRORS", "0")
     peer = subprocess.Popen(["sleep", "30"])
     timer = threading.Timer(dies_after, peer.kill) if dies_after else None

@@ -1,6 +1,6 @@
-"""The shipped SLURM scripts and hvdps-compare, run by a real SLURM on the emulated hosts.
+"""The shipped SLURM scripts and hvdps compare, run by a real SLURM on the emulated hosts.
 
-hvdps-emulate --slurm starts Debian's slurm-wlm 22.05 (munged and slurmctld on the login node,
+hvdps emulate --slurm starts Debian's slurm-wlm 22.05 (munged and slurmctld on the login node,
 ``slurmd -N hK`` in each host's namespace), submits each script with sbatch, then runs the
 comparison inside an allocation of every host (``salloc``, ``--hosts slurm``). Each job's final
 test accuracy is checked against the same training run locally. Needs root and the packages
@@ -83,7 +83,7 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
     except subprocess.TimeoutExpired:
         p.kill()
         text = p.communicate()[0]
-        pytest.fail("hvdps-emulate --slurm did not end within 900 s\n" + text[-4000:])
+        pytest.fail("hvdps emulate --slurm did not end within 900 s\n" + text[-4000:])
     assert p.returncode == 0, text[-4000:]
     assert "emulated cluster removed" in text
     assert leftovers(p.pid) == ([], [], [])

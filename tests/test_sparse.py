@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from common.backend import ps_wire, ring_wire
+from allreduce.backend import ring_wire
+from ps_train.backend import ps_wire
 from common.config import make_config
 from common.data import CLICK_FEATURES
 from common.errors import UsageError

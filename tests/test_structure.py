@@ -10,7 +10,7 @@ from tests.conftest import REPO
 
 METHOD_PACKAGES = tuple(sorted(e for e in os.listdir(REPO) if e.endswith("_train")
                                and os.path.isfile(os.path.join(REPO, e, "__init__.py"))))
-PACKAGES = ("common", "hvdps", "tf_cluster", *METHOD_PACKAGES)
+PACKAGES = ("common", "allreduce", "hvdps", "tf_cluster", *METHOD_PACKAGES)
 
 
 def module_files():
@@ -88,20 +88,21 @@ def test_common_imports_no_backend():
                 assert not any(n.split(".")[0] == "horovod" or "distribute" in n for n in names), module
             if isinstance(node, ast.Attribute) and node.attr == "distribute":
                 assert not (isinstance(node.value, ast.Name) and node.value.id == "tf"), module
-        assert not any(d.split(".")[0] in (*METHOD_PACKAGES, "hvdps") for d in deps), module
+        assert not any(d.split(".")[0] in (*METHOD_PACKAGES, "allreduce", "tf_cluster", "hvdps") for d in deps), module
 
 
 @pytest.mark.unit
 def test_a_method_package_imports_no_other_method():
     """A method is its package: what two of them share (the TensorFlow cluster plumbing of PS and
-    MultiWorkerMirrored: listening, supervision, SLURM's TF_CONFIG) lives in tf_cluster/, and the two
-    all-reduce trainers' loop in common/, so no method package reaches into another's."""
+    MultiWorkerMirrored: listening, supervision, SLURM's TF_CONFIG) lives in tf_cluster/, and what the
+    all-reduce methods share (their loop, the mpi4py job, the roster) in allreduce/, so no method
+    package reaches into another's."""
     methods = list(METHOD_PACKAGES)
     for module, deps in project_imports().items():
         own = module.split(".")[0]
         if own in methods:
             assert not [d for d in deps if d.split(".")[0] in methods and d.split(".")[0] != own], (module, deps)
-        if own == "tf_cluster":
+        if own in ("tf_cluster", "allreduce"):
             assert not [d for d in deps if d.split(".")[0] in methods + ["hvdps"]], (module, deps)
 
 
@@ -141,3 +142,18 @@ def test_only_the_command_lines_read_a_command_line():
         assert not [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"], path
         assert not [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Parser"
                     or isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "ArgumentParser"], path
+
+
+MAIN_FUNCTION_LINES = 60     # a trainer's main.py reads top to bottom, as Horovod's examples do
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("package", METHOD_PACKAGES)
+def test_a_method_main_has_short_functions(package):
+    """Every function of a method's entry script fits on a screen: what it does at length lives in
+    the package's other modules, so the script stays the linear recipe a user reads."""
+    path = os.path.join(REPO, package, "main.py")
+    tree = ast.parse(open(path).read())
+    long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAIN_FUNCTION_LINES]
+    assert not long, long

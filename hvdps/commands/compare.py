@@ -3,8 +3,7 @@
     hvdps compare --workers 1,2 --backends horovod,ps --out runs/compare [trainer flags]
     hvdps compare --from runs/compare              # rebuild the report, no training
     hvdps compare --dry_run --workers 1,2,4         # print the exact commands
-
-    hvdps compare --project ...                     # the scaling projection (hvdps project)
+    hvdps project --from runs/compare/runs ...      # those runs projected to other networks and sizes
 
     hvdps compare --hosts hostfile --workers 2,4 ...  # across hosts: mpirun -H, PS roles over ssh
     hvdps compare --hosts slurm ...                   # inside a SLURM allocation (srun for PS roles)
@@ -194,7 +193,7 @@ _RANK_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ (?:on node (\S+) )?e
 # The local PS and MWMS launchers' closing line for a task killed by a signal (tf_cluster/supervise.py:
 # "[launch] exit code 1 (chief:0 was killed by SIGSEGV)").
 _TASK_SIGNAL = re.compile(r"^\[launch\] exit code \d+ \((\S+) was killed by (SIG\w+|signal \d+)\)")
-# A survivor's line about a rank it lost (common/roster.py): a consequence, named only when no rank said why.
+# A survivor's line about a rank it lost (allreduce/roster.py): a consequence, named only when no rank said why.
 _LOST_PEER = re.compile(r": lost rank \d+ \(pid \d+ on ")
 _OWN_ERROR = re.compile(r"^(?:\[[^\]]+\](?:<std\w+>:)?\s?|\d+:\s)?(error: .*)$")
 _EXCEPTION = re.compile(r"^(\[\d+,\d+\]<std\w+>:)?[A-Za-z_.]*(Error|Exception|Exit)\b.*:")
@@ -378,8 +377,6 @@ def make_parser():
     g.add_argument("--from", dest="from_dirs", nargs="+", default=None,
                    help="rebuild the report from existing run directories")
     g.add_argument("--no_progress", dest="progress", action="store_false")
-    g.add_argument("--project", action="store_true",
-                   help="run the scaling projection instead (same as hvdps project; see its --help)")
     h = p.add_argument_group("across hosts")
     h.add_argument("--hosts", default=None,
                    help="run on these hosts: a hostfile ('host slots=N' lines), h1:2,h2:2, or 'slurm' (the "
@@ -400,7 +397,7 @@ def make_parser():
     return p
 
 
-COMPARE_FLAGS = ("workers", "backends", "num_ps", "run_timeout", "repeat", "dry_run", "from_dirs", "progress", "project",
+COMPARE_FLAGS = ("workers", "backends", "num_ps", "run_timeout", "repeat", "dry_run", "from_dirs", "progress",
                  "train_dir", "resume", "hosts", "rsh", "network_interface", "ps_placement", "port", "links")
 
 
@@ -451,9 +448,6 @@ def check_out(out, from_dirs):
 @cli
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--project" in argv:          # a sub-command with its own flags, not a training option
-        from hvdps.commands import project
-        return project.main([a for a in argv if a != "--project"])
     parser = make_parser()
     args = parser.parse_args(argv)
     absolute_paths(args)             # every run starts in the repository, not in the user's folder

@@ -62,7 +62,8 @@ def native_stderr_quiet():
 
 
 def from_runs(path, ring, ps, nets=None):
-    """compute_s, layers, grad bytes and per-backend measured overlaps from the runs under ``path``."""
+    """compute_s, layers, per-backend measured overlaps, notes and the (backend, mode) of every timed
+    run, from the runs under ``path``."""
     dirs = find_runs(path)
     if not dirs:
         raise UsageError(f"--from {path}: no hvdps runs there (no metrics.jsonl)")
@@ -95,8 +96,8 @@ def from_runs(path, ring, ps, nets=None):
             largest[key] = r
     for r in largest.values():
         method = methods.lookup(r.backend)
-        if method is None or (r.workers or 1) < 2 and method.cost.collective:
-            continue
+        if method is None or method.cost.collective and ((r.workers or 1) < 2 or not method.cost.exact):
+            continue                 # an inexact ring (local SGD) has rows of its own, by its k (own_rows)
         t, how = run_exchange_s(r, ring, ps, nets)
         ov = measured_overlap(r, t)
         if ov is None:
@@ -106,7 +107,21 @@ def from_runs(path, ring, ps, nets=None):
         measured[label] = (ov, method.cost.collective)
         notes.append(f"{r.name}: compute {1e3 * r.compute_s:.2f} ms, step "
                      f"{1e3 * r.step_s:.2f} ms, exchange {1e3 * t:.2f} ms ({how}) -> overlap {ov:.0%}")
-    return compute, layers, measured, notes
+    return compute, layers, measured, notes, [(r.backend, r.mode) for r in timed]
+
+
+def own_rows(nets, ring, variants=()):
+    """{label: (method, fit, mode)}: the collective methods the projection draws on rows of their own,
+    those with a network fit of their own (TensorFlow's ring) and those whose step is not the exact
+    ring's (local SGD), each in the modes the runs measured (``variants``), else its first."""
+    out = {}
+    for method in methods.METHODS.values():
+        net = nets.get(method.cost.network)
+        if not method.cost.collective or method.cost.exact and net in (None, ring):
+            continue
+        for mode in dict.fromkeys([m for b, m in variants if b == method.name] or [method.modes[0]]):
+            out[method.label(mode)] = (method, net or ring, mode)
+    return out
 
 
 # What a projection input may be: from a 1 kbit/s link to a 1 Pbit/s one, and so on. Outside
@@ -183,12 +198,10 @@ def heldout_of(path, layers, ring, ps, nets, args):
 
 # ---------------------------------------------------------------- command line
 def make_parser():
-    import argparse
     from common.flags import Parser
     p = Parser(prog="hvdps project", description="Project scaling efficiency to many workers "
-               "(alpha-beta network, wait-free backprop schedule; no training); also reachable as "
-               "hvdps compare --project")
-    p.add_argument("--from", "--compute-from", dest="from_dir", default=None,
+               "(alpha-beta network, wait-free backprop schedule; no training)")
+    p.add_argument("--from", dest="from_dir", default=None,
                    help="hvdps runs (a compare directory or one run): compute time, gradient, the model's "
                         "layers and the overlap each run achieved are taken from them")
     p.add_argument("--run_timeout", type=float, default=300,
@@ -218,8 +231,6 @@ def make_parser():
                    help="how variables go to PS shards: split (hvdps' PS trainers: large variables cut into "
                         "one piece per shard, then round robin), round_robin (replica_device_setter's "
                         "default, whole variables) or greedy by bytes (tf_cnn_benchmarks)")
-    p.add_argument("--ps-placement", dest="ps_sharding", choices=schedule.PLACEMENTS, default=argparse.SUPPRESS,
-                   help=argparse.SUPPRESS)   # the former name of --ps_sharding
     p.add_argument("--ps_gpus_per_worker", dest="ps_gpus_per_worker", type=int, default=1,
                    help="GPUs driven by one PS worker task, which sums their gradients before the push and "
                         "reads each variable once for them (tf_cnn_benchmarks' --num_gpus); default 1, one "
@@ -227,7 +238,6 @@ def make_parser():
     p.add_argument("--ps_bandwidth_gbps", dest="ps_bandwidth_gbps", type=float, default=None,
                    help="what the PS transport (TensorFlow's gRPC) really moves per process, in Gbit/s, "
                         "when that is below the link's --bandwidth_gbps")
-    p.add_argument("--overlap", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--max_workers", dest="max_workers", type=int, default=512)
     for name, (low, high) in INPUT_RANGES.items():
         p.bound(name, low, high)
@@ -279,9 +289,6 @@ def networks(args, fits, ring, ps, cluster=None):
 def run_projection(args):
     """The projection from measurements and/or given hardware."""
     from common.flags import check_finite
-    if args.overlap is not None:
-        raise UsageError("--overlap is gone: the overlap now comes from the model's layers (--model_name, "
-                         "--from) or from what the runs measured (--from); see docs/projection.md")
     for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "cycle_time_ms",
                  "fusion_threshold_mb", "straggler_cv", "ps_bandwidth_gbps"):
         if getattr(args, name) is not None:
@@ -313,8 +320,6 @@ def run_projection(args):
         raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
                          f"and no --bandwidth_gbps/--latency_us given")
     nets = networks(args, fits, ring, ps, cluster)
-    own = {method.label(method.modes[0]): (method, nets[method.cost.network]) for method in methods.METHODS.values()
-           if method.cost.collective and nets.get(method.cost.network) not in (None, ring)}
     profiles = known_models()
     if args.model_name and args.model_name not in profiles:
         raise UsageError(f"unknown --model_name '{args.model_name}' (valid: {', '.join(profiles)})")
@@ -322,15 +327,16 @@ def run_projection(args):
     if args.model_params and not layers:
         layers = single_layer(args.model_params * 4e6)
     compute = args.step_compute_ms / 1e3 if args.step_compute_ms else None
-    measured, notes = {}, []
+    measured, notes, variants = {}, [], []
     if args.from_dir:
-        run_compute, run_layers, measured, notes = from_runs(args.from_dir, ring, ps, nets)
+        run_compute, run_layers, measured, notes, variants = from_runs(args.from_dir, ring, ps, nets)
         compute = compute or run_compute
         layers = layers or run_layers
     if not layers or not compute:
         raise UsageError("--project needs the model (--model_name, --model_params or --from) "
                          "and the compute time (--step_compute_ms or --from)")
     grad = sum(l["grad_bytes"] for l in layers)
+    own = own_rows(nets, ring, variants)
     workers = powers_of_two(1, args.max_workers)
     rows = project(layers, compute, workers, ring, ps,
                    per_server=args.gpus_per_server, cycle_s=args.cycle_time_ms / 1e3,
@@ -344,7 +350,9 @@ def run_projection(args):
             f"{args.ps_gpus_per_worker} GPU(s) per PS worker task; Horovod cycle "
             f"{args.cycle_time_ms:g} ms, fusion {args.fusion_threshold_mb:g} MiB; PS placement "
             f"{args.ps_sharding}; straggler cv {args.straggler_cv:g}\n\n")
-    for label, (_, net) in own.items():
+    for label, (_, net, _) in own.items():
+        if net == ring:
+            continue                 # costed on the ring's network, by a step model of its own
         text += (f"{label}: its own fit from {comm_json}, {net['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
                  f"{net['alpha'] * 1e6:.1f} us.\n\n")
     if cluster and cluster.latency_s is not None and (args.bandwidth_gbps is None or args.latency_us is None):
@@ -386,7 +394,7 @@ def run_projection(args):
     write_atomic(os.path.join(args.out, "projection.md"), text + "\n![projection](projection.png)\n")
     write_atomic(os.path.join(args.out, "projection.json"), dumps({
                        "grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": ps,
-                       "own_fits": {label: net for label, (_, net) in own.items()},
+                       "own_fits": {label: net for label, (_, net, _) in own.items() if net != ring},
                        "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
                        "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
                        "ps_sharding": args.ps_sharding, "ps_gpus_per_worker": args.ps_gpus_per_worker,

@@ -8,8 +8,8 @@ model's lines also fill the worker and shard counts that were not run: each line
 compute the runs of its method measured at the nearest worker count, since on a shared machine a
 step's compute grows with the processes beside it.
 
-The ring side at each n is the fastest ring method measured there (each is a drop-in for the
-others); each PS variant (classic sync, classic async, TF2's PS) is set against it on its own.
+The ring side at each n is the fastest exact ring method measured there (each is a drop-in for the
+others; local SGD, which averages less often, is drawn beside them, not counted among them); each PS variant (classic sync, classic async, TF2's PS) is set against it on its own.
 Which methods are rings and which are PS jobs comes from the method registry (hvdps/methods.py).
 """
 import dataclasses
@@ -25,6 +25,12 @@ MAX_SHARDS = 64      # the projected shard count searched: a PS job needing more
 def is_ring(row):
     method = methods.lookup(row.backend)
     return bool(method and method.cost.collective)
+
+
+def is_exact(variant):
+    """A ring whose every update is the all-ranks average (hvdps/methods.py: ``Ring.exact``): one of
+    the crossover's ring side, where a ring that averages less often (local SGD) is only drawn."""
+    return methods.lookup(variant[0]).cost.exact
 
 
 def points(rows):
@@ -86,13 +92,14 @@ def analyse(rows, project, layers=None, grid=None):
         ring_variants = list(dict.fromkeys(_variant(r) for r in rings))
         ring_runs = {v: [r for r in rings if _variant(r) == v] for v in ring_variants}
         ring_lines = {v: {n: projected(v, ring_runs[v], n) for n in ns} for v in ring_variants}
-        best_ring = {}           # n -> (measured s, variant) of the fastest ring measured there
+        exact = [v for v in ring_variants if is_exact(v)]   # drop-ins for each other (hvdps/methods.py: Ring.exact)
+        best_ring = {}           # n -> (measured s, variant) of the fastest exact ring measured there
         for n in measured_ns:
-            here = [(r.step_s, _variant(r)) for r in rings if r.workers == n]
+            here = [(r.step_s, _variant(r)) for r in rings if r.workers == n and _variant(r) in exact]
             if here:
                 best_ring[n] = min(here)
-        best_line = {n: min((ring_lines[v][n], v) for v in ring_variants if ring_lines[v][n] is not None)
-                     for n in ns if any(ring_lines[v][n] is not None for v in ring_variants)}
+        best_line = {n: min((ring_lines[v][n], v) for v in exact if ring_lines[v][n] is not None)
+                     for n in ns if any(ring_lines[v][n] is not None for v in exact)}
         series = [{"name": _name(v), "ring": True, "k": None,
                    "measured": sorted((r.workers, r.step_s) for r in ring_runs[v]),
                    "projected": [(n, s) for n, s in ring_lines[v].items() if s is not None]} for v in ring_variants]

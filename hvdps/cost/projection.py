@@ -126,8 +126,9 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
             own=None):
     """Rows of projected step time and efficiency for each worker count and architecture.
 
-    ``own``: {label: (method, fit)} for collective methods measured with a network of their own
-    (TensorFlow's ring): each adds rows by its method's step model (hvdps/methods.py) on that fit.
+    ``own``: {label: (method, fit, mode)} for collective methods measured with a network of their own
+    (TensorFlow's ring) or with a step of their own (local SGD): each adds rows by its method's step
+    model (hvdps/methods.py) in that mode, on that fit.
 
     PS rows: a fixed number of shards each (``shards``), and one PS per server
     (k = n / per_server), the layout that grows with the cluster; ``ps_towers``
@@ -157,8 +158,8 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
             res = schedule.ring_step(layers, compute_s, n, ring["bandwidth"] * schedule.byteps_link_scale(n, k),
                                      ring["alpha"], fusion_bytes, cycle_s)
             add(n, label, res, PS)
-        for label, (method, net) in (own or {}).items():
-            row = StepShape(workers=n, compute_s=compute_s, grad_bytes_per_step=grad, mode=method.modes[0])
+        for label, (method, net, mode) in (own or {}).items():
+            row = StepShape(workers=n, compute_s=compute_s, grad_bytes_per_step=grad, mode=mode)
             step, _ = method.cost.projected_step(row, None, layers, net, ps, fusion_bytes, cycle_s)
             t = method.cost.exchange_s(row, net, ps) or 0.0
             add(n, label, {"step_s": step, "comm_s": t,

@@ -25,7 +25,8 @@ Step time = forward + backward + the exposed exchange; efficiency = compute /
 step, as tf_cnn_benchmarks' scaling figures are (per-GPU throughput at n over
 the single-GPU throughput).
 """
-from common.backend import MIN_SHARD_BYTES, ring_share
+from allreduce.backend import ring_share
+from common.backend import MIN_SHARD_BYTES
 
 FORWARD_SHARE = 1.0 / 3.0
 

@@ -1,6 +1,6 @@
 """The synchronous data-parallel run both all-reduce trainers share (Horovod and bare MPI).
 
-Backend-neutral: it calls only the members ``common.backend.AllreduceBackend``
+Backend-neutral: it calls only the members ``allreduce.backend.AllreduceBackend``
 declares, so the Horovod trainer and the bare-MPI reference time exactly the
 same step and keep the same books; the difference between them is the
 exchange and nothing else. Lines marked ``# all-reduce:`` are the only
@@ -16,7 +16,7 @@ from common.checkpoints import Checkpoints
 from common.evaluation import eval_sums, finish_eval
 from common.optim import create_slots, make_lr_schedule
 from common.run_dir import check_resume_compatible, refuse_finished
-from common.roster import step_failure
+from allreduce.roster import step_failure
 from common.runlog import RunLog
 
 
@@ -39,7 +39,9 @@ class AllreduceAdapter(Adapter):
         key = (self.backend.rank, self.backend.world_size)      # elastic: the world may have changed
         if key not in self._test:
             self._test = {key: make_dataset(self.cfg, *key, split="test")}
-        return finish_eval(self.backend.allreduce(eval_sums(self.model, self._test[key]), "eval", op="sum"))
+        with self.backend.consensus(self.model):     # all-reduce: the weights the ranks agree on
+            sums = eval_sums(self.model, self._test[key])
+        return finish_eval(self.backend.allreduce(sums, "eval", op="sum"))
 
     def save(self, step):
         self.checkpoints.save(step)
@@ -112,6 +114,7 @@ def run_custom(backend, model, optimizer, train_ds, start_step, total_steps, boo
         except tf.errors.OpError as exc:         # a lost peer, a collective's timeout: one line, not a trace
             raise step_failure(peers, f"rank {backend.rank}: training step {step + 1} failed", exc)
         step += 1
+        backend.after_step(model, step, last=step == total_steps)   # all-reduce: local SGD's weight exchange
         books.after_update(step, loss)
     return waits
 

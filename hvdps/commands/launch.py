@@ -1,0 +1,49 @@
+"""hvdps launch NAME for a method whose whole job is one mpirun line (Horovod, bare MPI, local SGD):
+the line hvdps compare starts it with, on this machine, run in this process's place.
+
+    hvdps launch horovod --num_workers 2 --epochs 5 --train_dir runs/hvd
+    hvdps launch localsgd --num_workers 2 --local_steps 8 --train_dir runs/lsgd
+    hvdps launch mpi --num_workers 2 --dry_run --train_dir runs/mpi     # print the line instead
+
+Every flag after the launcher's own goes to the trainer as it is (``hvdps train NAME --help`` lists
+them). Across hosts the launch line is the user's own (``mpirun -H``, ``horovodrun -H``, ``srun``:
+README) or ``hvdps compare --hosts``.
+"""
+import os
+import shlex
+import sys
+
+from common.errors import UsageError, cli
+from common.flags import Parser
+from common.procs import child_env
+from hvdps.methods import get_launcher
+
+MAX_WORKERS = 1024
+
+
+@cli
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        raise UsageError("hvdps launch: a method is needed")
+    name, rest = argv[0], argv[1:]
+    launcher = get_launcher(name)
+    p = Parser(prog=f"hvdps launch {name}", description=__doc__.splitlines()[0])
+    p.add_argument("--num_workers", type=int, default=2, help="ranks to start (mpirun -np)")
+    p.add_argument("--pin_workers", action="store_true",
+                   help="one core and one TensorFlow thread per rank (mpirun -bind-to core)")
+    p.add_argument("--dry_run", action="store_true", help="print the mpirun line instead of running it")
+    p.bound("num_workers", 1, MAX_WORKERS)
+    args, trainer_argv = p.parse_known_args(rest)
+    cmd = launcher.command(args.num_workers, trainer_argv, pin_cores=args.pin_workers)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    env = child_env()
+    env.update(launcher.env())
+    sys.stdout.flush()
+    os.execvpe(cmd[0], cmd, env)     # mpirun in this process's place: signals and exit code are its own
+
+
+if __name__ == "__main__":
+    sys.exit(main())
