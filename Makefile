@@ -19,7 +19,7 @@ SETUP_PY  = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
 DEMO_MLP_EPOCHS ?= 15
 DEMO_CNN_EPOCHS ?= 3
 # The environment of the processes the project starts (Open MPI as root, quiet TF, the repo on
-# PYTHONPATH) is set in one place: common/procs.py:child_env, used by every launcher and the tests.
+# PYTHONPATH) is set in one place: common/base/procs.py:child_env, used by every launcher and the tests.
 
 .PHONY: setup demo test fuzz bench emulate emulate-scale slurm clean-venv
 

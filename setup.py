@@ -17,7 +17,7 @@ setup(
                                     "hvdps", "hvdps.*"]),
     package_data={"hvdps.cost": ["model_profiles.json"],   # layer profiles of the benchmark models
                   "hvdps.measure": ["*.sh"],             # the remote-shell agents (namespaces, SLURM)
-                  "common": ["digits.csv.gz"]},       # the bundled data set (common/data.py: load_digits)
+                  "common.inputs": ["digits.csv.gz"]},       # the bundled data set (common/inputs/data.py: load_digits)
     install_requires=[
         # The stack is pinned by make setup (hvdps/install/stack.py): 2.21 (numpy 2) on Python 3.10-3.13, 2.18 and
         # 2.15 (numpy 1) selectable. `tensorflow`, not `tensorflow-cpu`: tf-keras depends on the former.
@@ -26,10 +26,10 @@ setup(
         "mpi4py==4.1.2",
         "matplotlib==3.9.2",
         "tqdm==4.66.5",
-        "google-crc32c==1.9.0",     # TFRecord framing checked before any task starts (common/records.py)
+        "google-crc32c==1.9.0",     # TFRecord framing checked before any task starts (common/inputs/records.py)
         "PyYAML==6.0.2",
         "tensorboard>=2.15",              # TensorFlow 2.21 no longer brings it; the runs write its events
-        "pydantic==2.12.5",               # the schema of every file hvdps reads (common/schemas.py)
+        "pydantic==2.12.5",               # the schema of every file hvdps reads (common/formats/schemas.py)
     ],
     extras_require={
         "gpu": ["tensorflow[and-cuda]>=2.15.1,<2.22"],

@@ -1,7 +1,7 @@
 """What the all-reduce methods share: the backend interface their loop calls (allreduce/sync_loop.py),
 how a rank takes its share of the host, and the ring's wire rule.
 
-``AllreduceBackend`` adds to ``common.backend.Backend`` what the all-reduce loops (allreduce/sync_loop.py,
+``AllreduceBackend`` adds to ``common.trainer.backend.Backend`` what the all-reduce loops (allreduce/sync_loop.py,
 horovod_train/elastic.py) need: where gradients are exchanged, broadcasts, metric reductions, the
 divergence check, and the two points where a method that does not exchange every step (local SGD)
 exchanges weights instead (``after_step``, ``consensus``).
@@ -9,8 +9,8 @@ exchanges weights instead (``after_step``, ``consensus``).
 import contextlib
 import os
 
-from common.backend import Backend
-from common.procs import host_cores
+from common.trainer.backend import Backend
+from common.base.procs import host_cores
 
 
 def yield_when_idle():

@@ -14,8 +14,8 @@ import numpy as np
 
 from allreduce.backend import AllreduceBackend, place_rank, yield_when_idle
 from allreduce.roster import Roster
-from common.errors import UsageError
-from common.plan import make_plan
+from common.base.errors import UsageError
+from common.spec.plan import make_plan
 
 
 def abort_on_exception(comm):

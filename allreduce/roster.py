@@ -127,7 +127,7 @@ def step_failure(roster, what, exc):
     """The RunError for a failed collective (``what``: 'rank 1: training step 12 failed'): naming the
     ranks of this host that are gone, printed now by the rank that speaks for the host (even where
     a rank's errors are silenced) and by no other; else TensorFlow's own words."""
-    from common.errors import RunError, describe, say_first
+    from common.base.errors import RunError, describe, say_first
     if roster and roster.terminating.is_set():  # a peer left on the launcher's SIGTERM, as this rank will
         error = RunError(f"{what}: {describe(exc)}")
         error.said = True

@@ -8,16 +8,16 @@ differences from single-process code.
 """
 import itertools
 
-from common.bookkeeper import Adapter, Bookkeeper
-from common.data import input_failure, input_wait, make_dataset, read_batches
-from common.models import build_model, loss_fn, make_optimizer, train_step_fn
-from common.probe import compute_step_time
-from common.checkpoints import Checkpoints
-from common.evaluation import eval_sums, finish_eval
-from common.optim import create_slots, make_lr_schedule
-from common.run_dir import check_resume_compatible, refuse_finished
+from common.trainer.bookkeeper import Adapter, Bookkeeper
+from common.inputs.data import input_failure, input_wait, make_dataset, read_batches
+from common.model.models import build_model, loss_fn, make_optimizer, train_step_fn
+from common.model.probe import compute_step_time
+from common.trainer.checkpoints import Checkpoints
+from common.model.evaluation import eval_sums, finish_eval
+from common.model.optim import create_slots, make_lr_schedule
+from common.trainer.run_dir import check_resume_compatible, refuse_finished
 from allreduce.roster import step_failure
-from common.runlog import RunLog
+from common.trainer.runlog import RunLog
 
 
 class AllreduceAdapter(Adapter):

@@ -29,10 +29,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from common.errors import cli  # noqa: E402
-from common.flags import Parser  # noqa: E402
+from common.base.errors import cli  # noqa: E402
+from common.base.flags import Parser  # noqa: E402
 from results_file import save  # noqa: E402
-from common.schemas import read_result  # noqa: E402
+from common.formats.schemas import read_result  # noqa: E402
 
 
 def bare_worker(args):
@@ -86,7 +86,7 @@ def interval_rates(times, first_step, every, samples_per_step):
 
 
 def launch(np_, argv):
-    from common.procs import child_env
+    from common.base.procs import child_env
     from hvdps.methods import get_launcher
     launcher = get_launcher("horovod")
     cmd = launcher.command(np_, [])
@@ -121,7 +121,7 @@ def run_bare(args, scratch, rep):
 
 
 def run_trainer(args, scratch, rep):
-    from common.metrics import read_records
+    from common.trainer.metrics import read_records
     out = os.path.join(scratch, f"trainer-{rep}")
     model = {"ResNet50": "resnet50", "ResNet101": "resnet101", "InceptionV3": "inception_v3",
              "VGG16": "vgg16", "MobileNetV2": "mobilenet_v2"}[args.app]

@@ -47,8 +47,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
-from common.errors import cli  # noqa: E402
-from common.flags import Parser  # noqa: E402
+from common.base.errors import cli  # noqa: E402
+from common.base.flags import Parser  # noqa: E402
 
 BATCH, HIDDEN, LR = 100, 100, 0.01
 
@@ -84,9 +84,9 @@ def classic_graph(tf, cluster, index, sync, feats, x_train, onehot, updates):
         b2 = v1.Variable(v1.zeros([10]), name="sm_b", **kind)
         x = v1.placeholder(tf.float32, [None, 784])
         y_ = v1.placeholder(tf.float32, [None, 10])
-        if "data" in feats:                   # ps_train's input pipeline (common/data.py), no feeds
-            from common.config import make_config
-            from common.data import make_dataset
+        if "data" in feats:                   # ps_train's input pipeline (common/inputs/data.py), no feeds
+            from common.spec.config import make_config
+            from common.inputs.data import make_dataset
             cfg = make_config(model="mlp", batch_size=BATCH, train_steps=2 * updates, dataset="examples/digits28.py:load")
             x, labels = v1.data.make_one_shot_iterator(make_dataset(cfg, index, workers, num_steps=2 * updates)).get_next()
             x, y_ = tf.reshape(x, [-1, 784]), tf.one_hot(labels, 10)
@@ -244,7 +244,7 @@ def finish_roles(procs, chief, timeout, before_kill=None, first=0):
 
 
 def local_cluster(workers):
-    from common.procs import free_ports
+    from common.base.procs import free_ports
     ports = free_ports(workers + 1)       # distinct: picked together
     return {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
 
@@ -290,8 +290,8 @@ def trainer_flags(mode, updates, warmup, log_every, out, workers):
 
 def run_hvdps(mode, updates, warmup, log_every, timeout, out, workers=2, pin=False, launcher=False):
     """ps_train on the same job: one process per role like the bare loop, or through ps_train.launch."""
-    from common.metrics import load_run
-    from common.procs import child_env
+    from common.trainer.metrics import load_run
+    from common.base.procs import child_env
     flags = trainer_flags(mode, updates, warmup, log_every, out, workers)
     t0 = time.time()
     if launcher:
@@ -356,8 +356,8 @@ def table(results, modes, impls):
 
 def pooled(paths):
     """The runs of earlier invocations together; a pair stays within its own invocation."""
-    from common.errors import UsageError
-    from common.schemas import read_result
+    from common.base.errors import UsageError
+    from common.formats.schemas import read_result
     results = []
     for k, path in enumerate(paths):
         try:

@@ -31,12 +31,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
-from common.errors import cli  # noqa: E402
-from common.flags import Parser, megabytes  # noqa: E402
+from common.base.errors import cli  # noqa: E402
+from common.base.flags import Parser, megabytes  # noqa: E402
 
 def gradient_sizes():
-    from common.config import make_config
-    from common.models import build_model, gradient_bytes
+    from common.spec.config import make_config
+    from common.model.models import build_model, gradient_bytes
     out = {}
     for name, kw in (("mlp/digits", dict(model="mlp")), ("cnn/digits", dict(model="cnn")),
                      ("mlp/mnist-shape", dict(model="mlp", dataset="synthetic", image_shape=(28, 28, 1))),
@@ -183,7 +183,7 @@ PS_TASK = ("import json, sys, time, tensorflow as tf;"
 def worker_ps(args):
     """One PS task in a child process, this process as the worker; push and pull per size."""
     import tensorflow as tf
-    from common.procs import free_ports
+    from common.base.procs import free_ports
     tf.compat.v1.disable_eager_execution()
     child = None
     if args.cluster_json:                  # across hosts: the PS task was started on its own host
@@ -251,7 +251,7 @@ for label, nbytes in sizes:
 def run_mwms(np_, sizes, repeats, warmup, timeout=1200):
     """``np_`` MultiWorkerMirroredStrategy tasks on loopback ports (the bind shim keeps their gRPC
     servers there); task 0's RESULT lines."""
-    from common.procs import child_env, free_ports, loopback_only_env
+    from common.base.procs import child_env, free_ports, loopback_only_env
     spec = {"worker": [f"127.0.0.1:{p}" for p in free_ports(np_)]}
     procs = []
     try:
@@ -307,7 +307,7 @@ def main():
     sizes = sorted(gradient_sizes().items(), key=lambda kv: kv[1])
     sizes += args.sizes_mb
     common = ["--sizes_json", json.dumps(sizes), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
-    from common.procs import child_env
+    from common.base.procs import child_env
     env = child_env()
     bindir = os.path.dirname(sys.executable)
     me = [sys.executable, os.path.abspath(__file__)]

@@ -36,14 +36,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
-from common.errors import cli  # noqa: E402
-from common.flags import Parser, megabytes  # noqa: E402
+from common.base.errors import cli  # noqa: E402
+from common.base.flags import Parser, megabytes  # noqa: E402
 
-from common.errors import UsageError                        # noqa: E402
+from common.base.errors import UsageError                        # noqa: E402
 from hvdps.commands import emulate                          # noqa: E402
 from hvdps.measure import cluster as emulated               # noqa: E402
 from hvdps.launchers import Remote, remote_mpi_flags     # noqa: E402
-from common.procs import child_env                           # noqa: E402
+from common.base.procs import child_env                           # noqa: E402
 from comm_bandwidth import MWMS_TASK, PS_TASK                # noqa: E402  (this folder is on sys.path)
 
 COMM = os.path.join(HERE, "comm_bandwidth.py")
@@ -195,7 +195,7 @@ def timeline_phases(path, sizes):
 def tf_ring(cluster, workers, sizes, repeats, warmup):
     """One MultiWorkerMirroredStrategy task on each of the first ``workers`` hosts, its gRPC server
     bound to its host's own address (the bind shim), not every interface."""
-    from common.procs import free_ports, shim_library
+    from common.base.procs import free_ports, shim_library
     port = free_ports(1)[0]     # a port free here; the hosts' namespaces have nothing bound
     spec = {"worker": [f"{a}:{port}" for a in cluster.addrs[:workers]]}
     procs = []
@@ -220,7 +220,7 @@ def tf_ring(cluster, workers, sizes, repeats, warmup):
 
 def ps(cluster, sizes, repeats, warmup):
     """A PS task on h2, the worker on h1: push (worker -> PS) and pull (PS -> worker)."""
-    from common.procs import free_ports
+    from common.base.procs import free_ports
     port = free_ports(1)[0]     # a port free here; the hosts' namespaces have nothing bound
     spec = {"ps": [f"{cluster.addrs[1]}:{port}"], "worker": [f"{cluster.addrs[0]}:{port}"]}
     env = child_env()

@@ -28,10 +28,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 from benchmarks.results_file import save  # noqa: E402
-from common.errors import UsageError, cli  # noqa: E402
-from common.flags import Parser  # noqa: E402
-from common.metrics import load_run  # noqa: E402
-from common.procs import child_env  # noqa: E402
+from common.base.errors import UsageError, cli  # noqa: E402
+from common.base.flags import Parser  # noqa: E402
+from common.trainer.metrics import load_run  # noqa: E402
+from common.base.procs import child_env  # noqa: E402
 from hvdps.methods import get_launcher, parse_variants  # noqa: E402
 
 HVDPS = os.path.join(os.path.dirname(sys.executable), "hvdps")
@@ -77,8 +77,8 @@ sys.path.insert(0, {repo!r})
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
-from common.config import make_config
-from common.data import make_dataset
+from common.spec.config import make_config
+from common.inputs.data import make_dataset
 cfgs = {{"memory": make_config(batch_size=32, dataset="digits"),
         "files": make_config(batch_size=32, dataset="tfrecord", data_dir={data!r})}}
 times = {{"memory": [], "files": []}}

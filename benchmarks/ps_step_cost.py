@@ -35,8 +35,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 from benchmarks.bare_ps import cpu_seconds  # noqa: E402
 from benchmarks.results_file import save  # noqa: E402
-from common.errors import cli  # noqa: E402
-from common.flags import Parser  # noqa: E402
+from common.base.errors import cli  # noqa: E402
+from common.base.flags import Parser  # noqa: E402
 
 WAYS = ("classic", "ps_train", "ps_train, MonitoredSession", "ps_train, + StopAtStepHook")
 
@@ -47,8 +47,8 @@ def worker(args):
     import numpy as np
     import tensorflow as tf
     from benchmarks.bare_ps import BATCH, HIDDEN, LR, classic_graph
-    from common.config import make_config
-    from common.data import load_arrays
+    from common.spec.config import make_config
+    from common.inputs.data import load_arrays
     from examples.digits28 import load
     from ps_train.backend import PSBackend
     from ps_train.graph import build_graph
@@ -126,7 +126,7 @@ def main():
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     import tempfile
-    from common.procs import child_env, free_ports
+    from common.base.procs import child_env, free_ports
     ports = free_ports(2)
     cluster = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
     ps = subprocess.Popen([sys.executable, os.path.join(HERE, "bare_ps.py"), "--role", "ps",

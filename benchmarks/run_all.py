@@ -17,10 +17,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from common.errors import cli  # noqa: E402
-from common.flags import Parser  # noqa: E402
+from common.base.errors import cli  # noqa: E402
+from common.base.flags import Parser  # noqa: E402
 
-from common.procs import REPO, child_env  # noqa: E402
+from common.base.procs import REPO, child_env  # noqa: E402
 
 
 @cli

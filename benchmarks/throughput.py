@@ -21,12 +21,12 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
-from common.errors import cli  # noqa: E402
-from common.flags import Parser  # noqa: E402
+from common.base.errors import cli  # noqa: E402
+from common.base.flags import Parser  # noqa: E402
 
-from common.metrics import load_run  # noqa: E402
-from common.procs import child_env  # noqa: E402
-from common.schemas import read_launch_record  # noqa: E402
+from common.trainer.metrics import load_run  # noqa: E402
+from common.base.procs import child_env  # noqa: E402
+from common.formats.schemas import read_launch_record  # noqa: E402
 from hvdps.methods import get_launcher  # noqa: E402
 
 MODELS = {   # synthetic data shape, classes, per-worker batch, steps (global-batch steps), warm-up

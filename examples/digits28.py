@@ -8,7 +8,7 @@ import numpy as np
 
 
 def load(cfg):
-    from common.data import load_digits      # hvdps' own split of scikit-learn's digits
+    from common.inputs.data import load_digits      # hvdps' own split of scikit-learn's digits
     x_train, y_train, x_test, y_test = load_digits()
 
     def to28(x):

@@ -5,13 +5,13 @@ the built-in data sets. Return (x_train, y_train, x_test, y_test) as NumPy array
 x of shape (N, H, W[, C]) or (N, features), y integer class ids 0..classes-1.
 Load from local files (nothing can be downloaded on a cluster without internet);
 this example builds 16x16 images from the repository's copy of the 8x8 digits
-(common/digits.csv.gz: 64 pixel counts 0..16 and the label per row).
+(common/inputs/digits.csv.gz: 64 pixel counts 0..16 and the label per row).
 """
 import os
 
 import numpy as np
 
-DIGITS = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir, "common", "digits.csv.gz")
+DIGITS = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir, "common", "inputs", "digits.csv.gz")
 
 
 def load(cfg):

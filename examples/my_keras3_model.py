@@ -3,7 +3,7 @@ hvdps compare --model examples/my_keras3_model.py:build --backends horovod,mpi,p
 
 The same small CNN as my_model.py. hvdps trains it under Horovod, bare MPI and TF2's
 ParameterServerStrategy (``ps2``) through the tf.Variables its layers compute with
-(common/keras3.py); the classic TF1 parameter servers (``ps``) refuse it in one line.
+(common/spec/keras3.py); the classic TF1 parameter servers (``ps``) refuse it in one line.
 """
 import keras
 

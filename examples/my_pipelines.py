@@ -12,13 +12,13 @@ each epoch is the plan's steps per epoch of ``train(ctx)`` (``ctx.epoch`` is tha
 tensor: use it in a seed), a resumed run skips the batches it had read, and every batch's shape,
 size and labels are checked. Training batches must hold exactly ``ctx.batch_size`` examples.
 The test parts of the workers must add up to the whole test set. This example serves the
-repository's copy of the 8x8 digits (common/digits.csv.gz) from memory, split as my_data.py does.
+repository's copy of the 8x8 digits (common/inputs/digits.csv.gz) from memory, split as my_data.py does.
 """
 import os
 
 import numpy as np
 
-DIGITS = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir, "common", "digits.csv.gz")
+DIGITS = os.path.join(os.path.dirname(os.path.realpath(__file__)), os.pardir, "common", "inputs", "digits.csv.gz")
 
 
 def load(cfg):

@@ -11,7 +11,7 @@ and at each epoch end. When a rank dies, the survivors roll back to the last
 commit; when the world changes size (a failure, or the discovery script adding
 slots), every rank recomputes from the state what depends on the size:
 
-- the learning rate: the warm-up rule of common.optim with the *current*
+- the learning rate: the warm-up rule of common.model.optim with the *current*
   world size (Goyal et al.'s lr x workers), from the update count;
 - the data: the current epoch's permutation, sharded over the new world,
   resumed at ``samples done // (batch x workers)``: with interleaved sharding
@@ -21,15 +21,15 @@ slots), every rank recomputes from the state what depends on the size:
 Only rank 0 writes metrics, checkpoints and weights; a process that becomes
 rank 0 after a reset opens the metrics file and appends its own header.
 """
-from common.bookkeeper import Bookkeeper
-from common.data import make_dataset
-from common.errors import UsageError
-from common.models import train_step_fn
-from common.plan import make_plan
+from common.trainer.bookkeeper import Bookkeeper
+from common.inputs.data import make_dataset
+from common.base.errors import UsageError
+from common.model.models import train_step_fn
+from common.spec.plan import make_plan
 from allreduce.sync_loop import AllreduceAdapter
-from common.checkpoints import Checkpoints
-from common.optim import create_slots, make_lr_schedule
-from common.runlog import RunLog
+from common.trainer.checkpoints import Checkpoints
+from common.model.optim import create_slots, make_lr_schedule
+from common.trainer.runlog import RunLog
 
 
 def train_elastic(cfg, args, backend, model, optimizer, num_train):

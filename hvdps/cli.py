@@ -20,7 +20,7 @@ Every flag takes its underscore spelling (``--num_ps``, ``--dry_run``) and the h
 import importlib
 import sys
 
-from common.errors import UsageError, cli
+from common.base.errors import UsageError, cli
 from hvdps.methods import METHODS
 
 

@@ -16,7 +16,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-from common.procs import REPO, loopback_only_env
+from common.base.procs import REPO, loopback_only_env
 
 # Local Horovod runs: ranks talk over shared memory, Open MPI's out-of-band
 # channel over loopback only; mpirun's PMIx tool listener ignores every
@@ -64,7 +64,7 @@ def remote_mpi_flags(remote):
 
 
 class Launcher:
-    graph_mode = False           # trains TF1 graphs: no Keras 3 plug-in (common/keras3.py)
+    graph_mode = False           # trains TF1 graphs: no Keras 3 plug-in (common/spec/keras3.py)
     trainer_flags = ()           # what the method's trainer is told besides the user's flags (hvdps train)
 
     def __init__(self, mpi_yield=False):
@@ -77,7 +77,7 @@ class Launcher:
         return 0
 
     def env(self, remote=None):
-        """Extra environment the command needs (on top of common.procs.child_env)."""
+        """Extra environment the command needs (on top of common.base.procs.child_env)."""
         return {}
 
     def command(self, workers, trainer_argv, mode=None, num_ps=1, pin_cores=False, python=sys.executable,
@@ -116,7 +116,7 @@ class MPIRunLauncher(Launcher):
 
     def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable,
                 remote=None):
-        from common.remote import take_slots
+        from common.launch.remote import take_slots
         main = os.path.join(REPO, *self.main)
         if mode is not None and mode == self.dense_mode:
             trainer_argv = [f"--{mode}", *trainer_argv]
@@ -164,7 +164,7 @@ class TaskLauncher(Launcher):
     def task_lines(self, cmd):
         """The launcher's --hosts starts each task through the remote shell: one line per task."""
         import importlib
-        from common.config import argv_of
+        from common.spec.config import argv_of
         launch = importlib.import_module(self.module)
         args, parser = launch.parse_args(cmd[4:])
         return [(name, shlex.join(argv)) for name, argv in

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from allreduce.backend import ring_share
-from common.errors import UsageError
-from common.procs import REPO
+from common.base.errors import UsageError
+from common.base.procs import REPO
 from hvdps.cost import schedule
 
 

@@ -19,11 +19,11 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 
 from allreduce.mpi import mpi_env_check
 from allreduce.sync_loop import train_allreduce
-from common.config import build_parser, from_args
-from common.data import num_examples
-from common.errors import cli
-from common.procs import launcher_rank
-from common.run_dir import check_resume_compatible, check_train_dir
+from common.spec.config import build_parser, from_args
+from common.inputs.data import num_examples
+from common.base.errors import cli
+from common.base.procs import launcher_rank
+from common.trainer.run_dir import check_resume_compatible, check_train_dir
 from localsgd_train.backend import LocalSGDBackend
 
 MAX_LOCAL_STEPS = 100_000

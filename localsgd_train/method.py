@@ -4,7 +4,7 @@ line as the other MPI trainers with this package's trainer; it is costed as a ri
 every k steps; and the report says what its overhead is and that it is not an exact all-reduce."""
 from dataclasses import dataclass
 
-from common.errors import UsageError
+from common.base.errors import UsageError
 from hvdps.cost import schedule
 from hvdps.launchers import MPIRunLauncher
 from hvdps.methods import Method, Ring

@@ -22,10 +22,10 @@ import pickle
 import numpy as np
 
 from allreduce.backend import AllreduceBackend, place_rank, ring_wire
-from common.errors import RunError, UsageError, describe
-from common.hosts import parse_address
-from common.plan import make_plan
-from common.watchdog import OutsideDeadline
+from common.base.errors import RunError, UsageError, describe
+from common.launch.hosts import parse_address
+from common.spec.plan import make_plan
+from common.trainer.watchdog import OutsideDeadline
 
 IMPLEMENTATIONS = ("ring", "auto", "nccl")
 
@@ -63,7 +63,7 @@ class MWMSBackend(AllreduceBackend):
         """Threads first (TensorFlow's context is configured once), then the strategy, which starts
         this task's gRPC server and waits for its peers."""
         import tensorflow as tf
-        from common.procs import wait_for_ports
+        from common.base.procs import wait_for_ports
         self.threads = place_rank(cfg, self.local_rank, self.local_size)   # the Horovod trainer's rule
         impl = {"ring": tf.distribute.experimental.CommunicationImplementation.RING,
                 "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -76,7 +76,7 @@ class MWMSBackend(AllreduceBackend):
         resolver = None if self.cluster is None else tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(self.cluster), task_type="worker", task_id=self.rank, rpc_layer="grpc")
         # The strategy's join waits inside TensorFlow, GIL held, for a peer that may never start:
-        # bounded by --startup_timeout from a watcher process (common/watchdog.py)
+        # bounded by --startup_timeout from a watcher process (common/trainer/watchdog.py)
         with OutsideDeadline(self.startup_timeout if self.world_size > 1 else 0, self._never_joined):
             try:
                 self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
@@ -272,7 +272,7 @@ def add_mwms_args(parser):
 
 def check_mwms_flags(args):
     """The flags that do not depend on the cluster (the local launcher checks them once, too)."""
-    from common.flags import check_finite
+    from common.base.flags import check_finite
     for name in ("step_timeout", "startup_timeout"):
         check_finite(name, getattr(args, name))
         if not 0 < getattr(args, name) <= MAX_TIMEOUT_S:
@@ -285,7 +285,7 @@ def check_mwms_flags(args):
 def resolve_workers(args, environ):
     """(cluster or None, this task's index) from --worker_hosts/--task_index or TF_CONFIG; None:
     nothing given, one process on its own. An all-reduce cluster has worker tasks only."""
-    from common.hosts import parse_tf_config, validate_cluster
+    from common.launch.hosts import parse_tf_config, validate_cluster
     check_mwms_flags(args)
     tf_config = environ.get("TF_CONFIG", "").strip()
     if tf_config:

@@ -14,7 +14,7 @@ the tasks also die with the launcher. The process machinery is the PS launcher's
 With --hosts the workers fill the hosts' slots in order (as mpirun places ranks), each started
 through the remote shell (ssh, srun's agent under --hosts slurm, or --rsh) with --worker_hosts and
 --task_index in its command line, listening on its host's own address at --port and up, and
-tethered to its connection (common/tether.py), so the same teardown reaches every host.
+tethered to its connection (common/launch/tether.py), so the same teardown reaches every host.
 """
 import json
 import os
@@ -23,10 +23,10 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.config import argv_of
-from common.errors import UsageError, cli
-from common.flags import command_line
-from common.procs import child_env, free_ports, loopback_only_env
+from common.spec.config import argv_of
+from common.base.errors import UsageError, cli
+from common.base.flags import command_line
+from common.base.procs import child_env, free_ports, loopback_only_env
 from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
 
 LAUNCHER_FLAGS = ("num_workers", "host", "pin_workers", "run_timeout", "hosts", "rsh", "port")
@@ -35,7 +35,7 @@ CHOSEN_BY_LAUNCHER = ("worker_hosts", "task_index")
 
 def make_parser():
     """The trainer's own parser plus the launcher's flags: one parse validates everything."""
-    from common.config import build_parser
+    from common.spec.config import build_parser
     from mwms_train.backend import add_mwms_args
     p = add_mwms_args(build_parser(__doc__.splitlines()[0], prog="hvdps launch mwms"))
     g = p.add_argument_group("local launcher")
@@ -54,8 +54,8 @@ def make_parser():
 
 
 def parse_args(argv):
-    from common.config import from_args
-    from common.flags import check_finite
+    from common.spec.config import from_args
+    from common.base.flags import check_finite
     from mwms_train.backend import check_mwms_flags
     p = make_parser()
     args = p.parse_args(argv)
@@ -83,16 +83,16 @@ def parse_args(argv):
                              "task here (other machines: --hosts)")
         args.host_ip = ip
     check_mwms_flags(args)
-    from common.plugins import bound_plugins
+    from common.spec.plugins import bound_plugins
     bound_plugins(args.run_timeout, "--run_timeout")      # the checks below import and call plug-ins
     cfg = from_args(args)
-    from common.data import check_input       # the data checks and the batch, once, before a task starts
+    from common.inputs.data import check_input       # the data checks and the batch, once, before a task starts
     check_input(cfg, args.num_workers)
-    from common.models import check_plugin      # a plug-in's training step, outside the strategy
+    from common.model.models import check_plugin      # a plug-in's training step, outside the strategy
     check_plugin(cfg)
     if args.resume:              # refused here, before a task starts
         import types
-        from common.run_dir import check_resume_compatible, check_train_dir
+        from common.trainer.run_dir import check_resume_compatible, check_train_dir
         check_train_dir(cfg)
         check_resume_compatible(cfg, args.train_dir, types.SimpleNamespace(
             name="mwms", mode="sync", world_size=args.num_workers, num_ps=0))
@@ -117,7 +117,7 @@ def build_tasks(num_workers, host, ip, python=sys.executable, pin=False):
 def build_remote_tasks(args, trainer_argv):
     """(name, argv, extra env) per worker placed on --hosts' slots in order, each started through
     the remote shell with the cluster and its index in its command line."""
-    from common import remote
+    from common.launch import remote
     hosts = remote.resolve_hosts(args.hosts)
     placed = [h for h, s in remote.take_slots(hosts, args.num_workers) for _ in range(s)]
     cluster = remote.cluster_addresses({"worker": placed}, args.port)

@@ -18,11 +18,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # keep TF's C++ start-up ch
 if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.config import build_parser, from_args
-from common.data import num_examples
-from common.errors import cli
+from common.spec.config import build_parser, from_args
+from common.inputs.data import num_examples
+from common.base.errors import cli
 from allreduce.sync_loop import train_allreduce
-from common.run_dir import check_resume_compatible, check_train_dir
+from common.trainer.run_dir import check_resume_compatible, check_train_dir
 from mwms_train.backend import MWMSBackend, add_mwms_args, listen_on_own_address, resolve_workers
 
 

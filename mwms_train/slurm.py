@@ -11,8 +11,8 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.flags import Parser
-from common.errors import UsageError, cli
+from common.base.flags import Parser
+from common.base.errors import UsageError, cli
 from tf_cluster.slurm import exec_with_tf_config, slurm_tf_config
 
 

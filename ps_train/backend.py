@@ -6,18 +6,18 @@ placed on the PS tasks by ``replica_device_setter`` (round-robin, after a large
 variable is split into one shard per PS task: ps_train/graph.py); async mode applies each worker's gradients as they arrive, sync
 mode wraps the optimizer in ``SyncReplicasOptimizer``. See docs/ps.md.
 
-The global step counts updates applied on the PS (common.plan): one update is
+The global step counts updates applied on the PS (common.spec.plan): one update is
 one worker batch (async) or R worker batches (sync, R = replicas_to_aggregate).
 Members outside the interface (``server``, ``device_setter``,
 ``session_config``, ``wait_for_ps``, ``task_names``) are used by ps_train only.
 """
 import socket
 
-from common.backend import Backend
-from common.errors import UsageError
-from common.hosts import parse_address
-from common.plan import make_plan
-from common.procs import wait_for_ports
+from common.trainer.backend import Backend
+from common.base.errors import UsageError
+from common.launch.hosts import parse_address
+from common.spec.plan import make_plan
+from common.base.procs import wait_for_ports
 from ps_train.cluster import replicas
 
 

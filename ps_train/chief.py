@@ -10,9 +10,9 @@ after --step_timeout, whichever of the two happens.
 import statistics
 import time
 
-from common.errors import RunError
-from common.procs import port_open
-from common.evaluation import finish_eval
+from common.base.errors import RunError
+from common.base.procs import port_open
+from common.model.evaluation import finish_eval
 
 ASYNC_LOST_AFTER = 10.0   # seconds without a step before an async worker is reported lost
 

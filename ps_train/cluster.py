@@ -6,9 +6,9 @@ waits forever for a peer at the wrong address.
 """
 import os
 
-from common.flags import check_finite
-from common.errors import UsageError
-from common.hosts import parse_address, parse_cluster_spec, parse_tf_config, validate_cluster
+from common.base.flags import check_finite
+from common.base.errors import UsageError
+from common.launch.hosts import parse_address, parse_cluster_spec, parse_tf_config, validate_cluster
 
 JOBS = ("ps", "worker", "chief")
 

@@ -14,10 +14,10 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from common.data import make_dataset
-from common.keras3 import refuse_graph_mode
-from common.models import build_model, eval_batch_sums, make_optimizer, state_updates, total_loss
-from common.optim import make_lr_schedule
+from common.inputs.data import make_dataset
+from common.spec.keras3 import refuse_graph_mode
+from common.model.models import build_model, eval_batch_sums, make_optimizer, state_updates, total_loss
+from common.model.optim import make_lr_schedule
 
 
 @dataclasses.dataclass
@@ -26,7 +26,7 @@ class TrainGraph:
     model: Any
     loss: Any
     learning_rate: Any
-    schedule: Any          # the learning rate as a function of the update (common.optim): read without the PS
+    schedule: Any          # the learning rate as a function of the update (common.model.optim): read without the PS
     optimizer: Any
     train_op: Any          # one worker batch's targets: gradients pushed; worker's step counter bumped on the PS
     worker_steps: Any      # [workers] int64 on the PS: batches applied per worker
@@ -50,7 +50,7 @@ def build_graph(cfg, backend, plan):
     with v1.device(backend.device_setter()), split_variables(tf, backend.num_ps, owners):   # PS: on the PS
         global_step = v1.train.get_or_create_global_step()
         model = build_model(cfg)
-        refuse_graph_mode(cfg, model)            # a Keras 3 plug-in: one line (common/keras3.py)
+        refuse_graph_mode(cfg, model)            # a Keras 3 plug-in: one line (common/spec/keras3.py)
         # An async worker may have to cover a lost peer's share, hence the longer stream.
         # Where this worker's data stream starts is known once the session runs (0, or the
         # restored position on --resume): fed to data_init as data_skip.
@@ -128,7 +128,7 @@ def split_variables(tf, num_ps, owners):
 
     A variable creator (the hook every ``tf.Variable`` goes through, Keras' included) makes a
     large trainable variable a TensorFlow partitioned variable instead: shards along the first
-    axis, as many as the rule of common.backend.MIN_SHARD_BYTES gives, each a variable of its
+    axis, as many as the rule of common.trainer.backend.MIN_SHARD_BYTES gives, each a variable of its
     own that replica_device_setter places on the next PS task. Keras keeps the partitioned
     variable as the layer's weight (reads concatenate the shards on the worker) and lists its
     shards among the model's variables, so the optimizer, its slots and the Saver (which writes
@@ -136,7 +136,7 @@ def split_variables(tf, num_ps, owners):
     with its slice of the full initial value, so the model starts exactly as unsplit.
     ``owners`` receives {id(shard): partitioned variable}.
     """
-    from common.backend import MIN_SHARD_BYTES
+    from common.trainer.backend import MIN_SHARD_BYTES
     v1 = tf.compat.v1
     if num_ps < 2:
         yield owners

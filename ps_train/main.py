@@ -32,17 +32,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # keep TF's C++ start-up ch
 if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.config import build_parser, from_args
-from common.data import input_failure, input_wait, num_examples
-from common.errors import RunError, UsageError, cli, describe, say_first
-from common.files import make_dirs
-from common.models import check_plugin
-from common.probe import compute_step_time
-from common.bookkeeper import Adapter, Bookkeeper
-from common.checkpoints import remove_partial_checkpoints
-from common.run_dir import check_resume_compatible, check_train_dir, refuse_finished
-from common.runlog import RunLog
-from common.watchdog import Watchdog
+from common.spec.config import build_parser, from_args
+from common.inputs.data import input_failure, input_wait, num_examples
+from common.base.errors import RunError, UsageError, cli, describe, say_first
+from common.base.files import make_dirs
+from common.model.models import check_plugin
+from common.model.probe import compute_step_time
+from common.trainer.bookkeeper import Adapter, Bookkeeper
+from common.trainer.checkpoints import remove_partial_checkpoints
+from common.trainer.run_dir import check_resume_compatible, check_train_dir, refuse_finished
+from common.trainer.runlog import RunLog
+from common.trainer.watchdog import Watchdog
 from ps_train import stop, v2
 from ps_train.stop import hard_exit
 from ps_train.backend import PSBackend, describe_placement, shard_bytes

@@ -15,8 +15,8 @@ import sys
 import threading
 import time
 
-from common.errors import RunError
-from common.procs import port_open
+from common.base.errors import RunError
+from common.base.procs import port_open
 
 PROBE_SECONDS = 0.5
 PS_LOST_PROBES = 3        # consecutive failed probes (about 1.5 s) before a PS counts as gone

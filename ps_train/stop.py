@@ -24,8 +24,8 @@ import sys
 import threading
 import time
 
-from common.errors import RunError
-from common.procs import port_open
+from common.base.errors import RunError
+from common.base.procs import port_open
 
 QUEUE_SLOTS = 4      # the chief enqueues once; a failing chief may try twice
 

@@ -9,7 +9,7 @@ partitioner) and schedules each training step as a function on whichever
 worker is free; worker and PS tasks only run a gRPC server. Updates are
 asynchronous (TensorFlow 2 has no synchronous PS): one step is one worker
 batch and one update of the weights, exactly as in the classic async mode, so
-the two are compared on the same plan (common/plan.py).
+the two are compared on the same plan (common/spec/plan.py).
 
 Launch per role; the chief is a task of its own:
 
@@ -36,21 +36,21 @@ import sys
 
 import numpy as np
 
-from common.backend import MIN_SHARD_BYTES, Backend
-from common.data import input_failure, input_wait, make_dataset
-from common.errors import RunError, UsageError, describe
-from common.hosts import parse_address
-from common.models import build_model, make_optimizer, train_step_fn
-from common.plan import make_plan
-from common.probe import compute_step_time
-from common.procs import port_open, wait_for_ports
-from common.bookkeeper import Adapter, Bookkeeper
-from common.checkpoints import Checkpoints
-from common.evaluation import eval_sums, finish_eval
-from common.optim import make_lr_schedule
-from common.run_dir import refuse_finished
-from common.runlog import RunLog
-from common.watchdog import Watchdog
+from common.trainer.backend import MIN_SHARD_BYTES, Backend
+from common.inputs.data import input_failure, input_wait, make_dataset
+from common.base.errors import RunError, UsageError, describe
+from common.launch.hosts import parse_address
+from common.model.models import build_model, make_optimizer, train_step_fn
+from common.spec.plan import make_plan
+from common.model.probe import compute_step_time
+from common.base.procs import port_open, wait_for_ports
+from common.trainer.bookkeeper import Adapter, Bookkeeper
+from common.trainer.checkpoints import Checkpoints
+from common.model.evaluation import eval_sums, finish_eval
+from common.model.optim import make_lr_schedule
+from common.trainer.run_dir import refuse_finished
+from common.trainer.runlog import RunLog
+from common.trainer.watchdog import Watchdog
 from ps_train.backend import check_port_free, describe_placement, ps_wire, shard_bytes
 
 
@@ -369,7 +369,7 @@ def _sharded(model):
     whole = {}
     for layer in [model, *model.submodules]:
         for value in vars(layer).values():
-            # a list attribute too: a Keras 3 plug-in's variables (common/keras3.py)
+            # a list attribute too: a Keras 3 plug-in's variables (common/spec/keras3.py)
             for item in (value if isinstance(value, (list, tuple)) else [value]):
                 if isinstance(item, ShardedVariable):
                     for shard in item.variables:

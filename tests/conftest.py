@@ -36,8 +36,8 @@ VALID_BACKENDS = registry_names()
 
 
 def env(**extra):
-    """The project's child environment (common.procs), with Open MPI kept on loopback."""
-    from common.procs import child_env
+    """The project's child environment (common.base.procs), with Open MPI kept on loopback."""
+    from common.base.procs import child_env
     return child_env(OMPI_MCA_btl="self,tcp", OMPI_MCA_btl_tcp_if_include="lo",
                      OMPI_MCA_oob_tcp_if_include="lo", **extra)
 
@@ -103,9 +103,9 @@ SYNC_EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs",
 
 
 def row_and_records(run_dir):
-    """A run's typed row (common.metrics.load_run) and its records as written, as plain dicts
-    (common.metrics.read_records), for tests that assert on what the file holds."""
-    from common.metrics import load_run, read_records
+    """A run's typed row (common.trainer.metrics.load_run) and its records as written, as plain dicts
+    (common.trainer.metrics.read_records), for tests that assert on what the file holds."""
+    from common.trainer.metrics import load_run, read_records
     recs = read_records(os.path.join(run_dir, "metrics.jsonl"))
     curves = {"header": next((r for r in recs if r["type"] == "header"), {}),
               "summary": next((r for r in reversed(recs) if r["type"] == "summary"), {}),
@@ -116,9 +116,9 @@ def row_and_records(run_dir):
 def assert_big_batch_equal(two_dir, one_dir):
     """weights.npz of np=2 x b equals np=1 x 2b (relative 1e-5), and training moved them."""
     import numpy as np
-    from common.config import make_config
-    from common.models import build_model
-    from common.run_dir import load_weights_npz
+    from common.spec.config import make_config
+    from common.model.models import build_model
+    from common.trainer.run_dir import load_weights_npz
     two = load_weights_npz(os.path.join(two_dir, "weights.npz"))
     one = load_weights_npz(os.path.join(one_dir, "weights.npz"))
     init = build_model(make_config(seed=42)).get_weights()
@@ -167,7 +167,7 @@ def jobs(tmp_path_factory):
 
 @pytest.fixture
 def digits_cfg():
-    from common.config import make_config
+    from common.spec.config import make_config
     return make_config(dataset="digits", model="mlp")
 
 

@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
-from common.procs import free_ports
-from common.run_dir import load_weights_npz
+from common.base.procs import free_ports
+from common.trainer.run_dir import load_weights_npz
 from tests.conftest import REPO, env
 
 MAIN = os.path.join(REPO, "ps_train", "main.py")

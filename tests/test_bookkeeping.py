@@ -1,14 +1,14 @@
 """One bookkeeping for every backend: the same job logs, evaluates and checkpoints at the same global
-updates, labels its epochs alike and ends with a breakdown, whoever runs it (common/bookkeeper.py)."""
+updates, labels its epochs alike and ends with a breakdown, whoever runs it (common/trainer/bookkeeper.py)."""
 import os
 from types import SimpleNamespace
 
 import pytest
 
-from common.bookkeeper import Adapter, Bookkeeper, crossed
-from common.config import make_config
-from common.metrics import read_records
-from common.plan import make_plan
+from common.trainer.bookkeeper import Adapter, Bookkeeper, crossed
+from common.spec.config import make_config
+from common.trainer.metrics import read_records
+from common.spec.plan import make_plan
 from tests.jobs import CKPT_STEPS, EPOCHS, LAUNCH, LOG_EVERY
 
 

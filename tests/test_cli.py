@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from common.config import Config
-from common.data import MNIST_FILES, write_idx
+from common.spec.config import Config
+from common.inputs.data import MNIST_FILES, write_idx
 from tests.conftest import BIN, REPO, VALID_BACKENDS, env, run, snapshot
 
 HVD = [sys.executable, os.path.join(REPO, "horovod_train", "main.py")]
@@ -670,10 +670,10 @@ def test_hvdps_compare_dry_run_is_the_console_scripts(tmp_path):
 
 
 def _recorded_run(folder):
-    """A small recorded run, as a trainer writes it (common.metrics.MetricsWriter), with a breakdown."""
-    from common.config import make_config
-    from common.metrics import MetricsWriter, throughput_stats
-    from common.plan import make_plan
+    """A small recorded run, as a trainer writes it (common.trainer.metrics.MetricsWriter), with a breakdown."""
+    from common.spec.config import make_config
+    from common.trainer.metrics import MetricsWriter, throughput_stats
+    from common.spec.plan import make_plan
     w = MetricsWriter(str(folder))
     cfg = make_config()
     w.header(cfg, "horovod", "sync", 2, 0, make_plan(cfg, 1000, 2, 2))

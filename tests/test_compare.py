@@ -6,13 +6,13 @@ import subprocess
 
 import pytest
 
-from common.plan import make_plan
+from common.spec.plan import make_plan
 from hvdps.methods import parse_variants
 from hvdps.measure.runs import collect
 from hvdps.render.report import write_report
-from common.config import make_config
-from common.errors import UsageError
-from common.metrics import MetricsWriter, throughput_stats
+from common.spec.config import make_config
+from common.base.errors import UsageError
+from common.trainer.metrics import MetricsWriter, throughput_stats
 from tests.conftest import BIN, REPO, VALID_BACKENDS, run
 
 
@@ -225,8 +225,8 @@ def test_signal_mid_run_stops_every_job_and_reports_what_finished(tmp_path, back
 def test_rebuilt_report_shows_every_distinct_config(configs, keys):
     """--from runs of one model with different settings: one config per run, never one for all."""
     from hvdps.commands.compare import runs_configs
-    from common.metrics import Curves, RunRow
-    from common.schemas import Header, RunConfig
+    from common.trainer.metrics import Curves, RunRow
+    from common.formats.schemas import Header, RunConfig
     rows = [RunRow(run_dir=d, model=m, curves=Curves(header=Header(type="header", backend="ps", mode="sync",
                                                                     world_size=2, config=RunConfig(**c))))
             for d, m, c in configs]

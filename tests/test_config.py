@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from common.config import Config, build_parser, from_args, make_config
-from common.schemas import read_config as load
-from common.errors import UsageError
+from common.spec.config import Config, build_parser, from_args, make_config
+from common.formats.schemas import read_config as load
+from common.base.errors import UsageError
 
 
 def test_json_round_trip(tmp_path):

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from common.config import make_config
-from common.data import (DataError, load_mnist, make_dataset, shard_indices, steps_per_epoch,
+from common.spec.config import make_config
+from common.inputs.data import (DataError, load_mnist, make_dataset, shard_indices, steps_per_epoch,
                          train_index_stream, write_idx)
-from common.errors import UsageError
+from common.base.errors import UsageError
 
 
 def _mnist_arrays(n_train=50, n_test=20, size=28):
@@ -169,7 +169,7 @@ def test_synthetic_shape():
 
 
 def test_digits_is_real_and_split_fixed():
-    from common.data import load_digits
+    from common.inputs.data import load_digits
     x, y, xt, yt = load_digits()
     assert len(x) + len(xt) == 1797 and len(xt) == 359
     assert set(np.unique(y)) == set(range(10))
@@ -177,7 +177,7 @@ def test_digits_is_real_and_split_fixed():
     np.testing.assert_array_equal(y, y2)
     # the file scikit-learn 1.5.2 ships as sklearn/datasets/data/digits.csv.gz, byte for byte
     import hashlib
-    from common.data import DIGITS_FILE
+    from common.inputs.data import DIGITS_FILE
     with open(DIGITS_FILE, "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest() == \
             "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"

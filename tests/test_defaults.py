@@ -1,5 +1,5 @@
 """Defaults that train: every built-in small model, with its default optimizer and learning rate
-(common.config.MODEL_DEFAULTS), reaches >= 0.90 test accuracy on MNIST-format 28x28 files within
+(common.spec.config.MODEL_DEFAULTS), reaches >= 0.90 test accuracy on MNIST-format 28x28 files within
 EPOCHS epochs at 1 and 4 workers under Horovod, and at 4 workers under PS async (ASYNC_EPOCHS).
 
 Horovod stands for every synchronous method. What a method can do to the defaults is the learning
@@ -28,8 +28,8 @@ import sys
 import numpy as np
 import pytest
 
-from common.config import MODEL_DEFAULTS
-from common.data import load_digits, write_idx
+from common.spec.config import MODEL_DEFAULTS
+from common.inputs.data import load_digits, write_idx
 from tests.conftest import BIN, REPO, py, run, row_and_records
 
 EPOCHS = 5

@@ -1,7 +1,7 @@
 """One readable line per failure, whatever raised it."""
 import pytest
 
-from common.errors import describe
+from common.base.errors import describe
 
 
 class FakeOpError(Exception):
@@ -45,7 +45,7 @@ def test_an_error_said_before_a_teardown_is_said_once_and_first(monkeypatch, cap
     """A PS chief prints its error before releasing its tasks (a crash while releasing cannot lose
     the line), and cli does not print it again: one line, ahead of what the teardown printed."""
     import sys
-    import common.errors as errors
+    import common.base.errors as errors
     monkeypatch.setenv("HVDPS_QUIET_ERRORS", "1" if quiet else "0")
 
     @errors.cli

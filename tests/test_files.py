@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from common.errors import UsageError
-from common.files import WriteError, check_regular, make_dirs, open_append, open_new, read_input, write_atomic
-from common.run_dir import RUN_OUTPUTS
+from common.base.errors import UsageError
+from common.base.files import WriteError, check_regular, make_dirs, open_append, open_new, read_input, write_atomic
+from common.trainer.run_dir import RUN_OUTPUTS
 from hvdps.measure.runs import collect, runs_from_dirs
 from hvdps.render.report import write_report
 from tests.conftest import REPO, env, run, snapshot
@@ -154,7 +154,7 @@ def test_loose_umask_still_gives_0644_files_and_0755_folders(tmp_path):
     assert json.loads((out / "config.json").read_text())["train_steps"] == 6
 
 
-HOLD = ("import sys, time\nfrom common.errors import UsageError\nfrom common.files import take_folder\n"
+HOLD = ("import sys, time\nfrom common.base.errors import UsageError\nfrom common.base.files import take_folder\n"
         "try:\n    take_folder(sys.argv[1], '--out')\nexcept UsageError as exc:\n    print(exc, flush=True)\n"
         "    sys.exit(2)\nprint('held', flush=True)\ntime.sleep(120)\n")
 
@@ -187,7 +187,7 @@ def test_a_second_writer_into_a_run_folder_is_refused_and_the_first_loses_nothin
 
 @pytest.mark.process
 def test_a_folder_taken_twice_by_one_process_stays_taken(tmp_path):
-    from common.files import take_folder
+    from common.base.files import take_folder
     take_folder(str(tmp_path), "--train_dir")
     take_folder(str(tmp_path), "--train_dir")            # an elastic job's new rank 0: its own lock, held
     r = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path)], capture_output=True, text=True, cwd=REPO,

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from common import schemas
-from common.errors import UsageError
+from common.formats import schemas
+from common.base.errors import UsageError
 
 # ------------------------------------------------------------------ bounded time
 SECONDS = 20        # one example; an infinite loop (a NaN in a schedule) fails here, not at CI's limit
@@ -203,7 +203,7 @@ def test_metrics_reader_takes_or_refuses_each_record(tmp_path_factory, index, da
 
 @given(data=st.data())
 def test_config_reader_takes_or_refuses(tmp_path_factory, data):
-    from common.config import make_config
+    from common.spec.config import make_config
     folder = str(tmp_path_factory.mktemp("c"))
     valid = make_config(batch_size=16).to_dict()
     path = write(folder, "config.json", data.draw(broken(valid)))
@@ -221,7 +221,7 @@ HOSTFILE_LINE = st.one_of(st.text(max_size=30), st.sampled_from(
 
 @given(lines=st.lists(HOSTFILE_LINE, max_size=6))
 def test_hostfile_reader_takes_or_refuses(tmp_path_factory, lines):
-    from common.hosts import parse_hostfile
+    from common.launch.hosts import parse_hostfile
     path = write(str(tmp_path_factory.mktemp("h")), "hostfile", "\n".join(lines))
     with bounded():
         try:
@@ -234,7 +234,7 @@ def test_hostfile_reader_takes_or_refuses(tmp_path_factory, lines):
 
 @given(data=st.data())
 def test_cluster_spec_and_tf_config_take_or_refuse(tmp_path_factory, data):
-    from common.hosts import parse_cluster_spec, parse_tf_config
+    from common.launch.hosts import parse_cluster_spec, parse_tf_config
     valid = {"cluster": {"ps": ["h1:2222"], "worker": ["h2:2222", "h3:2222"]}, "task": {"type": "worker", "index": 1}}
     text = data.draw(broken(valid))
     text = text.decode("latin-1") if isinstance(text, bytes) else text
@@ -251,7 +251,7 @@ def test_cluster_spec_and_tf_config_take_or_refuse(tmp_path_factory, data):
        at=st.integers(min_value=0, max_value=15))
 def test_data_arrays_beyond_float32_are_refused_at_load(value, at):
     import numpy as np
-    from common.data import check_arrays
+    from common.inputs.data import check_arrays
     x = np.zeros((4, 4))
     x.flat[at] = value
     y = np.zeros(4, dtype=np.int64)
@@ -293,7 +293,7 @@ def flag_argv(parser, data):
 
 
 def trainer_parsers():
-    from common.config import build_parser
+    from common.spec.config import build_parser
     from horovod_train.backend import add_horovod_args
     from mwms_train.backend import add_mwms_args
     from ps_train.main import make_parser as ps_parser
@@ -304,7 +304,7 @@ def trainer_parsers():
 @pytest.mark.parametrize("name", ["horovod", "mpi", "mwms", "ps"])
 @given(data=st.data())
 def test_trainer_flags_are_taken_or_refused_in_one_line(name, data):
-    from common.config import from_args
+    from common.spec.config import from_args
     parser = trainer_parsers()[name]()
     argv = flag_argv(parser, data)
     with bounded():
@@ -389,12 +389,12 @@ def test_a_broken_recorded_run_is_reported_or_refused_past_the_reader(tmp_path_f
     """hvdps compare --from and hvdps project --from on a recorded run with one record broken (a field
     missing, added or of another type, a bad value, a cut line): a report, or one error line, never a
     traceback from the code that reads what the reader let through."""
-    from common import plugins
+    from common.spec import plugins
     from hvdps.commands import compare, project
     from tests.test_compare import fake_run
     folder = tmp_path_factory.mktemp("from")
     run_dir = folder / "runs" / "horovod-sync-w2"
-    with mock.patch("common.metrics.time", Clock()):     # the same records each time: Hypothesis replays draws
+    with mock.patch("common.trainer.metrics.time", Clock()):     # the same records each time: Hypothesis replays draws
         fake_run(run_dir, "horovod", "sync", 2, [100.0, 110.0, 120.0], [0.5, 0.95])
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     i = data.draw(st.integers(min_value=0, max_value=len(lines) - 1))
@@ -420,7 +420,7 @@ def _framed(data):
     """``data`` as one TFRecord record with valid length and data CRCs."""
     import struct
 
-    from common.records import _masked_crc
+    from common.inputs.records import _masked_crc
     head = struct.pack("<Q", len(data))
     return head + struct.pack("<I", _masked_crc(head)) + data + struct.pack("<I", _masked_crc(data))
 
@@ -428,7 +428,7 @@ def _framed(data):
 def _valid_examples():
     import numpy as np
 
-    from common.records import encode_image
+    from common.inputs.records import encode_image
     from tests.test_records import PIXELS, example
     return {"plain": example(x=PIXELS, y=1),
             "imagenet": example(image__encoded=encode_image(np.full((2, 3, 1), 7, np.uint8), "png"),
@@ -440,7 +440,7 @@ def _valid_examples():
 def test_a_first_record_is_taken_or_refused_in_one_line(tmp_path_factory, layout, data):
     """Mutated valid examples (bytes flipped, cut, inserted), framed as a record with valid CRCs or
     left unframed: the pre-start check takes them or refuses them in one line naming the file."""
-    from common.records import check_example, check_first_record
+    from common.inputs.records import check_example, check_first_record
     valid = _valid_examples()[layout]
     body = bytearray(valid)
     for _ in range(data.draw(st.integers(0, 4))):

@@ -13,15 +13,15 @@ import sys
 
 import pytest
 
-from common.procs import free_ports
+from common.base.procs import free_ports
 from tests.conftest import REPO, env, py
 
 # The worker runs in its own process (graph mode and a gRPC server would outlive the test in
 # pytest's), the PS tasks as ps_train's own; every server listens on loopback only (listen.py).
 TRACE = r'''
 import json, sys
-from common.config import make_config
-from common.data import load_arrays
+from common.spec.config import make_config
+from common.inputs.data import load_arrays
 from ps_train.backend import PSBackend
 from ps_train.graph import build_graph
 from tf_cluster.listen import listen_only_on

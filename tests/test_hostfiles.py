@@ -9,11 +9,11 @@ import subprocess
 import pytest
 import yaml
 
-from common.hosts import parse_cluster_spec, parse_hostfile, parse_tf_config
+from common.launch.hosts import parse_cluster_spec, parse_hostfile, parse_tf_config
 from horovod_train.backend import add_horovod_args
 from mwms_train.backend import add_mwms_args
 from ps_train.main import make_parser as ps_parser
-from common.config import build_parser
+from common.spec.config import build_parser
 from hvdps.commands.compare import make_parser as compare_make_parser
 from tests.conftest import BIN, REPO, run
 
@@ -139,7 +139,7 @@ def test_slurm_task_tf_config_for_all_reduce(procid, nodes, tasks, index, cluste
      "orders them by name"),
 ])
 def test_slurm_task_tf_config_refusals(env, num_ps, expect):
-    from common.errors import UsageError
+    from common.base.errors import UsageError
     from ps_train.slurm import tf_config
     with pytest.raises(UsageError, match=expect):
         tf_config(num_ps, False, 2222, env)

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from common.errors import UsageError
-from common.hosts import (parse_cluster_spec, parse_host_list, parse_hostfile, parse_hostfile_text,
+from common.base.errors import UsageError
+from common.launch.hosts import (parse_cluster_spec, parse_host_list, parse_hostfile, parse_hostfile_text,
                           parse_tf_config, to_cluster_spec, to_mpi_hostfile, tf_configs)
 
 

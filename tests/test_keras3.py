@@ -1,4 +1,4 @@
-"""A model plug-in written with Keras 3 (``import keras``, common/keras3.py): the wrapper in process,
+"""A model plug-in written with Keras 3 (``import keras``, common/spec/keras3.py): the wrapper in process,
 then the worked example trained under every backend that takes it (Horovod, bare MPI, TF2's PS),
 the classic PS's one-line refusal, and Horovod's own DistributedGradientTape on raw Keras 3
 variables, which only the project's patch to Horovod makes work."""
@@ -37,7 +37,7 @@ def test_wrapper_trains_the_keras3_variables_themselves():
     """Each tf.Variable the Keras 3 layers read is tracked once, in the Keras 3 order; a step of a
     tf-keras optimizer moves the Keras 3 model's own weights; checkpoints round-trip them."""
     import tensorflow as tf
-    from common.keras3 import is_wrapped, keras_of, wrap
+    from common.spec.keras3 import is_wrapped, keras_of, wrap
     inner = _keras3_mlp(regularize=True)
     model = wrap(inner)
     assert is_wrapped(model) and isinstance(model, tf.keras.Model)
@@ -61,7 +61,7 @@ def test_wrapper_trains_the_keras3_variables_themselves():
 
 def test_wrapper_checkpoint_round_trip(tmp_path):
     import tensorflow as tf
-    from common.keras3 import wrap
+    from common.spec.keras3 import wrap
     model = wrap(_keras3_mlp())
     ckpt = tf.train.Checkpoint(model=model)
     path = ckpt.save(str(tmp_path / "ckpt"))
@@ -75,7 +75,7 @@ def test_wrapper_checkpoint_round_trip(tmp_path):
 
 def test_tf_keras_models_stay_unwrapped():
     import tensorflow as tf
-    from common.keras3 import is_keras3_model, is_wrapped, keras_of
+    from common.spec.keras3 import is_keras3_model, is_wrapped, keras_of
     model = tf.keras.Sequential([tf.keras.layers.Dense(2)])
     assert not is_keras3_model(model) and not is_wrapped(model)
     assert not keras_of(model).startswith("keras 3")
@@ -210,8 +210,8 @@ def test_horovods_own_tape_takes_keras3_variables(tmp_path, controller):
 ])
 def test_report_says_which_keras_built_each_run(kinds, expected):
     from hvdps.measure.runs import environment_of
-    from common.metrics import Curves, RunRow
-    from common.schemas import Header
+    from common.trainer.metrics import Curves, RunRow
+    from common.formats.schemas import Header
     rows = [RunRow(run_dir=f"/x/runs/run{i}", curves=Curves(header=Header(
         type="header", backend="horovod", mode="sync", world_size=1, keras=k, versions={"keras": "3.15.1"})))
             for i, k in enumerate(kinds)]

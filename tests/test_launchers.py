@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from common.errors import UsageError
-from common.procs import child_env
+from common.base.errors import UsageError
+from common.base.procs import child_env
 from hvdps.methods import METHODS, get_launcher
 from tests.conftest import REPO, VALID_BACKENDS, descendants
 

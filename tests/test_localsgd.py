@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from common.errors import UsageError
-from common.metrics import RunRow
-from common.run_dir import load_weights_npz
+from common.base.errors import UsageError
+from common.trainer.metrics import RunRow
+from common.trainer.run_dir import load_weights_npz
 from hvdps import methods
 from hvdps.cost import crossover as cx
 from hvdps.cost import schedule

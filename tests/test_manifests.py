@@ -17,8 +17,8 @@ import pytest
 import referencing
 import yaml
 
-from common.config import build_parser
-from common.errors import UsageError
+from common.spec.config import build_parser
+from common.base.errors import UsageError
 from horovod_train.backend import add_horovod_args
 from mwms_train.backend import add_mwms_args
 from ps_train.main import make_parser as ps_parser

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from common.schemas import Gradient
+from common.formats.schemas import Gradient
 
-from common.errors import UsageError
+from common.base.errors import UsageError
 from hvdps import launchers, methods
 from tests.conftest import REPO, VALID_BACKENDS
 
@@ -144,7 +144,8 @@ def test_no_module_branches_on_a_method_name():
     trainers' own packages and the CLI's help texts may name themselves.)"""
     offenders = []
     for path in sorted(glob.glob(os.path.join(REPO, "hvdps", "**", "*.py"), recursive=True)
-                       + glob.glob(os.path.join(REPO, "common", "*.py")) + glob.glob(os.path.join(REPO, "tf_cluster", "*.py"))
+                       + glob.glob(os.path.join(REPO, "common", "**", "*.py"), recursive=True)
+                       + glob.glob(os.path.join(REPO, "tf_cluster", "*.py"))
                        + glob.glob(os.path.join(REPO, "allreduce", "*.py"))):
         if os.path.basename(path) == "methods.py":
             continue

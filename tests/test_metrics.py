@@ -2,11 +2,11 @@ import json
 
 import pytest
 
-from common.errors import UsageError
+from common.base.errors import UsageError
 
-from common.config import make_config
-from common.plan import make_plan
-from common.metrics import (MetricsWriter, ThroughputMeter, load_run, read_records, throughput_stats)
+from common.spec.config import make_config
+from common.spec.plan import make_plan
+from common.trainer.metrics import (MetricsWriter, ThroughputMeter, load_run, read_records, throughput_stats)
 
 
 def test_round_trip(tmp_path):
@@ -88,8 +88,8 @@ def test_updates_per_round(workers, batches_per_update, per_round):
     ([(5, None, 1.0), (10, None, 2.0)], None),                                 # nothing counted
 ])
 def test_measured_interval_starts_where_the_meter_began(steps, interval):
-    from common.metrics import measured_interval
-    from common.schemas import Header, RunConfig, Step
+    from common.trainer.metrics import measured_interval
+    from common.formats.schemas import Header, RunConfig, Step
     header = Header(type="header", backend="ps", mode="async", world_size=1, start_time=100.0,
                     config=RunConfig(warmup_steps=10), start_step=0)
     records = [Step(type="step", global_step=g, samples_seen=32 * g, samples_per_sec=r, wall_time=t)
@@ -104,7 +104,7 @@ def test_measured_interval_starts_where_the_meter_began(steps, interval):
     (0.012, 3200.0, 1, 32, 0.010, -0.2),       # noise: the probe was slower; shown, not hidden
 ])
 def test_breakdown_splits_the_measured_step(compute, rate, workers, batch, step, share):
-    from common.probe import breakdown
+    from common.model.probe import breakdown
     b = breakdown(compute, rate, workers, batch, {"bytes_per_step_per_worker": 7}, exchange_s=0.001)
     assert b["step_s"] == pytest.approx(step) and b["overhead_share"] == pytest.approx(share)
     assert b["compute_s"] + b["overhead_s"] == pytest.approx(b["step_s"])
@@ -113,7 +113,7 @@ def test_breakdown_splits_the_measured_step(compute, rate, workers, batch, step,
 
 @pytest.mark.parametrize("compute, rate", [(None, 100.0), (0.01, None), (0.01, 0.0)])
 def test_no_breakdown_without_both_measurements(compute, rate):
-    from common.probe import breakdown
+    from common.model.probe import breakdown
     assert breakdown(compute, rate, 2, 32) is None
 
 
@@ -135,8 +135,8 @@ def test_ps_wire(batches_per_update, num_ps, per_ps):
 
 def test_probe_times_the_step_alone():
     """The probe really trains (median of interval means, positive), and 0 turns it off."""
-    from common.config import make_config
-    from common.probe import compute_step_time
+    from common.spec.config import make_config
+    from common.model.probe import compute_step_time
     assert compute_step_time(make_config(probe_steps=0)) is None
     seconds = compute_step_time(make_config(probe_steps=10, batch_size=16))
     assert 0 < seconds < 5
@@ -181,7 +181,7 @@ def test_ps_cpu_over_the_measured_interval_only(tmp_path, launch, cpu):
 
 
 def _rec(total, counts, rate, **extra):
-    from common.schemas import Step
+    from common.formats.schemas import Step
     return Step(type="step", global_step=counts[0], samples_seen=32 * counts[0], wall_time=float(counts[0]),
                 sync_wait_total_s=total, worker_steps=counts, samples_per_sec=rate, **extra)
 
@@ -200,13 +200,13 @@ def _rec(total, counts, rate, **extra):
     ([_rec([2.0, 2.0], [10, 10], None), _rec([0.1, 0.1], [20, 20], 100.0)], None),
 ])
 def test_wait_per_worker_over_the_measured_intervals(steps, expected):
-    from common.metrics import wait_per_worker
+    from common.trainer.metrics import wait_per_worker
     got = wait_per_worker(steps)
     assert got == (None if expected is None else pytest.approx(expected))
 
 
 def test_breakdown_keeps_a_measured_wait():
-    from common.probe import breakdown
+    from common.model.probe import breakdown
     b = breakdown(0.004, 1000.0, 2, 10, wait_s=0.005)          # step = 2 x 10 / 1000 = 20 ms
     assert b["wait_s"] == 0.005 and b["wait_share"] == pytest.approx(0.25)
     assert "wait_s" not in breakdown(0.004, 1000.0, 2, 10)
@@ -217,7 +217,7 @@ def test_tensorboard_scalars_also_against_samples_seen(tmp_path):
     """Backends count global steps differently (async PS: one worker batch; all-reduce: a batch from
     every worker); the by_samples/ tags put every backend on one axis."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from common.runlog import TensorBoard
+    from common.trainer.runlog import TensorBoard
     tb = TensorBoard(str(tmp_path))
     tb.scalars(10, 640, loss=0.5)
     tb.scalars(20, 1280, loss=0.25, test_accuracy=float("nan"))   # non-finite values are dropped

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from common.run_dir import load_weights_npz
+from common.trainer.run_dir import load_weights_npz
 from tests.conftest import REPO, row_and_records
 
 # weights.npz in model.weights order: dense kernel, BN gamma, beta, moving mean, moving variance, ...
@@ -20,7 +20,7 @@ TOLERANCE = 0.05
 
 def bn_model():
     import tensorflow as tf
-    from common.config import make_config
+    from common.spec.config import make_config
     sys.path.insert(0, os.path.join(REPO, "examples"))
     try:
         import bn_mlp
@@ -31,7 +31,7 @@ def bn_model():
 
 @pytest.mark.unit
 def test_total_loss_includes_the_models_own_losses():
-    from common.models import total_loss
+    from common.model.models import total_loss
     model, tf = bn_model()
     x = np.random.RandomState(0).rand(16, 8, 8).astype("float32")
     y = np.arange(16) % 10
@@ -45,7 +45,7 @@ def test_total_loss_includes_the_models_own_losses():
 @pytest.mark.unit
 def test_state_updates_move_the_statistics_in_a_session_graph():
     """The classic PS builds a TF1 graph: without state_updates the moving mean stays at 0."""
-    from common.models import state_updates
+    from common.model.models import state_updates
     _, tf = bn_model()
     v1 = tf.compat.v1
     graph = tf.Graph()

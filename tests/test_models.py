@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from common.config import make_config
-from common.models import build_model, gradient_bytes, num_parameters
+from common.spec.config import make_config
+from common.model.models import build_model, gradient_bytes, num_parameters
 
 
 @pytest.mark.parametrize("kw, in_shape, params", [

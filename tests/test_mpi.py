@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from common.run_dir import load_weights_npz
+from common.trainer.run_dir import load_weights_npz
 from tests.conftest import REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, run, row_and_records
 
 pytestmark = pytest.mark.process

@@ -167,7 +167,7 @@ def row_host_count(out):
 
 def test_own_address_gives_the_hosts_network_not_loopback(hosts):
     """On a host, its own cluster address routes through lo; the network is the interface's that holds it."""
-    code = ("from common.remote import local_network_of, mpi_network; "
+    code = ("from common.launch.remote import local_network_of, mpi_network; "
             f"print(local_network_of('{hosts.addrs[0]}'), local_network_of('127.0.0.1'), "
             f"mpi_network([('{hosts.addrs[0]}', 1)]))")
     p = hosts.popen(0, [sys.executable, "-c", code])

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from common.procs import free_ports
-from common.run_dir import load_weights_npz
+from common.base.procs import free_ports
+from common.trainer.run_dir import load_weights_npz
 from tests.conftest import REPO, SYNC_EQUIV, assert_big_batch_equal, env, kill_rank_mid_run, py, run, row_and_records
 
 pytestmark = pytest.mark.process

@@ -1,7 +1,7 @@
-"""The learning-rate warm-up (common/optim.py): its Python value is the graph's, bit for bit."""
+"""The learning-rate warm-up (common/model/optim.py): its Python value is the graph's, bit for bit."""
 import pytest
 
-from common.optim import _schedule_class
+from common.model.optim import _schedule_class
 
 STEPS = [0, 1, 2, 37, 99, 100, 101, 1234, 10 ** 6]
 

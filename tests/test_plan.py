@@ -1,8 +1,8 @@
-"""The run plan (common/plan.py): one meaning of update, epoch and epoch label for every backend."""
+"""The run plan (common/spec/plan.py): one meaning of update, epoch and epoch label for every backend."""
 import pytest
 
-from common.config import make_config
-from common.plan import make_plan
+from common.spec.config import make_config
+from common.spec.plan import make_plan
 
 
 @pytest.mark.unit

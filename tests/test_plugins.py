@@ -1,4 +1,4 @@
-"""Your model and your data (common/plugins.py): the worked example through every launcher,
+"""Your model and your data (common/spec/plugins.py): the worked example through every launcher,
 the published benchmark models by name, and every broken plug-in as one line."""
 import json
 import os
@@ -75,7 +75,7 @@ def test_published_benchmark_models_run(tmp_path, model, side, backend):
         ok(py("-m", "ps_train.launch", "--num_workers", "1", *flags, timeout=300))
     row, curves = row_and_records(str(tmp_path / "run"))
     assert row.status == "ok" and row.model == model
-    from common.models import APPLICATIONS
+    from common.model.models import APPLICATIONS
     import tensorflow as tf
     built = getattr(tf.keras.applications, APPLICATIONS[model])(weights=None, input_shape=(side, side, 3),
                                                                  classes=10)
@@ -142,10 +142,10 @@ def test_broken_plugin_is_one_error(tmp_path, flag, spec, message):
     """Every way a plug-in can be wrong is one UsageError of one line, raised where the trainers
     meet the plug-in: the config's check (import), the model's build, the data's load. (The one
     line and exit 2 the entry points make of a UsageError: the test below, and test_cli.py.)"""
-    from common.config import make_config
-    from common.data import load_arrays
-    from common.errors import UsageError
-    from common.models import build_model
+    from common.spec.config import make_config
+    from common.inputs.data import load_arrays
+    from common.base.errors import UsageError
+    from common.model.models import build_model
     d = _write_broken(tmp_path)
     with pytest.raises(UsageError) as caught:
         cfg = make_config(**{flag[2:]: spec.format(d=d)})
@@ -173,8 +173,9 @@ def test_a_model_too_large_for_the_machine_is_refused_with_the_estimate(monkeypa
     """20 bytes a parameter (weights, gradient, two optimizer slots, a broadcast copy) against the
     machine's memory: a 2**24-class plug-in refused in one line, not by the OOM killer mid-job."""
     import tensorflow as tf
-    from common import config, plugins, procs
-    from common.errors import UsageError
+    from common.spec import config, plugins
+    from common.base import procs
+    from common.base.errors import UsageError
     cfg = config.make_config()
     monkeypatch.setattr(procs, "machine_memory", lambda: memory)
     model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(100)])   # 6,500 parameters
@@ -220,8 +221,8 @@ def ids(ds):
 def test_a_plugins_pipelines_are_counted_in_epochs_and_resumed(tmp_path):
     """hvdps counts what the plug-in reads: each epoch the plan's steps of that epoch's pipeline
     (a new seeded order each epoch), the sizes from the dict, and a resumed run skips what it had read."""
-    from common.config import make_config
-    from common.data import input_spec, make_dataset, num_examples
+    from common.spec.config import make_config
+    from common.inputs.data import input_spec, make_dataset, num_examples
     cfg = make_config(dataset=pipe_plugin(tmp_path), batch_size=4, epochs=2)
     assert num_examples(cfg) == 40 and input_spec(cfg) == ((2, 3, 1), 5)
     whole = ids(make_dataset(cfg, 0, 2))                     # worker 0 of 2: 20 examples, 5 batches an epoch
@@ -243,9 +244,9 @@ def test_a_plugins_pipelines_are_counted_in_epochs_and_resumed(tmp_path):
     ({"shape": "(3, 2, 1)"}, "expected batches of x [batch, 3, 2, 1]"),
 ])
 def test_a_wrong_pipeline_plugin_is_one_line_before_training(tmp_path, change, says):
-    from common.config import make_config
-    from common.data import make_dataset
-    from common.errors import UsageError
+    from common.spec.config import make_config
+    from common.inputs.data import make_dataset
+    from common.base.errors import UsageError
     spec = pipe_plugin(tmp_path, **change)
     with pytest.raises(UsageError) as exc:
         make_dataset(make_config(dataset=spec, batch_size=4), 0, 1)
@@ -261,9 +262,9 @@ def test_a_wrong_pipeline_plugin_is_one_line_before_training(tmp_path, change, s
      "'train' is int; expected a function"),
 ])
 def test_a_wrong_pipelines_dict_is_one_line(tmp_path, text, says):
-    from common.config import make_config
-    from common.data import num_examples
-    from common.errors import UsageError
+    from common.spec.config import make_config
+    from common.inputs.data import num_examples
+    from common.base.errors import UsageError
     (tmp_path / "d.py").write_text(text)
     with pytest.raises(UsageError) as exc:
         num_examples(make_config(dataset=f"{tmp_path}/d.py:load"))
@@ -276,9 +277,9 @@ def test_a_wrong_pipelines_dict_is_one_line(tmp_path, text, says):
     (".unbatch().batch(3, drop_remainder=True)", "a training batch not of --batch_size 4"),
 ])
 def test_a_bad_batch_from_a_plugin_ends_the_run_naming_it(tmp_path, tail, says):
-    from common.config import make_config
-    from common.data import make_dataset, read_batches
-    from common.errors import InputError
+    from common.spec.config import make_config
+    from common.inputs.data import make_dataset, read_batches
+    from common.base.errors import InputError
     spec = pipe_plugin(tmp_path, train_tail=tail)
     with pytest.raises(InputError) as exc:
         for _ in read_batches(make_dataset(make_config(dataset=spec, batch_size=4), 0, 1), "rank 0"):

@@ -1,7 +1,7 @@
-"""common/procs.py: what the machine says about itself."""
+"""common/base/procs.py: what the machine says about itself."""
 import pytest
 
-from common.procs import available_memory
+from common.base.procs import available_memory
 
 pytestmark = pytest.mark.unit
 

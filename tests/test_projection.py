@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from common.schemas import ClusterDescription
+from common.formats.schemas import ClusterDescription
 from hvdps.cost.shape import StepShape
 
 from hvdps.cost import projection as pj
@@ -191,9 +191,9 @@ def test_ps_layout_flags_reach_the_schedule(tmp_path):
 
 def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None, mode="sync", num_ps=0):
     """A finished run of the CNN (8x8 digits: 151,306 parameters) with a breakdown, as a trainer writes it."""
-    from common.config import make_config
-    from common.metrics import MetricsWriter, throughput_stats
-    from common.plan import make_plan
+    from common.spec.config import make_config
+    from common.trainer.metrics import MetricsWriter, throughput_stats
+    from common.spec.plan import make_plan
     cfg = make_config(model="cnn", batch_size=32, train_dir=str(d))
     cfg.save(str(d))
     w = MetricsWriter(str(d))
@@ -419,7 +419,7 @@ def test_projection_lines_for_tf_ring_from_a_comm_file(tmp_path):
 def test_an_in_process_projection_leaves_no_plugin_deadline_behind(tmp_path):
     """hvdps project bounds the plug-ins it rebuilds (--run_timeout) for its own life only: a test or a
     notebook that calls it in-process keeps its own budget (none) afterwards."""
-    from common import plugins
+    from common.spec import plugins
     from hvdps.commands import project
     before = plugins._budget          # a comparison run in-process earlier in this process may have set one
     assert project.main(["--bandwidth_gbps", "10", "--latency_us", "10", "--model_params", "25",

@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from common.errors import RunError
-from common.metrics import read_records
-from common.run_dir import load_weights_npz
-from common.procs import free_ports
+from common.base.errors import RunError
+from common.trainer.metrics import read_records
+from common.trainer.run_dir import load_weights_npz
+from common.base.procs import free_ports
 from tests.conftest import REPO, env, py, run, row_and_records
 from tests.ps_helpers import MAIN, FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights
 

@@ -1,4 +1,4 @@
-"""TFRecord shards as a data set (common/records.py, hvdps data): written from the arrays training
+"""TFRecord shards as a data set (common/inputs/records.py, hvdps data): written from the arrays training
 reads, streamed with the arrays' semantics (epochs, n*b equivalence, resume), sharded by record or
 by file, and refused in one line where a file is not what it should be."""
 import json
@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from common.errors import UsageError
-from common.records import SPEC, RecordError, check_sharding, encode_image, spec_of, stream, write
+from common.base.errors import UsageError
+from common.inputs.records import SPEC, RecordError, check_sharding, encode_image, spec_of, stream, write
 from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, descendants, run, row_and_records
 
 N_TRAIN, N_TEST, SHAPE, CLASSES = 40, 10, (2, 3, 1), 5
@@ -226,7 +226,7 @@ def test_a_first_record_unlike_its_layout_is_named_before_any_task_starts(tmp_pa
 
 
 def _read_all(out):
-    from common.data import read_batches
+    from common.inputs.data import read_batches
     spec = spec_of(out)
     for _ in read_batches(stream(out, spec, "train", 0, 1, 4, seed=7, steps_per_epoch=10, num_steps=10), "rank 0"):
         pass
@@ -249,9 +249,9 @@ DAMAGE = [
 @pytest.mark.unit
 @pytest.mark.parametrize("layout, bad, says", DAMAGE, ids=[f"{layout}: {says[:30]}" for layout, _, says in DAMAGE])
 def test_damage_past_the_first_record_ends_the_run_naming_the_file_and_record(tmp_path, layout, bad, says):
-    """What only reading finds: one line from the worker that read it (common.data.read_batches),
+    """What only reading finds: one line from the worker that read it (common.inputs.data.read_batches),
     naming the file and the record where TensorFlow's message allows (a missing feature: the feature)."""
-    from common.errors import InputError
+    from common.base.errors import InputError
     path, out = one_file_set(tmp_path, layout)
     if isinstance(bad, bytes):
         replace_record(path, 3, bad)
@@ -305,8 +305,8 @@ def test_hvdps_data_writes_once_and_never_over(tmp_path):
     from hvdps.cli import main
     out = str(tmp_path / "digits")
     assert main(["data", "--dataset", "digits", "--shards", "3", "--out", out]) == 0
-    from common.config import make_config
-    from common.data import load_arrays
+    from common.spec.config import make_config
+    from common.inputs.data import load_arrays
     spec = spec_of(out)
     assert sum(spec.train.records) == len(load_arrays(make_config())[0]) and spec.shape == [8, 8, 1]
     assert spec.classes == 10 and spec.train.records == [480, 479, 479]
@@ -343,7 +343,7 @@ def test_too_few_files_for_the_workers_is_refused_before_any_task_starts(shards,
                                                                         command):
     from hvdps.cli import main
     # the launchers bound this process's plug-in imports from now on (--run_timeout): put it back after
-    monkeypatch.setattr("common.plugins._budget", None)
+    monkeypatch.setattr("common.spec.plugins._budget", None)
     with pytest.raises(SystemExit) as exc:
         main([*command, "--dataset", "tfrecord", "--data_dir", shards, "--shard_by", "file", "--batch_size", "1",
               "--out" if command[0] == "compare" else "--train_dir", str(tmp_path / "out")])

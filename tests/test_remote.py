@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from common.schemas import Gradient, LinksFile
+from common.formats.schemas import Gradient, LinksFile
 
-from common import remote
-from common.errors import UsageError
+from common.launch import remote
+from common.base.errors import UsageError
 from hvdps.commands import compare
 from hvdps.measure import links
 from tests.conftest import REPO, env
@@ -130,7 +130,7 @@ def test_dry_run_shows_each_host_and_its_command(capsys):
     assert "# ps-sync-w2-ps1: ps:0 on h1, worker:0 on h2, worker:1 on h3" in out
     for task, host in (("ps:0", "h1"), ("worker:0", "h2"), ("worker:1", "h3")):
         line = next(l for l in out.splitlines() if l.startswith(f"#   {task}:"))
-        assert f"/bin/true {host} " in line and "-m common.tether" in line and "--ps_hosts=h1:2222" in line
+        assert f"/bin/true {host} " in line and "-m common.launch.tether" in line and "--ps_hosts=h1:2222" in line
 
 
 def test_dry_run_shows_each_mwms_worker_on_its_slot(capsys):
@@ -141,7 +141,7 @@ def test_dry_run_shows_each_mwms_worker_on_its_slot(capsys):
     assert "# mwms-sync-w3: rank:0 on h1, rank:1 on h1, rank:2 on h2" in out
     for i, host in enumerate(("h1", "h1", "h2")):
         line = next(l for l in out.splitlines() if l.startswith(f"#   worker:{i}:"))
-        assert f"/bin/true {host} " in line and "-m common.tether" in line and "-m mwms_train.main" in line
+        assert f"/bin/true {host} " in line and "-m common.launch.tether" in line and "-m mwms_train.main" in line
         assert "--worker_hosts=h1:2222,h1:2223,h2:2222" in line and f"--task_index={i}" in line
 
 
@@ -251,7 +251,7 @@ def test_sampler_records_the_cores_beside_the_links(tmp_path):
     with links.Sampler(str(dev), {"h1": "p1"}, every=0.01) as s:
         time.sleep(0.05)
     s.save(str(tmp_path), {"roles": {"rank:0": "h1"}})
-    from common.schemas import read_links
+    from common.formats.schemas import read_links
     saved = read_links(str(tmp_path / links.LINKS_FILE))
     assert len(saved.cpu) >= 2 and saved.cores == os.cpu_count()
     assert all(b <= t for _, b, t in saved.cpu) and saved.cpu[-1][2] >= saved.cpu[0][2]
@@ -260,7 +260,7 @@ def test_sampler_records_the_cores_beside_the_links(tmp_path):
 
 @pytest.mark.process
 def test_tether_ends_the_command_when_its_connection_closes(tmp_path):
-    p = subprocess.Popen([sys.executable, "-m", "common.tether", sys.executable, "-c",
+    p = subprocess.Popen([sys.executable, "-m", "common.launch.tether", sys.executable, "-c",
                           "import time; print('up', flush=True); time.sleep(120)"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env(), cwd=REPO)
     try:

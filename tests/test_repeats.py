@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from common.metrics import RunRow
+from common.trainer.metrics import RunRow
 from hvdps.measure.repeats import alternating, merge, split_name
 from hvdps.measure.runs import add_scaling, collect
 from hvdps.render.report import differ, ratio_interval, verdicts, write_report
@@ -29,7 +29,7 @@ def test_the_methods_order_reverses_on_every_other_pass(repeats, order):
 
 def test_a_dry_run_prints_the_repeats_in_the_order_they_go(capsys, monkeypatch, tmp_path):
     from hvdps.commands.compare import main
-    monkeypatch.setattr("common.plugins._budget", None)     # compare bounds plug-in imports from here on
+    monkeypatch.setattr("common.spec.plugins._budget", None)     # compare bounds plug-in imports from here on
     assert main(["--dry_run", "--repeat", "3", "--workers", "1,2", "--backends", "horovod,mpi",
                  "--out", str(tmp_path / "cmp")]) == 0
     names = [os.path.basename(d) for d in re.findall(r"--train_dir (\S+)", capsys.readouterr().out)]
@@ -45,7 +45,7 @@ def test_a_dry_run_prints_the_repeats_in_the_order_they_go(capsys, monkeypatch, 
 ])
 def test_a_bad_repeat_is_one_line(capsys, monkeypatch, tmp_path, argv, says):
     from hvdps.commands.compare import main
-    monkeypatch.setattr("common.plugins._budget", None)
+    monkeypatch.setattr("common.spec.plugins._budget", None)
     with pytest.raises(SystemExit) as exc:
         main(["--dry_run", *argv, "--out", str(tmp_path / "cmp")])
     err = capsys.readouterr().err

@@ -3,8 +3,8 @@ from dataclasses import replace
 
 import pytest
 
-from common.metrics import Curves, RunRow
-from common.schemas import Header
+from common.trainer.metrics import Curves, RunRow
+from common.formats.schemas import Header
 from hvdps.render.report import explanations, step_parts
 
 from hvdps.render.plots import write_breakdown_plot
@@ -156,7 +156,7 @@ def test_verdict_ranks_by_time_to_target_and_calls_noise(rows, says, never_says)
 
 @pytest.mark.unit
 def test_one_interval_has_no_spread():
-    from common.metrics import format_throughput, throughput_stats
+    from common.trainer.metrics import format_throughput, throughput_stats
     stats = throughput_stats([5000.0])
     assert stats["error"] is None and stats["n"] == 1
     assert "+/-" not in format_throughput(stats)

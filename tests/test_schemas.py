@@ -1,4 +1,4 @@
-"""Every file hvdps reads goes through its one reader (common/schemas.py), and each reader holds
+"""Every file hvdps reads goes through its one reader (common/formats/schemas.py), and each reader holds
 its format: types, finite numbers, physical ranges, bounded size and depth, no blocking."""
 import ast
 import json
@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from common import schemas
-from common.errors import UsageError
+from common.formats import schemas
+from common.base.errors import UsageError
 from tests.conftest import REPO
 
 COMM = {"np": 2, "results": [{"impl": "horovod", "bytes": 1024, "seconds": 0.001},
@@ -166,7 +166,7 @@ def test_metrics_torn_tail_and_foreign_lines_are_not_records(tmp_path):
 
 
 def test_config_file_is_typed_strictly_and_ranged(tmp_path):
-    from common.config import make_config
+    from common.spec.config import make_config
     cfg = make_config(batch_size=8, image_shape=(8, 8, 1))
     path = tmp_path / "config.json"
     path.write_text(cfg.to_json())
@@ -198,12 +198,13 @@ def test_weights_reader_refuses_pickles_and_non_numbers(tmp_path):
 
 
 # ------------------------------------------------------------------ one reader per format
-SOURCES = ("common", "hvdps", "ps_train", "horovod_train", "mpi_train", "mwms_train", "benchmarks", "examples")
+SOURCES = ("common", "allreduce", "tf_cluster", "hvdps", *sorted(e for e in os.listdir(REPO) if e.endswith("_train")),
+           "benchmarks", "examples")
 # The files of the formats in schemas.READERS, by name or by the constant that names them.
 FORMAT_NAMES = {"comm.json", "cluster.json", "links.json", "compare_run.json", "launch.json", "metrics.jsonl",
                 "config.json", "model_profiles.json", "weights.npz", "checkpoint", "elastic_job"}
 FORMAT_CONSTANTS = {"LINKS_FILE", "RUN_RECORD", "PROFILES"}
-READER_MODULES = {"common/schemas.py", "common/files.py", "common/hosts.py", "common/data.py", "common/records.py"}
+READER_MODULES = {"common/formats/schemas.py", "common/base/files.py", "common/launch/hosts.py", "common/inputs/data.py", "common/inputs/records.py"}
 
 
 def modules():
@@ -244,7 +245,7 @@ def offences(path, tree):
             continue
         name = call_name(node)
         if name == "json.load":
-            out.append(f"{path}:{node.lineno}: json.load (read through common/schemas.py)")
+            out.append(f"{path}:{node.lineno}: json.load (read through common/formats/schemas.py)")
         if name in ("open", "np.load", "gzip.open", "read_input", "check_regular", "io.open") and \
                 path not in READER_MODULES:
             if name in ("read_input", "check_regular") or opens_a_format_file(node):

@@ -12,9 +12,9 @@ import pytest
 
 from allreduce.backend import ring_wire
 from ps_train.backend import ps_wire
-from common.config import make_config
-from common.data import CLICK_FEATURES
-from common.errors import UsageError
+from common.spec.config import make_config
+from common.inputs.data import CLICK_FEATURES
+from common.base.errors import UsageError
 from tests.conftest import BIN, REPO, py, run, row_and_records
 
 ROWS, DIM, BATCH, HIDDEN = 20000, 8, 32, 32
@@ -33,7 +33,7 @@ def cfg(**kw):
 
 @pytest.mark.unit
 def test_gradient_sizes_are_measured_slices():
-    from common.models import build_model, gradient_sizes
+    from common.model.models import build_model, gradient_sizes
     c = cfg()
     sizes = gradient_sizes(c, build_model(c))
     assert sizes["sparse_bytes"] == SPARSE and sizes["sparse_table_bytes"] == TABLE
@@ -44,7 +44,7 @@ def test_gradient_sizes_are_measured_slices():
 
 @pytest.mark.unit
 def test_dense_models_have_no_sparse_part():
-    from common.models import build_model, gradient_bytes, gradient_sizes
+    from common.model.models import build_model, gradient_bytes, gradient_sizes
     c = make_config()
     model = build_model(c)
     assert gradient_sizes(c, model) == {"dense_bytes": gradient_bytes(model), "sparse_bytes": 0,
@@ -68,13 +68,13 @@ def test_wire_rules(rule, n, expected):
 
 
 def make_plan_for(n):
-    from common.plan import make_plan
+    from common.spec.plan import make_plan
     return make_plan(make_config(), 1000, n, 1)
 
 
 @pytest.mark.unit
 def test_clicks_are_skewed_and_balanced():
-    from common.data import load_arrays
+    from common.inputs.data import load_arrays
     x, y, xt, yt = load_arrays(cfg())
     assert x.dtype == np.int64 and x.shape == (32768, CLICK_FEATURES) and 0 <= x.min() and x.max() < ROWS
     counts = np.sort(np.bincount(x[:, 0], minlength=ROWS))[::-1]
@@ -136,7 +136,7 @@ def test_every_backend_trains_the_sparse_workload(tmp_path, backend):
 @pytest.mark.unit
 @pytest.mark.parametrize("key, value", [("embedding_rows", ROWS // 2), ("embedding_dim", DIM * 2)])
 def test_resume_refuses_another_table_size(tmp_path, key, value):
-    from common.run_dir import check_resume_compatible
+    from common.trainer.run_dir import check_resume_compatible
     cfg().save(str(tmp_path))
     with pytest.raises(UsageError, match=f"--resume: {key} was"):
         check_resume_compatible(cfg().replace(**{key: value}), str(tmp_path))

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from common.procs import free_ports, wait_for_ports
+from common.base.procs import free_ports, wait_for_ports
 from tests.conftest import REPO, env, run
 
 pytestmark = pytest.mark.process
@@ -122,7 +122,7 @@ def test_a_task_already_gone_is_skipped():
 RACE = """
 import random, sys, threading, types
 import tensorflow as tf
-from common.procs import free_ports
+from common.base.procs import free_ports
 from ps_train import stop
 port, closed = free_ports(2)
 server = tf.distribute.Server(tf.train.ClusterSpec({"ps": [f"127.0.0.1:{port}"]}), job_name="ps", task_index=0,

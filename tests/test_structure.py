@@ -40,6 +40,12 @@ def project_imports():
     return {m: {d for d in deps if d in modules and d != m} for m, deps in graph.items()}
 
 
+def module_path(module):
+    """The file of a dotted module name: a module's own file, or a package's __init__.py."""
+    path = os.path.join(REPO, *module.split("."))
+    return path + ".py" if os.path.isfile(path + ".py") else os.path.join(path, "__init__.py")
+
+
 def find_cycle(graph):
     state, stack = {}, []
 
@@ -81,7 +87,7 @@ def test_common_imports_no_backend():
     for module, deps in project_imports().items():
         if not module.startswith("common."):
             continue
-        tree = ast.parse(open(os.path.join(REPO, *module.split(".")) + ".py").read())
+        tree = ast.parse(open(module_path(module)).read())
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
@@ -104,6 +110,45 @@ def test_a_method_package_imports_no_other_method():
             assert not [d for d in deps if d.split(".")[0] in methods and d.split(".")[0] != own], (module, deps)
         if own in ("tf_cluster", "allreduce"):
             assert not [d for d in deps if d.split(".")[0] in methods + ["hvdps"]], (module, deps)
+
+
+# common/'s sub-packages by job, each above those it may import: the foundations, what a run is asked to
+# do (config, plan, data sets and plug-ins named), the file formats' readers, the training data, the model,
+# the trainer's life cycle; launching stands beside them on the foundations and the formats.
+COMMON_JOBS = {"base": set(), "spec": {"base"}, "formats": {"base", "spec"}, "inputs": {"base", "spec", "formats"},
+               "model": {"base", "spec", "formats", "inputs"},
+               "trainer": {"base", "spec", "formats", "inputs", "model"}, "launch": {"base", "spec", "formats"}}
+
+
+def common_layer_violations(graph):
+    """[(module, the sub-packages of common/ it reaches that are not below its own)]."""
+    out = []
+    for module, deps in graph.items():
+        parts = module.split(".")
+        if parts[0] != "common" or len(parts) < 3:
+            continue
+        used = {d.split(".")[1] for d in deps if d.startswith("common.") and len(d.split(".")) > 2}
+        if used - COMMON_JOBS[parts[1]] - {parts[1]}:
+            out.append((module, sorted(used - COMMON_JOBS[parts[1]] - {parts[1]})))
+    return out
+
+
+@pytest.mark.unit
+def test_common_is_split_by_job_and_each_part_imports_only_those_below():
+    """Every module of common/ sits in a sub-package that names its job (none is left loose beside them),
+    and a sub-package imports only those below it, deferred imports included: the seams can be seen."""
+    loose = sorted(e for e in os.listdir(os.path.join(REPO, "common")) if e.endswith(".py") and e != "__init__.py")
+    assert not loose, loose
+    folders = sorted(d for d in os.listdir(os.path.join(REPO, "common"))
+                     if os.path.isfile(os.path.join(REPO, "common", d, "__init__.py")))
+    assert folders == sorted(COMMON_JOBS), folders
+    assert common_layer_violations(project_imports()) == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    """A foundation reaching up to the trainer is caught (a check that cannot fail proves nothing)."""
+    graph = {"common.base.errors": {"common.trainer.metrics"}, "common.trainer.metrics": {"common.base.errors"}}
+    assert common_layer_violations(graph) == [("common.base.errors", ["trainer"])]
 
 
 # hvdps/'s folders by job, and what each may import of the others: the cost model and the measurement

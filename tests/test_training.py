@@ -3,7 +3,7 @@ import io
 
 import pytest
 
-from common.runlog import Progress
+from common.trainer.runlog import Progress
 
 
 class Tty(io.StringIO):

@@ -18,9 +18,9 @@ import os
 import socket
 import sys
 
-from common.errors import UsageError
-from common.hosts import parse_address
-from common.procs import shim_library
+from common.base.errors import UsageError
+from common.launch.hosts import parse_address
+from common.base.procs import shim_library
 
 WILDCARDS = ("0.0.0.0", "::", "*")
 

@@ -5,7 +5,7 @@ mwms_train/slurm.py makes every task a worker). Why the resolver is called as it
 import json
 import os
 
-from common.errors import UsageError
+from common.base.errors import UsageError
 
 STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
 

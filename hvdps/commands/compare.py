@@ -30,17 +30,17 @@ import subprocess
 import sys
 import time
 
-from common.config import argv_of, build_parser, from_args
+from common.spec.config import argv_of, build_parser, from_args
 
-from common.flags import check_finite, command_line, interface_or_cidr
+from common.base.flags import check_finite, command_line, interface_or_cidr
 
-from common.memory import TF_PROCESS_BYTES, memory_estimate
-from common.data import check_input
-from common.errors import UsageError, cli
-from common.files import make_dirs, open_new, take_folder, writable_dir, write_atomic
-from common.metrics import read_metrics
-from common.plugins import bound_plugins
-from common.procs import REPO, available_memory, child_env
+from common.spec.memory import TF_PROCESS_BYTES, memory_estimate
+from common.inputs.data import check_input
+from common.base.errors import UsageError, cli
+from common.base.files import make_dirs, open_new, take_folder, writable_dir, write_atomic
+from common.trainer.metrics import read_metrics
+from common.spec.plugins import bound_plugins
+from common.base.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
 from hvdps.methods import get_launcher, parse_variants
 from hvdps.measure.repeats import alternating, merge, repeat_name
@@ -63,7 +63,7 @@ def parse_workers(text, flag="--workers"):
 
 def make_remote(args):
     """--hosts and its companions -> a Remote (None without --hosts); usage errors up front."""
-    from common import remote
+    from common.launch import remote
     if not args.hosts:
         for dest, flag in (("rsh", "--rsh"), ("ps_placement", "--ps_placement"), ("port", "--port"),
                            ("network_interface", "--network_interface")):
@@ -81,7 +81,7 @@ def make_remote(args):
 
 def roles_of(launcher, remote, workers, num_ps):
     """{task: host} of one run across hosts: MPI ranks by slot, PS roles as ps_train.launch places them."""
-    from common import remote as placing
+    from common.launch import remote as placing
     if launcher.server_tasks(num_ps) == 0:
         hosts = [h for h, s in placing.take_slots(remote.hosts, workers) for _ in range(s)]
         return {f"rank:{i}": h for i, h in enumerate(hosts)}
@@ -125,7 +125,7 @@ def plan_runs(args, trainer_args, cores, remote=None):
 def check_memory_fits(args, cfg, available):
     """Refuse runs whose tasks, all on this machine, would not fit in the memory ``available``
     now (None: not known): the largest run's tasks each count TF_PROCESS_BYTES plus the config's
-    own estimate (common/config.py: memory_estimate). Runs one after another, so the largest counts."""
+    own estimate (common/spec/config.py: memory_estimate). Runs one after another, so the largest counts."""
     if available is None:
         return
     name, *_, procs = max(run_shapes(args), key=lambda shape: shape[-1])
@@ -143,7 +143,7 @@ def remote_task_lines(run):
 
 def load_links(path):
     """The emulated cluster's description (written by hvdps emulate): where its link counters are."""
-    from common.schemas import read_links_spec
+    from common.formats.schemas import read_links_spec
     return read_links_spec(path)
 
 
@@ -462,7 +462,7 @@ def main(argv=None):
         raise UsageError("--resume does not apply to hvdps compare: it starts fresh runs in --out; continue "
                          "one run with its trainer's command (the first line of runs/<name>.log) and --resume")
     if not args.dry_run and not args.from_dirs:    # a plug-in's training step (Keras 3 under the classic PS)
-        from common.models import check_plugin
+        from common.model.models import check_plugin
         check_plugin(cfg, graph_mode=any(get_launcher(b).graph_mode for b, _ in parse_variants(args.backends)))
     if not args.dry_run and not args.from_dirs:    # the same refusal every run would meet, once, before any starts
         for n in sorted(set(parse_workers(args.workers)), reverse=True):   # the most workers first: the
@@ -495,7 +495,7 @@ def main(argv=None):
                     print(f"#   {task}: {line}")
             return 0
         if remote:
-            from common.remote import check_hosts
+            from common.launch.remote import check_hosts
             check_hosts(remote.hosts, remote.agent, args.out)
         previous = own_signals()
         try:

@@ -8,23 +8,23 @@
     hvdps data --describe /data/imagenet --image_shape 224,224,3        # real ImageNet TFRecords: dataset.json
     hvdps compare --dataset tfrecord --data_dir data/digits ...         # then train from the files
 
-The arrays are read and checked as training reads them (common/data.py), so the shards hold what
+The arrays are read and checked as training reads them (common/inputs/data.py), so the shards hold what
 the in-memory run would train on; each split is cut into files of sizes differing by one at most,
-with dataset.json beside them (common/records.py has the layouts). A synthetic set in the
+with dataset.json beside them (common/inputs/records.py has the layouts). A synthetic set in the
 imagenet layout is generated one record at a time, so it can be far larger than memory. Nothing is overwritten: --out
 must not already hold a data set.
 """
 import os
 import sys
 
-from common.errors import UsageError, cli
-from common.flags import Parser, shape, size
+from common.base.errors import UsageError, cli
+from common.base.flags import Parser, shape, size
 
 
 
 @cli
 def main(argv=None):
-    from common.config import Config
+    from common.spec.config import Config
     d = Config()
     p = Parser(prog="hvdps data", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default=d.dataset,
@@ -65,10 +65,10 @@ def main(argv=None):
                          f"images of 1 or 3 channels")
     if args.dataset in ("tfrecord", "clicks"):
         raise UsageError(f"--dataset {args.dataset}: hvdps data writes digits, mnist, synthetic or a plug-in's arrays")
-    from common.records import SPEC, write, write_synthetic_imagenet
+    from common.inputs.records import SPEC, write, write_synthetic_imagenet
     if os.path.lexists(os.path.join(args.out, SPEC)):
         raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
-    from common.config import make_config
+    from common.spec.config import make_config
     extra = {"image_shape": args.image_shape} if args.image_shape else {}
     classes = d.num_classes if args.num_classes is None else args.num_classes
     streamed = args.layout == "imagenet" and args.dataset == "synthetic"     # generated record by record
@@ -77,13 +77,13 @@ def main(argv=None):
                       synthetic_samples=min(args.synthetic_samples, 8) if streamed else args.synthetic_samples,
                       **extra)
     if streamed:
-        from common.datasets import SYNTHETIC_TEST_SAMPLES
+        from common.spec.datasets import SYNTHETIC_TEST_SAMPLES
         n = args.synthetic_samples
         train, test = n, min(SYNTHETIC_TEST_SAMPLES, max(8, n // 4))
         path = write_synthetic_imagenet(args.out, cfg.image_shape, cfg.num_classes, train, test, args.shards,
                                         args.test_shards, cfg.seed, args.image_format or "jpeg", args.resize)
     else:
-        from common.data import input_spec, load_arrays
+        from common.inputs.data import input_spec, load_arrays
         arrays = load_arrays(cfg)
         train, test = len(arrays[0]), len(arrays[2])
         path = write(args.out, arrays, input_spec(cfg)[1], args.shards, args.test_shards, args.layout,
@@ -95,7 +95,7 @@ def main(argv=None):
 
 
 def describe(args):
-    from common.records import describe_imagenet
+    from common.inputs.records import describe_imagenet
     if not os.path.isdir(args.describe):
         raise UsageError(f"--describe {args.describe}: no such directory")
     shape = args.image_shape or (224, 224, 3)

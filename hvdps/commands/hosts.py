@@ -4,15 +4,15 @@
     hvdps hosts inventory --format horovodrun               # horovodrun -np N -H h1:4,h2:4
     hvdps hosts inventory --format tf-config --num_ps 2     # one TF_CONFIG per task
 
-Parsing and validation live in common/hosts.py (the trainers use them too);
+Parsing and validation live in common/launch/hosts.py (the trainers use them too);
 this is only the command.
 """
 import json
 import sys
 
-from common.flags import Parser
-from common.errors import UsageError, cli
-from common.hosts import parse_hostfile, tf_configs, to_cluster_spec, to_horovod_hosts, to_mpi_hostfile
+from common.base.flags import Parser
+from common.base.errors import UsageError, cli
+from common.launch.hosts import parse_hostfile, tf_configs, to_cluster_spec, to_horovod_hosts, to_mpi_hostfile
 
 
 @cli

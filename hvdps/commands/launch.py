@@ -13,9 +13,9 @@ import os
 import shlex
 import sys
 
-from common.errors import UsageError, cli
-from common.flags import Parser
-from common.procs import child_env
+from common.base.errors import UsageError, cli
+from common.base.flags import Parser
+from common.base.procs import child_env
 from hvdps.methods import get_launcher
 
 MAX_WORKERS = 1024

@@ -8,11 +8,11 @@ import contextlib
 import os
 import sys
 
-from common.errors import UsageError, cli
-from common.files import make_dirs, write_atomic
-from common.metrics import load_run
-from common.procs import REPO
-from common.schemas import read_cluster_description, read_comm
+from common.base.errors import UsageError, cli
+from common.base.files import make_dirs, write_atomic
+from common.trainer.metrics import load_run
+from common.base.procs import REPO
+from common.formats.schemas import read_cluster_description, read_comm
 from hvdps import methods
 from hvdps.cost import crossover, heldout, schedule
 from hvdps.measure.runs import add_load, run_record
@@ -37,9 +37,9 @@ def model_layers_of(run_dir):
     """The run's model, rebuilt from its config.json, as per-layer gradient sizes and FLOPs."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ start-up chatter stays out
     with native_stderr_quiet():
-        from common.layer_profile import layer_profile
-        from common.models import build_model
-        from common.schemas import read_config
+        from common.model.layer_profile import layer_profile
+        from common.model.models import build_model
+        from common.formats.schemas import read_config
         return layer_profile(build_model(read_config(os.path.join(run_dir, "config.json"))))
 
 
@@ -198,7 +198,7 @@ def heldout_of(path, layers, ring, ps, nets, args):
 
 # ---------------------------------------------------------------- command line
 def make_parser():
-    from common.flags import Parser
+    from common.base.flags import Parser
     p = Parser(prog="hvdps project", description="Project scaling efficiency to many workers "
                "(alpha-beta network, wait-free backprop schedule; no training)")
     p.add_argument("--from", dest="from_dir", default=None,
@@ -288,7 +288,7 @@ def networks(args, fits, ring, ps, cluster=None):
 
 def run_projection(args):
     """The projection from measurements and/or given hardware."""
-    from common.flags import check_finite
+    from common.base.flags import check_finite
     for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "cycle_time_ms",
                  "fusion_threshold_mb", "straggler_cv", "ps_bandwidth_gbps"):
         if getattr(args, name) is not None:
@@ -414,7 +414,7 @@ def main(argv=None):
     args = make_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} exists and is not a directory")
-    from common.plugins import plugins_bounded
+    from common.spec.plugins import plugins_bounded
     with plugins_bounded(args.run_timeout, "--run_timeout"):   # rebuilding a recorded plug-in: bounded
         return run_projection(args)
 

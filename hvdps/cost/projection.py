@@ -112,7 +112,7 @@ def powers_of_two(lo, hi):
 
 
 def known_models():
-    from common.layer_profile import load_profiles
+    from common.model.layer_profile import load_profiles
     return load_profiles()
 
 

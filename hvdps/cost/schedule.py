@@ -6,7 +6,7 @@ still being differentiated (Poseidon's "wait-free backprop"; Horovod and TF's
 PS runtime both do it). What cannot hide is the exchange of what becomes
 ready last, plus any queue that built up behind the network. This module
 plays that schedule out, layer by layer, from a model's per-layer gradient
-sizes and FLOPs (common/layer_profile.py) and an alpha-beta network:
+sizes and FLOPs (common/model/layer_profile.py) and an alpha-beta network:
 
 - backward time of a layer is its share of the model's forward FLOPs times the
   backward time (a third of a step is forward, two thirds backward: the usual
@@ -26,7 +26,7 @@ step, as tf_cnn_benchmarks' scaling figures are (per-GPU throughput at n over
 the single-GPU throughput).
 """
 from allreduce.backend import ring_share
-from common.backend import MIN_SHARD_BYTES
+from common.trainer.backend import MIN_SHARD_BYTES
 
 FORWARD_SHARE = 1.0 / 3.0
 

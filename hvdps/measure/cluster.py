@@ -10,8 +10,8 @@ import subprocess
 import sys
 import time
 
-from common.errors import UsageError
-from common.procs import REPO
+from common.base.errors import UsageError
+from common.base.procs import REPO
 from hvdps.measure.slurm_lab import SHM, remove_netns_etc, shm_dir
 
 

@@ -21,8 +21,8 @@ import json
 import os
 import time
 
-from common.files import write_atomic
-from common.metrics import SHARED_SHARE
+from common.base.files import write_atomic
+from common.trainer.metrics import SHARED_SHARE
 from hvdps.measure.links import Periodic, _at, read_cpu
 
 LOAD_FILE = "load.json"
@@ -106,8 +106,8 @@ def others_cores(load, interval):
 def contention(run_dir, header, steps):
     """(others' cores, the job's cores, the machine's cores, shared?) over a run's measured interval,
     from its load.json; all None where the run was not sampled."""
-    from common.metrics import measured_interval
-    from common.schemas import read_load
+    from common.trainer.metrics import measured_interval
+    from common.formats.schemas import read_load
     path = os.path.join(run_dir, LOAD_FILE)
     if not os.path.lexists(path):
         return None, None, None, None

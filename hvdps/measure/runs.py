@@ -2,8 +2,8 @@
 teardown (hvdps compare's compare_run.json), its links' bytes, its scaling, and the environment it ran in."""
 import os
 
-from common.errors import UsageError
-from common.metrics import RunRow, load_run, read_metrics
+from common.base.errors import UsageError
+from common.trainer.metrics import RunRow, load_run, read_metrics
 from hvdps.measure.repeats import split_name
 
 
@@ -11,7 +11,7 @@ RUN_RECORD = "compare_run.json"    # written by hvdps compare next to each run: 
 
 
 def collect(runs):
-    """A typed row (common.metrics.RunRow) per planned or found run: its records, then what the
+    """A typed row (common.trainer.metrics.RunRow) per planned or found run: its records, then what the
     launcher saw (exit, interruption, oversubscription), start-up, links and scaling."""
     rows = []
     for run in runs:
@@ -47,7 +47,7 @@ def add_load(row):
 
 def run_record(run_dir):
     """compare_run.json's typed record, or None where the run has none."""
-    from common.schemas import read_run_record
+    from common.formats.schemas import read_run_record
     path = os.path.join(run_dir, RUN_RECORD)
     return read_run_record(path) if os.path.lexists(path) else None
 
@@ -80,10 +80,10 @@ def add_links(row, roles):
     """Where the run's tasks ran (``--hosts``) and, where the links' counters were sampled
     (hvdps emulate), the bytes per round each host's link carried against the formula
     (hvdps/measure/links.py), the busiest link's share of its rate, and the round time."""
-    from common.metrics import measured_interval
+    from common.trainer.metrics import measured_interval
     from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
     row.roles = roles or None
-    from common.schemas import read_links
+    from common.formats.schemas import read_links
     path = os.path.join(row.run_dir, LINKS_FILE)
     if not os.path.lexists(path) or row.curves.header is None:
         return
@@ -124,7 +124,7 @@ def environment_of(rows):
     header = next((r.header for r in rows if r.header), None)
     env = {"host": (header.host if header else None) or platform.node(), "cores": os.cpu_count()}
     env.update(header.versions if header else {})
-    by_keras = {}                    # which Keras built each run's model (common/keras3.py: keras_of)
+    by_keras = {}                    # which Keras built each run's model (common/spec/keras3.py: keras_of)
     for r in rows:
         kind = r.header.keras if r.header else None
         if kind:

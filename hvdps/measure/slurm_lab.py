@@ -20,8 +20,8 @@ import shutil
 import subprocess
 import time
 
-from common.errors import RunError, UsageError
-from common.files import write_atomic
+from common.base.errors import RunError, UsageError
+from common.base.files import write_atomic
 
 SLURM_TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "salloc", "srun", "sinfo", "scontrol",
                "scancel", "unshare")

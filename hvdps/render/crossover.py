@@ -57,7 +57,7 @@ def plot(result, path):
     if not result:
         return None
     import matplotlib.pyplot as plt
-    from common.files import write_atomic
+    from common.base.files import write_atomic
     fig = figure(result)
     write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)

@@ -2,7 +2,7 @@
 import os
 import textwrap
 
-from common.files import write_atomic
+from common.base.files import write_atomic
 from hvdps.render.styles import LEGEND_INSIDE, LEGEND_ROWS, name_of, series_styles
 
 

@@ -2,7 +2,7 @@
 import json
 import math
 
-from common.files import write_atomic
+from common.base.files import write_atomic
 from hvdps.cost.projection import PS, RING
 
 

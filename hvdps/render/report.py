@@ -11,9 +11,9 @@ import os
 
 import numpy as np
 
-from common.backend import MIN_SHARD_BYTES
-from common.files import make_dirs, write_atomic
-from common.metrics import SHARED_SHARE
+from common.trainer.backend import MIN_SHARD_BYTES
+from common.base.files import make_dirs, write_atomic
+from common.trainer.metrics import SHARED_SHARE
 from hvdps import methods
 from hvdps.render.plots import write_plots
 from hvdps.render.styles import name_of
@@ -191,7 +191,7 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
     lines += [f"- {k}: {v}" for k, v in environment.items()]
     lines += ["", "## Config", "", "```json", json.dumps(cfg_dict, indent=2, sort_keys=True), "```", ""]
     if cfg_dict.get("dataset") == "tfrecord":
-        from common.records import SHARDING
+        from common.inputs.records import SHARDING
         rule = cfg_dict.get("shard_by", "record")
         lines += [f"Data: the TFRecord shards in `{cfg_dict.get('data_dir')}`, `--shard_by {rule}`: "
                   f"{SHARDING.get(rule, '')} (docs/data.md).", ""]

@@ -1,0 +1,1 @@
+"""The one reader of each file format hvdps reads, as typed records."""

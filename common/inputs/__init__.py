@@ -1,0 +1,1 @@
+"""The training data: loading, sharding, the tf.data pipeline and TFRecord shards."""

@@ -1,0 +1,1 @@
+"""The model: building it, its train step, optimizer slots, evaluation, the compute probe, layer profiles."""

@@ -1,0 +1,21 @@
+"""Test-set evaluation as sums ([loss, correct, examples]) that any backend can reduce across workers.
+
+Every backend evaluates with these two functions, so an accuracy means the same under each.
+"""
+import numpy as np
+
+
+def eval_sums(model, dataset):
+    """[loss sum, correct, examples] over a dataset (eager), for cross-worker reduction."""
+    from common.model.models import eval_batch_sums
+    total = np.zeros(3, np.float64)
+    for x, y in dataset:
+        total += eval_batch_sums(model(x, training=False), y).numpy()
+    return total
+
+
+def finish_eval(sums):
+    loss_sum, correct, count = (float(v) for v in sums)
+    if count == 0:
+        return float("nan"), float("nan")
+    return loss_sum / count, correct / count

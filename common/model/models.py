@@ -1,0 +1,266 @@
+"""Models both backends train.
+
+Initial weights of the MLP and CNN come from NumPy, seeded by ``cfg.seed``, not
+from TensorFlow's RNG: TF draws different numbers in eager mode (Horovod) and in
+graph mode (the PS backend's between-graph replication), and the equivalence
+tests need every backend and every worker count to start from the same point.
+"""
+import numpy as np
+
+from common.inputs.data import input_spec
+
+
+def _numpy_initializer(tf, seed, kind):
+    class NumpyInit(tf.keras.initializers.Initializer):
+        def __init__(self, seed, kind):
+            self.seed, self.kind = seed, kind
+
+        def __call__(self, shape, dtype=None, **kwargs):
+            shape = tuple(int(s) for s in shape)
+            rng = np.random.RandomState(self.seed)
+            if self.kind == "zeros":
+                value = np.zeros(shape, np.float32)
+            elif self.kind == "embedding":   # Keras' Embedding default: uniform in [-0.05, 0.05]
+                value = rng.uniform(-0.05, 0.05, size=shape).astype(np.float32)
+            else:  # Glorot uniform, as Keras' default, with fan-in/out of dense and conv kernels
+                receptive = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
+                fan_in, fan_out = shape[-2] * receptive, shape[-1] * receptive
+                limit = np.sqrt(6.0 / (fan_in + fan_out))
+                value = rng.uniform(-limit, limit, size=shape).astype(np.float32)
+            return tf.constant(value, dtype=dtype or tf.float32)
+
+        def get_config(self):
+            return {"seed": self.seed, "kind": self.kind}
+
+    return NumpyInit(seed, kind)
+
+
+def build_model(cfg, check_step=True):
+    """An uncompiled Keras model for ``cfg.model`` whose input follows ``cfg.dataset``; a plug-in's
+    is checked with one training step unless a strategy owns its variables (``check_step``)."""
+    import tensorflow as tf
+    shape, classes = input_spec(cfg)
+    L = tf.keras.layers
+    init = lambda i: dict(kernel_initializer=_numpy_initializer(tf, cfg.seed * 100 + i, "glorot"),
+                          bias_initializer=_numpy_initializer(tf, 0, "zeros"))
+    if cfg.model == "mlp":
+        # The classic distributed-TF example: flatten -> hidden (ReLU) -> 10 logits.
+        return tf.keras.Sequential([
+            L.Input(shape),
+            L.Flatten(),
+            L.Dense(cfg.hidden_units, activation="relu", **init(1)),
+            L.Dense(classes, **init(2)),
+        ], name="mlp")
+    if cfg.model == "cnn":
+        return tf.keras.Sequential([
+            L.Input(shape),
+            L.Conv2D(32, 3, padding="same", activation="relu", **init(1)),
+            L.Conv2D(64, 3, padding="same", activation="relu", **init(2)),
+            L.MaxPooling2D(2),
+            L.Flatten(),
+            L.Dense(128, activation="relu", **init(3)),
+            L.Dense(classes, **init(4)),
+        ], name="cnn")
+    if cfg.model == "rec":
+        # Recommendation-style: each categorical feature's id looks up a row of its own table (one
+        # Embedding of features x rows, ids offset per feature), the rows are concatenated into an
+        # MLP. Its gradient is sparse: only the looked-up rows (tf.IndexedSlices).
+        offsets = np.arange(shape[0], dtype=np.int64) * cfg.embedding_rows
+        return tf.keras.Sequential([
+            L.Input(shape, dtype="int64"),
+            L.Lambda(lambda ids: ids + offsets, name="feature_offsets"),
+            L.Embedding(shape[0] * cfg.embedding_rows, cfg.embedding_dim, name="embedding",
+                        embeddings_initializer=_numpy_initializer(tf, cfg.seed * 100, "embedding")),
+            L.Flatten(),
+            L.Dense(cfg.hidden_units, activation="relu", **init(1)),
+            L.Dense(classes, **init(2)),
+        ], name="rec")
+    if cfg.model in APPLICATIONS:
+        from common.spec.plugins import seed_everything
+        seed_everything(tf, cfg.seed)
+        build = getattr(tf.keras.applications, APPLICATIONS[cfg.model])
+        return build(weights=None, input_shape=shape, classes=classes, classifier_activation=None)
+    from common.spec.plugins import build_model as build_plugin
+    return build_plugin(cfg, shape, classes, check_step)     # Config has checked it is a plug-in
+
+
+def check_plugin(cfg, graph_mode=False):
+    """Before any task starts (hvdps compare and the local launchers, for every method) or a classic-PS
+    worker joins: a model plug-in built once and taken through one eager training step (output shape
+    and type, training mode, the gradient path: common/spec/plugins.py, check_training_step), since the
+    strategies (MWMS, TF2 PS) build their model in their scope and the classic PS in its graph, where
+    that step cannot run first. ``graph_mode``: it will train under the classic PS, which also
+    refuses Keras 3 (check_plugin_for_graph_mode). Built-in models need neither."""
+    from common.spec.plugins import is_plugin
+    if not is_plugin(cfg.model):
+        return
+    import tensorflow as tf
+    if tf.executing_eagerly():
+        build_model(cfg)        # eager, outside any strategy: the checked step; the model is thrown away
+    if graph_mode:
+        check_plugin_for_graph_mode(cfg)
+
+
+def check_plugin_for_graph_mode(cfg):
+    """Before a classic-PS task joins its job (or the launcher starts any): build a model plug-in once
+    and refuse Keras 3 (common/spec/keras3.py). In a graph of its own, thrown away: tf-keras names layers
+    per graph, so the trainer's own graph gets the same variable names as without this check."""
+    from common.spec.keras3 import refuse_graph_mode
+    from common.spec.plugins import is_plugin
+    if is_plugin(cfg.model):
+        import tensorflow as tf
+        with tf.Graph().as_default():
+            refuse_graph_mode(cfg, build_model(cfg))
+
+
+APPLICATIONS = {"resnet50": "ResNet50", "resnet101": "ResNet101", "inception_v3": "InceptionV3",
+                "vgg16": "VGG16", "mobilenet_v2": "MobileNetV2"}
+
+
+def num_parameters(model):
+    return int(sum(int(np.prod(w.shape)) for w in model.trainable_weights))
+
+
+def gradient_bytes(model):
+    """Bytes one worker sends per step (float32 gradients of every trainable weight)."""
+    return 4 * num_parameters(model)
+
+
+def has_sparse_gradients(model):
+    """True for models with an embedding lookup: their table's gradient is tf.IndexedSlices."""
+    import tensorflow as tf
+    from common.spec.keras3 import is_wrapped
+    if is_wrapped(model):                        # a Keras 3 plug-in (common/spec/keras3.py)
+        import keras
+        return any(isinstance(layer, keras.layers.Embedding) for layer in model.keras_layers)
+    return any(isinstance(layer, tf.keras.layers.Embedding) for layer in model.submodules)
+
+
+def gradient_sizes(cfg, model):
+    """What one worker's gradient of one batch really is, the input of every backend's wire rule
+    (allreduce.backend, ps_train.backend): ``dense_bytes`` (float32 tensors sent whole), and for embedding tables
+    ``sparse_bytes`` (the tf.IndexedSlices TensorFlow produces: one row of values and one index
+    per id looked up, duplicates included, as they are sent), ``sparse_table_bytes`` (the same
+    tables sent dense), ``sparse_rows`` and ``sparse_unique_rows`` (rows looked up per batch).
+
+    Measured, not assumed: a fresh copy of the model takes the gradient of one real batch of
+    this run's data in a graph of its own (so a PS chief in graph mode and an eager rank 0 measure
+    alike). A model without embeddings is all dense, counted from its weights with no step run.
+    """
+    dense_only = {"dense_bytes": gradient_bytes(model), "sparse_bytes": 0, "sparse_table_bytes": 0,
+                  "sparse_rows": 0, "sparse_unique_rows": 0}
+    if not has_sparse_gradients(model):
+        return dense_only
+    import tensorflow as tf
+    from common.inputs.data import make_dataset
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x, y = v1.data.make_one_shot_iterator(make_dataset(cfg, 0, 1, num_steps=1)).get_next()
+        fresh = build_model(cfg)
+        variables = fresh.trainable_variables
+        grads = tf.gradients(total_loss(fresh, y, fresh(x, training=True)), variables)
+        sparse = {i: (g.values, g.indices) for i, g in enumerate(grads) if isinstance(g, tf.IndexedSlices)}
+        with v1.Session(graph=graph) as sess:
+            sess.run(v1.global_variables_initializer())
+            values = sess.run(sparse)
+    out = dict(dense_only, dense_bytes=0)
+    for i, v in enumerate(variables):
+        size = 4 * int(np.prod(v.shape))
+        if i in values:
+            rows, index = values[i]
+            out["sparse_bytes"] += int(rows.nbytes + index.nbytes)
+            out["sparse_table_bytes"] += size
+            out["sparse_rows"] += int(index.size)
+            out["sparse_unique_rows"] += int(np.unique(index).size)
+        else:
+            out["dense_bytes"] += size
+    return out
+
+
+def loss_fn():
+    """The criterion Keras' ``fit`` is compiled with (it adds ``model.losses`` itself)."""
+    import tensorflow as tf
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def total_loss(model, labels, logits):
+    """What every custom loop minimises: the batch's mean cross-entropy plus the model's own losses.
+
+    ``model.losses`` holds what layers add themselves (kernel regularizers, ``add_loss``);
+    Keras' ``fit`` adds them to the compiled loss, so a custom loop that left them out would
+    train a different objective than ``fit`` and than a single process does. The mean by hand,
+    not a Keras Loss object: those refuse their default reduction inside a tf.distribute
+    strategy, and the same formula must hold under every backend.
+    """
+    import tensorflow as tf
+    loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+    return loss + tf.add_n(model.losses) if model.losses else loss
+
+
+def state_updates(model, inputs):
+    """The ops that update the model's non-trainable state on ``model(inputs, training=True)``
+    in a TF1 graph (BatchNormalization's moving mean and variance, any ``add_update``).
+
+    Eager code and ``tf.function`` apply them as the model runs; a graph built for a
+    session does not: they must be run with the train op, or the state never moves
+    (and evaluation with ``training=False`` reads the initial 0 and 1). ``model.updates``
+    also lists the conditional ops of the model's symbolic construction, which are tied
+    to its Keras Input and cannot run; only the updates of this call (and any
+    unconditional ones) are returned.
+    """
+    return list(model.get_updates_for(inputs)) + list(model.get_updates_for(None))
+
+
+def train_step_fn(model, optimizer, wrap_tape=None):
+    """One step of data parallelism's inner loop, as a plain function of a batch.
+
+    The one train step of every eager loop: the Horovod and bare-MPI loops and
+    elastic Horovod wrap the tape (``wrap_tape``: where the gradients are
+    all-reduced), the compute probe leaves it alone, and the TF2 strategy's chief
+    runs it per replica. Callers wrap it in ``tf.function`` (or ``strategy.run``).
+    The loss is ``common.model.models.total_loss``, the model's own losses included.
+    """
+    import tensorflow as tf
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = total_loss(model, y, model(x, training=True))
+        if wrap_tape is not None:
+            tape = wrap_tape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+    return step
+
+
+def make_optimizer(cfg, learning_rate, api="keras"):
+    """The optimizer before any distribution wrapper; ``learning_rate`` may be a schedule
+    (Keras) or a tensor (v1).
+
+    One rule, two APIs: Horovod's DistributedOptimizer wraps a Keras optimizer,
+    TensorFlow's SyncReplicasOptimizer only a ``tf.compat.v1.train`` one.
+    """
+    import tensorflow as tf
+    keras, v1 = tf.keras.optimizers.legacy, tf.compat.v1.train
+    if cfg.optimizer == "sgd":
+        return keras.SGD(learning_rate) if api == "keras" else v1.GradientDescentOptimizer(learning_rate)
+    if cfg.optimizer == "momentum":
+        return (keras.SGD(learning_rate, momentum=cfg.momentum) if api == "keras"
+                else v1.MomentumOptimizer(learning_rate, cfg.momentum))
+    return keras.Adam(learning_rate) if api == "keras" else v1.AdamOptimizer(learning_rate)
+
+
+def eval_batch_sums(logits, labels):
+    """[sum of losses, correct predictions, examples] of one batch, as float64.
+
+    Sums, not means, so workers' and batches' parts add up to the whole test
+    set exactly; the eager (Horovod) and graph (PS) evaluations both use it.
+    """
+    import tensorflow as tf
+    labels = tf.cast(labels, tf.int32)
+    losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    correct = tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels)
+    return tf.stack([tf.reduce_sum(tf.cast(losses, tf.float64)),
+                     tf.reduce_sum(tf.cast(correct, tf.float64)),
+                     tf.cast(tf.size(labels), tf.float64)])

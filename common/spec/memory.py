@@ -1,0 +1,62 @@
+"""What a process of the configured job will hold in memory, estimated from its config alone.
+
+A model or data set too large for the machine is refused up front with the estimate (one
+``error:`` line), not met later as a MemoryError traceback or the OOM killer mid-job; ``hvdps
+compare`` adds the per-process figure up over a job's tasks on one host.
+"""
+import math
+
+from common.base.errors import UsageError
+
+
+# What one TensorFlow task holds before its model and data: the runtime, the Python process and
+# the gRPC or MPI buffers (proportional set size 0.3-0.4 GiB per task of a PS job of the MLP here).
+TF_PROCESS_BYTES = 512 << 20
+
+
+def memory_estimate(cfg):
+    """[(flags, bytes, what)]: the least one process holds for the built-in models and data, from
+    the config alone (no TensorFlow): float32 weights with their gradient, two optimizer slots and
+    a broadcast copy (5 x the parameters), the synthetic arrays (drawn as float64, kept as
+    float32), the CNN's activations for one batch (forward and backward). Plug-ins and the
+    Keras applications' activations are not estimated; TensorFlow reports those itself."""
+    from common.spec.datasets import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES
+    parts = []
+    classes = 10 if cfg.dataset in ("digits", "mnist") else cfg.num_classes
+    shape = {"digits": (8, 8, 1), "mnist": (28, 28, 1), "synthetic": tuple(cfg.image_shape)}.get(cfg.dataset)
+    if cfg.model == "rec":
+        table = 4 * CLICK_FEATURES * cfg.embedding_rows * cfg.embedding_dim
+        parts.append((f"--embedding_rows {cfg.embedding_rows} x --embedding_dim {cfg.embedding_dim}", 3 * table,
+                      f"{CLICK_FEATURES} tables of {table / 2**30:.1f} GiB with their gradient and a copy"))
+    if cfg.dataset == "synthetic":
+        n = cfg.synthetic_samples + min(SYNTHETIC_TEST_SAMPLES, max(8, cfg.synthetic_samples // 4))
+        parts.append((f"--image_shape {','.join(map(str, shape))} x --synthetic_samples {cfg.synthetic_samples}",
+                      12 * n * math.prod(shape), "the synthetic images"))
+    if shape and cfg.model == "mlp":
+        features = math.prod(shape)
+        params = features * cfg.hidden_units + cfg.hidden_units * (classes + 1) + classes
+        parts.append((f"--hidden_units {cfg.hidden_units}", 20 * params,
+                      f"the MLP's {params:.3g} weights with gradient, optimizer slots and a copy"))
+    if shape and cfg.model in ("mlp", "cnn"):
+        parts.append((f"--num_classes {classes} x --batch_size {cfg.batch_size}", 12 * cfg.batch_size * classes,
+                      "one batch's logits, their softmax and its gradient"))
+    if shape and cfg.model == "cnn":
+        h, w, c = shape
+        params = 9 * c * 32 + 9 * 32 * 64 + (h // 2) * (w // 2) * 64 * 128 + 128 * classes
+        activations = 4 * 3 * cfg.batch_size * h * w * (32 + 64)
+        parts.append((f"--image_shape {','.join(map(str, shape))}", 20 * params + activations,
+                      f"the CNN's {params:.3g} weights and one batch's activations"))
+    return parts
+
+
+def check_memory(cfg):
+    """A model or data set that cannot fit in this machine's memory is refused up front with the
+    estimate, rather than a MemoryError traceback (or the OOM killer) once the job has started."""
+    from common.base.procs import machine_memory
+    memory = machine_memory()
+    parts = memory_estimate(cfg)
+    total = sum(b for _, b, _ in parts)
+    if memory and total > memory:
+        flags, _, what = max(parts, key=lambda p: p[1])
+        raise UsageError(f"{flags}: about {total / 2**30:,.1f} GiB per process ({what}); this machine has "
+                         f"{memory / 2**30:.1f} GiB")

@@ -1,0 +1,102 @@
+"""A run directory (``--train_dir``): what it holds, whether it can be written or resumed, its weights.
+
+Checked early on every worker, so a run that cannot be written, or a ``--resume`` into another job,
+is one ``error:`` line before anything in the directory changes.
+"""
+import os
+
+import numpy as np
+
+from common.base.errors import UsageError
+
+
+# Every fixed name a run writes in its --train_dir (event and checkpoint files inside the two
+# folders are named by TensorFlow, created fresh and renamed into place).
+RUN_OUTPUTS = ("config.json", "metrics.jsonl", "weights.npz", "launch.json", "elastic_job", "links.json",
+               "compare_run.json", "checkpoints", "tensorboard", os.path.join("checkpoints", "checkpoint"))
+
+
+def check_train_dir(cfg, joining=False):
+    """Fail early, on every worker, if results cannot be written or resumed from.
+
+    ``joining``: this process joins a job already under way (elastic Horovod), so
+    the run it finds in the directory is its own.
+    """
+    from common.base.files import refuse_link, writable_dir
+    d = cfg.train_dir
+    if os.path.exists(d) and not os.path.isdir(d):
+        raise UsageError(f"--train_dir {d} exists and is not a directory")
+    if cfg.resume and not os.path.isdir(d):      # refused without creating anything
+        raise UsageError(f"--resume: no readable checkpoint directory at {os.path.join(d, 'checkpoints')}")
+    writable_dir(d, "--train_dir")
+    for name in RUN_OUTPUTS:     # TF's checkpoint and event writers would follow a planted link
+        refuse_link(os.path.join(d, name), "a run's output")
+    ckpt = os.path.join(d, "checkpoints")
+    if cfg.resume and (not os.path.isdir(ckpt) or not os.access(ckpt, os.R_OK | os.X_OK)):
+        raise UsageError(f"--resume: no readable checkpoint directory at {ckpt}")
+    if cfg.resume and not os.path.exists(os.path.join(ckpt, "checkpoint")):
+        raise UsageError(f"--resume: no checkpoint saved yet in {ckpt}")
+    if not cfg.resume and not joining and os.path.exists(os.path.join(d, "metrics.jsonl")):
+        raise UsageError(f"--train_dir {d} already holds a run (metrics.jsonl); "
+                         f"use --resume to continue it or choose another directory")
+
+
+def check_resume_compatible(cfg, train_dir, backend=None):
+    """A resumed run continues exactly the job that was checkpointed, or is refused before a
+    file in the run directory changes (exit 2).
+
+    The same model, data and batch (config.json), and, from the run's first header in
+    metrics.jsonl, the same backend and mode, the same number of workers and PS tasks and the
+    same training data (a fingerprint of its arrays). A different world size would restart
+    the data order at the wrong position, rescale the learning rate and mis-count the samples
+    of every update already taken; hvdps does not convert a checkpoint, it refuses.
+    ``backend``: the job being resumed into, once known (every rank can check: no exchange)."""
+    from common.formats.schemas import read_checkpoint_index, read_config
+    index = os.path.join(train_dir, "checkpoints", "checkpoint")
+    if os.path.lexists(index) and read_checkpoint_index(index) is None:    # TensorFlow: a bare ValueError
+        raise UsageError(f"--resume: no checkpoint in {os.path.dirname(index)} (its 'checkpoint' index names none)")
+    path = os.path.join(train_dir, "config.json")
+    if not os.path.exists(path):
+        raise UsageError(f"--resume: {path} is missing")
+    old = read_config(path)
+    for key in ("model", "dataset", "batch_size", "hidden_units", "image_shape", "num_classes", "seed",
+                "synthetic_samples", "embedding_rows", "embedding_dim", "optimizer", "shuffle"):
+        if getattr(old, key) != getattr(cfg, key):
+            raise UsageError(f"--resume: {key} was {getattr(old, key)!r} in {path}, now "
+                             f"{getattr(cfg, key)!r}")
+    if backend is None:
+        return
+    from common.trainer.metrics import read_records
+    first = next((r for r in read_records(os.path.join(train_dir, "metrics.jsonl")) if r["type"] == "header"), None)
+    if first is None:
+        raise UsageError(f"--resume: {train_dir}/metrics.jsonl has no header: not a run hvdps can continue")
+    now = {"backend": backend.name, "mode": backend.mode, "world_size": backend.world_size, "num_ps": backend.num_ps}
+    names = {"backend": "backend", "mode": "mode", "world_size": "workers", "num_ps": "PS tasks"}
+    for key, value in now.items():
+        if key in first and first[key] != value:
+            raise UsageError(f"--resume: {train_dir} was trained with {names[key]} {first[key]}, this job has "
+                             f"{value}; a checkpoint resumes only into the job that wrote it (start a new "
+                             f"--train_dir, or launch the same job)")
+    from common.inputs.data import data_fingerprint
+    if first.get("data_fingerprint") and first["data_fingerprint"] != data_fingerprint(cfg):
+        raise UsageError(f"--resume: the training data differ from those {train_dir} was trained on "
+                         f"(fingerprint {first['data_fingerprint'][:12]}, now {data_fingerprint(cfg)[:12]})")
+
+
+def refuse_finished(cfg, step, total):
+    """A resumed run must have steps left: else one line saying how to train further."""
+    if step >= total:
+        raise UsageError(f"--resume: {cfg.train_dir} is already at step {step} of {total}; "
+                         f"raise --epochs or --train_steps to train further")
+    return step
+
+
+def save_weights_npz(weights, path):
+    """Final weights (arrays in model order), written atomically: tests and users diff these."""
+    from common.base.files import write_atomic
+    write_atomic(path, lambda f: np.savez(f, *[np.asarray(w) for w in weights]))
+
+
+def load_weights_npz(path):
+    from common.formats.schemas import read_weights
+    return read_weights(path)

@@ -1,0 +1,88 @@
+"""Liveness: a loop that stops making progress, or a loss that is no longer a number, ends the run.
+
+The last line of defence against gRPC and MPI calls that TensorFlow or Horovod would wait on forever,
+and against a diverged loss trained on for the rest of the run.
+"""
+import os
+import sys
+import time
+
+import numpy as np
+
+from common.base.errors import RunError
+
+
+class Watchdog:
+    """Ends the process with a one-line error if the training loop stops making progress.
+
+    The last line of defence against gRPC/MPI calls that TensorFlow or Horovod
+    would otherwise wait on forever (a dead peer during session creation, say).
+    """
+
+    def __init__(self, timeout, message, code=1):
+        import threading
+        self.timeout, self.message, self.code = timeout, message, code
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="hvdps-watchdog")
+        self._thread.start()
+
+    def kick(self, message=None):
+        self._last = time.monotonic()
+        if message:
+            self.message = message
+
+    def _run(self):
+        while not self._stop.wait(0.5):
+            if time.monotonic() - self._last > self.timeout:
+                print(f"error: {self.message} (no progress for {self.timeout:.0f}s)",
+                      file=sys.stderr, flush=True)
+                os._exit(self.code)
+
+    def stop(self):
+        self._stop.set()
+
+
+class OutsideDeadline:
+    """Ends this process with one ``error:`` line if a block has not finished within ``seconds``,
+    from a forked watcher process: for waits inside TensorFlow that hold the GIL (a
+    MultiWorkerMirroredStrategy joining a peer that never starts), where no thread or signal
+    handler of this process can run. The watcher only waits on a pipe this process closes when
+    the block ends (or when it exits), so it calls nothing TensorFlow's threads may hold.
+    ``message``: called in the watcher, when the time is up, for the line's text."""
+
+    def __init__(self, seconds, message):
+        self.seconds, self.message = seconds, message
+        self._w, self._pid = None, None
+
+    def __enter__(self):
+        import select
+        import signal
+        if not self.seconds or self.seconds <= 0:
+            return self
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:                                   # the watcher
+            code = 0
+            try:
+                os.close(w)
+                if not select.select([r], [], [], self.seconds)[0]:
+                    os.write(2, f"error: {self.message()}\n".encode(errors="replace"))
+                    os.kill(os.getppid(), signal.SIGKILL)
+                    code = 1
+            finally:
+                os._exit(code)
+        os.close(r)
+        self._w, self._pid = w, pid
+        return self
+
+    def __exit__(self, *exc):
+        if self._w is not None:
+            os.close(self._w)                          # in time: the watcher sees the pipe close and ends
+            os.waitpid(self._pid, 0)
+            self._w = None
+
+
+def check_alive(value):
+    if not np.all(np.isfinite(value)):
+        raise RunError("loss became NaN/inf: lower --learning_rate")
