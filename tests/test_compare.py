@@ -8,7 +8,7 @@ import pytest
 
 from common.spec.plan import make_plan
 from hvdps.methods import parse_variants
-from hvdps.measure.runs import collect
+from hvdps.measure.runs import Outcome, PlannedRun, collect
 from hvdps.render.report import write_report
 from common.spec.config import make_config
 from common.base.errors import UsageError
@@ -24,7 +24,7 @@ def fake_run(d, backend, mode, workers, rates, accs, num_ps=0):
         w.eval(i + 1, 10 * (i + 1), 1.0 - a, a, target=0.9)
     w.summary("ok", 40, 1280, throughput_stats(rates), 1.0 - accs[-1], accs[-1], 1000)
     w.close()
-    return {"backend": backend, "mode": mode, "workers": workers, "run_dir": str(d), "returncode": 0}
+    return PlannedRun(backend, mode, workers, str(d), outcome=Outcome(0))
 
 
 @pytest.mark.process
@@ -33,8 +33,7 @@ def test_report_values(tmp_path):
             fake_run(tmp_path / "b", "horovod", "sync", 2, [180, 180, 180], [0.6, 0.96]),
             fake_run(tmp_path / "c", "ps", "async", 1, [90, 90], [0.4, 0.92], num_ps=1),
             fake_run(tmp_path / "d", "ps", "async", 2, [90, 90], [0.4, 0.92], num_ps=1),
-            {"backend": "ps", "mode": "sync", "workers": 2, "run_dir": str(tmp_path / "missing"),
-             "returncode": 1, "error": "error: boom"}]
+            PlannedRun("ps", "sync", 2, str(tmp_path / "missing"), outcome=Outcome(1, error="error: boom"))]
     rows = collect(runs)
     by = {(r.backend, r.mode, r.workers): r for r in rows}
     assert by[("horovod", "sync", 2)].scaling_efficiency == pytest.approx(0.9)

@@ -21,6 +21,7 @@ shared); the report lists each run's tasks by host and, where the links'
 counters can be read (hvdps emulate), the bytes each link carried.
 """
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -44,7 +45,7 @@ from common.base.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
 from hvdps.methods import get_launcher, parse_variants
 from hvdps.measure.repeats import alternating, merge, repeat_name
-from hvdps.measure.runs import RUN_RECORD, add_scaling, collect, environment_of, runs_from_dirs
+from hvdps.measure.runs import RUN_RECORD, Outcome, PlannedRun, add_scaling, collect, environment_of, runs_from_dirs
 from hvdps.render.report import write_report
 
 
@@ -114,11 +115,9 @@ def plan_runs(args, trainer_args, cores, remote=None):
         launcher = get_launcher(backend)
         run_dir = os.path.join(args.out, "runs", name)
         cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=num_ps, remote=remote)
-        run = {"name": name, "backend": backend, "mode": mode, "workers": n, "run_dir": run_dir,
-               "cmd": cmd, "env": launcher.env(remote), "oversubscribed": procs > cores and not remote}
-        if remote:
-            run["roles"] = roles_of(launcher, remote, n, num_ps)
-        runs.append(run)
+        runs.append(PlannedRun(backend, mode, n, run_dir, name=name, cmd=tuple(cmd), env=launcher.env(remote),
+                               oversubscribed=procs > cores and not remote,
+                               roles=roles_of(launcher, remote, n, num_ps) if remote else None))
     return runs
 
 
@@ -138,7 +137,7 @@ def check_memory_fits(args, cfg, available):
 
 def remote_task_lines(run):
     """What a launcher line across hosts starts on each host: [(task, command line)]."""
-    return get_launcher(run["backend"]).task_lines(run["cmd"]) if run.get("roles") else []
+    return get_launcher(run.backend).task_lines(list(run.cmd)) if run.roles else []
 
 
 def load_links(path):
@@ -232,10 +231,11 @@ def dry_run_preamble():
     return "\n".join(lines)
 
 
-def execute(runs, timeout, progress=True, links=None):
-    """Run each job in turn; a failure is recorded, never fatal. ``links``: sample the hosts' link
-    counters while each job runs (hvdps.measure.links); every local job's and the machine's CPU
-    is sampled (hvdps.measure.load)."""
+def execute(runs, timeout, done, progress=True, links=None):
+    """Run each job in turn, appending each to ``done`` with its outcome (the one a signal stopped
+    included, before the signal is raised on); a failure is recorded, never fatal. ``links``: sample
+    the hosts' link counters while each job runs (hvdps.measure.links); every local job's and the
+    machine's CPU is sampled (hvdps.measure.load)."""
     from hvdps.measure.links import Sampler
     from hvdps.measure.load import LoadSampler
     from tqdm import tqdm
@@ -243,63 +243,62 @@ def execute(runs, timeout, progress=True, links=None):
     bar = tqdm(runs, desc="runs", unit="run", disable=None if progress else True,  # None: off when not a TTY
                dynamic_ncols=True)
     for run in bar:
-        bar.set_postfix_str(run["name"])
-        make_dirs(os.path.dirname(run["run_dir"]))
-        if os.path.exists(os.path.join(run["run_dir"], "metrics.jsonl")):
-            raise UsageError(f"{run['run_dir']} already holds a run; choose another --out")
-        log_path = run["run_dir"] + ".log"
+        bar.set_postfix_str(run.name)
+        make_dirs(os.path.dirname(run.run_dir))
+        if os.path.exists(os.path.join(run.run_dir, "metrics.jsonl")):
+            raise UsageError(f"{run.run_dir} already holds a run; choose another --out")
+        log_path = run.run_dir + ".log"
         started, launched_at = time.monotonic(), time.time()
         sampler = Sampler(links.counters, links.ports) if links else None
-        stopped_by = None
+        stopped_by, timed_out = None, False
         with open_new(log_path) as log:
-            p = subprocess.Popen(run["cmd"], stdout=log, stderr=subprocess.STDOUT, env={**env, **run["env"]}, cwd=repo,
-                                 start_new_session=True)
-            load = None if run.get("roles") else LoadSampler(p.pid)    # across hosts: their cores, not ours
+            p = subprocess.Popen(list(run.cmd), stdout=log, stderr=subprocess.STDOUT, env={**env, **run.env},
+                                 cwd=repo, start_new_session=True)
+            load = None if run.roles else LoadSampler(p.pid)    # across hosts: their cores, not ours
             try:
                 with contextlib.ExitStack() as sampling:
                     for each in (sampler, load):
                         if each:
                             sampling.enter_context(each)
-                    code = _wait(p, run, timeout, bar)
+                    code, timed_out = _wait(p, run, timeout, bar)
             except Interrupted as exc:
                 stopped_by = exc
                 code = stop_job(p)
-        run.update(returncode=code, seconds=time.monotonic() - started, launched_at=launched_at, log=log_path)
-        if stopped_by:
-            run.update(interrupted=True, error=f"interrupted by {stopped_by.name} after {run['seconds']:.0f}s")
-        if os.path.isdir(run["run_dir"]):     # so a report rebuilt with --from still knows the start-up cost
-            write_atomic(os.path.join(run["run_dir"], RUN_RECORD),
-                         json.dumps({"seconds": run["seconds"], "launched_at": launched_at, "exit_code": code,
-                                     "command": run["cmd"], "roles": run.get("roles"),
-                                     "oversubscribed": run.get("oversubscribed", False)}, indent=2))
+        seconds = time.monotonic() - started
+        if os.path.isdir(run.run_dir):     # so a report rebuilt with --from still knows the start-up cost
+            write_atomic(os.path.join(run.run_dir, RUN_RECORD),
+                         json.dumps({"seconds": seconds, "launched_at": launched_at, "exit_code": code,
+                                     "command": list(run.cmd), "roles": dict(run.roles) if run.roles else None,
+                                     "oversubscribed": bool(run.oversubscribed)}, indent=2))
             if sampler:
-                sampler.save(run["run_dir"], {"roles": run.get("roles"), "rate_bps": links.rate_bps})
+                sampler.save(run.run_dir, {"roles": dict(run.roles) if run.roles else None, "rate_bps": links.rate_bps})
             if load:
-                load.save(run["run_dir"])
+                load.save(run.run_dir)
+        error = None
+        if stopped_by:
+            error = f"interrupted by {stopped_by.name} after {seconds:.0f}s"
+        elif timed_out:
+            last = _last_line(log_path)
+            error = f"error: stopped by --run_timeout after {timeout:g} s" + (f"; its last line: {last}" if last else "")
+        elif code != 0:
+            error = _last_error(log_path) or f"exit code {code}"
+        done.append(dataclasses.replace(run, outcome=Outcome(code, seconds, launched_at, error, bool(stopped_by))))
         if stopped_by:
             bar.close()
             raise stopped_by
-        if run.get("timed_out"):
-            last = _last_line(log_path)
-            run["error"] = f"error: stopped by --run_timeout after {timeout:g} s" + (f"; its last line: {last}"
-                                                                                   if last else "")
-            bar.write(f"{run['name']}: FAILED ({run['error']})")
-        elif code != 0:
-            run["error"] = _last_error(log_path) or f"exit code {code}"
-            bar.write(f"{run['name']}: FAILED ({run['error']})")
-        else:
-            bar.write(f"{run['name']}: ok in {run['seconds']:.0f}s")
+        bar.write(f"{run.name}: FAILED ({error})" if error else f"{run.name}: ok in {seconds:.0f}s")
     bar.close()
-    return runs
+    return done
 
 
 def _wait(p, run, timeout, bar):
-    """Wait for one job, showing its progress from the metrics file as it grows."""
+    """Wait for one job, showing its progress from the metrics file as it grows: (exit code, whether
+    --run_timeout stopped it)."""
     deadline = time.monotonic() + timeout
-    metrics = os.path.join(run["run_dir"], "metrics.jsonl")
+    metrics = os.path.join(run.run_dir, "metrics.jsonl")
     while True:
         try:
-            return p.wait(timeout=2)
+            return p.wait(timeout=2), False
         except subprocess.TimeoutExpired:
             pass
         if os.path.exists(metrics):
@@ -310,11 +309,10 @@ def _wait(p, run, timeout, bar):
             head = next((r for r in recs if r.type == "header"), None)
             last = next((r for r in reversed(recs) if r.type == "step"), None)
             if head and last:
-                bar.set_postfix_str(f"{run['name']} step {last.global_step}/{(head.plan or {}).get('total_updates')}")
+                bar.set_postfix_str(f"{run.name} step {last.global_step}/{(head.plan or {}).get('total_updates')}")
         if time.monotonic() > deadline:
-            run["timed_out"] = True
             stop_job(p)
-            return 124
+            return 124, True
 
 
 class Interrupted(KeyboardInterrupt):
@@ -487,24 +485,24 @@ def main(argv=None):
         if args.dry_run:
             print(dry_run_preamble())
             for run in runs:
-                if run.get("roles"):
-                    print(f"# {run['name']}: " + ", ".join(f"{t} on {h}" for t, h in run["roles"].items()))
-                own = [f"{k}={v}" for k, v in sorted(run.get("env", {}).items())]
-                print(shlex.join((["env", *own] if own else []) + list(run["cmd"])))
+                if run.roles:
+                    print(f"# {run.name}: " + ", ".join(f"{t} on {h}" for t, h in run.roles.items()))
+                own = [f"{k}={v}" for k, v in sorted(run.env.items())]
+                print(shlex.join((["env", *own] if own else []) + list(run.cmd)))
                 for task, line in remote_task_lines(run):
                     print(f"#   {task}: {line}")
             return 0
         if remote:
             from common.launch.remote import check_hosts
             check_hosts(remote.hosts, remote.agent, args.out)
-        previous = own_signals()
+        previous, ran = own_signals(), []
         try:
-            execute(runs, args.run_timeout, progress=args.progress, links=links)
+            execute(runs, args.run_timeout, ran, progress=args.progress, links=links)
             for s, handler in previous.items():      # nothing of ours runs any more: signals as before
                 signal.signal(s, handler)
         except Interrupted as exc:
             interrupted = exc
-            runs = [r for r in runs if "returncode" in r]       # the report holds what ran
+        runs = ran                                   # the report holds what ran
     every_run = collect(runs)
     rows = merge(every_run)             # a row per configuration: the median over its --repeat runs
     add_scaling(rows)
@@ -515,7 +513,7 @@ def main(argv=None):
     print(table)
     print(f"\nreport: {os.path.join(args.out, 'report.md')}")
     if interrupted:
-        stopped = [r["name"] for r in runs if r.get("interrupted")]
+        stopped = [r.name for r in runs if r.outcome and r.outcome.interrupted]
         done = len(runs) - len(stopped)
         print(f"error: {interrupted.name}: " + (f"stopped {stopped[0]}; " if stopped else "") +
               f"the report holds the {done} run(s) that finished", file=sys.stderr)

@@ -1,6 +1,8 @@
 """A comparison's rows, read from its run directories: each run's metrics with its start-up and
 teardown (hvdps compare's compare_run.json), its links' bytes, its scaling, and the environment it ran in."""
 import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Tuple
 
 from common.base.errors import UsageError
 from common.trainer.metrics import RunRow, load_run, read_metrics
@@ -10,26 +12,54 @@ from hvdps.measure.repeats import split_name
 RUN_RECORD = "compare_run.json"    # written by hvdps compare next to each run: its wall time from launch
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What the launcher saw of one run it started (hvdps compare's ``execute``)."""
+    returncode: int
+    seconds: Optional[float] = None          # launch to exit
+    launched_at: Optional[float] = None      # wall clock at launch
+    error: Optional[str] = None              # the run's own error line, or why it was stopped
+    interrupted: bool = False                # stopped by the user's signal, not by its own end
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a comparison, as planned (``plan_runs``) or found under ``--from`` (``runs_from_dirs``),
+    with its ``outcome`` once it ran: what ``collect`` turns into a row."""
+    backend: str
+    mode: str
+    workers: int
+    run_dir: str
+    name: str = ""
+    cmd: Tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)   # what its launcher adds to the environment
+    oversubscribed: Optional[bool] = None    # more processes than cores; None: as its compare_run.json says
+    roles: Optional[Mapping[str, str]] = None   # {task: host} across hosts
+    outcome: Optional[Outcome] = None
+
+
 def collect(runs):
     """A typed row (common.trainer.metrics.RunRow) per planned or found run: its records, then what the
     launcher saw (exit, interruption, oversubscription), start-up, links and scaling."""
     rows = []
     for run in runs:
-        if os.path.exists(os.path.join(run["run_dir"], "metrics.jsonl")):
-            row = load_run(run["run_dir"])
+        if os.path.exists(os.path.join(run.run_dir, "metrics.jsonl")):
+            row = load_run(run.run_dir)
         else:
-            row = RunRow(run_dir=run["run_dir"], status="failed")
-        row.backend, row.mode, row.workers = run["backend"], run["mode"], run["workers"]
-        if run.get("returncode") not in (None, 0):
-            row.status = "interrupted" if run.get("interrupted") else "failed"
-        row.error = run.get("error")
-        row.repeat = split_name(run["run_dir"])[1]
-        record = run_record(run["run_dir"])
-        row.oversubscribed = run.get("oversubscribed", bool(record and record.oversubscribed))
+            row = RunRow(run_dir=run.run_dir, status="failed")
+        row.backend, row.mode, row.workers = run.backend, run.mode, run.workers
+        done = run.outcome
+        if done and done.returncode != 0:
+            row.status = "interrupted" if done.interrupted else "failed"
+        row.error = done.error if done else None
+        row.repeat = split_name(run.run_dir)[1]
+        record = run_record(run.run_dir)
+        row.oversubscribed = (run.oversubscribed if run.oversubscribed is not None
+                              else bool(record and record.oversubscribed))
         add_load(row)
-        add_startup(row, run.get("seconds") or (record.seconds if record else None),
-                    run.get("launched_at") or (record.launched_at if record else None))
-        add_links(row, run.get("roles") or (record.roles if record else None))
+        add_startup(row, (done and done.seconds) or (record.seconds if record else None),
+                    (done and done.launched_at) or (record.launched_at if record else None))
+        add_links(row, run.roles or (record.roles if record else None))
         rows.append(row)
     add_scaling(rows)
     return rows
@@ -147,8 +177,8 @@ def runs_from_dirs(dirs):
         for c in candidates:
             header = next((r for r in read_metrics(os.path.join(c, "metrics.jsonl")) if r.type == "header"), None)
             if header:
-                runs.append({"backend": header.backend, "mode": header.mode,
-                             "workers": header.world_size, "run_dir": c, "returncode": None})
+                runs.append(PlannedRun(header.backend, header.mode, header.world_size, c,
+                                       name=os.path.basename(c)))
     if not runs:
         raise UsageError(f"--from: no runs (metrics.jsonl) found in {', '.join(dirs)}")
-    return sorted(runs, key=lambda r: (r["backend"], r["mode"], r["workers"]))
+    return sorted(runs, key=lambda r: (r.backend, r.mode, r.workers))
