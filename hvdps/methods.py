@@ -13,7 +13,7 @@ hvdps knows of it:
 
 The per-worker wire rule the trainers record (``allreduce.backend.ring_wire`` / ``ps_train.backend.ps_wire``) and the
 formulas here share their pieces (``allreduce.backend.ring_share``, ``hvdps.cost.schedule``), so each
-formula is written once; this module holds the cost models the entries pick from. Everything else asks this module (``get``, ``lookup``,
+formula is written once; this module holds the cost-model interface (``CostModel``) and the ring family the all-reduce methods share; the parameter servers' model is ps_train's own. Everything else asks this module (``get``, ``lookup``,
 ``parse_variants``) and never compares a method's name; an unknown name is refused with the
 valid ones listed, as Model Garden's ``get_distribution_strategy`` does.
 """
@@ -33,8 +33,8 @@ from hvdps.cost import schedule
 # ------------------------------------------------------------------ cost models
 @runtime_checkable
 class CostModel(Protocol):
-    """What the application asks a method's cost model (``Ring`` and ``ParameterServers`` are the two
-    families; a method may subclass either): whether it starts server tasks, the projection's
+    """What the application asks a method's cost model (``Ring`` here, for the all-reduce methods;
+    ps_train/method.py's ``ParameterServers``; a method may subclass either): whether it starts server tasks, the projection's
     architecture and network, whether its ranks spin while they wait, whether its workers step in
     lock-step, the bytes each host's link carries per round, the exchange's alpha-beta time, and the
     step as terms (``combine``) and as one figure with how it was reached."""
@@ -147,74 +147,6 @@ class Ring:
         return {"ring": (True, schedule.ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"]))}
 
 
-class ParameterServers:
-    """Parameter servers: each worker pushes its gradient and pulls the weights every batch; a PS
-    task carries its share of every worker's bytes (by the bytes it holds, header ``ps_shard_bytes``,
-    else evenly). Synchronous: every worker pushes, then every worker pulls; asynchronous: each
-    worker at its own pace, the busiest PS link shared by all."""
-    collective = False
-    arch = "PS k=1"
-    network = "ps"
-    polls = False            # gRPC's threads block while they wait
-    lockstep_modes = ("sync",)   # the workers wait for each other's gradients before each update
-
-    def lockstep(self, mode):
-        """Sync workers compute at the same moment each step; async ones each at their own pace."""
-        return mode in self.lockstep_modes
-
-    def predict_links(self, mode, roles, gradient, shard_bytes=None):
-        dense, sparse = (getattr(gradient, k) or 0 for k in ("dense_bytes", "sparse_bytes"))
-        hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}
-        workers = [h for t, h in roles.items() if t.startswith("worker:")]
-        ps = {t: h for t, h in roles.items() if t.startswith("ps:")}
-        model = dense + sparse
-        total = sum((shard_bytes or {}).values())
-        for task, ph in ps.items():
-            share = (shard_bytes[task] / total) if total and task in (shard_bytes or {}) else 1 / len(ps)
-            for wh in workers:
-                if wh == ph:
-                    continue
-                moved = share * model
-                for h in (wh, ph):
-                    hosts[h]["out"] += moved
-                    hosts[h]["in"] += moved
-        return hosts
-
-    def exchange_s(self, row, ring, ps):
-        grad, n = row.grad_bytes_per_step, row.workers or 1
-        if not grad or not ps:
-            return None
-        return schedule.ps_time(n, grad, ps["bandwidth"], ps["alpha"], row.num_ps or 1)
-
-    def projected_step(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
-        """PS tasks on hosts of their own (hvdps compare's ``--ps_placement own``). Sync: push all,
-        then pull all, through the busiest PS link (n·S/B each way) or a worker's own (M/B),
-        whichever is slower: compute + 2·(max(nS, M)/B + alpha). Async: a worker pushes and pulls
-        on its own link while the others do the same; the busiest PS link carries n·S each way
-        per round: max(compute + 2·(M/B + alpha), n·S/B + alpha)."""
-        terms = self.step_terms(row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s)
-        if terms is None:
-            return None, None
-        how = "push all, then pull all" if self.lockstep(row.mode) else "own link or busiest PS link"
-        return combine(row.compute_s, terms), how
-
-    def step_terms(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
-        """{term: (with compute, seconds)}, the step being the longest (``combine``): a worker's own
-        link (push M, then pull M, after its compute) and the busiest PS link (sync: every worker's
-        push, then every pull, after the compute; async: n·S each way while the workers compute)."""
-        n, grad = row.workers, row.grad_bytes_per_step
-        if not grad:
-            return None
-        shards = (shard_bytes or {}).values()       # {PS task: model bytes it holds}, header ps_shard_bytes
-        shard = max(shards) if shards else grad / (row.num_ps or 1)
-        bw, alpha = ps["bandwidth"], ps["alpha"]
-        busiest = n * shard / bw
-        own = (True, 2 * (grad / bw + alpha))
-        if self.lockstep(row.mode):
-            return {"own link": own, "PS link": (True, 2 * (busiest + alpha))}
-        return {"own link": own, "PS link": (False, busiest + alpha)}
-
-
 # ------------------------------------------------------------------ the registry
 @dataclass(frozen=True)
 class Method:
@@ -222,7 +154,7 @@ class Method:
     name: str
     labels: dict                     # mode -> the report's label; its keys are the modes, in order
     launcher: type                   # hvdps.launchers.Launcher subclass
-    cost: object                     # Ring or ParameterServers
+    cost: object                     # a CostModel: Ring, ps_train's ParameterServers, or a subclass
     overhead: dict                   # mode -> what a step's distribution overhead consists of
     default_modes: tuple = ()        # what the bare name runs (empty: every mode)
     alone: dict = field(default_factory=dict)   # mode -> the overhead's name at one worker
