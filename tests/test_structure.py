@@ -202,3 +202,11 @@ def test_a_method_main_has_short_functions(package):
     long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAIN_FUNCTION_LINES]
     assert not long, long
+
+
+@pytest.mark.unit
+def test_every_module_has_a_row_in_the_tests_readme():
+    """tests/README.md says which tests check each module: a module added without a row is named here."""
+    text = open(os.path.join(REPO, "tests", "README.md")).read()
+    missing = [p for p in module_files() if not p.endswith("__init__.py") and f"| `{p}` |" not in text]
+    assert not missing, missing
