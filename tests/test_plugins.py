@@ -75,10 +75,10 @@ def test_published_benchmark_models_run(tmp_path, model, side, backend):
         ok(py("-m", "ps_train.launch", "--num_workers", "1", *flags, timeout=300))
     row, curves = row_and_records(str(tmp_path / "run"))
     assert row.status == "ok" and row.model == model
-    from common.model.models import APPLICATIONS
+    from common.spec.builtins import MODELS
     import tensorflow as tf
-    built = getattr(tf.keras.applications, APPLICATIONS[model])(weights=None, input_shape=(side, side, 3),
-                                                                 classes=10)
+    built = getattr(tf.keras.applications, MODELS[model].application)(weights=None, input_shape=(side, side, 3),
+                                                                       classes=10)
     trainable = sum(int(w.shape.num_elements()) for w in built.trainable_weights)   # BatchNorm statistics excluded
     assert row.grad_bytes_per_step == 4 * trainable
     assert curves["header"]["config"]["image_shape"] == [side, side, 3]

@@ -16,6 +16,7 @@ import numpy as np
 
 from common.base.errors import UsageError
 from common.base.files import check_regular
+from common.spec.builtins import data_of, model_of
 from common.spec.datasets import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES  # noqa: F401  (read here by tests)
 from common.spec.plan import make_plan, steps_per_epoch
 
@@ -198,28 +199,37 @@ def load_clicks(cfg):
             (score_test > threshold).astype(np.int32))
 
 
+def streamed(cfg):
+    """Whether ``cfg.dataset`` is read from its files as it trains (TFRecord shards), never as arrays."""
+    data = data_of(cfg)
+    return bool(data and data.streamed)
+
+
 def input_spec(cfg):
     """(input shape, classes): from the config for the built-ins, from the arrays for a plug-in."""
-    from common.spec.plugins import is_plugin
-    if cfg.dataset == "tfrecord":
+    data = data_of(cfg)
+    if data and data.streamed:
         spec = record_spec(cfg)
         return tuple(spec.shape), spec.classes
+    if data:
+        return data.shape or data.pixels(cfg), data.num_classes(cfg)
     pipes = plugin_pipelines(cfg)
     if pipes is not None:
         return pipes.input_shape, pipes.classes
-    if is_plugin(cfg.dataset):
-        x_train, y_train, _, y_test = load_arrays(cfg)
-        return tuple(x_train.shape[1:]), int(max(y_train.max(), y_test.max())) + 1
-    if cfg.dataset == "digits":
-        return (8, 8, 1), 10
-    if cfg.dataset == "mnist":
-        return (28, 28, 1), 10
-    if cfg.dataset == "clicks":
-        return (CLICK_FEATURES,), 2
-    return tuple(cfg.image_shape), cfg.num_classes
+    x_train, y_train, _, y_test = load_arrays(cfg)
+    return tuple(x_train.shape[1:]), int(max(y_train.max(), y_test.max())) + 1
 
 
 _CACHE = {}
+
+# Each built-in's loader and how its arrays' checks name it, under the name common/spec/builtins.py
+# declares it by (a streamed set has none: it is read as it trains).
+LOADERS = {
+    "digits": (lambda cfg: load_digits(), lambda cfg: "digits"),
+    "mnist": (lambda cfg: load_mnist(cfg.data_dir), lambda cfg: cfg.data_dir),
+    "clicks": (load_clicks, lambda cfg: "clicks"),
+    "synthetic": (load_synthetic, lambda cfg: "synthetic"),
+}
 
 
 MAX_CLASSES = 2 ** 24         # a label above this is a corrupt file, not a class (ImageNet-21k has 21,841)
@@ -301,32 +311,27 @@ def plugin_pipelines(cfg):
     else None (the built-ins, TFRecord shards, a plug-in's arrays)."""
     from common.spec.datasets import Pipelines
     from common.spec.plugins import is_plugin
-    if cfg.dataset == "tfrecord" or not is_plugin(cfg.dataset):
+    if data_of(cfg) or not is_plugin(cfg.dataset):
         return None
     out = _plugin_output(cfg)
     return out if isinstance(out, Pipelines) else None
 
 
 def load_arrays(cfg):
-    if cfg.dataset == "tfrecord":
-        raise DataError(f"--dataset tfrecord streams {cfg.data_dir}'s shards: it is not loaded as arrays")
+    data = data_of(cfg)
+    if data and data.streamed:
+        raise DataError(f"--dataset {cfg.dataset} streams {cfg.data_dir}'s shards: it is not loaded as arrays")
     if plugin_pipelines(cfg) is not None:
         raise DataError(f"--dataset {cfg.dataset} gives tf.data pipelines: they are read as they are, not as arrays")
     key = (cfg.dataset, cfg.data_dir, cfg.seed, tuple(cfg.image_shape), cfg.num_classes,
            cfg.synthetic_samples, cfg.embedding_rows)
     if key not in _CACHE:
-        from common.spec.plugins import is_plugin
-        if is_plugin(cfg.dataset):
+        if data is None:
             arrays, source, classes = _plugin_output(cfg), f"--dataset {cfg.dataset}", None
-        elif cfg.dataset == "digits":
-            arrays, source, classes = load_digits(), "digits", 10
-        elif cfg.dataset == "mnist":
-            arrays, source, classes = load_mnist(cfg.data_dir), cfg.data_dir, 10
-        elif cfg.dataset == "clicks":
-            arrays, source, classes = load_clicks(cfg), "clicks", 2
         else:
-            arrays, source, classes = load_synthetic(cfg), "synthetic", cfg.num_classes
-        _CACHE[key] = check_arrays(arrays, source, classes, ids=cfg.dataset == "clicks")
+            load, source = LOADERS[data.name]
+            arrays, source, classes = load(cfg), source(cfg), data.num_classes(cfg)
+        _CACHE[key] = check_arrays(arrays, source, classes, ids=bool(data and data.ids))
     return _CACHE[key]
 
 
@@ -334,7 +339,7 @@ def data_fingerprint(cfg):
     """SHA-256 of the training arrays as trained on: a resumed run must see the same data. TFRecord
     shards: of their description and each file's size."""
     import hashlib
-    if cfg.dataset == "tfrecord":
+    if streamed(cfg):
         from common.inputs.records import fingerprint
         return fingerprint(cfg.data_dir, record_spec(cfg))
     pipes = plugin_pipelines(cfg)
@@ -353,7 +358,7 @@ def num_examples(cfg):
     """Training examples the plan divides into steps: counted on the arrays this process then
     builds its datasets from (loaded once per process, in ``load_arrays``' cache); TFRecord shards:
     the records their description counts."""
-    if cfg.dataset == "tfrecord":
+    if streamed(cfg):
         return sum(record_spec(cfg).train.records)
     pipes = plugin_pipelines(cfg)
     if pipes is not None:
@@ -451,7 +456,7 @@ def make_dataset(cfg, shard_index, num_shards, split="train", start_step=0, num_
     """
     import tensorflow as tf
     check_shard(shard_index, num_shards)
-    if cfg.dataset == "tfrecord":
+    if streamed(cfg):
         return _record_dataset(cfg, shard_index, num_shards, split, start_step, num_steps)
     pipes = plugin_pipelines(cfg)
     if pipes is not None:
@@ -482,7 +487,7 @@ def check_input(cfg, workers):
     data themselves (read and checked, or the shards' description and first records), a batch
     that the data set cannot fill, and file sharding's counts. Returns the steps per epoch."""
     spe = steps_per_epoch(num_examples(cfg), workers, cfg.batch_size)
-    if cfg.dataset == "tfrecord":
+    if streamed(cfg):
         from common.inputs.records import check_sharding
         check_sharding(record_spec(cfg), cfg.shard_by, workers, spe, cfg.batch_size)
     return spe
@@ -516,7 +521,7 @@ def _pipeline_dataset(cfg, pipes, shard_index, num_shards, split, start_step, nu
     if split not in ("train", "test"):
         raise UsageError(f"unknown split '{split}' (valid: train, test)")
     flag, shape, classes = f"--dataset {pipes.source}", list(pipes.input_shape), pipes.classes
-    ids = cfg.model == "rec"
+    ids = bool(model_of(cfg) and model_of(cfg).ids)
 
     def build(factory, epoch):
         from common.spec.plugins import call

@@ -76,8 +76,8 @@ def _leaf_layers(model):
 
 def build_profile(name, classes=1000):
     import tensorflow as tf
-    from common.model.models import APPLICATIONS
-    build = getattr(tf.keras.applications, APPLICATIONS[name])
+    from common.spec.builtins import MODELS
+    build = getattr(tf.keras.applications, MODELS[name].application)
     model = build(weights=None, input_shape=PUBLISHED_INPUTS[name], classes=classes)
     rows = layer_profile(model)
     tf.keras.backend.clear_session()

@@ -8,6 +8,7 @@ tests need every backend and every worker count to start from the same point.
 import numpy as np
 
 from common.inputs.data import input_spec
+from common.spec.builtins import model_of
 
 
 def _numpy_initializer(tf, seed, kind):
@@ -40,48 +41,61 @@ def build_model(cfg, check_step=True):
     is checked with one training step unless a strategy owns its variables (``check_step``)."""
     import tensorflow as tf
     shape, classes = input_spec(cfg)
-    L = tf.keras.layers
-    init = lambda i: dict(kernel_initializer=_numpy_initializer(tf, cfg.seed * 100 + i, "glorot"),
-                          bias_initializer=_numpy_initializer(tf, 0, "zeros"))
-    if cfg.model == "mlp":
-        # The classic distributed-TF example: flatten -> hidden (ReLU) -> 10 logits.
-        return tf.keras.Sequential([
-            L.Input(shape),
-            L.Flatten(),
-            L.Dense(cfg.hidden_units, activation="relu", **init(1)),
-            L.Dense(classes, **init(2)),
-        ], name="mlp")
-    if cfg.model == "cnn":
-        return tf.keras.Sequential([
-            L.Input(shape),
-            L.Conv2D(32, 3, padding="same", activation="relu", **init(1)),
-            L.Conv2D(64, 3, padding="same", activation="relu", **init(2)),
-            L.MaxPooling2D(2),
-            L.Flatten(),
-            L.Dense(128, activation="relu", **init(3)),
-            L.Dense(classes, **init(4)),
-        ], name="cnn")
-    if cfg.model == "rec":
-        # Recommendation-style: each categorical feature's id looks up a row of its own table (one
-        # Embedding of features x rows, ids offset per feature), the rows are concatenated into an
-        # MLP. Its gradient is sparse: only the looked-up rows (tf.IndexedSlices).
-        offsets = np.arange(shape[0], dtype=np.int64) * cfg.embedding_rows
-        return tf.keras.Sequential([
-            L.Input(shape, dtype="int64"),
-            L.Lambda(lambda ids: ids + offsets, name="feature_offsets"),
-            L.Embedding(shape[0] * cfg.embedding_rows, cfg.embedding_dim, name="embedding",
-                        embeddings_initializer=_numpy_initializer(tf, cfg.seed * 100, "embedding")),
-            L.Flatten(),
-            L.Dense(cfg.hidden_units, activation="relu", **init(1)),
-            L.Dense(classes, **init(2)),
-        ], name="rec")
-    if cfg.model in APPLICATIONS:
+    model = model_of(cfg)
+    if model is None:
+        from common.spec.plugins import build_model as build_plugin
+        return build_plugin(cfg, shape, classes, check_step)     # Config has checked it is a plug-in
+    if model.application:
         from common.spec.plugins import seed_everything
         seed_everything(tf, cfg.seed)
-        build = getattr(tf.keras.applications, APPLICATIONS[cfg.model])
+        build = getattr(tf.keras.applications, model.application)
         return build(weights=None, input_shape=shape, classes=classes, classifier_activation=None)
-    from common.spec.plugins import build_model as build_plugin
-    return build_plugin(cfg, shape, classes, check_step)     # Config has checked it is a plug-in
+    init = lambda i: dict(kernel_initializer=_numpy_initializer(tf, cfg.seed * 100 + i, "glorot"),
+                          bias_initializer=_numpy_initializer(tf, 0, "zeros"))
+    return BUILDERS[model.name](tf, tf.keras.layers, cfg, shape, classes, init)
+
+
+def _mlp(tf, L, cfg, shape, classes, init):
+    """The classic distributed-TF example: flatten -> hidden (ReLU) -> 10 logits."""
+    return tf.keras.Sequential([
+        L.Input(shape),
+        L.Flatten(),
+        L.Dense(cfg.hidden_units, activation="relu", **init(1)),
+        L.Dense(classes, **init(2)),
+    ], name="mlp")
+
+
+def _cnn(tf, L, cfg, shape, classes, init):
+    return tf.keras.Sequential([
+        L.Input(shape),
+        L.Conv2D(32, 3, padding="same", activation="relu", **init(1)),
+        L.Conv2D(64, 3, padding="same", activation="relu", **init(2)),
+        L.MaxPooling2D(2),
+        L.Flatten(),
+        L.Dense(128, activation="relu", **init(3)),
+        L.Dense(classes, **init(4)),
+    ], name="cnn")
+
+
+def _rec(tf, L, cfg, shape, classes, init):
+    """Recommendation-style: each categorical feature's id looks up a row of its own table (one
+    Embedding of features x rows, ids offset per feature), the rows are concatenated into an MLP. Its
+    gradient is sparse: only the looked-up rows (tf.IndexedSlices)."""
+    offsets = np.arange(shape[0], dtype=np.int64) * cfg.embedding_rows
+    return tf.keras.Sequential([
+        L.Input(shape, dtype="int64"),
+        L.Lambda(lambda ids: ids + offsets, name="feature_offsets"),
+        L.Embedding(shape[0] * cfg.embedding_rows, cfg.embedding_dim, name="embedding",
+                    embeddings_initializer=_numpy_initializer(tf, cfg.seed * 100, "embedding")),
+        L.Flatten(),
+        L.Dense(cfg.hidden_units, activation="relu", **init(1)),
+        L.Dense(classes, **init(2)),
+    ], name="rec")
+
+
+# Each built-in model's builder, by the name common/spec/builtins.py declares it under (a Keras
+# application is built from its declaration).
+BUILDERS = {"mlp": _mlp, "cnn": _cnn, "rec": _rec}
 
 
 def check_plugin(cfg, graph_mode=False):
@@ -111,10 +125,6 @@ def check_plugin_for_graph_mode(cfg):
         import tensorflow as tf
         with tf.Graph().as_default():
             refuse_graph_mode(cfg, build_model(cfg))
-
-
-APPLICATIONS = {"resnet50": "ResNet50", "resnet101": "ResNet101", "inception_v3": "InceptionV3",
-                "vgg16": "VGG16", "mobilenet_v2": "MobileNetV2"}
 
 
 def num_parameters(model):

@@ -12,13 +12,11 @@ from typing import Optional, Tuple
 
 from common.base.errors import UsageError
 from common.base.flags import Parser, boolean, shape, check_finite
+from common.spec import builtins
 from common.spec.memory import check_memory
 
-MODELS = ("mlp", "cnn", "rec", "resnet50", "resnet101", "inception_v3", "vgg16", "mobilenet_v2")
-# Keras applications (weights=None): the models of Horovod's and tf_cnn_benchmarks' published
-# scaling tables, with the smallest input side each accepts.
-KERAS_APPLICATIONS = {"resnet50": 32, "resnet101": 32, "inception_v3": 75, "vgg16": 32, "mobilenet_v2": 32}
-DATASETS = ("digits", "mnist", "synthetic", "clicks", "tfrecord")
+MODELS = tuple(builtins.MODELS)        # the built-ins (common/spec/builtins.py), or a plug-in's module:function
+DATASETS = tuple(builtins.DATA)
 SHARD_BY = ("record", "file")          # --dataset tfrecord across workers: common/inputs/records.py
 # (optimizer, learning rate) when none is given. Momentum SGD at 0.05 x workers diverges for the
 # CNN on 28x28 data from 2 workers on (0.35 / 0.07 accuracy at 2 workers, 0.10 at 4) and leaves the
@@ -149,25 +147,28 @@ def validate(cfg):
         raise UsageError(f"--target_accuracy must be in (0, 1], got {cfg.target_accuracy}")
     if len(cfg.image_shape) != 3 or any(d <= 0 for d in cfg.image_shape):
         raise UsageError(f"--image_shape must be H,W,C with positive sizes, got {cfg.image_shape}")
-    if cfg.dataset == "mnist" and not cfg.data_dir:
-        raise UsageError("--dataset mnist needs --data_dir (a folder with mnist.npz or the IDX files)")
-    if cfg.dataset == "tfrecord" and not cfg.data_dir:
-        raise UsageError("--dataset tfrecord needs --data_dir (a folder of TFRecord shards written by `hvdps data`)")
+    data, model = builtins.data_of(cfg), builtins.model_of(cfg)
+    if data and data.needs and not cfg.data_dir:
+        raise UsageError(data.needs)
     _one_of("shard_by", cfg.shard_by, SHARD_BY)
     if cfg.data_dir and not os.path.isdir(cfg.data_dir):
         raise UsageError(f"--data_dir {cfg.data_dir}: no such directory")
-    if cfg.model == "rec" and cfg.dataset != "clicks":
-        raise UsageError(f"--model rec embeds categorical ids: it needs --dataset clicks, not {cfg.dataset}")
-    if cfg.dataset == "clicks" and cfg.model in MODELS and cfg.model != "rec":
-        raise UsageError(f"--dataset clicks holds categorical ids, not pixels: use --model rec (or a plug-in "
-                         f"that embeds them), not {cfg.model}")
+    of_ids = " or ".join(d.name for d in builtins.DATA.values() if d.ids)
+    if model and model.ids and not (data and data.ids):
+        raise UsageError(f"--model {cfg.model} embeds categorical ids: it needs --dataset {of_ids}, not {cfg.dataset}")
+    if data and data.ids and model and not model.ids:
+        embeds = " or ".join(m.name for m in builtins.MODELS.values() if m.ids)
+        raise UsageError(f"--dataset {cfg.dataset} holds categorical ids, not pixels: use --model {embeds} (or a "
+                         f"plug-in that embeds them), not {cfg.model}")
     check_memory(cfg)
-    side = KERAS_APPLICATIONS.get(cfg.model)
-    if side and cfg.dataset in ("digits", "mnist"):
+    side = model.min_side if model else 0
+    pixels = data.pixels(cfg) if data else None
+    if side and pixels and (min(pixels[:2]) < side or pixels[2] != 3):
+        generated = " or ".join(d.name for d in builtins.DATA.values() if d.shape_from_flags)
+        if data.shape_from_flags:
+            raise UsageError(f"--model {cfg.model} needs --image_shape of at least {side},{side},3")
         raise UsageError(f"--model {cfg.model} needs 3-channel images of at least {side}x{side}: --dataset "
-                         f"synthetic --image_shape {side},{side},3 (or larger), or your own data")
-    if side and cfg.dataset == "synthetic" and (min(cfg.image_shape[:2]) < side or cfg.image_shape[2] != 3):
-        raise UsageError(f"--model {cfg.model} needs --image_shape of at least {side},{side},3")
+                         f"{generated} --image_shape {side},{side},3 (or larger), or your own data")
 
 
 def build_parser(description, prog=None):

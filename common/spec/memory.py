@@ -7,6 +7,7 @@ compare`` adds the per-process figure up over a job's tasks on one host.
 import math
 
 from common.base.errors import UsageError
+from common.spec import builtins
 
 
 # What one TensorFlow task holds before its model and data: the runtime, the Python process and
@@ -17,36 +18,57 @@ TF_PROCESS_BYTES = 512 << 20
 def memory_estimate(cfg):
     """[(flags, bytes, what)]: the least one process holds for the built-in models and data, from
     the config alone (no TensorFlow): float32 weights with their gradient, two optimizer slots and
-    a broadcast copy (5 x the parameters), the synthetic arrays (drawn as float64, kept as
+    a broadcast copy (5 x the parameters), the generated arrays (drawn as float64, kept as
     float32), the CNN's activations for one batch (forward and backward). Plug-ins and the
     Keras applications' activations are not estimated; TensorFlow reports those itself."""
-    from common.spec.datasets import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES
+    from common.spec.datasets import SYNTHETIC_TEST_SAMPLES
     parts = []
-    classes = 10 if cfg.dataset in ("digits", "mnist") else cfg.num_classes
-    shape = {"digits": (8, 8, 1), "mnist": (28, 28, 1), "synthetic": tuple(cfg.image_shape)}.get(cfg.dataset)
-    if cfg.model == "rec":
-        table = 4 * CLICK_FEATURES * cfg.embedding_rows * cfg.embedding_dim
-        parts.append((f"--embedding_rows {cfg.embedding_rows} x --embedding_dim {cfg.embedding_dim}", 3 * table,
-                      f"{CLICK_FEATURES} tables of {table / 2**30:.1f} GiB with their gradient and a copy"))
-    if cfg.dataset == "synthetic":
+    data = builtins.data_of(cfg)
+    shape = data.pixels(cfg) if data else None
+    classes = data.num_classes(cfg) if data else cfg.num_classes
+    if data and data.shape_from_flags:
         n = cfg.synthetic_samples + min(SYNTHETIC_TEST_SAMPLES, max(8, cfg.synthetic_samples // 4))
         parts.append((f"--image_shape {','.join(map(str, shape))} x --synthetic_samples {cfg.synthetic_samples}",
-                      12 * n * math.prod(shape), "the synthetic images"))
-    if shape and cfg.model == "mlp":
-        features = math.prod(shape)
-        params = features * cfg.hidden_units + cfg.hidden_units * (classes + 1) + classes
-        parts.append((f"--hidden_units {cfg.hidden_units}", 20 * params,
-                      f"the MLP's {params:.3g} weights with gradient, optimizer slots and a copy"))
-    if shape and cfg.model in ("mlp", "cnn"):
-        parts.append((f"--num_classes {classes} x --batch_size {cfg.batch_size}", 12 * cfg.batch_size * classes,
-                      "one batch's logits, their softmax and its gradient"))
-    if shape and cfg.model == "cnn":
-        h, w, c = shape
-        params = 9 * c * 32 + 9 * 32 * 64 + (h // 2) * (w // 2) * 64 * 128 + 128 * classes
-        activations = 4 * 3 * cfg.batch_size * h * w * (32 + 64)
-        parts.append((f"--image_shape {','.join(map(str, shape))}", 20 * params + activations,
-                      f"the CNN's {params:.3g} weights and one batch's activations"))
+                      12 * n * math.prod(shape), f"the {data.name} images"))
+    model = MODEL_MEMORY.get(cfg.model)
+    if model:
+        parts += model(cfg, shape, classes)
     return parts
+
+
+def _embeddings(cfg, shape, classes):
+    from common.spec.datasets import CLICK_FEATURES
+    table = 4 * CLICK_FEATURES * cfg.embedding_rows * cfg.embedding_dim
+    return [(f"--embedding_rows {cfg.embedding_rows} x --embedding_dim {cfg.embedding_dim}", 3 * table,
+             f"{CLICK_FEATURES} tables of {table / 2**30:.1f} GiB with their gradient and a copy")]
+
+
+def _logits(cfg, classes):
+    return (f"--num_classes {classes} x --batch_size {cfg.batch_size}", 12 * cfg.batch_size * classes,
+            "one batch's logits, their softmax and its gradient")
+
+
+def _mlp(cfg, shape, classes):
+    if not shape:
+        return []
+    features = math.prod(shape)
+    params = features * cfg.hidden_units + cfg.hidden_units * (classes + 1) + classes
+    return [(f"--hidden_units {cfg.hidden_units}", 20 * params,
+             f"the MLP's {params:.3g} weights with gradient, optimizer slots and a copy"), _logits(cfg, classes)]
+
+
+def _cnn(cfg, shape, classes):
+    if not shape:
+        return []
+    h, w, c = shape
+    params = 9 * c * 32 + 9 * 32 * 64 + (h // 2) * (w // 2) * 64 * 128 + 128 * classes
+    activations = 4 * 3 * cfg.batch_size * h * w * (32 + 64)
+    return [_logits(cfg, classes), (f"--image_shape {','.join(map(str, shape))}", 20 * params + activations,
+                                    f"the CNN's {params:.3g} weights and one batch's activations")]
+
+
+# What each built-in model holds beyond its data, by the name common/spec/builtins.py declares it under.
+MODEL_MEMORY = {"mlp": _mlp, "cnn": _cnn, "rec": _embeddings}
 
 
 def check_memory(cfg):

@@ -19,6 +19,7 @@ import sys
 
 from common.base.errors import UsageError, cli
 from common.base.flags import Parser, shape, size
+from common.spec import builtins
 
 
 
@@ -58,20 +59,23 @@ def main(argv=None):
         return describe(args)
     if args.layout == "plain" and (args.image_format or args.resize):
         raise UsageError("--image_format and --resize are for --layout imagenet")
-    if args.resize and args.dataset != "synthetic":
-        raise UsageError("--resize is for a synthetic set (arrays are stored at their own size)")
+    data = builtins.DATA.get(args.dataset)          # None: a plug-in's arrays
+    generated = " or ".join(d.name for d in builtins.DATA.values() if d.shape_from_flags)
+    if args.resize and not (data and data.shape_from_flags):
+        raise UsageError(f"--resize is for a {generated} set (arrays are stored at their own size)")
     if args.layout == "imagenet" and args.image_shape and args.image_shape[2] not in (1, 3):
         raise UsageError(f"--image_shape {','.join(map(str, args.image_shape))}: the imagenet layout stores "
                          f"images of 1 or 3 channels")
-    if args.dataset in ("tfrecord", "clicks"):
-        raise UsageError(f"--dataset {args.dataset}: hvdps data writes digits, mnist, synthetic or a plug-in's arrays")
+    if data and not data.writable:
+        writes = ", ".join(d.name for d in builtins.DATA.values() if d.writable)
+        raise UsageError(f"--dataset {args.dataset}: hvdps data writes {writes} or a plug-in's arrays")
     from common.inputs.records import SPEC, write, write_synthetic_imagenet
     if os.path.lexists(os.path.join(args.out, SPEC)):
         raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
     from common.spec.config import make_config
     extra = {"image_shape": args.image_shape} if args.image_shape else {}
     classes = d.num_classes if args.num_classes is None else args.num_classes
-    streamed = args.layout == "imagenet" and args.dataset == "synthetic"     # generated record by record
+    streamed = args.layout == "imagenet" and bool(data and data.shape_from_flags)   # generated record by record
     # the config checks the flags; a streamed set is never held, so its size is not the arrays' estimate
     cfg = make_config(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, num_classes=classes,
                       synthetic_samples=min(args.synthetic_samples, 8) if streamed else args.synthetic_samples,
