@@ -31,12 +31,15 @@ from horovod_train.backend import (HorovodBackend, add_horovod_args, joining_ela
 from horovod_train.elastic import train_elastic
 
 
+def make_parser():
+    return add_horovod_args(build_parser(__doc__.splitlines()[0], prog="horovod_train/main.py"))
+
+
 @cli
 def main(argv=None):
     if launcher_rank() != 0:
         os.environ["HVDPS_QUIET_ERRORS"] = "1"   # Horovod: one error line per job, not per rank
-    parser = add_horovod_args(build_parser(__doc__.splitlines()[0], prog="horovod_train/main.py"))
-    args = parser.parse_args(argv)
+    args = make_parser().parse_args(argv)
     cfg = from_args(args)
     check_train_dir(cfg, joining=args.elastic and joining_elastic_job(cfg.train_dir))  # every rank, before joining
     if cfg.resume:

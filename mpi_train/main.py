@@ -28,11 +28,15 @@ from common.trainer.run_dir import check_resume_compatible, check_train_dir
 from mpi_train.backend import MPIBackend
 
 
+def make_parser():
+    return build_parser(__doc__.splitlines()[0], prog="mpi_train/main.py")
+
+
 @cli(hard_exit=True)   # MPI: a failed rank leaves without MPI_Finalize, so mpirun ends the others
 def main(argv=None):
     if launcher_rank() != 0:
         os.environ["HVDPS_QUIET_ERRORS"] = "1"   # MPI: one error line per job, not per rank
-    args = build_parser(__doc__.splitlines()[0], prog="mpi_train/main.py").parse_args(argv)
+    args = make_parser().parse_args(argv)
     cfg = from_args(args)
     mpi_env_check("mpi")
     check_train_dir(cfg)                         # every rank, before joining

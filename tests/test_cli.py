@@ -626,6 +626,10 @@ def test_hvdps_train_and_launch_help_list_every_method(group):
     (["train", "mxnet"], f"error: hvdps train: unknown method 'mxnet' (valid: {VALID_BACKENDS})"),
     (["launch", "horovod:sync"], f"error: hvdps launch: unknown method 'horovod:sync' (valid: {VALID_BACKENDS})"),
     (["launch", "mpi", "--num_workers", "0"], "error: --num_workers must be in [1, 1024], got 0"),
+    # the trainer's own refusals before mpirun starts a rank (its banner would follow the line)
+    (["launch", "mpi", "--batch_size", "-4"], "error: --batch_size must be positive, got -4"),
+    (["launch", "horovod", "--model", "nope"], "error: unknown model 'nope'"),
+    (["launch", "horovod", "--hosts", "h1:2"], "error: hvdps launch horovod starts its ranks on this machine"),
     (["train", "horovod", "--batch_size", "-4"], "error: --batch_size must be positive"),
     (["train", "horovod", "--batch-size", "0"], "error: --batch_size must be positive"),    # the other spelling
     (["launch", "ps", "--num-workers", "0"], "error: --num_ps and --num_workers must be at least 1"),

@@ -6,9 +6,11 @@ the line hvdps compare starts it with, on this machine, run in this process's pl
     hvdps launch mpi --num_workers 2 --dry_run --train_dir runs/mpi     # print the line instead
 
 Every flag after the launcher's own goes to the trainer as it is (``hvdps train NAME --help`` lists
-them). Across hosts the launch line is the user's own (``mpirun -H``, ``horovodrun -H``, ``srun``:
-README) or ``hvdps compare --hosts``.
+them), checked first by the trainer's own parser and config (its package's ``main.make_parser``), so
+a bad flag is one line before any rank starts. Across hosts the launch line is the user's own
+(``mpirun -H``, ``horovodrun -H``, ``srun``: README) or ``hvdps compare --hosts``.
 """
+import importlib
 import os
 import shlex
 import sys
@@ -16,6 +18,7 @@ import sys
 from common.base.errors import UsageError, cli
 from common.base.flags import Parser
 from common.base.procs import child_env
+from common.spec.config import from_args
 from hvdps.methods import get_launcher
 
 MAX_WORKERS = 1024
@@ -33,8 +36,14 @@ def main(argv=None):
     p.add_argument("--pin_workers", action="store_true",
                    help="one core and one TensorFlow thread per rank (mpirun -bind-to core)")
     p.add_argument("--dry_run", action="store_true", help="print the mpirun line instead of running it")
+    p.add_argument("--hosts", default=None, help="refused: this runs here (see above for across hosts)")
     p.bound("num_workers", 1, MAX_WORKERS)
     args, trainer_argv = p.parse_known_args(rest)
+    if args.hosts is not None:
+        raise UsageError(f"hvdps launch {name} starts its ranks on this machine; across hosts run mpirun -H "
+                         f"{args.hosts} ... (README) or hvdps compare --hosts {args.hosts}")
+    trainer = importlib.import_module(f"{launcher.main[0]}.main")
+    from_args(trainer.make_parser().parse_args(trainer_argv))   # the trainer's own refusals, before any rank
     cmd = launcher.command(args.num_workers, trainer_argv, pin_cores=args.pin_workers)
     if args.dry_run:
         print(shlex.join(cmd))
