@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from common.base.errors import cli  # noqa: E402
 from common.base.flags import Parser  # noqa: E402
 
-from common.trainer.metrics import load_run  # noqa: E402
+from hvdps.measure.rows import load_run  # noqa: E402
 from common.base.procs import child_env  # noqa: E402
 from hvdps.methods import get_launcher  # noqa: E402
 from results_file import save  # noqa: E402

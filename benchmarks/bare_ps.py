@@ -290,7 +290,7 @@ def trainer_flags(mode, updates, warmup, log_every, out, workers):
 
 def run_hvdps(mode, updates, warmup, log_every, timeout, out, workers=2, pin=False, launcher=False):
     """ps_train on the same job: one process per role like the bare loop, or through ps_train.launch."""
-    from common.trainer.metrics import load_run
+    from hvdps.measure.rows import load_run
     from common.base.procs import child_env
     flags = trainer_flags(mode, updates, warmup, log_every, out, workers)
     t0 = time.time()

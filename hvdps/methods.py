@@ -9,7 +9,9 @@ hvdps knows of it:
 - its launcher (a subclass of hvdps/launchers.py's mpirun line or task launcher), locally and across hosts;
 - its cost model: what each host's link carries per round (checked against the emulated
   cluster's counters), the exchange's alpha-beta time, and the step the projection expects;
-- the report's wording for its distribution overhead, alone and with peers, and its waits.
+- the report's wording for its distribution overhead, alone and with peers, and its waits;
+- what it measures of a run beyond the records every trainer writes (``Method.measures``), and what
+  the report says of that: a clause per run (``Method.details``), sections of its own (``Method.sections``).
 
 The per-worker wire rule the trainers record (``allreduce.backend.ring_wire`` / ``ps_train.backend.ps_wire``) and the
 formulas here share their pieces (``allreduce.backend.ring_share``, ``hvdps.cost.schedule``), so each
@@ -161,6 +163,9 @@ class Method:
     waits: dict = field(default_factory=dict)   # mode -> (the measured wait, the rest), n >= 2
     waits_alone: tuple = ()          # the same at one worker
     package: str = ""                # the package that declared it (set by the registry): its trainer's home
+    # report sections of its own: functions (its runs' rows -> Markdown lines), each written once over
+    # the runs of every method that declares it (hvdps/render/report.py: methods_sections)
+    sections: tuple = ()
 
     @property
     def modes(self):
@@ -169,12 +174,29 @@ class Method:
     def label(self, mode):
         return self.labels.get(mode, f"{self.name} {mode}")
 
+    def modes_help(self):
+        """What ``--backends`` help says of its modes: each as NAME:MODE with the report's label."""
+        text = "; ".join(f"{self.name}:{mode} {self.label(mode)}" for mode in self.modes)
+        return text + (f"; the bare name runs {', '.join(self.default_modes)}" if self.default_modes else "")
+
     def parse_mode(self, text):
         """The mode ``--backends NAME:TEXT`` names, or a usage error listing the valid ones. A method
         whose mode is a value rather than a name (local SGD's k) overrides it."""
         if text not in self.modes:
             raise UsageError(f"backend {self.name} has no mode '{text}' (valid: {', '.join(self.modes)})")
         return text
+
+    def measures(self, run_dir, header, steps, interval):
+        """{RunRow field: value} of what this method measures beyond the records every trainer
+        writes (hvdps/measure/rows.py: ``load_run``), over the run's measured ``interval`` (Unix
+        time, or None). The all-reduce methods measure nothing more; the parameter servers' entry
+        reads its tasks' CPU and each worker's wait (ps_train/method.py)."""
+        return {}
+
+    def details(self, row):
+        """A clause the report adds to a run's explanation (``"; ..."``), of what only this method
+        measures; nothing by default."""
+        return ""
 
     def overhead_parts(self, mode, alone, measured_wait):
         """What the report calls the overhead: [name] or, where the run measured its wait for

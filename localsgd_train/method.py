@@ -69,6 +69,10 @@ class LocalSGD(Method):
     def label(self, mode):
         return f"local SGD (k={local_steps(mode)})"
 
+    def modes_help(self):
+        return (f"{self.name}:K local SGD, the weights averaged every K steps, K from 1 to {MAX_LOCAL_STEPS}; "
+                f"the bare name runs K={DEFAULT_K}")
+
     def overhead_parts(self, mode, alone, measured_wait):
         if alone:
             return ["the MPI calls with no peer to average with (one worker: no traffic, no slower rank)"]

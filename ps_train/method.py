@@ -1,10 +1,16 @@
 """What hvdps knows of the parameter-server methods this package trains (collected by
 hvdps/methods.py): classic between-graph PS (``ps``, async and sync) and TensorFlow 2's
 ParameterServerStrategy (``ps2``), both started by ``python -m ps_train.launch``, costed as
-parameter servers, with the report's wording and the wait the sync trainer measures."""
+parameter servers, with the report's wording and the wait the sync trainer measures, the CPU its
+tasks spend (``PSMethod.measures``) and the report's section on how the tasks split the model
+(ps_train/report.py)."""
+import os
+
+from common.formats.schemas import read_launch_record
 from hvdps.cost import schedule
 from hvdps.launchers import TaskLauncher
 from hvdps.methods import Method, combine
+from ps_train.report import ps_cpu_clause, shards_section
 
 
 class ParameterServers:
@@ -101,14 +107,76 @@ class PS2Launcher(PSLauncher):
         return [*super().launcher_argv(workers, mode, num_ps), *self.trainer_flags]
 
 
+def _cpu_at(series, t):
+    """CPU seconds of one process at Unix time ``t``, linear between the launcher's samples."""
+    before = [p for p in series if p[0] <= t]
+    after = [p for p in series if p[0] >= t]
+    if not before or not after:
+        return None
+    (t0, c0), (t1, c1) = before[-1], after[0]
+    return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
+
+
+def ps_cpu_seconds(run_dir, interval):
+    """CPU seconds the PS tasks spent in the measured interval, from the local launcher's samples
+    (launch.json's cpu_series); None when the run was not started by it or the samples do not
+    cover the interval. Whole-process totals would count start-up and imports against a
+    training-only time."""
+    path = os.path.join(run_dir, "launch.json")
+    if not interval or not os.path.lexists(path):
+        return None
+    series = read_launch_record(path).cpu_series
+    total = 0.0
+    for name, points in series.items():
+        if not name.startswith("ps:"):
+            continue
+        a, b = _cpu_at(points, interval[0]), _cpu_at(points, interval[1])
+        if a is None or b is None:
+            return None
+        total += b - a
+    return total if series else None
+
+
+def wait_per_worker(steps):
+    """Sync PS: each worker's mean wait for its token per step of its own, over the measured
+    intervals (warm-up excluded, as the throughput); None without the records or across a reset."""
+    marks = [s for i, s in enumerate(steps) if s.sync_wait_total_s is not None and s.worker_steps
+             and (s.samples_per_sec is not None or
+                  (i + 1 < len(steps) and steps[i + 1].samples_per_sec is not None))]
+    if len(marks) < 2:
+        return None
+    first, last = marks[0], marks[-1]
+    pairs = list(zip(first.sync_wait_total_s, last.sync_wait_total_s, first.worker_steps, last.worker_steps))
+    if not pairs or len({len(first.sync_wait_total_s), len(last.sync_wait_total_s), len(first.worker_steps),
+                         len(last.worker_steps)}) != 1 or any(w1 < w0 or n1 <= n0 for w0, w1, n0, n1 in pairs):
+        return None
+    return [(w1 - w0) / (n1 - n0) for w0, w1, n0, n1 in pairs]
+
+
+class PSMethod(Method):
+    """A parameter-server method: what it measures beyond every trainer's records is the CPU its PS
+    tasks spent over the measured interval (the launcher samples it: launch.json) and, in sync mode,
+    each worker's wait for its token (the trainer's step records)."""
+
+    def measures(self, run_dir, header, steps, interval):
+        cpu = ps_cpu_seconds(run_dir, interval)
+        share = cpu / (max(1, (header.num_ps if header else None) or 1) * (interval[1] - interval[0])) \
+            if cpu is not None else None
+        return {"wait_per_worker_s": wait_per_worker(steps), "ps_cpu_s": cpu, "ps_cpu_share": share}
+
+    def details(self, row):
+        return ps_cpu_clause(row)
+
+
 METHODS = (
-    Method("ps", {"async": "PS async", "sync": "PS sync"}, PSLauncher, ParameterServers(),
+    PSMethod("ps", {"async": "PS async", "sync": "PS sync"}, PSLauncher, ParameterServers(),
            overhead={"async": "pushing gradients to and pulling weights from the parameter servers",
                      "sync": "the PS round trip and waiting for the slower workers' gradients before each update"},
            waits={"sync": ("waiting for the other workers' gradients and the update (measured at the token queue)",
                            "the PS round trip and the rest")},
            waits_alone=("the update on the PS before the token comes back (one worker: no one else to wait for)",
-                        "the PS round trip and the rest")),
-    Method("ps2", {"async": "PS v2 (TF2 strategy)"}, PS2Launcher, ParameterServers(),
-           overhead={"async": "the coordinator's dispatch and the PS round trip"}),
+                        "the PS round trip and the rest"),
+             sections=(shards_section,)),
+    PSMethod("ps2", {"async": "PS v2 (TF2 strategy)"}, PS2Launcher, ParameterServers(),
+           overhead={"async": "the coordinator's dispatch and the PS round trip"}, sections=(shards_section,)),
 )

@@ -105,7 +105,8 @@ SYNC_EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs",
 def row_and_records(run_dir):
     """A run's typed row (common.trainer.metrics.load_run) and its records as written, as plain dicts
     (common.trainer.metrics.read_records), for tests that assert on what the file holds."""
-    from common.trainer.metrics import load_run, read_records
+    from common.trainer.metrics import read_records
+    from hvdps.measure.rows import load_run
     recs = read_records(os.path.join(run_dir, "metrics.jsonl"))
     curves = {"header": next((r for r in recs if r["type"] == "header"), {}),
               "summary": next((r for r in reversed(recs) if r["type"] == "summary"), {}),

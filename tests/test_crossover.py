@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from common.trainer.metrics import RunRow
+from hvdps.measure.rows import RunRow
 
 from hvdps.cost import crossover as cx
 from hvdps.render import crossover as rcx

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from common.trainer.metrics import RunRow
+from hvdps.measure.rows import RunRow
 
 from hvdps.cost import heldout
 from hvdps.render import heldout as rheld

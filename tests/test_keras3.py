@@ -210,7 +210,7 @@ def test_horovods_own_tape_takes_keras3_variables(tmp_path, controller):
 ])
 def test_report_says_which_keras_built_each_run(kinds, expected):
     from hvdps.measure.runs import environment_of
-    from common.trainer.metrics import Curves, RunRow
+    from hvdps.measure.rows import Curves, RunRow
     from common.formats.schemas import Header
     rows = [RunRow(run_dir=f"/x/runs/run{i}", curves=Curves(header=Header(
         type="header", backend="horovod", mode="sync", world_size=1, keras=k, versions={"keras": "3.15.1"})))

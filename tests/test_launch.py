@@ -142,7 +142,7 @@ def test_max_restarts_recovers_from_a_killed_ps(tmp_path, mode):
     # async: a step already under way on each worker may land after the last save
     assert 0 <= restart["lost_updates"] <= interval + (2 if mode == "--async" else 0), restart
     assert "restart 1/2 after ps:0 was killed by SIGKILL" in out
-    from common.trainer.metrics import load_run
+    from hvdps.measure.rows import load_run
     row = load_run(str(tmp_path / "r"))
     assert row.status == "ok" and row.final_test_accuracy >= 0.9, row
     headers = [r for r in __import__("common.trainer.metrics", fromlist=["x"]).read_records(

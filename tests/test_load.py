@@ -105,7 +105,7 @@ def test_a_cpu_hog_beside_a_comparison_marks_it_shared_and_alone_it_is_not(tmp_p
     (False, False, "2 worker(s), one run each: ", "shared"),
 ])
 def test_the_verdict_names_what_its_runs_measured_besides_the_method(shared, oversubscribed, says, never):
-    from common.trainer.metrics import RunRow
+    from hvdps.measure.rows import RunRow
     from hvdps.render.report import verdicts
     rows = [RunRow(run_dir="runs/horovod-sync-w2", status="ok", model="mlp", backend="horovod", mode="sync",
                    workers=2, samples_per_sec_median=900.0, shared=shared, others_cores=0.93 if shared else 0.01,

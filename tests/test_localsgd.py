@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from common.base.errors import UsageError
-from common.trainer.metrics import RunRow
+from hvdps.measure.rows import RunRow
 from common.trainer.run_dir import load_weights_npz
 from hvdps import methods
 from hvdps.cost import crossover as cx

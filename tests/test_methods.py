@@ -55,6 +55,11 @@ def test_every_entry_is_whole(name):
         assert m.label(mode) != f"{name} {mode}" and m.overhead[mode]
         assert m.overhead_parts(mode, alone=False, measured_wait=False)[0]
     assert (m.launcher().server_tasks(2) == 0) == m.cost.collective
+    # hvdps compare --help lists it from its own declaration, every mode or the mode's form by name
+    from hvdps.commands.compare import backends_help
+    said = m.modes_help()
+    assert f"{name} ({said})" in backends_help()
+    assert all(f"{name}:{mode} " in said for mode in m.modes) or f"{name}:K " in said, said
 
 
 class _NoCost:

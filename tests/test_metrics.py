@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -6,7 +7,8 @@ from common.base.errors import UsageError
 
 from common.spec.config import make_config
 from common.spec.plan import make_plan
-from common.trainer.metrics import (MetricsWriter, ThroughputMeter, load_run, read_records, throughput_stats)
+from common.trainer.metrics import MetricsWriter, ThroughputMeter, read_records, throughput_stats
+from hvdps.measure.rows import load_run
 
 
 def test_round_trip(tmp_path):
@@ -88,7 +90,7 @@ def test_updates_per_round(workers, batches_per_update, per_round):
     ([(5, None, 1.0), (10, None, 2.0)], None),                                 # nothing counted
 ])
 def test_measured_interval_starts_where_the_meter_began(steps, interval):
-    from common.trainer.metrics import measured_interval
+    from hvdps.measure.rows import measured_interval
     from common.formats.schemas import Header, RunConfig, Step
     header = Header(type="header", backend="ps", mode="async", world_size=1, start_time=100.0,
                     config=RunConfig(warmup_steps=10), start_step=0)
@@ -178,6 +180,15 @@ def test_ps_cpu_over_the_measured_interval_only(tmp_path, launch, cpu):
     assert row.compute_s == 0.05 and row.overhead_share == 0.375
     if cpu is not None:   # 2 PS tasks over 4 s: 50% of a core each, not whole-process CPU over the run
         assert row.ps_cpu_share == pytest.approx(cpu / (2 * 4.0))
+    with pytest.raises(dataclasses.FrozenInstanceError):     # built once: a figure added later is a new row
+        row.ps_cpu_s = 1.0
+    # The PS figures are what the PS entry measures (ps_train/method.py: PSMethod.measures), not the
+    # reader: the same files recorded by an all-reduce method give none.
+    records[0]["backend"], records[0]["mode"] = "horovod", "sync"
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    ring = load_run(str(tmp_path))
+    assert (ring.ps_cpu_s, ring.ps_cpu_share, ring.wait_per_worker_s) == (None, None, None)
+    assert ring.compute_s == 0.05
 
 
 def _rec(total, counts, rate, **extra):
@@ -200,7 +211,7 @@ def _rec(total, counts, rate, **extra):
     ([_rec([2.0, 2.0], [10, 10], None), _rec([0.1, 0.1], [20, 20], 100.0)], None),
 ])
 def test_wait_per_worker_over_the_measured_intervals(steps, expected):
-    from common.trainer.metrics import wait_per_worker
+    from ps_train.method import wait_per_worker
     got = wait_per_worker(steps)
     assert got == (None if expected is None else pytest.approx(expected))
 

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from common.trainer.metrics import RunRow
+from hvdps.measure.rows import RunRow
 from hvdps.measure.repeats import alternating, merge, split_name
-from hvdps.measure.runs import add_scaling, collect
+from hvdps.measure.runs import collect, with_scaling
 from hvdps.render.report import differ, ratio_interval, verdicts, write_report
 from tests.test_compare import fake_run
 
@@ -128,8 +128,7 @@ def test_the_verdict_rests_on_the_repeats(tmp_path):
         runs.append(fake_run(tmp_path / "runs" / f"ps-async-w2-ps1-r{k}", "ps", "async", 2, [ps] * 3,
                              [0.5, 0.95], num_ps=1))
     every = collect(runs)
-    rows = merge(every)
-    add_scaling(rows)
+    rows = with_scaling(merge(every))
     out = tmp_path / "report"
     write_report(rows, str(out), {"x": 1}, {"host": "h"}, every_run=every)
     with open(out / "results.csv") as f:

@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from common.trainer.metrics import Curves, RunRow
+from hvdps.measure.rows import Curves, RunRow
 from common.formats.schemas import Header
 from hvdps.render.report import explanations, step_parts
 
@@ -191,14 +191,22 @@ def ps_row(num_ps, shares, placement, backend="ps"):
      "ps:0 4,000 (13%), ps:1 26,040 (87%) | 1.73 | - |"),
 ])
 def test_shards_section_says_how_each_ps_task_is_loaded(r, says):
-    from hvdps.render.report import shards_section
-    text = "\n".join(shards_section([r]))
+    from hvdps.render.report import methods_sections
+    text = "\n".join(methods_sections([r]))
     assert text.startswith("## Model bytes per PS task") and says in text, text
 
 
 def test_shards_section_only_for_several_ps_tasks():
-    from hvdps.render.report import shards_section
-    assert shards_section([ps_row(1, {"ps:0": 30040}, {}), RunRow(run_dir="h", backend="horovod", workers=2)]) == []
+    """The section is ps_train's (ps_train/report.py), written once over ps and ps2 runs: none for one
+    PS task, and an all-reduce run's header is not read for it."""
+    from hvdps.render.report import methods_sections
+    ring = RunRow(run_dir="h", backend="horovod", workers=2,
+                  curves=Curves(header=Header(type="header", backend="horovod", mode="sync", world_size=2,
+                                              ps_shard_bytes={"ps:0": 10, "ps:1": 20})))
+    assert methods_sections([ps_row(1, {"ps:0": 30040}, {}), ring]) == []
+    text = "\n".join(methods_sections([ps_row(2, {"ps:0": 4000, "ps:1": 26040}, {}),
+                                         ps_row(2, {"ps:0": 4000, "ps:1": 4000}, {}, backend="ps2")]))
+    assert text.count("## Model bytes per PS task") == 1 and text.count("| mlp ") == 2, text
 
 
 @pytest.mark.parametrize("count", [1, 10, 12, 20, 48, 140])

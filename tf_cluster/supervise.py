@@ -102,7 +102,7 @@ class Cluster:
         """CPU seconds (user+system) each role has used so far; kept after the role exits.
 
         The PS tasks' samples are also kept as a time series, so the report can take
-        their CPU over the trainer's measured interval alone (common.trainer.metrics), not over
+        their CPU over the trainer's measured interval alone (ps_train/method.py: ps_cpu_seconds), not over
         the whole process with its start-up and TensorFlow import."""
         tick = os.sysconf("SC_CLK_TCK")
         now = time.time()

@@ -43,9 +43,9 @@ from common.trainer.metrics import read_metrics
 from common.spec.plugins import bound_plugins
 from common.base.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
-from hvdps.methods import get_launcher, parse_variants
+from hvdps.methods import METHODS, get_launcher, parse_variants
 from hvdps.measure.repeats import alternating, merge, repeat_name
-from hvdps.measure.runs import RUN_RECORD, Outcome, PlannedRun, add_scaling, collect, environment_of, runs_from_dirs
+from hvdps.measure.runs import RUN_RECORD, Outcome, PlannedRun, collect, environment_of, runs_from_dirs, with_scaling
 from hvdps.render.report import write_report
 
 
@@ -358,12 +358,18 @@ def own_signals():
     return previous
 
 
+def backends_help():
+    """Each registered method with its modes and what each is called in the report (the bare name
+    runs its default modes, or every mode)."""
+    return ", ".join(f"{m.name} ({m.modes_help()})" for m in METHODS.values())
+
+
 def make_parser():
     p = build_parser(__doc__.splitlines()[0], prog="hvdps compare")
     g = p.add_argument_group("comparison")
     g.add_argument("--workers", default="1,2", help="worker counts, e.g. 1,2,4")
-    g.add_argument("--backends", default="horovod,ps", help="horovod, mpi (bare mpi4py Allreduce, the reference for Horovod), ps (both modes), ps:async, "
-                        "ps:sync, ps2 (TF2's ParameterServerStrategy)")
+    g.add_argument("--backends", default="horovod,ps", help="methods to compare, NAME or NAME:MODE, comma-separated: "
+                        + backends_help())
     g.add_argument("--num_ps", default="1", help="parameter-server tasks for PS runs; 1,2 runs each PS variant "
                                                    "with 1 and with 2 shards")
     g.add_argument("--run_timeout", type=float, default=900, help="seconds before a run is stopped")
@@ -504,8 +510,7 @@ def main(argv=None):
             interrupted = exc
         runs = ran                                   # the report holds what ran
     every_run = collect(runs)
-    rows = merge(every_run)             # a row per configuration: the median over its --repeat runs
-    add_scaling(rows)
+    rows = with_scaling(merge(every_run))   # a row per configuration: the median over its --repeat runs
     configs = cfg.to_dict()
     if args.from_dirs:                  # the runs' own configs, not this command's defaults
         configs = runs_configs(every_run)

@@ -5,17 +5,18 @@ measured comm.json, an emulated cluster's links, flags), picks the network each 
 with, and writes projection.md/json/png (hvdps/render/projection.py).
 """
 import contextlib
+import dataclasses
 import os
 import sys
 
 from common.base.errors import UsageError, cli
 from common.base.files import make_dirs, write_atomic
-from common.trainer.metrics import load_run
 from common.base.procs import REPO
 from common.formats.schemas import read_cluster_description, read_comm
 from hvdps import methods
 from hvdps.cost import crossover, heldout, schedule
-from hvdps.measure.runs import add_load, run_record
+from hvdps.measure.rows import load_run
+from hvdps.measure.runs import load_of, run_record
 from hvdps.cost.projection import (RING, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
                                    project, projected_step, ring_of, run_exchange_s, single_layer)
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
@@ -156,7 +157,7 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
         row = load_run(d)
         if (row.workers or 1) < 2 or not row.step_s or not row.compute_s:
             continue
-        add_load(row)
+        row = dataclasses.replace(row, **load_of(row))
         record = run_record(d)
         if row.shared:
             left_out.append((row.name, f"shared: the rest of the machine used {row.others_cores:.2f} of its "
@@ -183,7 +184,8 @@ def heldout_of(path, layers, ring, ps, nets, args):
     rows, shared = [], set()
     for d in find_runs(path):
         row = load_run(d)
-        row.cores_busy, cores = run_cores(d, row.header, row.curves.steps)
+        busy, cores = run_cores(d, row.header, row.curves.steps)
+        row = dataclasses.replace(row, cores_busy=busy)
         if cores:
             shared.add(cores)
         rows.append(row)

@@ -149,7 +149,7 @@ def analyse(rows, terms_of, cores=None):
     """One entry per run of every method and mode measured at three or more worker counts (n >= 2):
     its measured step, the model's, the prediction and whether it was fitted or held out.
 
-    ``rows``: typed rows (common.trainer.metrics.RunRow, with ``cores_busy`` where recorded); ``terms_of(row)``:
+    ``rows``: typed rows (hvdps.measure.rows.RunRow, with ``cores_busy`` where recorded); ``terms_of(row)``:
     the method's ``step_terms`` on the projection's network (hvdps/cost/projection.py);
     ``cores``: the cores the runs shared, or None."""
     by = {}

@@ -1,4 +1,4 @@
-"""What a cost model reads of a run: a typed shape that a measured run (common.trainer.metrics.RunRow) has
+"""What a cost model reads of a run: a typed shape that a measured run (hvdps.measure.rows.RunRow) has
 too, so the projection and the crossover can ask the same model about runs no one made."""
 import dataclasses
 from typing import Optional

@@ -30,6 +30,7 @@ import threading
 import time
 
 from common.base.files import write_atomic
+from hvdps.measure.rows import measured_interval
 
 LINKS_FILE = "links.json"
 SAMPLE_EVERY = 0.25
@@ -184,7 +185,7 @@ def cores_busy(links, interval):
 def run_cores(run_dir, header, steps):
     """(cores busy over the run's measured interval, the machine's cores) from the run's links.json,
     (None, None) where hvdps emulate's sampler did not record them."""
-    from common.trainer.metrics import measured_interval
+    from hvdps.measure.rows import measured_interval
     from common.formats.schemas import read_links
     path = os.path.join(run_dir, LINKS_FILE)
     if not os.path.lexists(path):

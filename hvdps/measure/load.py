@@ -22,8 +22,12 @@ import os
 import time
 
 from common.base.files import write_atomic
-from common.trainer.metrics import SHARED_SHARE
+from hvdps.measure.rows import measured_interval
 from hvdps.measure.links import Periodic, _at, read_cpu
+
+# A run is *shared* when, over its measured interval, anything but its own processes and the
+# comparison used more than this share of the machine's cores.
+SHARED_SHARE = 0.10
 
 LOAD_FILE = "load.json"
 SAMPLE_EVERY = 0.5
@@ -106,7 +110,7 @@ def others_cores(load, interval):
 def contention(run_dir, header, steps):
     """(others' cores, the job's cores, the machine's cores, shared?) over a run's measured interval,
     from its load.json; all None where the run was not sampled."""
-    from common.trainer.metrics import measured_interval
+    from hvdps.measure.rows import measured_interval
     from common.formats.schemas import read_load
     path = os.path.join(run_dir, LOAD_FILE)
     if not os.path.lexists(path):

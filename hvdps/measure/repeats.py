@@ -70,8 +70,9 @@ def merge(rows):
             shared=_any(r.shared for _, r in members),
             others_cores=max((r.others_cores for _, r in members if r.others_cores is not None), default=None))
         if failed:
-            row.error = f"{len(failed)} of {len(members)} runs did not end ok ({', '.join(failed)}): " + \
-                (next(r.error for _, r in members if r.status != "ok" and r.error) or "see its log")
+            row = dataclasses.replace(row, error=f"{len(failed)} of {len(members)} runs did not end ok "
+                                      f"({', '.join(failed)}): " + (next(r.error for _, r in members
+                                                                        if r.status != "ok" and r.error) or "see its log"))
         out.append(row)
     return out
 

@@ -1,12 +1,15 @@
 """A comparison's rows, read from its run directories: each run's metrics with its start-up and
 teardown (hvdps compare's compare_run.json), its links' bytes, its scaling, and the environment it ran in."""
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
 from common.base.errors import UsageError
-from common.trainer.metrics import RunRow, load_run, read_metrics
+from common.formats.schemas import read_links, read_metrics, read_run_record
+from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
+from hvdps.measure.load import contention
 from hvdps.measure.repeats import split_name
+from hvdps.measure.rows import RunRow, load_run, measured_interval
 
 
 RUN_RECORD = "compare_run.json"    # written by hvdps compare next to each run: its wall time from launch
@@ -39,7 +42,7 @@ class PlannedRun:
 
 
 def collect(runs):
-    """A typed row (common.trainer.metrics.RunRow) per planned or found run: its records, then what the
+    """A typed row (hvdps/measure/rows.py: RunRow) per planned or found run: its records, then what the
     launcher saw (exit, interruption, oversubscription), start-up, links and scaling."""
     rows = []
     for run in runs:
@@ -47,42 +50,37 @@ def collect(runs):
             row = load_run(run.run_dir)
         else:
             row = RunRow(run_dir=run.run_dir, status="failed")
-        row.backend, row.mode, row.workers = run.backend, run.mode, run.workers
         done = run.outcome
-        if done and done.returncode != 0:
-            row.status = "interrupted" if done.interrupted else "failed"
-        row.error = done.error if done else None
-        row.repeat = split_name(run.run_dir)[1]
         record = run_record(run.run_dir)
-        row.oversubscribed = (run.oversubscribed if run.oversubscribed is not None
-                              else bool(record and record.oversubscribed))
-        add_load(row)
-        add_startup(row, (done and done.seconds) or (record.seconds if record else None),
-                    (done and done.launched_at) or (record.launched_at if record else None))
-        add_links(row, run.roles or (record.roles if record else None))
+        status = ("interrupted" if done.interrupted else "failed") if done and done.returncode != 0 else row.status
+        row = replace(row, backend=run.backend, mode=run.mode, workers=run.workers, status=status,
+                      error=done.error if done else None, repeat=split_name(run.run_dir)[1],
+                      oversubscribed=(run.oversubscribed if run.oversubscribed is not None
+                                      else bool(record and record.oversubscribed)))
+        row = replace(row, **load_of(row))
+        row = replace(row, **startup_of(row, (done and done.seconds) or (record.seconds if record else None),
+                                         (done and done.launched_at) or (record.launched_at if record else None)))
+        row = replace(row, **links_of(row, run.roles or (record.roles if record else None)))
         rows.append(row)
-    add_scaling(rows)
-    return rows
+    return with_scaling(rows)
 
 
-def add_load(row):
+def load_of(row):
     """The cores the rest of the machine and the job used over the measured interval, and whether
-    the run was shared (hvdps/measure/load.py); left None where the run was not sampled."""
-    from hvdps.measure.load import contention
+    the run was shared (hvdps/measure/load.py); nothing where the run was not sampled."""
     if row.curves.header is None:
-        return
-    row.others_cores, row.job_cores, row.machine_cores, row.shared = contention(
-        row.run_dir, row.curves.header, row.curves.steps)
+        return {}
+    others, job, cores, shared = contention(row.run_dir, row.curves.header, row.curves.steps)
+    return {"others_cores": others, "job_cores": job, "machine_cores": cores, "shared": shared}
 
 
 def run_record(run_dir):
     """compare_run.json's typed record, or None where the run has none."""
-    from common.formats.schemas import read_run_record
     path = os.path.join(run_dir, RUN_RECORD)
     return read_run_record(path) if os.path.lexists(path) else None
 
 
-def add_startup(row, run_seconds, launched_at=None):
+def startup_of(row, run_seconds, launched_at=None):
     """Warm-up = the trainer's time before its first measured interval (tracing, the excluded
     steps, the first negotiation or session); its share of the trainer's wall time says whether
     the throughput columns describe steady state. Start-up = everything from launch to that point
@@ -94,59 +92,60 @@ def add_startup(row, run_seconds, launched_at=None):
     total = summary.total_time if summary else None
     counted = [i for i, s in enumerate(steps) if s.samples_per_sec is not None]
     if not counted or not total:
-        return
+        return {}
     first = counted[0]
-    row.warmup_s = steps[first - 1].wall_time if first > 0 else 0.0
-    row.warmup_share = row.warmup_s / total
+    warmup = steps[first - 1].wall_time if first > 0 else 0.0
+    out = {"warmup_s": warmup, "warmup_share": warmup / total}
     start = header.start_time if header else None
     if run_seconds and launched_at and start:
-        row.startup_s = max(0.0, start - launched_at) + row.warmup_s
-        row.teardown_s = max(0.0, launched_at + run_seconds - (start + total))
+        out.update(startup_s=max(0.0, start - launched_at) + warmup,
+                   teardown_s=max(0.0, launched_at + run_seconds - (start + total)))
     elif run_seconds:
-        row.startup_s = max(0.0, run_seconds - total) + row.warmup_s
+        out["startup_s"] = max(0.0, run_seconds - total) + warmup
+    return out
 
 
-def add_links(row, roles):
+def links_of(row, roles):
     """Where the run's tasks ran (``--hosts``) and, where the links' counters were sampled
     (hvdps emulate), the bytes per round each host's link carried against the formula
     (hvdps/measure/links.py), the busiest link's share of its rate, and the round time."""
-    from common.trainer.metrics import measured_interval
-    from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
-    row.roles = roles or None
-    from common.formats.schemas import read_links
+    out = {"roles": roles or None}
     path = os.path.join(row.run_dir, LINKS_FILE)
     if not os.path.lexists(path) or row.curves.header is None:
-        return
+        return out
     links = read_links(path)
     interval = measured_interval(row.curves.header, row.curves.steps)
-    row.cores_busy = cores_busy(links, interval)
+    out["cores_busy"] = cores_busy(links, interval)
     table = link_rows(None, row, links, interval)
     if not table:
-        return
-    row.links, row.roles = table, row.roles or links.roles
+        return out
+    out.update(links=table, roles=out["roles"] or links.roles)
     busiest = max(table, key=lambda x: max(x["in"], x["out"]))
     way = "in" if busiest["in"] >= busiest["out"] else "out"
-    row.busiest_link_bytes = busiest[way]
-    row.busiest_link_predicted = busiest["predicted_" + way]
     # Worst measured/formula over the links that carry a tenth of the model or more: on a shard of a few
     # kB the fixed costs of each RPC (step counter reads, headers) outweigh the tensors themselves.
     floor = 0.1 * (row.grad_bytes_per_step or 0)
     ratios = [x[w] / x["predicted_" + w] for x in table for w in ("in", "out")
               if x.get("predicted_" + w) and x["predicted_" + w] >= floor]
-    row.link_bytes_ratio = max(ratios, key=lambda q: abs(q - 1)) if ratios else None
-    row.round_s = (interval[1] - interval[0]) / busiest["rounds"]
-    row.link_rate_bps = links.rate_bps
-    if row.link_rate_bps:
-        row.link_utilisation = row.busiest_link_bytes * 8 / row.round_s / row.link_rate_bps
+    round_s = (interval[1] - interval[0]) / busiest["rounds"]
+    out.update(busiest_link_bytes=busiest[way], busiest_link_predicted=busiest["predicted_" + way],
+               link_bytes_ratio=max(ratios, key=lambda q: abs(q - 1)) if ratios else None,
+               round_s=round_s, link_rate_bps=links.rate_bps)
+    if links.rate_bps:
+        out["link_utilisation"] = busiest[way] * 8 / round_s / links.rate_bps
+    return out
 
 
-def add_scaling(rows):
-    """Efficiency = throughput(n) / (n * throughput(1)) within the same workload, backend and mode."""
+def with_scaling(rows):
+    """The rows with their efficiency = throughput(n) / (n * throughput(1)) within the same workload,
+    backend and mode."""
     base = {(r.model, r.backend, r.mode, r.num_ps): r.samples_per_sec_median
             for r in rows if r.workers == 1 and r.status == "ok"}
-    for r in rows:
+
+    def efficiency(r):
         b, t = base.get((r.model, r.backend, r.mode, r.num_ps)), r.samples_per_sec_median
-        r.scaling_efficiency = (t / (r.workers * b)) if b and t and r.status == "ok" else None
+        return (t / (r.workers * b)) if b and t and r.status == "ok" else None
+    return [replace(r, scaling_efficiency=efficiency(r)) for r in rows]
 
 
 def environment_of(rows):

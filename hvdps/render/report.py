@@ -11,9 +11,8 @@ import os
 
 import numpy as np
 
-from common.trainer.backend import MIN_SHARD_BYTES
 from common.base.files import make_dirs, write_atomic
-from common.trainer.metrics import SHARED_SHARE
+from hvdps.measure.load import SHARED_SHARE
 from hvdps import methods
 from hvdps.render.plots import write_plots
 from hvdps.render.styles import name_of
@@ -74,28 +73,18 @@ def links_section(rows):
     return lines + ([""] + [s for s in sentences if s] if any(sentences) else []) + [""]
 
 
-def shards_section(rows):
-    """Markdown: how each run with several PS tasks splits the model's bytes over them (header
-    ``ps_shard_bytes``, ``placement``): what each PS link carries per worker batch, each way."""
-    lines = []
-    for r in rows:
-        header = r.header
-        shares = (header.ps_shard_bytes if header else None) or {}
-        total = sum(shares.values())
-        if len(shares) < 2 or not total:
-            continue
-        split = sorted(name for name, devices in (header.placement or {}).items() if len(devices) > 1)
-        lines.append(f"| {r.model or '-'} {name_of(r)}, {r.workers} workers | " +
-                     ", ".join(f"{task} {b:,} ({100 * b / total:.0f}%)" for task, b in sorted(shares.items())) +
-                     f" | {max(shares.values()) * len(shares) / total:.2f} | {', '.join(split) or '-'} |")
-    if not lines:
-        return []
-    return ["## Model bytes per PS task", "",
-            "The trainable variables' bytes each PS task holds, so what its link carries per worker batch each "
-            f"way (header `ps_shard_bytes`). Both PS trainers split a variable larger than {MIN_SHARD_BYTES:,} "
-            "bytes along its first axis, at most one shard per task, and place shards and whole variables "
-            "round robin; *busiest / even* is the largest task's bytes over M/k.", "",
-            "| run | bytes per PS task | busiest / even | split variables |", "|---|---|---|---|"] + lines + [""]
+def methods_sections(rows):
+    """The sections the methods declare of their own (``Method.sections``), each once, in the
+    registry's order, over the runs of the methods that declare it."""
+    lines, done = [], []
+    for method in methods.METHODS.values():
+        for section in method.sections:
+            if section in done:
+                continue
+            done.append(section)
+            names = {m.name for m in methods.METHODS.values() if section in m.sections}
+            lines += section([r for r in rows if r.backend in names])
+    return lines
 
 
 def _fmt_bytes(v):
@@ -178,7 +167,7 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
                   "the warm-up's share of the trainer's wall time; teardown: from the trainer's end to "
                   "the job's exit (releasing PS tasks, MPI finalisation). None of these is in the "
                   "throughput columns."]
-    lines += [""] + links_section(rows) + shards_section(rows)
+    lines += [""] + links_section(rows) + methods_sections(rows)
     lines += ["Throughput excludes the first `--warmup_steps` steps; ± is the 95% half-width over "
               "logging intervals (with --repeat, of the configuration's median run). Scaling efficiency = "
               "throughput(n) / (n × throughput(1)) for the same backend and mode. A run is *oversubscribed* "
@@ -434,9 +423,8 @@ def _details(r):
                      "cores per worker")
     if r.bytes_per_step_per_worker:
         text += f"; {r.bytes_per_step_per_worker:,.0f} bytes on the wire per worker step"
-    if r.ps_cpu_share is not None:
-        text += (f"; the PS task(s) used {r.ps_cpu_s:.1f} CPU s in the measured interval, "
-                 f"{100 * r.ps_cpu_share:.0f}% of a core each")
+    method = methods.lookup(r.backend)
+    text += method.details(r) if method else ""
     if r.oversubscribed:
         text += " (oversubscribed: contention included)"
     return text

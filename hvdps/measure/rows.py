@@ -1,0 +1,188 @@
+"""A run as the application reads it back: its records (``Curves``) and the typed row the comparison's
+tables, verdicts and projections read (``RunRow``), built once by ``load_run`` from the records the
+trainers write (common/trainer/metrics.py) and the figures its method measures of its own
+(``Method.measures``: the parameter servers' CPU and per-worker waits, ps_train/method.py)."""
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from common.formats.schemas import read_metrics
+from common.trainer.metrics import BREAKDOWN_FIELDS
+from hvdps import methods
+
+if TYPE_CHECKING:
+    from common.formats.schemas import Eval, Header, Step, Summary
+
+
+@dataclasses.dataclass(frozen=True)
+class Curves:
+    """A run's records as validated (common/formats/schemas.py): the header and the summary when the
+    run wrote them, every step and evaluation in order."""
+    header: Optional["Header"] = None
+    steps: Tuple["Step", ...] = ()
+    evals: Tuple["Eval", ...] = ()
+    summary: Optional["Summary"] = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunRow:
+    """One run as the comparison's tables, verdicts and projections read it: the figures its
+    records hold (``load_run``), then what the comparison adds (``hvdps/measure/runs.py``: the
+    launcher's outcome, start-up, links, scaling). Every figure a run may lack is Optional and is
+    handled where it is read; a misspelt field is an AttributeError here, not a silent None. Frozen:
+    each step that adds figures makes a new row (``dataclasses.replace``), so a row a table or a
+    verdict read is the row the report prints."""
+    run_dir: str
+    backend: Optional[str] = None
+    mode: Optional[str] = None
+    workers: Optional[int] = None
+    num_ps: Optional[int] = None
+    model: Optional[str] = None
+    dataset: Optional[str] = None
+    batch_per_worker: Optional[int] = None
+    global_batch: Optional[int] = None
+    status: str = "incomplete"
+    samples_per_sec_median: Optional[float] = None
+    samples_per_sec_mean: Optional[float] = None
+    samples_per_sec_error: Optional[float] = None
+    intervals: Optional[int] = None
+    target_accuracy: Optional[float] = None
+    time_to_target: Optional[float] = None
+    final_test_accuracy: Optional[float] = None
+    final_test_loss: Optional[float] = None
+    final_train_loss: Optional[float] = None
+    grad_bytes_per_step: Optional[float] = None
+    wall_time: Optional[float] = None
+    steps: Optional[int] = None
+    step_s: Optional[float] = None
+    compute_s: Optional[float] = None
+    overhead_s: Optional[float] = None
+    overhead_share: Optional[float] = None
+    exchange_s: Optional[float] = None
+    wait_s: Optional[float] = None
+    input_s: Optional[float] = None
+    input_share: Optional[float] = None
+    bytes_per_step_per_worker: Optional[float] = None
+    bytes_per_update_per_ps: Optional[float] = None
+    sparse_bytes: Optional[float] = None
+    sparse_table_bytes: Optional[float] = None
+    wire_rule: Optional[str] = None
+    wait_per_worker_s: Optional[List[float]] = None
+    ps_cpu_s: Optional[float] = None
+    ps_cpu_share: Optional[float] = None
+    curves: Curves = Curves()
+    # what the comparison adds (hvdps/measure/runs.py)
+    error: Optional[str] = None
+    oversubscribed: bool = False
+    warmup_s: Optional[float] = None
+    warmup_share: Optional[float] = None
+    startup_s: Optional[float] = None
+    teardown_s: Optional[float] = None
+    roles: Optional[Dict[str, Any]] = None
+    cores_busy: Optional[float] = None
+    links: Optional[List[Dict[str, Any]]] = None
+    busiest_link_bytes: Optional[float] = None
+    busiest_link_predicted: Optional[float] = None
+    link_bytes_ratio: Optional[float] = None
+    round_s: Optional[float] = None
+    link_rate_bps: Optional[float] = None
+    link_utilisation: Optional[float] = None
+    scaling_efficiency: Optional[float] = None
+    # the machine's other load over the measured interval (hvdps/measure/load.py): cores the rest of
+    # the machine used, cores the job used, the machine's cores, and whether that made the run shared
+    others_cores: Optional[float] = None
+    job_cores: Optional[float] = None
+    machine_cores: Optional[int] = None
+    shared: Optional[bool] = None
+    # repeated runs (hvdps compare --repeat; hvdps/measure/repeats.py): which run this is, and on a
+    # configuration's row its runs' count and their own figures
+    repeat: Optional[int] = None
+    repeats: Optional[int] = None
+    repeats_ok: Optional[int] = None
+    repeat_throughputs: Optional[List[float]] = None
+    repeat_times: Optional[List[Optional[float]]] = None
+
+    @property
+    def name(self):
+        """The run's folder name, as the report and the projection's tables call it."""
+        return os.path.basename(self.run_dir.rstrip(os.sep)) or self.run_dir
+
+    @property
+    def header(self):
+        return self.curves.header
+
+    @property
+    def ps_shard_bytes(self):
+        """PS: {task: model bytes it holds} as the run recorded it (header), or None."""
+        return self.curves.header.ps_shard_bytes if self.curves.header else None
+
+    def column(self, key):
+        """A table column's value by name (results.csv, results.json)."""
+        return getattr(self, key)
+
+
+def measured_interval(header, steps):
+    """(start, end) in Unix time of the intervals the throughput is taken over (warm-up
+    excluded), or None: from the step record where the first counted interval began (the first
+    past the warm-up, ThroughputMeter) to the last counted."""
+    counted = [i for i, s in enumerate(steps) if s.samples_per_sec is not None]
+    if not counted or header is None or header.start_time is None:
+        return None
+    begin = counted[0] - 1
+    warmup = header.config.warmup_steps if header.config else None
+    if warmup is not None:
+        past = warmup + header.start_step
+        begin = next((i for i in range(counted[0]) if steps[i].global_step >= past), begin)
+    first = steps[begin].wall_time if begin >= 0 else 0.0
+    last = steps[counted[-1]].wall_time
+    return (header.start_time + first, header.start_time + last) if last > first else None
+
+
+def load_run(run_dir, name="metrics.jsonl"):
+    """One run's typed row for tables, with its records (``row.curves``). What a run lacks is None."""
+    recs = read_metrics(os.path.join(run_dir, name))
+    header = next((r for r in recs if r.type == "header"), None)
+    summary = next((r for r in reversed(recs) if r.type == "summary"), None)
+    evals = tuple(r for r in recs if r.type == "eval")
+    steps = tuple(r for r in recs if r.type == "step")
+    figures = {}
+    if header is not None:
+        figures.update(backend=header.backend, mode=header.mode, workers=header.world_size, num_ps=header.num_ps,
+                       model=header.model, dataset=header.dataset, batch_per_worker=header.batch_size_per_worker,
+                       global_batch=header.global_batch_size,
+                       target_accuracy=header.config.target_accuracy if header.config else None)
+    last_eval = evals[-1] if evals else None
+    figures.update(final_train_loss=steps[-1].loss if steps else None,
+                   final_test_accuracy=last_eval.accuracy if last_eval else None,
+                   final_test_loss=last_eval.loss if last_eval else None)
+    if summary is not None:
+        figures.update(summary_figures(summary))
+    method = methods.lookup(header.backend) if header is not None else None
+    if method is not None:
+        figures.update(method.measures(run_dir, header, steps, measured_interval(header, steps)))
+    return RunRow(run_dir=run_dir, curves=Curves(header=header, steps=steps, evals=evals, summary=summary), **figures)
+
+
+def summary_figures(summary):
+    """{RunRow field: value} of what a summary record holds: its status and throughput, time to
+    target, final accuracy where the trainer gave one, and the step's breakdown (the wire's
+    figures where the breakdown has none)."""
+    figures = {"time_to_target": summary.time_to_target, "wall_time": summary.total_time, "steps": summary.steps,
+               "grad_bytes_per_step": summary.grad_bytes_per_step}
+    if summary.status:
+        figures["status"] = summary.status
+    tp = summary.throughput
+    if tp is not None:
+        figures.update(samples_per_sec_median=tp.median, samples_per_sec_mean=tp.mean,
+                       samples_per_sec_error=tp.error, intervals=tp.n)
+    for key in ("final_test_accuracy", "final_test_loss"):
+        if key in summary.model_fields_set:
+            figures[key] = getattr(summary, key)
+    split, wire = summary.breakdown, summary.wire
+    for key in BREAKDOWN_FIELDS:
+        value = getattr(split, key, None) if split is not None else None
+        figures[key] = value if value is not None else getattr(wire, key, None)
+    if summary.gradient is not None:
+        figures.update(sparse_bytes=summary.gradient.sparse_bytes, sparse_table_bytes=summary.gradient.sparse_table_bytes)
+    figures["wire_rule"] = (wire.wire_rule if wire else None) or (split.wire_rule if split else None)
+    return figures
