@@ -130,7 +130,7 @@ class Ring:
         grad, n = row.grad_bytes_per_step, row.workers or 1
         if not grad or n < 2 or not ring:
             return None
-        return schedule.ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"])
+        return schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha)
 
     def projected_step(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
         terms = self.step_terms(row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s)
@@ -141,12 +141,12 @@ class Ring:
         each term (``combine``). The ring has one: the exchange left after back-propagation."""
         n, compute, grad = row.workers, row.compute_s, row.grad_bytes_per_step
         if self.wait_free:
-            step = schedule.ring_step(layers, compute, n, ring["bandwidth"], ring["alpha"], fusion_bytes,
-                                      cycle_s)["step_s"]
+            step = schedule.ring_step(layers, compute, n, ring.bandwidth, ring.alpha, fusion_bytes,
+                                      cycle_s).step_s
             return {"ring": (True, step - compute)}
         if not grad:
             return None
-        return {"ring": (True, schedule.ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"]))}
+        return {"ring": (True, schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha))}
 
 
 # ------------------------------------------------------------------ the registry

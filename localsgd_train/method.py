@@ -51,7 +51,7 @@ class LocalSGDRing(Ring):
         grad, n = row.grad_bytes_per_step, row.workers
         if not grad:
             return None
-        t = schedule.ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"]) / local_steps(row.mode)
+        t = schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha) / local_steps(row.mode)
         return {"weight average": (True, t)}
 
 

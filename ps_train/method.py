@@ -50,7 +50,7 @@ class ParameterServers:
         grad, n = row.grad_bytes_per_step, row.workers or 1
         if not grad or not ps:
             return None
-        return schedule.ps_time(n, grad, ps["bandwidth"], ps["alpha"], row.num_ps or 1)
+        return schedule.ps_time(n, grad, ps.bandwidth, ps.alpha, row.num_ps or 1)
 
     def projected_step(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
         """PS tasks on hosts of their own (hvdps compare's ``--ps_placement own``). Sync: push all,
@@ -73,7 +73,7 @@ class ParameterServers:
             return None
         shards = (shard_bytes or {}).values()       # {PS task: model bytes it holds}, header ps_shard_bytes
         shard = max(shards) if shards else grad / (row.num_ps or 1)
-        bw, alpha = ps["bandwidth"], ps["alpha"]
+        bw, alpha = ps.bandwidth, ps.alpha
         busiest = n * shard / bw
         own = (True, 2 * (grad / bw + alpha))
         if self.lockstep(row.mode):

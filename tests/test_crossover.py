@@ -63,27 +63,27 @@ def model_step(row, shard_bytes):
 
 def test_measured_and_projected_crossover_from_runs():
     [w] = cx.analyse(RUNS, model_step)
-    assert w["model"] == "mlp" and w["workers"] == [2, 4]
-    [v] = w["variants"]
-    assert v["ps"] == "PS sync"
-    at = {b["workers"]: b for b in v["by_n"]}
+    assert w.model == "mlp" and w.workers == (2, 4)
+    [v] = w.variants
+    assert v.ps == "PS sync"
+    at = {b.workers: b for b in v.by_n}
     # The fastest ring measured at each n: Horovod at 2 (50 ms), bare MPI at 4 (70 ms).
-    assert (at[2]["ring"], at[2]["ring_measured_s"]) == ("Horovod", 0.050)
-    assert (at[4]["ring"], at[4]["ring_measured_s"]) == ("bare MPI", 0.070)
-    assert at[2]["ps1_measured_s"] == 0.040 and at[4]["ps1_measured_s"] == 0.200
+    assert (at[2].ring, at[2].ring_measured_s) == ("Horovod", 0.050)
+    assert (at[4].ring, at[4].ring_measured_s) == ("bare MPI", 0.070)
+    assert at[2].ps1_measured_s == 0.040 and at[4].ps1_measured_s == 0.200
     # Measured: one PS wins at 2 (40 < 50 ms), the ring from 4.
-    assert v["ring_wins_from_measured"] == 4
+    assert v.ring_wins_from_measured == 4
     # Measured shards: at 2 one PS already matches; at 4 neither 1 (200) nor 2 (100) reaches 70 ms.
-    assert (at[2]["shards_measured"], at[4]["shards_measured"], at[4]["shards_measured_tried"]) == (1, None, 2)
+    assert (at[2].shards_measured, at[4].shards_measured, at[4].shards_measured_tried) == (1, None, 2)
     # Projected: ring 10n ms, one PS 100n ms: the ring everywhere; shards k >= 10 match (100n/k <= 10n).
-    assert v["ring_wins_from_projected"] == 2
-    assert at[2]["ring_projected_s"] == pytest.approx(0.020) and at[4]["ps1_projected_s"] == pytest.approx(0.4)
-    assert at[2]["shards_projected"] == at[4]["shards_projected"] == 10
+    assert v.ring_wins_from_projected == 2
+    assert at[2].ring_projected_s == pytest.approx(0.020) and at[4].ps1_projected_s == pytest.approx(0.4)
+    assert at[2].shards_projected == at[4].shards_projected == 10
     # The lines reach twice the largest run; a ring's and each measured shard count's series.
-    names = {s["name"]: s for s in w["series"]}
+    names = {s.name: s for s in w.series}
     assert set(names) == {"Horovod", "bare MPI", "PS sync, 1 PS", "PS sync, 2 PS"}
-    assert [n for n, _ in names["PS sync, 2 PS"]["projected"]] == [2, 4, 8]
-    assert names["PS sync, 2 PS"]["measured"] == [(2, 0.030), (4, 0.100)]
+    assert [n for n, _ in names["PS sync, 2 PS"].projected] == [2, 4, 8]
+    assert names["PS sync, 2 PS"].measured == ((2, 0.030), (4, 0.100))
 
 
 def test_each_line_takes_the_compute_measured_at_the_nearest_worker_count():
@@ -132,14 +132,14 @@ def test_every_series_of_the_plot_has_a_look_of_its_own(count):
     """An emulated pass draws 12 series (three rings, three PS variants with 1, 2 and 4 shards):
     past matplotlib's ten colours two methods would share one, told apart only by a marker."""
     import matplotlib.pyplot as plt
-    series = [{"name": f"method {i}", "ring": i < 3, "projected": [(2, 0.1), (4, 0.2)], "measured": [(2, 0.1)]}
-              for i in range(count)]
-    fig = rcx.figure([{"model": "mlp", "series": series}])
+    series = tuple(cx.Series(name=f"method {i}", ring=i < 3, k=None, projected=((2, 0.1), (4, 0.2)),
+                             measured=((2, 0.1),)) for i in range(count))
+    fig = rcx.figure([cx.Workload(model="mlp", grad_bytes=1e6, workers=(2,), variants=(), series=series)])
     try:
         legend = fig.axes[0].get_legend()
         looks = [(tuple(h.get_color()), h.get_marker(), h.get_linestyle()) for h in legend.legend_handles]
-        assert [t.get_text() for t in legend.get_texts()] == [s["name"] for s in series]
+        assert [t.get_text() for t in legend.get_texts()] == [s.name for s in series]
         assert len({(c, m) for c, m, _ in looks}) == count
-        assert [style for _, _, style in looks] == ["-" if s["ring"] else "--" for s in series]
+        assert [style for _, _, style in looks] == ["-" if s.ring else "--" for s in series]
     finally:
         plt.close(fig)

@@ -29,17 +29,17 @@ def run(backend, mode, n, step, compute=0.002, num_ps=None, busy=None):
 
 
 def by_workers(entries):
-    return {e["workers"]: e for e in entries}
+    return {e.workers: e for e in entries}
 
 
 def test_a_constant_exchange_factor_fitted_small_predicts_large():
     # measured = contended compute + 1.2 x the model's exchange at every n, on 2 shared cores
     rows = [run("ps", "sync", n, 0.002 * max(1, n / 2) + 1.2 * 0.05 * n, num_ps=1) for n in (2, 4, 8, 16)]
     got = by_workers(heldout.analyse(rows, model, cores=2))
-    assert [got[n]["held_out"] for n in (2, 4, 8, 16)] == [False, False, True, True]
-    assert got[16]["factors"] == {"PS link": pytest.approx(1.2)}
-    assert got[16]["contended_compute_s"] == pytest.approx(0.016)           # 8 workers a core
-    assert all(e["ratio"] == pytest.approx(1.0) for e in got.values())
+    assert [got[n].held_out for n in (2, 4, 8, 16)] == [False, False, True, True]
+    assert got[16].factors == {"PS link": pytest.approx(1.2)}
+    assert got[16].contended_compute_s == pytest.approx(0.016)           # 8 workers a core
+    assert all(e.ratio == pytest.approx(1.0) for e in got.values())
     assert rheld.summary(list(got.values())) == (2, 2)
 
 
@@ -49,18 +49,18 @@ def test_the_cores_floor_binds_when_the_fitted_runs_kept_the_cores_busy():
     rows = [run("ps", "async", 2, 0.1, busy=0.4, num_ps=4), run("ps", "async", 4, 0.1, busy=0.8, num_ps=4),
             run("ps", "async", 16, 0.33, busy=1.0, num_ps=4)]
     got = by_workers(heldout.analyse(rows, lambda r: {"own link": (True, 0.08)}, cores=2))
-    assert got[16]["cpu_per_worker_step_s"] == pytest.approx(0.04)
-    assert got[16]["floor_s"] == pytest.approx(0.32) and got[16]["predicted_step_s"] == pytest.approx(0.32)
-    assert got[16]["binding"] == "cores" and got[2]["binding"] == "own link"
-    assert got[16]["contended_compute_s"] == pytest.approx(0.002)           # async workers do not march in step
+    assert got[16].cpu_per_worker_step_s == pytest.approx(0.04)
+    assert got[16].floor_s == pytest.approx(0.32) and got[16].predicted_step_s == pytest.approx(0.32)
+    assert got[16].binding == "cores" and got[2].binding == "own link"
+    assert got[16].contended_compute_s == pytest.approx(0.002)           # async workers do not march in step
 
 
 def test_the_cores_floor_is_the_mean_cpu_per_worker_step_of_the_fitted_runs():
     rows = [run("ps", "async", 2, 0.1, busy=0.8, num_ps=4), run("ps", "async", 4, 0.1, busy=0.8, num_ps=4),
             run("ps", "async", 16, 0.5, busy=1.0, num_ps=4)]
     got = by_workers(heldout.analyse(rows, lambda r: {"own link": (True, 0.08)}, cores=2))
-    assert got[16]["cpu_per_worker_step_s"] == pytest.approx((0.08 + 0.04) / 2)
-    assert got[16]["floor_s"] == pytest.approx(16 * 0.06 / 2)
+    assert got[16].cpu_per_worker_step_s == pytest.approx((0.08 + 0.04) / 2)
+    assert got[16].floor_s == pytest.approx(16 * 0.06 / 2)
 
 
 @pytest.mark.parametrize("times, p, expected", [
@@ -82,9 +82,9 @@ def test_one_overlap_p_fitted_at_the_small_runs_of_every_method():
     rows = [run(b, m, n, measured(n, k), num_ps=k) for b, m in (("ps", "sync"), ("ps2", "async"))
             for k in (1, 2, 4) for n in (2, 4, 8, 16)]
     entries = heldout.analyse(rows, two_links)
-    assert {e["overlap_p"] for e in entries} == {4.0}
-    assert all(e["factors"] == {"own link": 1.0, "PS link": 1.0} for e in entries)
-    assert all(e["ratio"] == pytest.approx(1.0) for e in entries)
+    assert {e.overlap_p for e in entries} == {4.0}
+    assert all(e.factors == {"own link": 1.0, "PS link": 1.0} for e in entries)
+    assert all(e.ratio == pytest.approx(1.0) for e in entries)
     assert "p = 4" in "\n".join(rheld.section(entries))
 
 
@@ -125,17 +125,17 @@ def test_a_link_factor_fitted_where_the_link_bound_predicts_where_it_binds_later
     def measured(n, k):
         return 0.002 + max(1.2 * 0.1, 0.9 * 0.1 * n / k)
     rows = [run("ps", "sync", n, measured(n, k), num_ps=k) for k in (1, 4) for n in (2, 4, 16)]
-    got = {(e["num_ps"], e["workers"]): e for e in heldout.analyse(rows, two_links)}
-    assert got[4, 16]["factors"] == {"own link": pytest.approx(1.2), "PS link": pytest.approx(0.9)}
-    assert got[4, 2]["binding"] == "own link" and got[4, 16]["binding"] == "PS link"
-    assert got[4, 16]["predicted_step_s"] == pytest.approx(0.002 + 0.9 * 0.4) and got[4, 16]["held_out"]
+    got = {(e.num_ps, e.workers): e for e in heldout.analyse(rows, two_links)}
+    assert got[4, 16].factors == {"own link": pytest.approx(1.2), "PS link": pytest.approx(0.9)}
+    assert got[4, 2].binding == "own link" and got[4, 16].binding == "PS link"
+    assert got[4, 16].predicted_step_s == pytest.approx(0.002 + 0.9 * 0.4) and got[4, 16].held_out
 
 
 def test_a_link_that_never_bound_keeps_the_model_as_it_is():
     rows = [run("ps", "sync", n, 0.002 + 1.2 * 0.1, num_ps=4) for n in (2, 4)] + [run("ps", "sync", 16, 0.5, num_ps=4)]
     got = by_workers(heldout.analyse(rows, two_links))
-    assert got[16]["factors"] == {"own link": pytest.approx(1.2), "PS link": 1.0}
-    assert got[16]["predicted_step_s"] == pytest.approx(0.002 + 0.4)
+    assert got[16].factors == {"own link": pytest.approx(1.2), "PS link": 1.0}
+    assert got[16].predicted_step_s == pytest.approx(0.002 + 0.4)
 
 
 def test_the_section_counts_the_held_out_runs_and_marks_the_misses():

@@ -17,6 +17,7 @@ from common.trainer.run_dir import load_weights_npz
 from hvdps import methods
 from hvdps.cost import crossover as cx
 from hvdps.cost import schedule
+from hvdps.cost.schedule import AlphaBeta
 from hvdps.cost.shape import StepShape
 from tests.conftest import BIN, REPO, SYNC_EQUIV, row_and_records, run
 
@@ -26,7 +27,7 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none", "-map
           "-x", "PATH", "-x", "LD_LIBRARY_PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
           "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]
 SIZES = {"dense_bytes": 4000, "sparse_bytes": 0, "sparse_table_bytes": 0}
-RING = {"bandwidth": 1e9, "alpha": 1e-5}
+RING = AlphaBeta(bandwidth=1e9, alpha=1e-5)
 
 
 def ok(result):
@@ -86,7 +87,7 @@ def test_the_wire_rule_is_the_rings_over_k(k):
 def test_the_cost_model_is_the_rings_once_every_k_steps(k):
     cost = methods.get("localsgd").cost
     row = StepShape(backend="localsgd", mode=str(k), workers=4, compute_s=0.01, grad_bytes_per_step=4e6)
-    ring = schedule.ring_allreduce_time(4, 4e6, RING["bandwidth"], RING["alpha"])
+    ring = schedule.ring_allreduce_time(4, 4e6, RING.bandwidth, RING.alpha)
     assert cost.exchange_s(row, RING, None) == pytest.approx(ring / k)
     step, how = cost.projected_step(row, None, None, RING, None, 0, 0)
     assert step == pytest.approx(0.01 + ring / k) and "every k steps" in how
@@ -105,9 +106,9 @@ def test_the_crossover_draws_it_but_sets_the_ps_against_the_exact_rings():
                       step_s=step, compute_s=0.001, grad_bytes_per_step=1000.0, model="mlp")
     rows = [row("mpi", "sync", 0.050), row("localsgd", "8", 0.010), row("ps", "sync", 0.040, 1)]
     [w] = cx.analyse(rows, lambda r, shards: 0.02)
-    [v] = w["variants"]
-    assert v["by_n"][0]["ring"] == "bare MPI" and v["by_n"][0]["ring_measured_s"] == 0.050
-    assert {s["name"] for s in w["series"]} == {"bare MPI", "local SGD (k=8)", "PS sync, 1 PS"}
+    [v] = w.variants
+    assert v.by_n[0].ring == "bare MPI" and v.by_n[0].ring_measured_s == 0.050
+    assert {s.name for s in w.series} == {"bare MPI", "local SGD (k=8)", "PS sync, 1 PS"}
 
 
 @pytest.mark.process

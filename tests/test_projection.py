@@ -13,6 +13,7 @@ from hvdps.cost.shape import StepShape
 from hvdps.cost import projection as pj
 from hvdps.commands import project as cmd
 from hvdps.cost import schedule
+from hvdps.cost.schedule import AlphaBeta
 from hvdps.render import projection as rpj
 from tests.conftest import BIN, run
 
@@ -71,9 +72,9 @@ def test_fit_from_comm_uses_ring_formula():
     res += [{"impl": "ps-push", "bytes": b, "seconds": 1e-4 + b / 5e8} for b in (1e6, 1e8)]
     res += [{"impl": "ps-pull", "bytes": b, "seconds": 1e-4 + b / 5e8} for b in (1e6, 1e8)]
     fits = pj.fit_from_comm(res, 2)
-    assert fits["allreduce"]["alpha"] == pytest.approx(1e-5)
-    assert fits["allreduce"]["bandwidth"] == pytest.approx(1e9)
-    assert fits["ps"]["bandwidth"] == pytest.approx(5e8)
+    assert fits["allreduce"].alpha == pytest.approx(1e-5)
+    assert fits["allreduce"].bandwidth == pytest.approx(1e9)
+    assert fits["ps"].bandwidth == pytest.approx(5e8)
 
 
 @pytest.mark.process
@@ -101,8 +102,8 @@ def test_project_command(tmp_path):
 COMPUTE_S = {"inception_v3": 64 / 142, "resnet101": 64 / 129, "vgg16": 64 / 154}
 HOROVOD_2018 = ["--cycle_time_ms", "5", "--fusion_threshold_mb", "64", "--straggler_cv", "0.03",
                 "--gpus_per_server", "4", "--ps_sharding", "greedy"]
-ROCE = {"bandwidth": 0.9 * 25e9 / 8, "alpha": 5e-6}        # 25 Gbit/s RoCE, 90% goodput, 5 us
-TCP = {"bandwidth": 0.9 * 25e9 / 8, "alpha": 25e-6}        # 25 GbE TCP, 25 us
+ROCE = AlphaBeta(bandwidth=0.9 * 25e9 / 8, alpha=5e-6)        # 25 Gbit/s RoCE, 90% goodput, 5 us
+TCP = AlphaBeta(bandwidth=0.9 * 25e9 / 8, alpha=25e-6)        # 25 GbE TCP, 25 us
 PUBLISHED = [
     # source, model, GPUs, network, architecture row, published efficiency
     ("Horovod docs, 512 GPUs", "inception_v3", 512, ROCE, "ring all-reduce", 0.90),
@@ -118,7 +119,7 @@ def project_published(model, gpus, net, arch):
     layers = pj.known_models()[model]["layers"]
     rows = pj.project(layers, COMPUTE_S[model], [gpus], net, net, per_server=4, cycle_s=5e-3,
                       fusion_bytes=64 << 20, straggler_cv=0.03, placement="greedy")
-    return next(r for r in rows if r["arch"] == arch)["efficiency"]
+    return next(r for r in rows if r.arch == arch).efficiency
 
 
 @pytest.mark.parametrize("source, model, gpus, net, arch, published", PUBLISHED,
@@ -144,12 +145,12 @@ def test_published_ps_resnet101_is_the_documented_miss():
 # 1.2x larger), and "both about 50%" within 5 points needs at least 0.818: no one input reaches both.
 @pytest.mark.parametrize("towers, ps_gbps", [(1, 22.5), (4, 5.6), (4, 6.4), (4, 8.0)])
 def test_ps_resnet101_trails_inception_v3_by_its_bytes(towers, ps_gbps):
-    ps = {"bandwidth": ps_gbps * 1e9 / 8, "alpha": TCP["alpha"]}
+    ps = AlphaBeta(bandwidth=ps_gbps * 1e9 / 8, alpha=TCP.alpha)
     eff = {}
     for model in ("inception_v3", "resnet101"):
         rows = pj.project(pj.known_models()[model]["layers"], COMPUTE_S[model], [128], TCP, ps, per_server=4,
                           straggler_cv=0.03, placement="greedy", ps_towers=towers)
-        eff[model] = next(r for r in rows if r["arch"] == "PS, 1 per server")["efficiency"]
+        eff[model] = next(r for r in rows if r.arch == "PS, 1 per server").efficiency
     assert eff["inception_v3"] < 0.75
     assert 0.80 <= eff["resnet101"] / eff["inception_v3"] <= 0.84, eff
     assert not all(abs(e - 0.50) <= 0.05 for e in eff.values()), eff
@@ -177,16 +178,16 @@ def test_ps_layout_flags_reach_the_schedule(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.load(open(tmp_path / "projection.json"))
     got = next(x for x in data["rows"] if x["workers"] == 128 and x["arch"] == "PS, 1 per server")
-    ps = {"bandwidth": 6.4e9 / 8, "alpha": 25e-6}
+    ps = AlphaBeta(bandwidth=6.4e9 / 8, alpha=25e-6)
     rows = pj.project(pj.known_models()["resnet101"]["layers"], 64 / 129, [128], TCP, ps, per_server=4,
                       straggler_cv=0.03, placement="greedy", ps_towers=4)
-    want = next(x for x in rows if x["arch"] == "PS, 1 per server")
-    assert got["efficiency"] == pytest.approx(want["efficiency"])
+    want = next(x for x in rows if x.arch == "PS, 1 per server")
+    assert got["efficiency"] == pytest.approx(want.efficiency)
     assert data["ps_gpus_per_worker"] == 4 and data["ps"]["bandwidth"] == pytest.approx(0.8e9)
     # one task per GPU (the default) moves 4x the copies: the same cluster scales worse
     per_gpu = pj.project(pj.known_models()["resnet101"]["layers"], 64 / 129, [128], TCP, ps, per_server=4,
                          straggler_cv=0.03, placement="greedy")
-    assert next(x for x in per_gpu if x["arch"] == "PS, 1 per server")["efficiency"] < 0.5 * want["efficiency"]
+    assert next(x for x in per_gpu if x.arch == "PS, 1 per server").efficiency < 0.5 * want.efficiency
 
 
 def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None, mode="sync", num_ps=0):
@@ -293,7 +294,8 @@ def test_plot_two_families_and_coinciding_curves_once(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    rows = [{"arch": a, "family": f, "workers": n, "efficiency": e} for n in (1, 2, 4) for a, f, e in (
+    rows = [pj.Projected(arch=a, family=f, workers=n, efficiency=e, comm_s=0.0, overlap=0.0, straggler_s=0.0,
+                         step_s=1 / e) for n in (1, 2, 4) for a, f, e in (
         ("ring all-reduce", pj.RING, 1 / n ** 0.1), ("PS k=1", pj.PS, 1 / n), ("PS, 1 per server", pj.PS, 1 / n),
         ("PS k=1 (overlap of ps async x2: 0%)", pj.PS, 0.9 / n),
         ("PS k=1 (overlap of ps sync x2: 0%)", pj.PS, 0.9 / n),
@@ -334,14 +336,14 @@ B, A, M, C = 6e6, 1e-4, 300_000, 0.001     # bytes/s, seconds, gradient bytes, c
 ])
 def test_projected_step_per_backend(backend, mode, n, shards, expected):
     row = StepShape(backend=backend, mode=mode, workers=n, compute_s=C, grad_bytes_per_step=M, num_ps=1)
-    ring = ps = {"bandwidth": B, "alpha": A}
+    ring = ps = AlphaBeta(bandwidth=B, alpha=A)
     step, how = pj.projected_step(row, shards, pj.single_layer(M), ring, ps, 128 << 20, 1e-3)
     assert step == pytest.approx(expected, rel=1e-9) and how
 
 
 def test_projected_horovod_step_is_the_ring_schedule():
     row = StepShape(backend="horovod", mode="sync", workers=3, compute_s=C, grad_bytes_per_step=M)
-    ring = {"bandwidth": B, "alpha": A}
+    ring = AlphaBeta(bandwidth=B, alpha=A)
     step, _ = pj.projected_step(row, None, pj.single_layer(M), ring, ring, 128 << 20, 1e-3)
     # one gradient ready at the end of backprop: one fused ring after it (and a cycle's wait)
     assert C + 4 / 3 * M / B + 4 * A <= step <= C + 4 / 3 * M / B + 4 * A + 1e-3
@@ -361,10 +363,10 @@ def test_network_from_the_cluster_is_its_rate_at_tcp_goodput_and_its_latency():
     class Args:
         bandwidth_gbps = latency_us = ps_bandwidth_gbps = None
     ring, ps = cmd.network(Args(), {}, cluster=ClusterDescription(rate_bps=5e7, latency_s=4e-5))
-    assert ring == ps == {"bandwidth": pytest.approx(5e7 / 8 * 1448 / 1514), "alpha": 4e-5}
+    assert ring == ps == AlphaBeta(bandwidth=pytest.approx(5e7 / 8 * 1448 / 1514), alpha=4e-5)
     Args.bandwidth_gbps, Args.latency_us = 1.0, 10.0            # given flags win
     ring, _ = cmd.network(Args(), {}, cluster=ClusterDescription(rate_bps=5e7, latency_s=4e-5))
-    assert ring == {"bandwidth": 1e9 / 8, "alpha": pytest.approx(1e-5)}
+    assert ring == AlphaBeta(bandwidth=1e9 / 8, alpha=pytest.approx(1e-5))
 
 
 def test_tf_ring_is_fitted_from_its_own_measurements():
@@ -372,8 +374,8 @@ def test_tf_ring_is_fitted_from_its_own_measurements():
     res = [{"impl": "horovod-mpi", "bytes": b, "seconds": 2e-5 + b / 1e9} for b in (1e6, 1e7, 1e8)]
     res += [{"impl": "mwms", "bytes": b, "seconds": 6e-4 + b / 8e8} for b in (1e6, 1e7, 1e8)]
     fits = pj.fit_from_comm(res, 2)
-    assert fits["mwms"]["alpha"] == pytest.approx(3e-4) and fits["mwms"]["bandwidth"] == pytest.approx(8e8)
-    assert fits["allreduce"]["alpha"] == pytest.approx(1e-5)
+    assert fits["mwms"].alpha == pytest.approx(3e-4) and fits["mwms"].bandwidth == pytest.approx(8e8)
+    assert fits["allreduce"].alpha == pytest.approx(1e-5)
 
 
 @pytest.mark.parametrize("flags, cluster, own", [
@@ -386,12 +388,12 @@ def test_a_method_is_costed_with_its_own_fit_only_where_the_network_is_measured(
         bandwidth_gbps = flags.get("bandwidth_gbps")
         latency_us = flags.get("latency_us")
         ps_bandwidth_gbps = None
-    ring, ps, tf_ring = {"bandwidth": B, "alpha": A}, {"bandwidth": B, "alpha": A}, {"bandwidth": B / 2, "alpha": 3 * A}
+    ring, ps, tf_ring = AlphaBeta(bandwidth=B, alpha=A), AlphaBeta(bandwidth=B, alpha=A), AlphaBeta(bandwidth=B / 2, alpha=3 * A)
     nets = cmd.networks(Args(), {"allreduce": ring, "mwms": tf_ring}, ring, ps, cluster)
     row = StepShape(backend="mwms", mode="sync", workers=3, compute_s=C, grad_bytes_per_step=M)
     step, _ = pj.projected_step(row, None, pj.single_layer(M), ring, ps, 128 << 20, 1e-3, nets)
     net = tf_ring if own else ring
-    assert step == pytest.approx(C + schedule.ring_allreduce_time(3, M, net["bandwidth"], net["alpha"]), rel=1e-9)
+    assert step == pytest.approx(C + schedule.ring_allreduce_time(3, M, net.bandwidth, net.alpha), rel=1e-9)
     # bare MPI's ring is the shared one either way
     step, _ = pj.projected_step(replace(row, backend="mpi"), None, pj.single_layer(M), ring, ps, 128 << 20, 1e-3, nets)
     assert step == pytest.approx(C + schedule.ring_allreduce_time(3, M, B, A), rel=1e-9)

@@ -30,8 +30,8 @@ def test_one_tensor_nothing_hides():
     # a model known only by size: its gradient exists when backprop ends, the whole ring time is exposed
     one = layers((100e6, 1))
     res = s.ring_step(one, 3.0, 8, 1e9, 1e-5, cycle_s=0.0)
-    assert res["step_s"] == pytest.approx(3.0 + ring_allreduce_time(8, 100e6, 1e9, 1e-5))
-    assert res["overlap"] == pytest.approx(0.0) and res["buffers"] == 1
+    assert res.step_s == pytest.approx(3.0 + ring_allreduce_time(8, 100e6, 1e9, 1e-5))
+    assert res.overlap == pytest.approx(0.0) and res.buffers == 1
 
 
 def test_big_last_layer_hides_behind_the_rest_of_backprop():
@@ -39,21 +39,21 @@ def test_big_last_layer_hides_behind_the_rest_of_backprop():
     # takes 0.1 s on the ring, long before the first layer (1 KB) is ready at 2 s
     two = layers((1000, 1), (100e6, 1))
     res = s.ring_step(two, 3.0, 2, 1e9, 0.0, cycle_s=0.0)
-    assert res["step_s"] == pytest.approx(3.0 + ring_allreduce_time(2, 1000, 1e9, 0.0))
-    assert res["overlap"] > 0.99 and res["buffers"] == 2
+    assert res.step_s == pytest.approx(3.0 + ring_allreduce_time(2, 1000, 1e9, 0.0))
+    assert res.overlap > 0.99 and res.buffers == 2
 
 
 def test_cycle_time_delays_and_fuses():
     many = layers(*[(1e6, 1)] * 50)
     fast = s.ring_step(many, 1.0, 4, 1e9, 1e-5, cycle_s=0.0)
     slow = s.ring_step(many, 1.0, 4, 1e9, 1e-5, cycle_s=0.1)
-    assert slow["buffers"] < fast["buffers"] == 50       # a longer cycle collects more tensors per buffer
-    assert slow["step_s"] > fast["step_s"]
+    assert slow.buffers < fast.buffers == 50       # a longer cycle collects more tensors per buffer
+    assert slow.step_s > fast.step_s
 
 
 def test_single_worker_has_no_exchange():
     res = s.ring_step(layers((1e6, 1)), 0.5, 1, 1e9, 1e-5)
-    assert res["step_s"] == 0.5 and res["comm_s"] == 0.0
+    assert res.step_s == 0.5 and res.comm_s == 0.0
 
 
 @pytest.mark.parametrize("tensors, placement, loads", [
@@ -82,9 +82,9 @@ def test_ps_with_one_tensor_is_the_alpha_beta_cost(n, k, g):
     # and the pull each cost max(n M, g M)/B + alpha, nothing overlaps, and with k = 1 that is ps_time
     res = s.ps_step(layers((100e6, 1)), 3.0, n, 1e9, 1e-5, shards=k, per_server=g)
     per_dir = max(n, min(g, n)) * 100e6 / 1e9 + 1e-5
-    assert res["step_s"] == pytest.approx(3.0 + 2 * per_dir)
+    assert res.step_s == pytest.approx(3.0 + 2 * per_dir)
     if k == 1:
-        assert res["step_s"] == pytest.approx(3.0 + ps_time(n, 100e6, 1e9, 1e-5, 1, g))
+        assert res.step_s == pytest.approx(3.0 + ps_time(n, 100e6, 1e9, 1e-5, 1, g))
 
 
 @pytest.mark.parametrize("n, towers, per_server, tasks", [(8, 1, 1, 8), (8, 4, 4, 2), (8, 8, 8, 1), (2, 4, 4, 1)])
@@ -92,7 +92,7 @@ def test_ps_push_and_pull_once_per_worker_task(n, towers, per_server, tasks):
     # tf_cnn_benchmarks sums a task's towers on its CPU and caches each variable once per task:
     # the shard's link moves one copy per worker task each way, not one per GPU
     res = s.ps_step(layers((100e6, 1)), 3.0, n, 1e9, 0.0, shards=1, per_server=per_server, towers=towers)
-    assert res["step_s"] == pytest.approx(3.0 + 2 * tasks * 0.1)
+    assert res.step_s == pytest.approx(3.0 + 2 * tasks * 0.1)
 
 
 @pytest.mark.parametrize("n, cv, low, high", [

@@ -15,9 +15,10 @@ from common.base.procs import REPO
 from common.formats.schemas import read_cluster_description, read_comm
 from hvdps import methods
 from hvdps.cost import crossover, heldout, schedule
+from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.measure.rows import load_run
 from hvdps.measure.runs import load_of, run_record
-from hvdps.cost.projection import (RING, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
+from hvdps.cost.projection import (RING, Checked, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
                                    project, projected_step, ring_of, run_exchange_s, single_layer)
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
 from hvdps.render.projection import _size, check_table, dumps, plot, table
@@ -170,10 +171,9 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
                                         nets)
         if projected is None:
             continue
-        rows.append({"run": row.name, "backend": row.backend, "mode": row.mode,
-                     "workers": row.workers, "num_ps": row.num_ps, "how": how,
-                     "measured_step_s": row.step_s, "projected_step_s": projected,
-                     "ratio": row.step_s / projected})
+        rows.append(Checked(run=row.name, backend=row.backend, mode=row.mode, workers=row.workers,
+                            num_ps=row.num_ps, how=how, measured_step_s=row.step_s, projected_step_s=projected,
+                            ratio=row.step_s / projected))
     return rows, left_out
 
 
@@ -257,21 +257,21 @@ def network(args, fits, source="--comm_json", cluster=None):
     not be made is refused in one line when it would be used."""
     ring, ps = fits.get("allreduce"), fits.get("ps")
     if cluster and cluster.latency_s is not None:
-        ring = ps = {"bandwidth": cluster.rate_bps / 8 * TCP_GOODPUT, "alpha": cluster.latency_s}
+        ring = ps = AlphaBeta(bandwidth=cluster.rate_bps / 8 * TCP_GOODPUT, alpha=cluster.latency_s)
         fits = {}
     given = args.bandwidth_gbps is not None and args.latency_us is not None
     for fit in (ring, ps):
-        if fit and "error" in fit and not given:
-            raise UsageError(f"--project: cannot fit latency and bandwidth from {source}: {fit['error']}; "
+        if isinstance(fit, Unfitted) and not given:
+            raise UsageError(f"--project: cannot fit latency and bandwidth from {source}: {fit.error}; "
                              f"give the network as --bandwidth_gbps and --latency_us")
     if args.bandwidth_gbps is not None or args.latency_us is not None:
         if (args.bandwidth_gbps is None or args.latency_us is None) and not ring:
             raise UsageError("--project needs both --bandwidth_gbps and --latency_us, or a --comm_json")
-        bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else ring["bandwidth"]
-        lat = args.latency_us * 1e-6 if args.latency_us is not None else ring["alpha"]
-        ring = ps = {"bandwidth": bw, "alpha": lat}
+        bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else ring.bandwidth
+        lat = args.latency_us * 1e-6 if args.latency_us is not None else ring.alpha
+        ring = ps = AlphaBeta(bandwidth=bw, alpha=lat)
     if args.ps_bandwidth_gbps is not None and ps:
-        ps = {"bandwidth": args.ps_bandwidth_gbps * 1e9 / 8, "alpha": ps["alpha"]}
+        ps = dataclasses.replace(ps, bandwidth=args.ps_bandwidth_gbps * 1e9 / 8)
     return ring, ps
 
 
@@ -283,7 +283,7 @@ def networks(args, fits, ring, ps, cluster=None):
     shared = bool(cluster and cluster.latency_s is not None) or args.bandwidth_gbps is not None or \
         args.latency_us is not None
     for key, fit in fits.items():
-        if key not in nets and not shared and "error" not in fit:
+        if key not in nets and not shared and not isinstance(fit, Unfitted):
             nets[key] = fit
     return nets
 
@@ -346,17 +346,17 @@ def run_projection(args):
                    placement=args.ps_sharding, measured=measured, ps_towers=args.ps_gpus_per_worker, own=own)
     make_dirs(args.out)
     text = (f"# Scaling projection\n\ngradient {_size(grad)} in {len(layers)} layer(s), compute "
-            f"{compute * 1e3:.1f} ms/step, ring: {ring['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
-            f"{ring['alpha'] * 1e6:.1f} us; PS: {ps['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
-            f"{ps['alpha'] * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server, "
+            f"{compute * 1e3:.1f} ms/step, ring: {ring.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
+            f"{ring.alpha * 1e6:.1f} us; PS: {ps.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
+            f"{ps.alpha * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server, "
             f"{args.ps_gpus_per_worker} GPU(s) per PS worker task; Horovod cycle "
             f"{args.cycle_time_ms:g} ms, fusion {args.fusion_threshold_mb:g} MiB; PS placement "
             f"{args.ps_sharding}; straggler cv {args.straggler_cv:g}\n\n")
     for label, (_, net, _) in own.items():
         if net == ring:
             continue                 # costed on the ring's network, by a step model of its own
-        text += (f"{label}: its own fit from {comm_json}, {net['bandwidth'] * 8 / 1e9:.2f} Gbit/s, alpha "
-                 f"{net['alpha'] * 1e6:.1f} us.\n\n")
+        text += (f"{label}: its own fit from {comm_json}, {net.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
+                 f"{net.alpha * 1e6:.1f} us.\n\n")
     if cluster and cluster.latency_s is not None and (args.bandwidth_gbps is None or args.latency_us is None):
         rate = cluster.rate or f"{cluster.rate_bps / 1e6:g} Mbit/s"
         text += (f"Network: the emulated cluster's links ({rate}, carrying {TCP_GOODPUT:.1%} of it as "
@@ -368,7 +368,7 @@ def run_projection(args):
     if checked or left_out:
         text += "## Projected against measured\n\n"
     if checked:
-        ratios = sorted(r["ratio"] for r in checked)
+        ratios = sorted(r.ratio for r in checked)
         text += ("Each multi-worker run's median step beside what the model "
                  "above gives for its backend, worker count, gradient, PS shards and its own compute "
                  f"(docs/projection.md); measured / projected from {ratios[0]:.2f} to {ratios[-1]:.2f}, "
@@ -388,10 +388,10 @@ def run_projection(args):
     if held[0]:
         text += "\n".join(heldout_render.section(*held)) + "\n"
     text += table(rows) + "\n"
-    ring_rows = [r for r in rows if r["arch"] == RING and r["workers"] > 1]
+    ring_rows = [r for r in rows if r.arch == RING and r.workers > 1]
     if ring_rows:
         top = ring_rows[-1]
-        text += (f"\nRing all-reduce at {top['workers']} workers: {top['overlap']:.0%} of its exchange hides "
+        text += (f"\nRing all-reduce at {top.workers} workers: {top.overlap:.0%} of its exchange hides "
                  f"behind back-propagation (wait-free schedule of this model's layers).\n")
     write_atomic(os.path.join(args.out, "projection.md"), text + "\n![projection](projection.png)\n")
     write_atomic(os.path.join(args.out, "projection.json"), dumps({

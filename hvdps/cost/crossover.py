@@ -14,12 +14,62 @@ Which methods are rings and which are PS jobs comes from the method registry (hv
 """
 import dataclasses
 import statistics
+from typing import Optional, Tuple
 
 from hvdps import methods
 from hvdps.cost import schedule
 from hvdps.cost.shape import StepShape
 
 MAX_SHARDS = 64      # the projected shard count searched: a PS job needing more than this never matches
+
+
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One line of the crossover's plot: a ring method, or a PS variant at k shards; its measured
+    and projected (workers, step seconds)."""
+    name: str
+    ring: bool
+    k: Optional[int]
+    measured: Tuple[Tuple[int, float], ...]
+    projected: Tuple[Tuple[int, float], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class AtWorkers:
+    """One worker count n of a PS variant against the ring: the fastest exact ring measured at n and
+    its step (measured, projected), one PS's step, and the fewest shards that match the ring (measured:
+    None, having tried up to ``shards_measured_tried``; projected: None, the nearest in ``closest_projected``)."""
+    workers: int
+    ring: Optional[str]
+    ring_measured_s: Optional[float]
+    ring_projected_s: Optional[float]
+    ps1_measured_s: Optional[float]
+    ps1_projected_s: Optional[float]
+    shards_measured: Optional[int]
+    shards_measured_tried: Optional[int]
+    shards_projected: Optional[int]
+    closest_projected: Optional[Tuple[int, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Versus:
+    """One PS variant against the ring: from which n the ring is faster than one PS (measured,
+    projected), and each measured n."""
+    ps: str
+    by_n: Tuple[AtWorkers, ...]
+    ring_wins_from_measured: Optional[int]
+    ring_wins_from_projected: Optional[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The crossover of one model: its gradient bytes, the worker counts run, each PS variant
+    against the ring, and the plot's lines."""
+    model: str
+    grad_bytes: float
+    workers: Tuple[int, ...]
+    variants: Tuple[Versus, ...]
+    series: Tuple[Series, ...]
 
 
 def is_ring(row):
@@ -68,7 +118,7 @@ def _shard_bytes(layers, grad, k):
 
 
 def analyse(rows, project, layers=None, grid=None):
-    """Per workload: the fastest ring at each n, each PS variant against it, and the lines to plot.
+    """[Workload]: per model, the fastest ring at each n, each PS variant against it, and the lines to plot.
 
     ``project(shape, shard_bytes)`` gives the model's step for a run's shape (hvdps/cost/shape.py)
     and, for PS, the bytes each PS task holds, or None."""
@@ -100,9 +150,10 @@ def analyse(rows, project, layers=None, grid=None):
                 best_ring[n] = min(here)
         best_line = {n: min((ring_lines[v][n], v) for v in exact if ring_lines[v][n] is not None)
                      for n in ns if any(ring_lines[v][n] is not None for v in exact)}
-        series = [{"name": _name(v), "ring": True, "k": None,
-                   "measured": sorted((r.workers, r.step_s) for r in ring_runs[v]),
-                   "projected": [(n, s) for n, s in ring_lines[v].items() if s is not None]} for v in ring_variants]
+        series = [Series(name=_name(v), ring=True, k=None,
+                         measured=tuple(sorted((r.workers, r.step_s) for r in ring_runs[v])),
+                         projected=tuple((n, s) for n, s in ring_lines[v].items() if s is not None))
+                  for v in ring_variants]
         variants = []
         for v in dict.fromkeys(_variant(r) for r in pss):
             runs = [r for r in pss if _variant(r) == v]
@@ -110,9 +161,9 @@ def analyse(rows, project, layers=None, grid=None):
             measured = {(r.workers, r.num_ps): r.step_s for r in runs}
             lines = {k: {n: projected(v, runs, n, k) for n in ns} for k in sorted(set(ks) | {1})}
             for k in ks:
-                series.append({"name": f"{_name(v)}, {k} PS", "ring": False, "k": k,
-                               "measured": sorted((n, s) for (n, kk), s in measured.items() if kk == k),
-                               "projected": [(n, s) for n, s in lines[k].items() if s is not None]})
+                series.append(Series(name=f"{_name(v)}, {k} PS", ring=False, k=k,
+                                     measured=tuple(sorted((n, s) for (n, kk), s in measured.items() if kk == k)),
+                                     projected=tuple((n, s) for n, s in lines[k].items() if s is not None)))
             by_n = []
             for n in measured_ns:
                 ring_s, ring_v = best_ring.get(n, (None, None))
@@ -121,19 +172,19 @@ def analyse(rows, project, layers=None, grid=None):
                 ps1_line = lines[1].get(n)
                 need = [k for k in ks if (n, k) in measured and ring_s is not None and measured[(n, k)] <= ring_s]
                 tried = [k for k in ks if (n, k) in measured]
-                by_n.append({"workers": n, "ring": _name(ring_v) if ring_v else None, "ring_measured_s": ring_s,
-                             "ring_projected_s": line_s, "ps1_measured_s": ps1, "ps1_projected_s": ps1_line,
-                             "shards_measured": min(need) if need else None,
-                             "shards_measured_tried": max(tried) if tried else None,
-                             "shards_projected": shards_to_match(lambda k: projected(v, runs, n, k), line_s),
-                             "closest_projected": closest(lambda k: projected(v, runs, n, k), line_s)})
-            variants.append({"ps": _name(v), "by_n": by_n,
-                             "ring_wins_from_measured": wins_from(
-                                 {n: (best_ring[n][0], measured.get((n, 1))) for n in best_ring}),
-                             "ring_wins_from_projected": wins_from(
-                                 {n: (best_line[n][0], lines[1].get(n)) for n in best_line})})
-        out.append({"model": model, "grad_bytes": grad, "workers": measured_ns, "variants": variants,
-                    "series": series})
+                by_n.append(AtWorkers(workers=n, ring=_name(ring_v) if ring_v else None, ring_measured_s=ring_s,
+                                      ring_projected_s=line_s, ps1_measured_s=ps1, ps1_projected_s=ps1_line,
+                                      shards_measured=min(need) if need else None,
+                                      shards_measured_tried=max(tried) if tried else None,
+                                      shards_projected=shards_to_match(lambda k: projected(v, runs, n, k), line_s),
+                                      closest_projected=closest(lambda k: projected(v, runs, n, k), line_s)))
+            variants.append(Versus(ps=_name(v), by_n=tuple(by_n),
+                                   ring_wins_from_measured=wins_from(
+                                       {n: (best_ring[n][0], measured.get((n, 1))) for n in best_ring}),
+                                   ring_wins_from_projected=wins_from(
+                                       {n: (best_line[n][0], lines[1].get(n)) for n in best_line})))
+        out.append(Workload(model=model, grad_bytes=grad, workers=tuple(measured_ns), variants=tuple(variants),
+                            series=tuple(series)))
     return out
 
 

@@ -38,7 +38,7 @@ Predicted step = soft maximum over the terms (contended compute + factor x term)
 import dataclasses
 import math
 import statistics
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from hvdps import methods
 
@@ -145,8 +145,35 @@ class Modelled:
     modelled_s: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One run in the held-out check: its measured step, the network model's, what the fitted
+    factors and the cores floor predict, which resource binds, and whether the run was fitted
+    (at ``fitted_at``) or held out."""
+    run: str
+    model: str
+    backend: str
+    mode: Optional[str]
+    num_ps: int
+    workers: int
+    measured_step_s: float
+    modelled_step_s: float
+    compute_s: float
+    contended_compute_s: float
+    binding: str
+    factors: Dict[str, float]
+    overlap_p: Optional[float]
+    cpu_per_worker_step_s: Optional[float]
+    cores_busy: Optional[float]
+    floor_s: Optional[float]
+    predicted_step_s: float
+    ratio: float
+    held_out: bool
+    fitted_at: Tuple[int, ...]
+
+
 def analyse(rows, terms_of, cores=None):
-    """One entry per run of every method and mode measured at three or more worker counts (n >= 2):
+    """An ``Entry`` per run of every method and mode measured at three or more worker counts (n >= 2):
     its measured step, the model's, the prediction and whether it was fitted or held out.
 
     ``rows``: typed rows (hvdps.measure.rows.RunRow, with ``cores_busy`` where recorded); ``terms_of(row)``:
@@ -194,16 +221,16 @@ def analyse(rows, terms_of, cores=None):
         factors = factors_of[key]
         for r in sorted(by[key], key=lambda r: (r.num_ps or 0, r.workers)):
             predicted, floor = predict(r, factors, cpus.get(variant(r)), cores, p)
-            out.append({"run": r.run, "model": key[0], "backend": key[1], "mode": key[2],
-                        "num_ps": r.num_ps or 0, "workers": r.workers,
-                        "measured_step_s": r.step_s, "modelled_step_s": r.modelled_s,
-                        "compute_s": r.compute_s, "contended_compute_s": contended_compute(r, cores),
-                        "binding": binding(r, factors, floor, cores),
-                        "factors": factors, "overlap_p": None if p == math.inf else p,
-                        "cpu_per_worker_step_s": cpus.get(variant(r)),
-                        "cores_busy": r.cores_busy, "floor_s": floor, "predicted_step_s": predicted,
-                        "ratio": r.step_s / predicted, "held_out": r.workers not in fitted_at,
-                        "fitted_at": fitted_at})
+            out.append(Entry(run=r.run, model=key[0], backend=key[1], mode=key[2],
+                             num_ps=r.num_ps or 0, workers=r.workers,
+                             measured_step_s=r.step_s, modelled_step_s=r.modelled_s,
+                             compute_s=r.compute_s, contended_compute_s=contended_compute(r, cores),
+                             binding=binding(r, factors, floor, cores),
+                             factors=factors, overlap_p=None if p == math.inf else p,
+                             cpu_per_worker_step_s=cpus.get(variant(r)),
+                             cores_busy=r.cores_busy, floor_s=floor, predicted_step_s=predicted,
+                             ratio=r.step_s / predicted, held_out=r.workers not in fitted_at,
+                             fitted_at=tuple(fitted_at)))
     return out
 
 

@@ -18,9 +18,12 @@ overlap = (compute + exchange - step) / exchange, with the exchange measured
 (bare MPI's exchange_s) or costed with the fitted alpha-beta model.
 """
 
+import dataclasses
+from typing import Optional
+
 from hvdps import methods
 from hvdps.cost import schedule
-from hvdps.cost.schedule import ps_time, ring_allreduce_time
+from hvdps.cost.schedule import AlphaBeta, Scheduled, Unfitted, ps_time, ring_allreduce_time
 from hvdps.cost.shape import StepShape
 
 
@@ -78,8 +81,8 @@ def fit_from_comm(comm_results, np_=2):
         try:
             a, b = fit_alpha_beta(best.items())
         except Unmeasurable as exc:
-            return {"error": f"{what}: {exc}"}
-        return {"alpha": a / (2 * (np_ - 1)), "bandwidth": b * 2.0 * (np_ - 1) / np_}
+            return Unfitted(f"{what}: {exc}")
+        return AlphaBeta(alpha=a / (2 * (np_ - 1)), bandwidth=b * 2.0 * (np_ - 1) / np_)
 
     fits = {}
     for key, (prefix, what) in methods.networks_measured().items():
@@ -91,15 +94,16 @@ def fit_from_comm(comm_results, np_=2):
         if p:
             try:
                 a, b = fit_alpha_beta(p)
-                fits[impl] = {"alpha": a, "bandwidth": b}
+                fits[impl] = AlphaBeta(alpha=a, bandwidth=b)
             except Unmeasurable as exc:
-                fits[impl] = {"error": f"{impl}: {exc}"}
-    bad = [fits[k]["error"] for k in ("ps-push", "ps-pull") if "error" in fits.get(k, {})]
+                fits[impl] = Unfitted(f"{impl}: {exc}")
+    bad = [fits[k].error for k in ("ps-push", "ps-pull") if isinstance(fits.get(k), Unfitted)]
     if bad:
-        fits["ps"] = {"error": "; ".join(bad)}
+        fits["ps"] = Unfitted("; ".join(bad))
     elif "ps-push" in fits and "ps-pull" in fits:
-        fits["ps"] = {"alpha": (fits["ps-push"]["alpha"] + fits["ps-pull"]["alpha"]) / 2,
-                      "bandwidth": 2 / (1 / fits["ps-push"]["bandwidth"] + 1 / fits["ps-pull"]["bandwidth"])}
+        push, pull = fits["ps-push"], fits["ps-pull"]
+        fits["ps"] = AlphaBeta(alpha=(push.alpha + pull.alpha) / 2,
+                               bandwidth=2 / (1 / push.bandwidth + 1 / pull.bandwidth))
     return fits
 
 
@@ -119,6 +123,21 @@ def known_models():
 def single_layer(grad_bytes):
     """A model known only by its size: every gradient appears at the end of backprop (nothing hides)."""
     return [{"name": "all", "grad_bytes": int(grad_bytes), "tensors": [int(grad_bytes)], "flops": 1}]
+
+
+@dataclasses.dataclass(frozen=True)
+class Projected:
+    """One architecture at one worker count: the step (compute, the exposed exchange, the wait for
+    the slowest worker), the exchange's own time and the share of it hidden, and the efficiency
+    (compute / step). ``family``: the plot's panel (``RING`` or ``PS``)."""
+    workers: int
+    arch: str
+    family: str
+    comm_s: float
+    overlap: float
+    straggler_s: float
+    step_s: float
+    efficiency: float
 
 
 def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, cycle_s=1e-3,
@@ -141,38 +160,53 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
     grad = sum(l["grad_bytes"] for l in layers)
     rows = []
 
-    def add(n, arch, res, family, comm=None):
+    def add(n, arch, res, family):
         wait = compute_s * (schedule.straggler_factor(n, straggler_cv) - 1.0)
-        step = res["step_s"] + wait
-        rows.append({"workers": n, "arch": arch, "family": family, "comm_s": res["comm_s"] if comm is None else comm,
-                     "overlap": res["overlap"], "straggler_s": wait, "step_s": step,
-                     "efficiency": compute_s / step})
+        step = res.step_s + wait
+        rows.append(Projected(workers=n, arch=arch, family=family, comm_s=res.comm_s, overlap=res.overlap,
+                              straggler_s=wait, step_s=step, efficiency=compute_s / step))
 
     for n in workers:
-        add(n, RING, schedule.ring_step(layers, compute_s, n, ring["bandwidth"], ring["alpha"],
+        add(n, RING, schedule.ring_step(layers, compute_s, n, ring.bandwidth, ring.alpha,
                                         fusion_bytes, cycle_s), RING)
         for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]:
-            add(n, label, schedule.ps_step(layers, compute_s, n, ps["bandwidth"], ps["alpha"], k,
+            add(n, label, schedule.ps_step(layers, compute_s, n, ps.bandwidth, ps.alpha, k,
                                            per_server, placement, towers=ps_towers), PS)
         for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
-            res = schedule.ring_step(layers, compute_s, n, ring["bandwidth"] * schedule.byteps_link_scale(n, k),
-                                     ring["alpha"], fusion_bytes, cycle_s)
+            res = schedule.ring_step(layers, compute_s, n, ring.bandwidth * schedule.byteps_link_scale(n, k),
+                                     ring.alpha, fusion_bytes, cycle_s)
             add(n, label, res, PS)
         for label, (method, net, mode) in (own or {}).items():
             row = StepShape(workers=n, compute_s=compute_s, grad_bytes_per_step=grad, mode=mode)
             step, _ = method.cost.projected_step(row, None, layers, net, ps, fusion_bytes, cycle_s)
             t = method.cost.exchange_s(row, net, ps) or 0.0
-            add(n, label, {"step_s": step, "comm_s": t,
-                           "overlap": max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0},
+            add(n, label, Scheduled(step_s=step, comm_s=t, exposed_s=step - compute_s, buffers=0,
+                                    overlap=max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0),
                 RING if method.cost.collective else PS)
         for label, (overlap, collective) in (measured or {}).items():
             if collective:
-                t = ring_allreduce_time(n, grad, ring["bandwidth"], ring["alpha"])
+                t = ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha)
             else:
-                t = ps_time(n, grad, ps["bandwidth"], ps["alpha"], shards[0], per_server)
-            add(n, label, {"step_s": compute_s + (1 - overlap) * t, "comm_s": t, "overlap": overlap},
+                t = ps_time(n, grad, ps.bandwidth, ps.alpha, shards[0], per_server)
+            step = compute_s + (1 - overlap) * t
+            add(n, label, Scheduled(step_s=step, comm_s=t, exposed_s=step - compute_s, buffers=0, overlap=overlap),
                 RING if collective else PS)
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """One multi-worker run set against the projection: its measured step, the model's for its
+    shape, their ratio, and how the model reached its figure."""
+    run: str
+    backend: str
+    mode: Optional[str]
+    workers: int
+    num_ps: Optional[int]
+    how: str
+    measured_step_s: float
+    projected_step_s: float
+    ratio: float
 
 
 def ring_of(method, ring, nets):

@@ -25,10 +25,40 @@ Step time = forward + backward + the exposed exchange; efficiency = compute /
 step, as tf_cnn_benchmarks' scaling figures are (per-GPU throughput at n over
 the single-GPU throughput).
 """
+import dataclasses
+
 from allreduce.backend import ring_share
 from common.trainer.backend import MIN_SHARD_BYTES
 
 FORWARD_SHARE = 1.0 / 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class AlphaBeta:
+    """A network as every formula here takes it: ``alpha`` seconds per message, ``bandwidth`` bytes/s
+    achievable. Fitted from comm.json (hvdps/cost/projection.py: ``fit_from_comm``), or given by
+    flags or an emulated cluster's links (hvdps/commands/project.py: ``network``)."""
+    alpha: float
+    bandwidth: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheduled:
+    """One step played out: its time, the exchange's own time, what of the step the exchange added
+    past compute (exposed), the messages it took (fusion buffers, or PS pushes and pulls) and the
+    share of the exchange hidden behind back-propagation."""
+    step_s: float
+    comm_s: float
+    exposed_s: float
+    buffers: int
+    overlap: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Unfitted:
+    """A network comm.json measured whose points could not be fitted, and why: refused in one line
+    where the projection would use it."""
+    error: str
 
 
 def ring_allreduce_time(n, nbytes, bandwidth, alpha):
@@ -69,7 +99,7 @@ def ring_step(layers, compute_s, n, bandwidth, alpha, fusion_bytes=64 << 20, cyc
     bwd = compute_s - fwd
     ready = backward_ready_times(layers, bwd)
     if n <= 1:
-        return {"step_s": compute_s, "comm_s": 0.0, "exposed_s": 0.0, "buffers": 0, "overlap": 0.0}
+        return Scheduled(step_s=compute_s, comm_s=0.0, exposed_s=0.0, buffers=0, overlap=0.0)
     i, now, comm, buffers = 0, 0.0, 0.0, 0
     while i < len(ready):
         # the next cycle: one cycle after the previous started, not before the previous ops ended,
@@ -86,8 +116,8 @@ def ring_step(layers, compute_s, n, bandwidth, alpha, fusion_bytes=64 << 20, cyc
             buffers += 1
     end = max(bwd, now)
     step = fwd + end
-    return {"step_s": step, "comm_s": comm, "exposed_s": step - compute_s, "buffers": buffers,
-            "overlap": _overlap(comm, step - compute_s)}
+    return Scheduled(step_s=step, comm_s=comm, exposed_s=step - compute_s, buffers=buffers,
+                     overlap=_overlap(comm, step - compute_s))
 
 
 def _fuse(sizes, threshold):
@@ -196,8 +226,8 @@ def ps_step(layers, compute_s, n, bandwidth, alpha, shards=1, per_server=1, plac
         computed = max(computed, arrived) + fwd * layer["flops"] / total
     step = computed
     comm = max(busy)
-    return {"step_s": step, "comm_s": comm, "exposed_s": step - compute_s,
-            "buffers": 2 * sum(len(p) for p in shard_of), "overlap": _overlap(comm, step - compute_s)}
+    return Scheduled(step_s=step, comm_s=comm, exposed_s=step - compute_s,
+                     buffers=2 * sum(len(p) for p in shard_of), overlap=_overlap(comm, step - compute_s))
 
 
 def straggler_factor(n, cv):

@@ -19,23 +19,23 @@ def section(result, contended=()):
              "ring's. Measured: the runs; projected: the model above for the same shapes, each fed the "
              "compute its method measured at the nearest n (hvdps/cost/crossover.py). Step times in ms.", ""]
     for w in result:
-        lines += [f"**{w['model']}** ({w['grad_bytes'] / 1e3:.0f} kB of gradient per step), workers "
-                  f"{', '.join(map(str, w['workers']))}:", "",
+        lines += [f"**{w.model}** ({w.grad_bytes / 1e3:.0f} kB of gradient per step), workers "
+                  f"{', '.join(map(str, w.workers))}:", "",
                   "| PS variant | ring faster than one PS from n = (measured) | (projected) |", "|---|---|---|"]
-        for v in w["variants"]:
-            lines.append(f"| {v['ps']} | {_from(v['ring_wins_from_measured'])} | "
-                         f"{_from(v['ring_wins_from_projected'])} |")
+        for v in w.variants:
+            lines.append(f"| {v.ps} | {_from(v.ring_wins_from_measured)} | "
+                         f"{_from(v.ring_wins_from_projected)} |")
         lines += ["", "| n | fastest ring | ring step: measured (projected) | PS variant | one PS: measured "
                   "(projected) | PS shards to match the ring: measured | projected |",
                   "|---|---|---|---|---|---|---|"]
-        for v in w["variants"]:
-            for b in v["by_n"]:
-                shards = (str(b["shards_measured"]) if b["shards_measured"] else
-                          f"more than {b['shards_measured_tried']}" if b["shards_measured_tried"] else "-")
-                lines.append(f"| {b['workers']} | {b['ring'] or '-'} | {_ms(b['ring_measured_s'])} "
-                             f"({_ms(b['ring_projected_s'])}) | {v['ps']} | {_ms(b['ps1_measured_s'])} "
-                             f"({_ms(b['ps1_projected_s'])}) | {shards} | "
-                             f"{b['shards_projected'] or _none(b['closest_projected'])} |")
+        for v in w.variants:
+            for b in v.by_n:
+                shards = (str(b.shards_measured) if b.shards_measured else
+                          f"more than {b.shards_measured_tried}" if b.shards_measured_tried else "-")
+                lines.append(f"| {b.workers} | {b.ring or '-'} | {_ms(b.ring_measured_s)} "
+                             f"({_ms(b.ring_projected_s)}) | {v.ps} | {_ms(b.ps1_measured_s)} "
+                             f"({_ms(b.ps1_projected_s)}) | {shards} | "
+                             f"{b.shards_projected or _none(b.closest_projected)} |")
         lines.append("")
     if contended:
         lines += ["The measured columns rest in part on runs that measured contention for the cores as well as "
@@ -76,23 +76,23 @@ def figure(result):
     from hvdps.render.styles import series_styles
     fig, axes = plt.subplots(1, len(result), figsize=(9.5 * len(result), 5), squeeze=False)
     for w, ax in zip(result, axes[0]):
-        looks = series_styles([s["name"] for s in w["series"]])
+        looks = series_styles([s.name for s in w.series])
         handles = []
-        for s in w["series"]:
-            (c, mark), style = looks[s["name"]], "-" if s["ring"] else "--"
-            if s["projected"]:
-                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s["projected"]]), style, color=c, linewidth=1)
-            if s["measured"]:
-                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s["measured"]]), mark, color=c, markersize=5)
-            handles.append(Line2D([], [], color=c, linestyle=style, marker=mark, markersize=5, label=s["name"]))
+        for s in w.series:
+            (c, mark), style = looks[s.name], "-" if s.ring else "--"
+            if s.projected:
+                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s.projected]), style, color=c, linewidth=1)
+            if s.measured:
+                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s.measured]), mark, color=c, markersize=5)
+            handles.append(Line2D([], [], color=c, linestyle=style, marker=mark, markersize=5, label=s.name))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.yaxis.set_minor_formatter(ScalarFormatter())
-        ticks = sorted({n for s in w["series"] for n, _ in s["projected"] + s["measured"]})
+        ticks = sorted({n for s in w.series for n, _ in s.projected + s.measured})
         ax.set_xticks(ticks, [str(n) for n in ticks])
         ax.set(xlabel="workers", ylabel="step time (ms)",
-               title=f"{w['model']}: measured (points) and projected (lines) step time")
+               title=f"{w.model}: measured (points) and projected (lines) step time")
         ax.grid(alpha=0.3, which="both")
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()

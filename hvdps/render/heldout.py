@@ -5,8 +5,8 @@ from hvdps.cost.heldout import TOLERANCE
 
 def summary(entries):
     """(held, total) over the held-out entries: how many land within TOLERANCE."""
-    held = [e for e in entries if e["held_out"]]
-    return sum(TOLERANCE[0] <= e["ratio"] <= TOLERANCE[1] for e in held), len(held)
+    held = [e for e in entries if e.held_out]
+    return sum(TOLERANCE[0] <= e.ratio <= TOLERANCE[1] for e in held), len(held)
 
 
 def section(entries, cores=None):
@@ -15,7 +15,7 @@ def section(entries, cores=None):
         return []
     ok, total = summary(entries)
     where = f"the {cores} cores every emulated host shares" if cores else "no shared cores recorded"
-    p = entries[0].get("overlap_p")
+    p = entries[0].overlap_p
     overlap = f"p = {p:g}" if p else "p = inf (the longest alone)"
     lines = ["## Held out: fitted at the two smallest worker counts, predicted at the others", "",
              "Per method and mode, a factor for each link term of its model, fitted on its runs (every shard "
@@ -28,20 +28,20 @@ def section(entries, cores=None):
              "| method | fitted at | link factors |", "|---|---|---|"]
     seen = set()
     for e in entries:
-        key = (e["backend"], e["mode"])
+        key = (e.backend, e.mode)
         if key not in seen:
             seen.add(key)
-            lines.append(f"| {methods.label(*key)} | {', '.join(map(str, e['fitted_at']))} workers | " +
-                         ", ".join(f"{t} {f:.2f}" for t, f in e["factors"].items()) + " |")
+            lines.append(f"| {methods.label(*key)} | {', '.join(map(str, e.fitted_at))} workers | " +
+                         ", ".join(f"{t} {f:.2f}" for t, f in e.factors.items()) + " |")
     lines += ["", "| run | workers | | measured (ms) | network model (ms) | longest | cores busy | cores floor (ms) | "
               "predicted (ms) | measured / predicted |", "|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
-        busy = f"{100 * e['cores_busy']:.0f}%" if e.get("cores_busy") is not None else "-"
-        floor = f"{1e3 * e['floor_s']:.1f}" if e.get("floor_s") else "-"
-        ratio = f"{e['ratio']:.2f}"
-        if e["held_out"] and not TOLERANCE[0] <= e["ratio"] <= TOLERANCE[1]:
+        busy = f"{100 * e.cores_busy:.0f}%" if e.cores_busy is not None else "-"
+        floor = f"{1e3 * e.floor_s:.1f}" if e.floor_s else "-"
+        ratio = f"{e.ratio:.2f}"
+        if e.held_out and not TOLERANCE[0] <= e.ratio <= TOLERANCE[1]:
             ratio = f"**{ratio}**"
-        lines.append(f"| {e['run'] or '-'} | {e['workers']} | {'held out' if e['held_out'] else 'fitted'} | "
-                     f"{1e3 * e['measured_step_s']:.1f} | {1e3 * e['modelled_step_s']:.1f} | {e['binding']} | {busy} | "
-                     f"{floor} | {1e3 * e['predicted_step_s']:.1f} | {ratio} |")
+        lines.append(f"| {e.run or '-'} | {e.workers} | {'held out' if e.held_out else 'fitted'} | "
+                     f"{1e3 * e.measured_step_s:.1f} | {1e3 * e.modelled_step_s:.1f} | {e.binding} | {busy} | "
+                     f"{floor} | {1e3 * e.predicted_step_s:.1f} | {ratio} |")
     return lines + [""]

@@ -1,18 +1,18 @@
 """The projection rendered: its table, its two-panel plot, the measured-against-projected table."""
+import dataclasses
 import json
-import math
 
 from common.base.files import write_atomic
 from hvdps.cost.projection import PS, RING
 
 
 def table(rows):
-    archs = list(dict.fromkeys(r["arch"] for r in rows))
-    by = {(r["workers"], r["arch"]): r for r in rows}
+    archs = list(dict.fromkeys(r.arch for r in rows))
+    by = {(r.workers, r.arch): r for r in rows}
     lines = ["| workers | " + " | ".join(f"{a} eff. (step ms)" for a in archs) + " |",
              "|---|" + "---|" * len(archs)]
-    for n in sorted({r["workers"] for r in rows}):
-        cells = [f"{100 * by[(n, a)]['efficiency']:.0f}% ({1e3 * by[(n, a)]['step_s']:.0f})" for a in archs]
+    for n in sorted({r.workers for r in rows}):
+        cells = [f"{100 * by[(n, a)].efficiency:.0f}% ({1e3 * by[(n, a)].step_s:.0f})" for a in archs]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -23,17 +23,17 @@ def plot(rows, path, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    archs = list(dict.fromkeys(r["arch"] for r in rows))
-    family = {r["arch"]: r.get("family", PS) for r in rows}
+    archs = list(dict.fromkeys(r.arch for r in rows))
+    family = {r.arch: r.family for r in rows}
     families = [(RING, [a for a in archs if family[a] == RING]), (PS, [a for a in archs if family[a] == PS])]
     families = [(name, members) for name, members in families if members]
     fig, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 4.5), squeeze=False, sharey=True)
-    workers = sorted({r["workers"] for r in rows})
+    workers = sorted({r.workers for r in rows})
     for (family, members), ax in zip(families, axes[0]):
         curves = {}                  # identical curves drawn once, their names joined
         for arch in members:
-            rs = [r for r in rows if r["arch"] == arch]
-            key = tuple((r["workers"], round(r["efficiency"], 4)) for r in rs)
+            rs = [r for r in rows if r.arch == arch]
+            key = tuple((r.workers, round(r.efficiency, 4)) for r in rs)
             curves.setdefault(key, []).append(arch)
         for key, names in curves.items():
             ax.plot([w for w, _ in key], [e for _, e in key], "--" if all("overlap of" in a for a in names) else "-",
@@ -62,7 +62,12 @@ def _joined_label(names):
 
 
 def dumps(obj):
-    return json.dumps(obj, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
+    """projection.json: the typed networks (AlphaBeta) as their fields."""
+    def plain(x):
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return dataclasses.asdict(x)
+        raise TypeError(f"not JSON serializable: {type(x).__name__}")
+    return json.dumps(obj, indent=2, default=plain)
 
 
 # ------------------------------------------------------------ runs as inputs
@@ -78,7 +83,7 @@ def check_table(rows):
     out = ["| run | backend | mode | workers | PS | measured step (ms) | projected (ms) | measured / projected | model |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['run']} | {r['backend']} | {r['mode'] or '-'} | {r['workers']} | {r['num_ps'] or '-'} | "
-                   f"{1e3 * r['measured_step_s']:.1f} | {1e3 * r['projected_step_s']:.1f} | {r['ratio']:.2f} | "
-                   f"{r['how']} |")
+        out.append(f"| {r.run} | {r.backend} | {r.mode or '-'} | {r.workers} | {r.num_ps or '-'} | "
+                   f"{1e3 * r.measured_step_s:.1f} | {1e3 * r.projected_step_s:.1f} | {r.ratio:.2f} | "
+                   f"{r.how} |")
     return "\n".join(out)
