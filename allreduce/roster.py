@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from common.base.errors import RunError, describe, say_first
+
 EXIT_SIGTERM = 128 + signal.SIGTERM
 # A rank leaving on SIGTERM stays this long, so that a peer checking who is gone as the same SIGTERM
 # reaches it (a comparison stopped, a job cancelled) does not take it for a lost rank. Open MPI's
@@ -127,7 +129,6 @@ def step_failure(roster, what, exc):
     """The RunError for a failed collective (``what``: 'rank 1: training step 12 failed'): naming the
     ranks of this host that are gone, printed now by the rank that speaks for the host (even where
     a rank's errors are silenced) and by no other; else TensorFlow's own words."""
-    from common.base.errors import RunError, describe, say_first
     if roster and roster.terminating.is_set():  # a peer left on the launcher's SIGTERM, as this rank will
         error = RunError(f"{what}: {describe(exc)}")
         error.said = True

@@ -12,6 +12,11 @@ import numpy as np
 from allreduce.backend import AllreduceBackend, place_rank, ring_wire, yield_when_idle
 from common.base.files import make_dirs, write_atomic
 from common.spec.plan import make_plan
+from common.base.errors import UsageError
+from common.base.flags import check_finite
+from common.formats.schemas import read_text
+from allreduce.roster import Roster
+from common.model.models import gradient_bytes
 
 def add_horovod_args(parser):
     g = parser.add_argument_group("Horovod")
@@ -40,8 +45,6 @@ def add_horovod_args(parser):
 
 def tuning_env(args):
     """Flags -> the environment variables Horovod reads at init (explicit env wins if flag unset)."""
-    from common.base.errors import UsageError
-    from common.base.flags import check_finite
     if args.commit_steps < 1:
         raise UsageError(f"--commit_steps must be >= 1, got {args.commit_steps}")
     if args.num_groups < 0:
@@ -92,7 +95,6 @@ class HorovodBackend(AllreduceBackend):
         return self
 
     def roster(self):
-        from allreduce.roster import Roster
         import horovod.tensorflow as hvd_tf
         return Roster.gather(self.rank, hvd_tf.allgather_object)      # Horovod: each rank's host and pid
 
@@ -119,7 +121,6 @@ class HorovodBackend(AllreduceBackend):
                          scale=0.5 if self.fp16 else 1.0)
 
     def gradient_bytes(self, model):
-        from common.model.models import gradient_bytes
         return gradient_bytes(model) // (2 if self.fp16 else 1)   # fp16 on the wire
 
     def shutdown(self, code=0):
@@ -186,7 +187,6 @@ def elastic_job_id():
 def joining_elastic_job(train_dir):
     """True if ``train_dir`` already belongs to the elastic job this process joins."""
     job = elastic_job_id()
-    from common.formats.schemas import read_text
     path = os.path.join(train_dir, "elastic_job")
     return job is not None and os.path.lexists(path) and read_text(path, "the elastic job id").strip() == job
 

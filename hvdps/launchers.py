@@ -10,6 +10,7 @@ Given ``remote`` (a ``Remote``: hosts, remote shell, network), the same
 launchers start the job across hosts: ``mpirun -H`` with Open MPI's own
 remote launch for Horovod and bare MPI, ``ps_train.launch --hosts`` for PS.
 """
+import importlib
 import os
 import shlex
 import shutil
@@ -17,6 +18,8 @@ import sys
 from dataclasses import dataclass
 
 from common.base.procs import REPO, loopback_only_env
+from common.launch.remote import take_slots
+from common.spec.config import argv_of
 
 # Local Horovod runs: ranks talk over shared memory, Open MPI's out-of-band
 # channel over loopback only; mpirun's PMIx tool listener ignores every
@@ -116,7 +119,6 @@ class MPIRunLauncher(Launcher):
 
     def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable,
                 remote=None):
-        from common.launch.remote import take_slots
         main = os.path.join(REPO, *self.main)
         if mode is not None and mode == self.dense_mode:
             trainer_argv = [f"--{mode}", *trainer_argv]
@@ -163,8 +165,6 @@ class TaskLauncher(Launcher):
 
     def task_lines(self, cmd):
         """The launcher's --hosts starts each task through the remote shell: one line per task."""
-        import importlib
-        from common.spec.config import argv_of
         launch = importlib.import_module(self.module)
         args, parser = launch.parse_args(cmd[4:])
         return [(name, shlex.join(argv)) for name, argv in

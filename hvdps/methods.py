@@ -30,6 +30,7 @@ from allreduce.backend import ring_share
 from common.base.errors import UsageError
 from common.base.procs import REPO
 from hvdps.cost import schedule
+from hvdps.launchers import Launcher
 
 
 # ------------------------------------------------------------------ cost models
@@ -220,7 +221,6 @@ def method_packages(kind="method"):
 def check_entry(method, module):
     """A method entry as the application will use it, or a RuntimeError naming the module and what
     it lacks: the contract is checked when the registry loads, not where a report first reads it."""
-    from hvdps.launchers import Launcher
     problems = []
     if not isinstance(method, Method):
         problems.append("is not a hvdps.methods.Method")

@@ -17,15 +17,20 @@ seconds (``CommunicationOptions.timeout_seconds``), so the job ends in bounded t
 one line, and ``--resume`` continues from rank 0's latest checkpoint.
 """
 import contextlib
+import os
 import pickle
+import socket
 
 import numpy as np
 
 from allreduce.backend import AllreduceBackend, place_rank, ring_wire
 from common.base.errors import RunError, UsageError, describe
-from common.launch.hosts import parse_address
+from common.launch.hosts import parse_address, parse_tf_config, validate_cluster
 from common.spec.plan import make_plan
 from common.trainer.watchdog import OutsideDeadline
+from common.base.flags import check_finite
+from tf_cluster.listen import choose_address, restrict_listening
+from common.base.procs import wait_for_ports
 
 IMPLEMENTATIONS = ("ring", "auto", "nccl")
 
@@ -63,7 +68,6 @@ class MWMSBackend(AllreduceBackend):
         """Threads first (TensorFlow's context is configured once), then the strategy, which starts
         this task's gRPC server and waits for its peers."""
         import tensorflow as tf
-        from common.base.procs import wait_for_ports
         self.threads = place_rank(cfg, self.local_rank, self.local_size)   # the Horovod trainer's rule
         impl = {"ring": tf.distribute.experimental.CommunicationImplementation.RING,
                 "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -90,7 +94,6 @@ class MWMSBackend(AllreduceBackend):
 
     def _never_joined(self):
         """The watcher's line: which peers accept no connection (checked when the time is up)."""
-        import socket
         missing = []
         for i, address in enumerate(self.cluster["worker"]):
             if i == self.rank:
@@ -272,7 +275,6 @@ def add_mwms_args(parser):
 
 def check_mwms_flags(args):
     """The flags that do not depend on the cluster (the local launcher checks them once, too)."""
-    from common.base.flags import check_finite
     for name in ("step_timeout", "startup_timeout"):
         check_finite(name, getattr(args, name))
         if not 0 < getattr(args, name) <= MAX_TIMEOUT_S:
@@ -285,7 +287,6 @@ def check_mwms_flags(args):
 def resolve_workers(args, environ):
     """(cluster or None, this task's index) from --worker_hosts/--task_index or TF_CONFIG; None:
     nothing given, one process on its own. An all-reduce cluster has worker tasks only."""
-    from common.launch.hosts import parse_tf_config, validate_cluster
     check_mwms_flags(args)
     tf_config = environ.get("TF_CONFIG", "").strip()
     if tf_config:
@@ -320,8 +321,6 @@ def listen_on_own_address(address, bind, who):
     whose tasks inherit a loopback-only environment."""
     if address is None:
         return
-    import os
-    from tf_cluster.listen import choose_address, restrict_listening
     host, port = parse_address(address, who)
     ip, note = choose_address(host, bind)
     if note:

@@ -19,15 +19,23 @@ tethered to its connection (common/launch/tether.py), so the same teardown reach
 import json
 import os
 import sys
+import types
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.spec.config import argv_of
+from common.spec.config import argv_of, build_parser, from_args
 from common.base.errors import UsageError, cli
-from common.base.flags import command_line
+from common.base.flags import command_line, check_finite
 from common.base.procs import child_env, free_ports, loopback_only_env
 from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
+from mwms_train.backend import add_mwms_args, check_mwms_flags
+from common.spec.plugins import bound_plugins
+from common.inputs.data import check_input
+from common.model.models import check_plugin
+from tf_cluster.listen import bindable, resolve
+from common.trainer.run_dir import check_resume_compatible, check_train_dir
+from common.launch import remote
 
 LAUNCHER_FLAGS = ("num_workers", "host", "pin_workers", "run_timeout", "hosts", "rsh", "port")
 CHOSEN_BY_LAUNCHER = ("worker_hosts", "task_index")
@@ -35,8 +43,6 @@ CHOSEN_BY_LAUNCHER = ("worker_hosts", "task_index")
 
 def make_parser():
     """The trainer's own parser plus the launcher's flags: one parse validates everything."""
-    from common.spec.config import build_parser
-    from mwms_train.backend import add_mwms_args
     p = add_mwms_args(build_parser(__doc__.splitlines()[0], prog="hvdps launch mwms"))
     g = p.add_argument_group("local launcher")
     g.add_argument("--num_workers", type=int, default=2)
@@ -54,9 +60,6 @@ def make_parser():
 
 
 def parse_args(argv):
-    from common.spec.config import from_args
-    from common.base.flags import check_finite
-    from mwms_train.backend import check_mwms_flags
     p = make_parser()
     args = p.parse_args(argv)
     refuse_chosen(args, CHOSEN_BY_LAUNCHER)
@@ -75,7 +78,6 @@ def parse_args(argv):
         args.train_dir = os.path.abspath(args.train_dir)
         args.host_ip = None
     else:
-        from tf_cluster.listen import bindable, resolve
         ip = resolve(args.host)
         if ip is None or not bindable(ip):
             raise UsageError(f"--host {args.host}: " + ("cannot resolve it" if ip is None else
@@ -83,16 +85,11 @@ def parse_args(argv):
                              "task here (other machines: --hosts)")
         args.host_ip = ip
     check_mwms_flags(args)
-    from common.spec.plugins import bound_plugins
     bound_plugins(args.run_timeout, "--run_timeout")      # the checks below import and call plug-ins
     cfg = from_args(args)
-    from common.inputs.data import check_input       # the data checks and the batch, once, before a task starts
     check_input(cfg, args.num_workers)
-    from common.model.models import check_plugin      # a plug-in's training step, outside the strategy
     check_plugin(cfg)
     if args.resume:              # refused here, before a task starts
-        import types
-        from common.trainer.run_dir import check_resume_compatible, check_train_dir
         check_train_dir(cfg)
         check_resume_compatible(cfg, args.train_dir, types.SimpleNamespace(
             name="mwms", mode="sync", world_size=args.num_workers, num_ps=0))
@@ -117,7 +114,6 @@ def build_tasks(num_workers, host, ip, python=sys.executable, pin=False):
 def build_remote_tasks(args, trainer_argv):
     """(name, argv, extra env) per worker placed on --hosts' slots in order, each started through
     the remote shell with the cluster and its index in its command line."""
-    from common.launch import remote
     hosts = remote.resolve_hosts(args.hosts)
     placed = [h for h, s in remote.take_slots(hosts, args.num_workers) for _ in range(s)]
     cluster = remote.cluster_addresses({"worker": placed}, args.port)

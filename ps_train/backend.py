@@ -11,6 +11,7 @@ one worker batch (async) or R worker batches (sync, R = replicas_to_aggregate).
 Members outside the interface (``server``, ``device_setter``,
 ``session_config``, ``wait_for_ps``, ``task_names``) are used by ps_train only.
 """
+import re
 import socket
 
 from common.trainer.backend import Backend
@@ -19,6 +20,7 @@ from common.launch.hosts import parse_address
 from common.spec.plan import make_plan
 from common.base.procs import wait_for_ports
 from ps_train.cluster import replicas
+from ps_train import stop
 
 
 def ps_wire(sizes, plan, num_ps):
@@ -95,7 +97,6 @@ class PSBackend(Backend):
     def shutdown(self, code=0):
         """The chief releases every PS task (ps_train/stop.py); other tasks just leave."""
         if self.is_chief and self.server is not None:
-            from ps_train import stop
             stop.signal_done([("ps", i, addr) for i, addr in enumerate(self.cluster["ps"])], code)
 
     # ---------------------------------------------------------------- PS only
@@ -144,7 +145,6 @@ def describe_placement(variables, owner=None):
     part of (TF2's partitioner; the classic graph places every variable whole). A shard is listed
     under the name it was partitioned from: TF2 names shards ``<name>/part_<i>`` while the
     ShardedVariable itself may carry only its class name, which every split variable would share."""
-    import re
     out = {}
     for v in variables:
         name = v.name.split(":")[0]
@@ -158,7 +158,6 @@ def shard_bytes(variables):
     """{"ps:i": bytes of the trainable variables (or shards) PS task i holds}: what that task's link
     carries per worker batch each way (a push of those gradients, a pull of those weights). Classic
     placement is round-robin over whole variables, so shards can be far from 1/num_ps each."""
-    import re
     out = {}
     for v in variables:
         m = re.search(r"/job:ps/(?:replica:\d+/)?task:(\d+)", v.device or "")

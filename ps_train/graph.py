@@ -18,6 +18,7 @@ from common.inputs.data import make_dataset
 from common.spec.keras3 import refuse_graph_mode
 from common.model.models import build_model, eval_batch_sums, make_optimizer, state_updates, total_loss
 from common.model.optim import make_lr_schedule
+from common.trainer.backend import MIN_SHARD_BYTES
 
 
 @dataclasses.dataclass
@@ -136,7 +137,6 @@ def split_variables(tf, num_ps, owners):
     with its slice of the full initial value, so the model starts exactly as unsplit.
     ``owners`` receives {id(shard): partitioned variable}.
     """
-    from common.trainer.backend import MIN_SHARD_BYTES
     v1 = tf.compat.v1
     if num_ps < 2:
         yield owners

@@ -27,12 +27,22 @@ import types
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.spec.config import argv_of
+from common.spec.config import argv_of, from_args
 from common.base.errors import UsageError, cli
-from common.base.flags import command_line
+from common.base.flags import command_line, check_finite
 from common.base.files import write_atomic
 from common.base.procs import child_env, free_ports
 from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
+from common.launch import remote
+from ps_train.main import make_parser as trainer_parser
+from ps_train.cluster import check_ps_flags
+from common.spec.plugins import bound_plugins
+from common.inputs.data import check_input
+from common.model.models import check_plugin
+from tf_cluster.listen import bindable, resolve
+from common.trainer.run_dir import check_resume_compatible, check_train_dir
+from common.formats.schemas import read_checkpoint_index
+from common.trainer.metrics import read_records
 
 CHOSEN_BY_LAUNCHER = ("job_name", "task_index", "ps_hosts", "worker_hosts", "chief_host", "cluster_spec")
 
@@ -61,7 +71,6 @@ def build_tasks(num_ps, num_workers, host, python=sys.executable, pin=False, chi
 def build_remote_tasks(args, trainer_argv, chief=False):
     """(name, argv, extra env) per role placed on --hosts, each started through the remote shell
     with the trainer's flags in its command line; and the cluster ({role: [host:port]})."""
-    from common.launch import remote
     hosts = remote.resolve_hosts(args.hosts)
     roles = remote.place_ps(hosts, args.num_workers, args.num_ps, args.ps_placement, chief=chief)
     cluster = remote.cluster_addresses(roles, args.port)
@@ -80,7 +89,6 @@ def build_remote_tasks(args, trainer_argv, chief=False):
 
 def make_parser():
     """The trainer's own parser plus the launcher's flags: one parse validates everything."""
-    from ps_train.main import make_parser as trainer_parser
     p = trainer_parser()
     p.prog = "hvdps launch ps"
     p.description = __doc__.splitlines()[0]
@@ -120,9 +128,6 @@ MAX_LOCAL_TASKS = 1024
 
 def parse_args(argv):
     """(launcher + trainer args, the parser): the trainer flags validated once, here."""
-    from common.spec.config import from_args
-    from common.base.flags import check_finite
-    from ps_train.cluster import check_ps_flags
     p = make_parser()
     args = p.parse_args(argv)
     refuse_chosen(args, CHOSEN_BY_LAUNCHER)
@@ -137,7 +142,6 @@ def parse_args(argv):
     if args.hosts:                   # every host starts in the repository: paths must not depend on the folder
         args.train_dir = os.path.abspath(args.train_dir)
     else:                            # every task starts here and listens on --host
-        from tf_cluster.listen import bindable, resolve
         ip = resolve(args.host)
         if ip is None or not bindable(ip):
             raise UsageError(f"--host {args.host}: " + ("cannot resolve it" if ip is None else
@@ -152,16 +156,12 @@ def parse_args(argv):
         raise UsageError(f"--num_ps {args.num_ps} and --num_workers {args.num_workers}: {args.num_ps + args.num_workers} "
                          f"tasks on this machine, more than the {MAX_LOCAL_TASKS} the local launcher starts "
                          f"(a port, a process and a TensorFlow runtime each); other machines: --hosts")
-    from common.spec.plugins import bound_plugins
     bound_plugins(args.run_timeout, "--run_timeout")      # the checks below import and call plug-ins
     cfg = from_args(args)
     check_ps_flags(args)
-    from common.inputs.data import check_input       # the data checks and the batch, once, before a task starts
     check_input(cfg, args.num_workers)
-    from common.model.models import check_plugin      # a plug-in's training step (and Keras 3 under v1), once
     check_plugin(cfg, graph_mode=args.ps_api == "v1")
     if args.resume:              # refused here, before a task starts or launch.json is written
-        from common.trainer.run_dir import check_resume_compatible, check_train_dir
         v2 = args.ps_api == "v2"
         job = types.SimpleNamespace(name="ps2" if v2 else "ps", mode="sync" if args.sync and not v2 else "async",
                                     world_size=args.num_workers, num_ps=args.num_ps)
@@ -188,7 +188,6 @@ def run_once(args, trainer_argv):
 
 def checkpoint_step(train_dir):
     """Global step of the latest checkpoint, from TensorFlow's 'checkpoint' index (no TF import)."""
-    from common.formats.schemas import read_checkpoint_index
     path = os.path.join(train_dir, "checkpoints", "checkpoint")
     latest = read_checkpoint_index(path) if os.path.lexists(path) else None
     tail = latest.rsplit("-", 1)[-1] if latest else ""
@@ -196,7 +195,6 @@ def checkpoint_step(train_dir):
 
 
 def last_logged_step(train_dir):
-    from common.trainer.metrics import read_records
     path = os.path.join(train_dir, "metrics.jsonl")
     steps = [r["global_step"] for r in read_records(path) if r["type"] == "step"] if os.path.exists(path) else []
     return steps[-1] if steps else 0
@@ -205,7 +203,6 @@ def last_logged_step(train_dir):
 def exact_resume_points(train_dir, restarts):
     """Where each restart really resumed: the restarted chief's header says (async, the checkpoint's
     name can trail the global step it holds by an update that was in flight)."""
-    from common.trainer.metrics import read_records
     path = os.path.join(train_dir, "metrics.jsonl")
     headers = [r for r in read_records(path) if r["type"] == "header"] if os.path.exists(path) else []
     if len(headers) <= len(restarts):

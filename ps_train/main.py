@@ -26,6 +26,7 @@ from single-process code.
 import os
 import re
 import sys
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # keep TF's C++ start-up chatter out of the logs
@@ -460,7 +461,6 @@ def wait_until_initialised(tf, backend):
 def quiet_tensorflow(tf):
     """v1 deprecation notices would drown the progress lines, and SyncReplicasOptimizer's
     token thread is cancelled when the session closes: that is the end, not an error."""
-    import threading
     tf.get_logger().setLevel("ERROR")
     default = threading.excepthook
 

@@ -33,6 +33,7 @@ by themselves when the chief releases them (ps_train/stop.py): no
 import collections
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -52,6 +53,7 @@ from common.trainer.run_dir import refuse_finished
 from common.trainer.runlog import RunLog
 from common.trainer.watchdog import Watchdog
 from ps_train.backend import check_port_free, describe_placement, ps_wire, shard_bytes
+from ps_train import stop
 
 
 class StrategyBackend(Backend):
@@ -124,7 +126,6 @@ class StrategyBackend(Backend):
     def shutdown(self, code=0):
         """The chief releases every PS and worker task (ps_train/stop.py)."""
         if self.is_chief:
-            from ps_train import stop
             stop.signal_done([(job, i, addr) for job in ("ps", "worker")
                               for i, addr in enumerate(self.cluster[job])], code)
 
@@ -143,7 +144,6 @@ class StrategyBackend(Backend):
         a dying process's sockets one by one): the error that reached the chief may be the first
         sign of a PS or worker whose port is still open for a moment, so its port is watched for a
         little before the error is taken as something else."""
-        import time
         deadline = time.monotonic() + within
         while True:
             ps, workers = self.gone("ps"), self.gone("worker")
@@ -442,7 +442,6 @@ def _pairs(model, optimizer, shadow_model, shadow_optimizer):
 
 def serve(backend):
     """A worker or PS task: serve until the chief releases it; the chief's code is printed."""
-    from ps_train import stop
     print(f"{backend.job}:{backend.index} serving on {backend.address}", flush=True)
     code = stop.serve_until_done(backend)
     print(f"{backend.job}:{backend.index} done" + (f" (the chief failed with code {code})" if code else ""),

@@ -210,3 +210,40 @@ def test_every_module_has_a_row_in_the_tests_readme():
     text = open(os.path.join(REPO, "tests", "README.md")).read()
     missing = [p for p in module_files() if not p.endswith("__init__.py") and f"| `{p}` |" not in text]
     assert not missing, missing
+
+
+# What a function may import where it runs rather than at module top: TensorFlow and what loads it
+# (Keras, TensorBoard, protobuf's descriptors), Horovod and mpi4py (MPI_Init at import), matplotlib,
+# and the optional readers (PIL, crc32c, YAML, tqdm): each costs seconds or is absent on some
+# machines, and most commands never need it. Everything else is imported at module top, where the
+# seams between the packages show.
+DEFERRED = {"tensorflow", "keras", "tf_keras", "tensorboard", "google", "horovod", "mpi4py", "matplotlib", "PIL",
+            "google_crc32c", "yaml", "tqdm"}
+
+
+def deferred_imports(tree):
+    """[(line, module)] of the imports inside functions that are not in DEFERRED."""
+    out = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                out += [(node.lineno, n) for n in names if n.split(".")[0] not in DEFERRED]
+    return sorted(set(out))
+
+
+@pytest.mark.unit
+def test_imports_are_at_module_top():
+    found = {p: d for p in module_files() for d in [deferred_imports(ast.parse(open(os.path.join(REPO, p)).read()))] if d}
+    assert not found, found
+
+
+@pytest.mark.unit
+def test_the_import_check_sees_one_inside_a_function():
+    tree = ast.parse("def f():\n    import re\n    import tensorflow as tf\n    from common.base import procs\n")
+    assert deferred_imports(tree) == [(2, "re"), (4, "common.base")]

@@ -7,7 +7,9 @@ raises :class:`UsageError`; :func:`cli` turns it into one line and exit 2.
 import faulthandler
 import functools
 import os
+import re
 import sys
+import time
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -33,7 +35,6 @@ def describe(exc):
     tag around the cause: '{{function_node ...}} /x/tmp123; No space left on
     device [Op:SaveV2]' -> 'No space left on device'.
     """
-    import re
     text = getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     failed = re.search(r"assertion failed: \[(.+?)\]\s*$", text, re.M)
     if failed:                         # tf.debugging.Assert's message: what the graph said, wherever it ran
@@ -74,7 +75,6 @@ def fail(message, code=EXIT_USAGE, quiet=False, hard_exit=False, said=False):
     else:
         # A silenced rank gives rank 0 a moment to print the one error line:
         # launchers kill the whole job as soon as the first rank exits.
-        import time
         time.sleep(3)
     if hard_exit:   # skip interpreter teardown: TF gRPC servers cannot be stopped
         sys.stdout.flush()

@@ -13,6 +13,7 @@ Reads of input files (IDX, npz, hostfiles, cluster specs, metrics) refuse what i
 regular file (a FIFO or a device would block or never end) and anything above a size
 bound, before reading a byte.
 """
+import fcntl
 import os
 import stat
 import tempfile
@@ -83,7 +84,6 @@ def take_folder(path, flag):
     writer (another hvdps compare with the same --out, another run's chief in the same --train_dir)
     is refused in one line before it writes anything, and the first loses nothing. Idempotent
     within a process (an elastic job's new rank 0 takes it again)."""
-    import fcntl
     path = os.path.realpath(path)
     if path in _HELD:
         return

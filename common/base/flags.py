@@ -5,7 +5,10 @@ for any bad value, full flag names only, underscores as the one spelling with th
 accepted, and ranges declared beside the flag (``Parser.bound``).
 """
 import argparse
+import ipaddress
 import math
+import re
+import shlex
 import sys
 
 from common.base.errors import UsageError
@@ -28,7 +31,6 @@ def shape(text):
 def command_line(text):
     """A command line as a shell would split it (``--rsh 'ssh -p 2222'``): refused here when it
     cannot be split (an unterminated quote) or is empty, not later as a shlex traceback."""
-    import shlex
     try:
         words = shlex.split(text)
     except ValueError as exc:
@@ -41,8 +43,6 @@ def command_line(text):
 def interface_or_cidr(text):
     """A network interface name (``eth0``, at most 15 characters as Linux allows) or an IPv4/IPv6
     network in CIDR notation (``10.0.0.0/24``), as Open MPI's ``*_if_include`` takes."""
-    import ipaddress
-    import re
     if "/" in text or re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]+:[0-9a-fA-F:]*", text):
         try:
             return str(ipaddress.ip_network(text, strict=False))

@@ -6,6 +6,7 @@ to start as root; both are turned here into bounded, explained behaviour.
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -159,8 +160,6 @@ def run_bounded(argv, timeout, **kw):
     in a process group of its own, which is killed whole on time-out (a remote shell's own children
     included, and with them the pipes they hold, which would keep ``communicate`` waiting). Returns
     the CompletedProcess, or raises ``subprocess.TimeoutExpired`` once the group is gone."""
-    import signal
-    import subprocess
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                          text=True, start_new_session=True, **kw)
     try:

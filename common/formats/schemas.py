@@ -23,15 +23,21 @@ its errors carry the path to the failing field; and it is one of the most used, 
 validation libraries for Python (its core is compiled, so a metrics file of 10^5 records
 validates in well under a second).
 """
+import dataclasses
 import json
 import math
 import os
+import re
+import typing
 from typing import Annotated, Any, Dict, List, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import numpy as np
+from pydantic import create_model
 
 from common.base.errors import UsageError
-from common.base.files import MiB, read_input
+from common.base.files import MiB, read_input, check_regular
+from common.spec.config import Config
 
 MAX_DEPTH = 32           # the deepest any hvdps file nests is 5 (a run's config inside a header's plan)
 MAX_JSON = 64 * MiB      # comm.json, links.json and cluster.json are kB; a links series of hours is MBs
@@ -481,8 +487,6 @@ def read_result(path, what="a benchmark result file"):
 def read_weights(path):
     """A run's weights.npz -> its arrays in model order: a regular file of bounded size, no
     pickled objects, numeric arrays only."""
-    import numpy as np
-    from common.base.files import check_regular
     check_regular(path, "a weights file", 16 << 30)
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -499,7 +503,6 @@ def read_checkpoint_index(path):
     """TensorFlow's ``checkpoint`` index (a text proto) -> the latest checkpoint's prefix, or None
     when the index names none (empty, or every line damaged). Read without TensorFlow, which
     raises a bare ValueError on such an index from inside CheckpointManager."""
-    import re
     latest = None
     for line in read_text(path, "TensorFlow's checkpoint index").splitlines():
         m = re.match(r'\s*model_checkpoint_path:\s*"((?:[^"\\]|\\.)+)"\s*$', line)
@@ -553,10 +556,6 @@ def config_model():
     so a new flag cannot be missing here): each field's type, strictly; unknown keys refused."""
     global _CONFIG_MODEL
     if _CONFIG_MODEL is None:
-        import dataclasses
-        import typing
-        from pydantic import create_model
-        from common.spec.config import Config
         hints = typing.get_type_hints(Config)
         fields = {}
         for f in dataclasses.fields(Config):

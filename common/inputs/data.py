@@ -9,16 +9,23 @@ process that uses batch ``n*b`` -- which is what makes synchronous data
 parallelism provably equivalent to one big-batch process, and is tested.
 """
 import gzip
+import hashlib
 import os
+import re
 import struct
+import time
 
 import numpy as np
 
-from common.base.errors import UsageError
+from common.base.errors import UsageError, InputError, describe, RunError
 from common.base.files import check_regular
 from common.spec.builtins import data_of, model_of
 from common.spec.datasets import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES  # noqa: F401  (read here by tests)
 from common.spec.plan import make_plan, steps_per_epoch
+from common.base import procs   # procs.machine_memory() read at call time: tests set the machine's memory
+from common.inputs.records import spec_of, fingerprint, READING, locate_damage, check_sharding, stream
+from common.spec.plugins import load_dataset, is_plugin, call
+from common.spec.datasets import Pipelines, InputContext
 
 IDX_IMAGES_MAGIC = 2051
 IDX_LABELS_MAGIC = 2049
@@ -243,9 +250,8 @@ def check_arrays(arrays, source, num_classes=None, ids=False):
     ``num_classes`` (or at most MAX_CLASSES for a plug-in, whose classes the labels define),
     checked before the cast to int32 that would wrap 2**32 + 1 to 1. ``ids``: the features are
     categorical ids (clicks), kept as integers."""
-    from common.base.procs import machine_memory
     out = []
-    memory = machine_memory()
+    memory = procs.machine_memory()
     for split, x, y in (("train", arrays[0], arrays[1]), ("test", arrays[2], arrays[3])):
         x, y = np.asarray(x), np.asarray(y)
         # Sizes before any check touches the values: a broadcast view of 10^10 rows is a few bytes
@@ -289,7 +295,6 @@ def check_arrays(arrays, source, num_classes=None, ids=False):
 
 def record_spec(cfg):
     """--dataset tfrecord: the shards' description (common/inputs/records.py), its files checked once per process."""
-    from common.inputs.records import spec_of
     key = ("tfrecord", os.path.abspath(cfg.data_dir))
     if key not in _CACHE:
         _CACHE[key] = spec_of(cfg.data_dir)
@@ -298,7 +303,6 @@ def record_spec(cfg):
 
 def _plugin_output(cfg):
     """What a data plug-in returned (called once per process): its arrays, unchecked, or Pipelines."""
-    from common.spec.plugins import load_dataset
     key = ("plugin", cfg.dataset, cfg.data_dir, cfg.seed, tuple(cfg.image_shape), cfg.num_classes,
            cfg.synthetic_samples, cfg.embedding_rows)
     if key not in _CACHE:
@@ -309,8 +313,6 @@ def _plugin_output(cfg):
 def plugin_pipelines(cfg):
     """The tf.data pipeline factories of a data plug-in that returns them (common.spec.datasets.Pipelines),
     else None (the built-ins, TFRecord shards, a plug-in's arrays)."""
-    from common.spec.datasets import Pipelines
-    from common.spec.plugins import is_plugin
     if data_of(cfg) or not is_plugin(cfg.dataset):
         return None
     out = _plugin_output(cfg)
@@ -338,9 +340,7 @@ def load_arrays(cfg):
 def data_fingerprint(cfg):
     """SHA-256 of the training arrays as trained on: a resumed run must see the same data. TFRecord
     shards: of their description and each file's size."""
-    import hashlib
     if streamed(cfg):
-        from common.inputs.records import fingerprint
         return fingerprint(cfg.data_dir, record_spec(cfg))
     pipes = plugin_pipelines(cfg)
     if pipes is not None:      # the plug-in's own records are not seen: what it declares about them
@@ -393,8 +393,6 @@ def train_index_stream(cfg, num_examples, shard_index, num_shards, epochs):
 def input_failure(exc, who):
     """The InputError for a TensorFlow error raised by the input pipeline (its iterator, or a check
     in it naming a record), else None: any other failure keeps its own wording."""
-    from common.base.errors import InputError, describe
-    import re
 
     import tensorflow as tf
     if isinstance(exc, (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.DeadlineExceededError,
@@ -403,7 +401,6 @@ def input_failure(exc, who):
     text = str(exc)
     damaged = re.search(r"(?:corrupted|truncated) record at (\d+)", text)
     if damaged:
-        from common.inputs.records import READING, locate_damage
         where = locate_damage(READING, int(damaged.group(1)))
         return InputError(f"{who}: reading the training data: {' or '.join(where) or 'a file'}: a damaged "
                           f"record (bad CRC, or cut short) at byte {damaged.group(1)}")
@@ -419,10 +416,8 @@ def read_batches(ds, who, waits=None, first_step=1):
     file and record) ends the run as one line from the worker that read it (exit 1); any other
     error there (a strategy's iterator taking part in an aborted collective) as a failed step,
     ``first_step`` being the step the first batch is for."""
-    import time
 
     import tensorflow as tf
-    from common.base.errors import RunError, describe
     it, step = iter(ds), first_step
     while True:
         started = time.perf_counter()
@@ -488,14 +483,12 @@ def check_input(cfg, workers):
     that the data set cannot fill, and file sharding's counts. Returns the steps per epoch."""
     spe = steps_per_epoch(num_examples(cfg), workers, cfg.batch_size)
     if streamed(cfg):
-        from common.inputs.records import check_sharding
         check_sharding(record_spec(cfg), cfg.shard_by, workers, spe, cfg.batch_size)
     return spe
 
 
 def _record_dataset(cfg, shard_index, num_shards, split, start_step, num_steps):
     """make_dataset for --dataset tfrecord: the same steps, epochs and resume position, streamed."""
-    from common.inputs.records import check_sharding, stream
     spec = record_spec(cfg)
     if split not in ("train", "test"):
         raise UsageError(f"unknown split '{split}' (valid: train, test)")
@@ -517,14 +510,12 @@ def _pipeline_dataset(cfg, pipes, shard_index, num_shards, split, start_step, nu
     (repeated if it ends early), a resumed run skips the batches it had read, and every batch is
     checked for its shape, its batch size and its labels (one line naming the plug-in, exit 1)."""
     import tensorflow as tf
-    from common.spec.datasets import InputContext
     if split not in ("train", "test"):
         raise UsageError(f"unknown split '{split}' (valid: train, test)")
     flag, shape, classes = f"--dataset {pipes.source}", list(pipes.input_shape), pipes.classes
     ids = bool(model_of(cfg) and model_of(cfg).ids)
 
     def build(factory, epoch):
-        from common.spec.plugins import call
         ctx = InputContext(worker_index=shard_index, num_workers=num_shards, batch_size=cfg.batch_size, seed=cfg.seed,
                            epoch=epoch)
         ds = call(factory, pipes.source, "--dataset", ctx)

@@ -23,14 +23,17 @@ Before any task starts, every file listed is checked to be a regular file whose 
 whole with valid CRCs (``check_files``): a file that is not TFRecord, truncated or damaged at its
 start is refused in one line naming it. Damage further in is found by TensorFlow as it reads.
 """
+import glob
 import hashlib
+import io
 import os
 import struct
 
 import numpy as np
 
-from common.base.errors import UsageError
-from common.base.files import MiB, check_regular
+from common.base.errors import UsageError, describe
+from common.base.files import MiB, check_regular, write_atomic, make_dirs
+from common.formats.schemas import read_record_set, RecordSet
 
 SPEC = "dataset.json"
 SHARDING = {   # what each --shard_by rule guarantees, as the report says it
@@ -50,7 +53,6 @@ class RecordError(UsageError):
 # ------------------------------------------------------------------ the description and its files
 def spec_of(data_dir):
     """``dataset.json`` of ``data_dir`` as its typed record, every file it lists checked."""
-    from common.formats.schemas import read_record_set
     path = os.path.join(data_dir, SPEC)
     if not os.path.lexists(path):
         raise RecordError(f"--data_dir {data_dir}: no {SPEC} (write TFRecord shards with `hvdps data`)")
@@ -170,7 +172,6 @@ def check_example(data, spec, where):
             raise RecordError(f"{where}: feature 'x' holds {len(x)} bytes; shape {list(spec.shape)} of "
                               f"{spec.dtype} is {want}")
         return
-    import io
 
     from PIL import Image, UnidentifiedImageError
     try:
@@ -265,7 +266,6 @@ def shard_name(split, i, n, layout="plain"):
 
 def encode_image(image, image_format):
     """An HxWxC uint8 array as JPEG (quality 90, as ImageNet's files) or PNG bytes."""
-    import io
 
     from PIL import Image
     out = io.BytesIO()
@@ -276,7 +276,6 @@ def encode_image(image, image_format):
 
 def as_images(x, source):
     """Arrays as 8-bit images for the imagenet layout: [0, 1] floats scaled to 0..255, integers kept."""
-    import numpy as np
     if x.ndim != 4 or x.shape[3] not in (1, 3):
         raise RecordError(f"{source}: examples of shape {list(x.shape[1:])} are not images (H, W, C with C 1 or 3); "
                           f"use --layout plain")
@@ -314,7 +313,6 @@ def _write_split(out_dir, split, n, count, examples, layout):
                     w.write(next(examples))
             os.replace(tmp, os.path.join(out_dir, name))
         except (OSError, tf.errors.OpError) as exc:           # a full disk: the files written so far stay whole
-            from common.base.errors import describe
             if os.path.exists(tmp):
                 os.remove(tmp)
             raise RecordError(f"cannot write {os.path.join(out_dir, name)}: {describe(exc)}")
@@ -344,7 +342,6 @@ def describe_imagenet(data_dir, shape, classes):
     """dataset.json for a folder of ImageNet TFRecords as tf_cnn_benchmarks reads them (``train-*``
     and ``validation-*``, written by the Inception or TPU conversion scripts): records counted from
     the files' framing, images resized to ``shape`` (theirs differ), labels 1-based."""
-    import glob
     if os.path.lexists(os.path.join(data_dir, SPEC)):
         raise RecordError(f"--describe {data_dir} already holds {SPEC}")
     parts = {}
@@ -366,8 +363,6 @@ def describe_imagenet(data_dir, shape, classes):
 
 
 def _describe(out_dir, **fields):
-    from common.base.files import write_atomic
-    from common.formats.schemas import RecordSet
     spec = RecordSet(**fields)
     path = os.path.join(out_dir, SPEC)
     write_atomic(path, spec.model_dump_json(indent=2) + "\n")
@@ -378,8 +373,6 @@ def write(out_dir, arrays, classes, shards, test_shards=1, layout="plain", image
     """``arrays`` (x_train, y_train, x_test, y_test, as checked by common.inputs.data.check_arrays) as
     TFRecord shards of ``layout`` in ``out_dir``, with dataset.json; returns the spec path. The
     imagenet layout stores each example as an image (lossless PNG unless told) with a 1-based label."""
-    import numpy as np
-    from common.base.files import make_dirs
     x_train = np.asarray(arrays[0])
     first = 1 if layout == "imagenet" else 0
     if layout == "imagenet":
@@ -408,8 +401,6 @@ def write_synthetic_imagenet(out_dir, shape, classes, train, test, shards, test_
     runs on the published models. ``resize`` (H, W): training resizes the images to it, as with
     real ImageNet, whose images differ in size. Noise compresses little: a JPEG image takes about
     a third of H*W*C bytes, a PNG all of them."""
-    import numpy as np
-    from common.base.files import make_dirs
     for split, count, n in (("train", train, shards), ("test", test, test_shards)):
         if n > count:
             raise RecordError(f"--{'test_' if split == 'test' else ''}shards {n}: the {split} split has only "

@@ -7,6 +7,8 @@ import json
 import re
 
 from common.base.errors import UsageError
+from common.base.files import MiB, read_input
+from common.formats.schemas import parse_json
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9\-\.]*[A-Za-z0-9])?$|^\[[0-9a-fA-F:]+\]$")
@@ -63,7 +65,6 @@ def parse_hostfile_text(text, source="<hostfile>"):
 
 
 def _read(path, what):
-    from common.base.files import MiB, read_input
     raw = read_input(path, what, max_bytes=16 * MiB)
     try:
         return raw.decode("utf-8")
@@ -138,7 +139,6 @@ def parse_cluster_spec(path):
             import yaml
             data = yaml.safe_load(text)
         else:
-            from common.formats.schemas import parse_json
             data = parse_json(text, path)
     except UsageError:
         raise
@@ -152,7 +152,6 @@ def parse_cluster_spec(path):
 
 def parse_tf_config(text, source="TF_CONFIG", need_ps=True):
     """Kubeflow TFJob's TF_CONFIG -> (cluster, role, index)."""
-    from common.formats.schemas import parse_json
     data = parse_json(text, source)
     if not isinstance(data, dict) or "cluster" not in data or "task" not in data:
         raise UsageError(f"{source} must have 'cluster' and 'task' keys")

@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -173,7 +174,6 @@ def _address_of(host):
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
-        import socket
         try:
             return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
         except (socket.gaierror, IndexError, UnicodeError):

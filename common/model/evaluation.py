@@ -4,10 +4,11 @@ Every backend evaluates with these two functions, so an accuracy means the same 
 """
 import numpy as np
 
+from common.model.models import eval_batch_sums
+
 
 def eval_sums(model, dataset):
     """[loss sum, correct, examples] over a dataset (eager), for cross-worker reduction."""
-    from common.model.models import eval_batch_sums
     total = np.zeros(3, np.float64)
     for x, y in dataset:
         total += eval_batch_sums(model(x, training=False), y).numpy()

@@ -18,6 +18,8 @@ import sys
 import numpy as np
 
 from common.base.files import write_atomic
+from common.spec.builtins import MODELS
+from common.formats.schemas import read_profiles
 
 # The benchmark models at the input size of their published figures (ImageNet).
 PUBLISHED_INPUTS = {"resnet50": (224, 224, 3), "resnet101": (224, 224, 3), "inception_v3": (299, 299, 3),
@@ -76,7 +78,6 @@ def _leaf_layers(model):
 
 def build_profile(name, classes=1000):
     import tensorflow as tf
-    from common.spec.builtins import MODELS
     build = getattr(tf.keras.applications, MODELS[name].application)
     model = build(weights=None, input_shape=PUBLISHED_INPUTS[name], classes=classes)
     rows = layer_profile(model)
@@ -85,7 +86,6 @@ def build_profile(name, classes=1000):
 
 
 def load_profiles(path=PROFILES):
-    from common.formats.schemas import read_profiles
     return read_profiles(path)
 
 

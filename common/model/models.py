@@ -7,8 +7,10 @@ tests need every backend and every worker count to start from the same point.
 """
 import numpy as np
 
-from common.inputs.data import input_spec
+from common.inputs.data import input_spec, make_dataset
 from common.spec.builtins import model_of
+from common.spec.plugins import build_model as build_plugin, seed_everything, is_plugin
+from common.spec.keras3 import refuse_graph_mode, is_wrapped
 
 
 def _numpy_initializer(tf, seed, kind):
@@ -43,10 +45,8 @@ def build_model(cfg, check_step=True):
     shape, classes = input_spec(cfg)
     model = model_of(cfg)
     if model is None:
-        from common.spec.plugins import build_model as build_plugin
         return build_plugin(cfg, shape, classes, check_step)     # Config has checked it is a plug-in
     if model.application:
-        from common.spec.plugins import seed_everything
         seed_everything(tf, cfg.seed)
         build = getattr(tf.keras.applications, model.application)
         return build(weights=None, input_shape=shape, classes=classes, classifier_activation=None)
@@ -105,7 +105,6 @@ def check_plugin(cfg, graph_mode=False):
     strategies (MWMS, TF2 PS) build their model in their scope and the classic PS in its graph, where
     that step cannot run first. ``graph_mode``: it will train under the classic PS, which also
     refuses Keras 3 (check_plugin_for_graph_mode). Built-in models need neither."""
-    from common.spec.plugins import is_plugin
     if not is_plugin(cfg.model):
         return
     import tensorflow as tf
@@ -119,8 +118,6 @@ def check_plugin_for_graph_mode(cfg):
     """Before a classic-PS task joins its job (or the launcher starts any): build a model plug-in once
     and refuse Keras 3 (common/spec/keras3.py). In a graph of its own, thrown away: tf-keras names layers
     per graph, so the trainer's own graph gets the same variable names as without this check."""
-    from common.spec.keras3 import refuse_graph_mode
-    from common.spec.plugins import is_plugin
     if is_plugin(cfg.model):
         import tensorflow as tf
         with tf.Graph().as_default():
@@ -139,7 +136,6 @@ def gradient_bytes(model):
 def has_sparse_gradients(model):
     """True for models with an embedding lookup: their table's gradient is tf.IndexedSlices."""
     import tensorflow as tf
-    from common.spec.keras3 import is_wrapped
     if is_wrapped(model):                        # a Keras 3 plug-in (common/spec/keras3.py)
         import keras
         return any(isinstance(layer, keras.layers.Embedding) for layer in model.keras_layers)
@@ -162,7 +158,6 @@ def gradient_sizes(cfg, model):
     if not has_sparse_gradients(model):
         return dense_only
     import tensorflow as tf
-    from common.inputs.data import make_dataset
     v1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default():

@@ -3,6 +3,7 @@
 Pure TensorFlow (no Horovod, no tf.distribute), so the all-reduce loops and the PS graph apply the
 identical learning-rate rule, and every rank holds the optimizer's variables before a restore.
 """
+import numpy as np
 
 
 _SCHEDULE = []
@@ -30,7 +31,6 @@ def _schedule_class():
             """The rate at update ``step`` as a Python float, in float32 arithmetic as ``__call__``
             computes it (the same bits, tests/test_optim.py): a PS chief logs the rate of the step
             it reached without asking the PS, where the schedule runs, for it."""
-            import numpy as np
             f32 = np.float32
             if self.warmup_steps == 0:
                 return float(f32(self.peak))

@@ -14,6 +14,8 @@ from common.base.errors import UsageError
 from common.base.flags import Parser, boolean, shape, check_finite
 from common.spec import builtins
 from common.spec.memory import check_memory
+from common.spec.plugins import is_plugin, load_callable
+from common.base.files import make_dirs, write_atomic
 
 MODELS = tuple(builtins.MODELS)        # the built-ins (common/spec/builtins.py), or a plug-in's module:function
 DATASETS = tuple(builtins.DATA)
@@ -98,7 +100,6 @@ class Config:
 
     def save(self, directory, name="config.json"):
         """Write atomically so a crash never leaves a half-written config."""
-        from common.base.files import make_dirs, write_atomic
         make_dirs(directory)
         return write_atomic(os.path.join(directory, name), self.to_json())
 
@@ -110,7 +111,6 @@ def _one_of(name, value, allowed):
 
 def _known_or_plugin(name, value, allowed):
     """A built-in name, or a plug-in 'module:function' / 'file.py:function' (common/spec/plugins.py)."""
-    from common.spec.plugins import is_plugin, load_callable
     if is_plugin(value):
         load_callable(value, f"--{name}")      # import errors surface here, once, before any job starts
         return

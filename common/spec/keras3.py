@@ -14,12 +14,14 @@ Not offered: the classic TF1 PS (``ps_train/graph.py``) builds its model in a TF
 (its state updates, seed generators and variable creation assume eager or ``tf.function``);
 ``refuse_graph_mode`` says so in one line, with what to use instead.
 """
+import sys
+from importlib.metadata import version
+
 from common.base.errors import UsageError
 
 
 def is_keras3_model(model):
     """True for a ``keras.Model`` of Keras 3 (``keras`` >= 3 installed and imported)."""
-    import sys
     keras = sys.modules.get("keras")
     if keras is None or not str(getattr(keras, "__version__", "0")).startswith("3"):
         return False
@@ -29,7 +31,6 @@ def is_keras3_model(model):
 def seed_keras3(seed):
     """Seed Keras 3's own generators too, where a plug-in has imported it: its initializers given no
     seed draw from Keras 3's global SeedGenerator, which ``tf.random.set_seed`` does not reach."""
-    import sys
     keras = sys.modules.get("keras")
     if keras is not None and str(getattr(keras, "__version__", "0")).startswith("3"):
         keras.utils.set_random_seed(seed)
@@ -94,7 +95,6 @@ def keras_of(model):
     'tf-keras 2.x' where tf.keras is tf-keras, else tf.keras's own Keras ('keras 2.15.0' on TF 2.15)."""
     import tensorflow as tf
     if not is_wrapped(model) and getattr(tf.keras, "__name__", "").startswith("tf_keras"):
-        from importlib.metadata import version
         return f"tf-keras {version('tf-keras')}"
     import keras
     return f"keras {keras.__version__}"

@@ -8,6 +8,8 @@ import math
 
 from common.base.errors import UsageError
 from common.spec import builtins
+from common.spec.datasets import SYNTHETIC_TEST_SAMPLES, CLICK_FEATURES
+from common.base import procs   # procs.machine_memory() read at call time: tests set the machine's memory
 
 
 # What one TensorFlow task holds before its model and data: the runtime, the Python process and
@@ -21,7 +23,6 @@ def memory_estimate(cfg):
     a broadcast copy (5 x the parameters), the generated arrays (drawn as float64, kept as
     float32), the CNN's activations for one batch (forward and backward). Plug-ins and the
     Keras applications' activations are not estimated; TensorFlow reports those itself."""
-    from common.spec.datasets import SYNTHETIC_TEST_SAMPLES
     parts = []
     data = builtins.data_of(cfg)
     shape = data.pixels(cfg) if data else None
@@ -37,7 +38,6 @@ def memory_estimate(cfg):
 
 
 def _embeddings(cfg, shape, classes):
-    from common.spec.datasets import CLICK_FEATURES
     table = 4 * CLICK_FEATURES * cfg.embedding_rows * cfg.embedding_dim
     return [(f"--embedding_rows {cfg.embedding_rows} x --embedding_dim {cfg.embedding_dim}", 3 * table,
              f"{CLICK_FEATURES} tables of {table / 2**30:.1f} GiB with their gradient and a copy")]
@@ -74,8 +74,7 @@ MODEL_MEMORY = {"mlp": _mlp, "cnn": _cnn, "rec": _embeddings}
 def check_memory(cfg):
     """A model or data set that cannot fit in this machine's memory is refused up front with the
     estimate, rather than a MemoryError traceback (or the OOM killer) once the job has started."""
-    from common.base.procs import machine_memory
-    memory = machine_memory()
+    memory = procs.machine_memory()
     parts = memory_estimate(cfg)
     total = sum(b for _, b, _ in parts)
     if memory and total > memory:

@@ -18,6 +18,7 @@ import contextlib
 import importlib
 import importlib.util
 import os
+import random
 import signal
 import sys
 import threading
@@ -26,6 +27,9 @@ import time
 import numpy as np
 
 from common.base.errors import UsageError
+from common.spec.datasets import Pipelines
+from common.spec import keras3
+from common.base import procs   # procs.machine_memory() read at call time: tests set the machine's memory
 
 _budget = None       # (deadline on the monotonic clock, seconds, the flag that set them)
 
@@ -141,7 +145,6 @@ PIPELINE_KEYS = ("train", "test", "train_examples", "input_shape", "classes")
 
 def pipelines_of(out, spec):
     """A plug-in's dict of tf.data pipeline factories as the typed record (common.spec.datasets.Pipelines)."""
-    from common.spec.datasets import Pipelines
     flag = f"--dataset {spec}"
     keys = set(out)
     if keys != set(PIPELINE_KEYS):
@@ -196,7 +199,6 @@ def seed_everything(tf, seed):
     initializers: tf-keras 2.18 draws from that generator with ``randint(1, 1e9)``, a float bound
     Python 3.12 refuses (TypeError on the first layer built). Without it, initializers given no
     seed draw theirs from the ``random`` module, seeded here, so a build is as reproducible."""
-    import random
     random.seed(seed)
     np.random.seed(seed)
     tf.random.set_seed(seed)
@@ -205,7 +207,6 @@ def seed_everything(tf, seed):
 def build_model(cfg, input_shape, num_classes, check_step=True):
     """A model plug-in's model, checked: a Keras model taking ``input_shape`` and giving ``num_classes`` logits."""
     import tensorflow as tf
-    from common.spec import keras3
     fn = load_callable(cfg.model, "--model")
     seed_everything(tf, cfg.seed)
     keras3.seed_keras3(cfg.seed)
@@ -251,8 +252,7 @@ def _cause(exc):
 def check_memory_of(model, cfg):
     """A model too large for this machine: refused with the estimate (weights, gradient, two optimizer
     slots and a broadcast copy: 5 x 4 bytes a parameter), not left to the OOM killer mid-job."""
-    from common.base.procs import machine_memory
-    need, have = 20 * model.count_params(), machine_memory()
+    need, have = 20 * model.count_params(), procs.machine_memory()
     if have and need > have:
         raise UsageError(f"--model {cfg.model}: {model.count_params():,} parameters need about {need / 2**30:,.1f} "
                          f"GiB per process (weights, gradient, optimizer slots, a copy); this machine has "

@@ -6,6 +6,7 @@ broadcasts, metric reductions) is ``allreduce.backend.AllreduceBackend``; what a
 method adds lives in ps_train/. This module imports no backend: each main constructs its own, and
 the application tier (``hvdps/``) asks the method registry for launchers.
 """
+from common.model.models import gradient_bytes
 
 
 # A trainable variable larger than this is split over the PS tasks along its first axis, into
@@ -50,7 +51,6 @@ class Backend:
 
     def gradient_bytes(self, model):
         """Bytes of one gradient as this method sends it (the summary's ``grad_bytes_per_step``)."""
-        from common.model.models import gradient_bytes
         return gradient_bytes(model)
 
     def shutdown(self, code=0):

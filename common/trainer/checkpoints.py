@@ -4,6 +4,7 @@ TensorFlow's ``tf.train.CheckpointManager`` under one class that every eager loo
 (a full disk) leaves only whole checkpoints behind and ends the run with one line.
 """
 import os
+import shutil
 
 from common.base.errors import RunError, UsageError, describe
 
@@ -11,7 +12,6 @@ from common.base.errors import RunError, UsageError, describe
 def remove_partial_checkpoints(directory):
     """After a failed save: TensorFlow's half-written ``<prefix>_temp...`` files and folders go,
     so a full disk leaves only whole checkpoints behind."""
-    import shutil
     try:
         names = os.listdir(directory)
     except OSError:

@@ -10,9 +10,16 @@ import json
 import math
 import os
 import platform
+import resource
 import socket
 import statistics
 import time
+from importlib import metadata
+
+from common.formats.schemas import read_metrics as read
+from common.base.files import make_dirs, open_append
+from common.base.errors import RunError
+from common.inputs.data import data_fingerprint
 
 SCHEMA_VERSION = 3
 RECORD_TYPES = ("header", "step", "eval", "summary")
@@ -31,7 +38,6 @@ BREAKDOWN_FIELDS = ("step_s", "compute_s", "overhead_s", "overhead_share", "exch
 def library_versions():
     """Installed versions, read from package metadata: nothing is imported (common/ stays
     free of Horovod and tf.distribute imports)."""
-    from importlib import metadata
     versions = {"python": platform.python_version()}
     for key, dist in (("tensorflow", "tensorflow-cpu"), ("horovod", "horovod"), ("numpy", "numpy"),
                       ("mpi4py", "mpi4py"), ("tf_keras", "tf-keras"), ("keras", "keras")):
@@ -108,7 +114,6 @@ class ThroughputMeter:
 def peak_rss_mib():
     """This process's peak resident memory (getrusage: KiB on Linux), in MiB: the process that writes
     the summary, the chief or rank 0; what streaming bounds and loading a data set whole does not."""
-    import resource
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
 
 
@@ -121,7 +126,6 @@ class MetricsWriter:
         self.target_time = None
         self._f = None
         if enabled:
-            from common.base.files import make_dirs, open_append
             make_dirs(train_dir)
             self._f = open_append(self.path)
 
@@ -134,13 +138,11 @@ class MetricsWriter:
                 self._f.write(json.dumps(record, sort_keys=True, default=_plain) + "\n")
                 self._f.flush()
             except OSError as exc:          # a full disk: one line, and the records before stay whole
-                from common.base.errors import RunError
                 raise RunError(f"cannot write {self.path}: {exc.strerror}")
 
     def header(self, cfg, backend, mode, world_size, num_ps, plan, **extra):
         """``global_batch_size`` is what one update of the weights averages: b x n for
         all-reduce, b x R for sync PS, b for async PS (one worker batch per update)."""
-        from common.inputs.data import data_fingerprint
         self._write(dict(type="header", schema_version=SCHEMA_VERSION, backend=backend, mode=mode,
                          world_size=world_size, num_ps=num_ps,
                          batch_size_per_worker=cfg.batch_size,
@@ -200,5 +202,4 @@ def read_records(path):
 
 def read_metrics(path):
     """All complete records of a metrics file, as the schema's typed records."""
-    from common.formats.schemas import read_metrics as read
     return read(path)

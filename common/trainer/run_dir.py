@@ -8,6 +8,10 @@ import os
 import numpy as np
 
 from common.base.errors import UsageError
+from common.base.files import refuse_link, writable_dir, write_atomic
+from common.formats.schemas import read_checkpoint_index, read_config, read_weights
+from common.trainer.metrics import read_records
+from common.inputs.data import data_fingerprint
 
 
 # Every fixed name a run writes in its --train_dir (event and checkpoint files inside the two
@@ -22,7 +26,6 @@ def check_train_dir(cfg, joining=False):
     ``joining``: this process joins a job already under way (elastic Horovod), so
     the run it finds in the directory is its own.
     """
-    from common.base.files import refuse_link, writable_dir
     d = cfg.train_dir
     if os.path.exists(d) and not os.path.isdir(d):
         raise UsageError(f"--train_dir {d} exists and is not a directory")
@@ -51,7 +54,6 @@ def check_resume_compatible(cfg, train_dir, backend=None):
     the data order at the wrong position, rescale the learning rate and mis-count the samples
     of every update already taken; hvdps does not convert a checkpoint, it refuses.
     ``backend``: the job being resumed into, once known (every rank can check: no exchange)."""
-    from common.formats.schemas import read_checkpoint_index, read_config
     index = os.path.join(train_dir, "checkpoints", "checkpoint")
     if os.path.lexists(index) and read_checkpoint_index(index) is None:    # TensorFlow: a bare ValueError
         raise UsageError(f"--resume: no checkpoint in {os.path.dirname(index)} (its 'checkpoint' index names none)")
@@ -66,7 +68,6 @@ def check_resume_compatible(cfg, train_dir, backend=None):
                              f"{getattr(cfg, key)!r}")
     if backend is None:
         return
-    from common.trainer.metrics import read_records
     first = next((r for r in read_records(os.path.join(train_dir, "metrics.jsonl")) if r["type"] == "header"), None)
     if first is None:
         raise UsageError(f"--resume: {train_dir}/metrics.jsonl has no header: not a run hvdps can continue")
@@ -77,7 +78,6 @@ def check_resume_compatible(cfg, train_dir, backend=None):
             raise UsageError(f"--resume: {train_dir} was trained with {names[key]} {first[key]}, this job has "
                              f"{value}; a checkpoint resumes only into the job that wrote it (start a new "
                              f"--train_dir, or launch the same job)")
-    from common.inputs.data import data_fingerprint
     if first.get("data_fingerprint") and first["data_fingerprint"] != data_fingerprint(cfg):
         raise UsageError(f"--resume: the training data differ from those {train_dir} was trained on "
                          f"(fingerprint {first['data_fingerprint'][:12]}, now {data_fingerprint(cfg)[:12]})")
@@ -93,10 +93,8 @@ def refuse_finished(cfg, step, total):
 
 def save_weights_npz(weights, path):
     """Final weights (arrays in model order), written atomically: tests and users diff these."""
-    from common.base.files import write_atomic
     write_atomic(path, lambda f: np.savez(f, *[np.asarray(w) for w in weights]))
 
 
 def load_weights_npz(path):
-    from common.formats.schemas import read_weights
     return read_weights(path)

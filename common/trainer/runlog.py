@@ -5,9 +5,17 @@ go through its own pure-Python writer, which works in the eager loops and the PS
 """
 import os
 import sys
+import threading
 import time
 
 import numpy as np
+
+from common.base.procs import under_launcher
+from common.base.errors import describe
+from common.base.files import WriteError, make_dirs, take_folder
+from common.trainer.metrics import MetricsWriter, ThroughputMeter, format_throughput
+from common.spec.keras3 import keras_of
+from common.model.probe import breakdown
 
 
 class Progress:
@@ -22,7 +30,6 @@ class Progress:
         self.total = total
         self.desc = desc
         self._last = 0.0
-        from common.base.procs import under_launcher
         if enabled and sys.stderr.isatty() and not under_launcher():
             from tqdm import tqdm
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
@@ -55,7 +62,6 @@ def _quiet_writer_thread():
     """TensorBoard's writer thread prints the traceback of what stopped it (a full disk) and raises it
     again at the writer's next call, where ``TensorBoard._guard`` makes it one line: the thread's own
     print is left out, every other thread's exception is reported as before."""
-    import threading
     if getattr(threading.excepthook, "hvdps", False):
         return
     previous = threading.excepthook
@@ -88,8 +94,6 @@ class TensorBoard:
     def _guard(self, write):
         """The writer flushes from a thread of its own and raises what it met (a full disk comes back as
         TensorFlow's ResourceExhaustedError, or an OSError) at a later call: one line naming the folder."""
-        from common.base.errors import describe
-        from common.base.files import WriteError
         try:
             return write()
         except Exception as exc:
@@ -123,12 +127,10 @@ class RunLog:
     """
 
     def __init__(self, cfg, backend, plan, model, extra_header=None, start_step=0, one_writer=True):
-        from common.trainer.metrics import MetricsWriter, ThroughputMeter
         self.cfg = cfg
         self.plan = plan
         self.enabled = backend.is_chief
         if self.enabled and one_writer:  # one writer per run folder: a second run into it is refused here
-            from common.base.files import make_dirs, take_folder
             make_dirs(cfg.train_dir)
             take_folder(cfg.train_dir, "--train_dir")
         self.meter = ThroughputMeter(cfg.warmup_steps + start_step, min_span=plan.updates_per_round)
@@ -138,7 +140,6 @@ class RunLog:
         self.last_eval = (None, None)
         if self.enabled:
             cfg.save(cfg.train_dir)
-            from common.spec.keras3 import keras_of
             self.metrics.header(cfg, backend.name, backend.mode, backend.world_size, backend.num_ps, plan,
                                 start_step=start_step, keras=keras_of(model), **(extra_header or {}))
 
@@ -173,7 +174,6 @@ class RunLog:
         ``exchange_s``, ``wait_s`` or ``input_s`` make its per-step ``breakdown``."""
         if not self.enabled:
             return None
-        from common.model.probe import breakdown
         stats = self.meter.stats()
         loss, acc = self.last_eval
         samples = samples_seen if samples_seen is not None else steps * self.plan.samples_per_update
@@ -182,7 +182,6 @@ class RunLog:
         self.metrics.summary(status, steps, samples, stats, loss, acc,
                              grad_bytes_per_step, breakdown=split, wire=wire, **extra)
         self.progress.close()
-        from common.trainer.metrics import format_throughput
         print(f"samples/sec: {format_throughput(stats)}  test_accuracy: "
               f"{acc if acc is None else round(acc, 4)}  time: {self.metrics.elapsed():.1f}s", flush=True)
         self.metrics.close()

@@ -4,7 +4,10 @@ The last line of defence against gRPC and MPI calls that TensorFlow or Horovod w
 and against a diverged loss trained on for the rest of the run.
 """
 import os
+import select
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -20,7 +23,6 @@ class Watchdog:
     """
 
     def __init__(self, timeout, message, code=1):
-        import threading
         self.timeout, self.message, self.code = timeout, message, code
         self._last = time.monotonic()
         self._stop = threading.Event()
@@ -56,8 +58,6 @@ class OutsideDeadline:
         self._w, self._pid = None, None
 
     def __enter__(self):
-        import select
-        import signal
         if not self.seconds or self.seconds <= 0:
             return self
         r, w = os.pipe()

@@ -32,9 +32,7 @@ import sys
 import time
 
 from common.spec.config import argv_of, build_parser, from_args
-
 from common.base.flags import check_finite, command_line, interface_or_cidr
-
 from common.spec.memory import TF_PROCESS_BYTES, memory_estimate
 from common.inputs.data import check_input
 from common.base.errors import UsageError, cli
@@ -47,6 +45,12 @@ from hvdps.methods import METHODS, get_launcher, parse_variants
 from hvdps.measure.repeats import alternating, merge, repeat_name
 from hvdps.measure.runs import RUN_RECORD, Outcome, PlannedRun, collect, environment_of, runs_from_dirs, with_scaling
 from hvdps.render.report import write_report
+from common.launch import remote, remote as placing
+from common.formats.schemas import read_links_spec
+from hvdps.measure.links import Sampler
+from hvdps.measure.load import LoadSampler
+from common.model.models import check_plugin
+from common.launch.remote import check_hosts
 
 
 MAX_LOCAL_WORKERS = 1024      # the local launchers' bound (ps_train.launch, mwms_train.launch)
@@ -64,7 +68,6 @@ def parse_workers(text, flag="--workers"):
 
 def make_remote(args):
     """--hosts and its companions -> a Remote (None without --hosts); usage errors up front."""
-    from common.launch import remote
     if not args.hosts:
         for dest, flag in (("rsh", "--rsh"), ("ps_placement", "--ps_placement"), ("port", "--port"),
                            ("network_interface", "--network_interface")):
@@ -82,7 +85,6 @@ def make_remote(args):
 
 def roles_of(launcher, remote, workers, num_ps):
     """{task: host} of one run across hosts: MPI ranks by slot, PS roles as ps_train.launch places them."""
-    from common.launch import remote as placing
     if launcher.server_tasks(num_ps) == 0:
         hosts = [h for h, s in placing.take_slots(remote.hosts, workers) for _ in range(s)]
         return {f"rank:{i}": h for i, h in enumerate(hosts)}
@@ -142,7 +144,6 @@ def remote_task_lines(run):
 
 def load_links(path):
     """The emulated cluster's description (written by hvdps emulate): where its link counters are."""
-    from common.formats.schemas import read_links_spec
     return read_links_spec(path)
 
 
@@ -236,8 +237,6 @@ def execute(runs, timeout, done, progress=True, links=None):
     included, before the signal is raised on); a failure is recorded, never fatal. ``links``: sample
     the hosts' link counters while each job runs (hvdps.measure.links); every local job's and the
     machine's CPU is sampled (hvdps.measure.load)."""
-    from hvdps.measure.links import Sampler
-    from hvdps.measure.load import LoadSampler
     from tqdm import tqdm
     env, repo = child_env(), REPO
     bar = tqdm(runs, desc="runs", unit="run", disable=None if progress else True,  # None: off when not a TTY
@@ -466,7 +465,6 @@ def main(argv=None):
         raise UsageError("--resume does not apply to hvdps compare: it starts fresh runs in --out; continue "
                          "one run with its trainer's command (the first line of runs/<name>.log) and --resume")
     if not args.dry_run and not args.from_dirs:    # a plug-in's training step (Keras 3 under the classic PS)
-        from common.model.models import check_plugin
         check_plugin(cfg, graph_mode=any(get_launcher(b).graph_mode for b, _ in parse_variants(args.backends)))
     if not args.dry_run and not args.from_dirs:    # the same refusal every run would meet, once, before any starts
         for n in sorted(set(parse_workers(args.workers)), reverse=True):   # the most workers first: the
@@ -499,7 +497,6 @@ def main(argv=None):
                     print(f"#   {task}: {line}")
             return 0
         if remote:
-            from common.launch.remote import check_hosts
             check_hosts(remote.hosts, remote.agent, args.out)
         previous, ran = own_signals(), []
         try:

@@ -20,12 +20,15 @@ import sys
 from common.base.errors import UsageError, cli
 from common.base.flags import Parser, shape, size
 from common.spec import builtins
+from common.spec.config import Config, make_config
+from common.inputs.records import SPEC, write, write_synthetic_imagenet, describe_imagenet
+from common.spec.datasets import SYNTHETIC_TEST_SAMPLES
+from common.inputs.data import input_spec, load_arrays
 
 
 
 @cli
 def main(argv=None):
-    from common.spec.config import Config
     d = Config()
     p = Parser(prog="hvdps data", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default=d.dataset,
@@ -69,10 +72,8 @@ def main(argv=None):
     if data and not data.writable:
         writes = ", ".join(d.name for d in builtins.DATA.values() if d.writable)
         raise UsageError(f"--dataset {args.dataset}: hvdps data writes {writes} or a plug-in's arrays")
-    from common.inputs.records import SPEC, write, write_synthetic_imagenet
     if os.path.lexists(os.path.join(args.out, SPEC)):
         raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
-    from common.spec.config import make_config
     extra = {"image_shape": args.image_shape} if args.image_shape else {}
     classes = d.num_classes if args.num_classes is None else args.num_classes
     streamed = args.layout == "imagenet" and bool(data and data.shape_from_flags)   # generated record by record
@@ -81,13 +82,11 @@ def main(argv=None):
                       synthetic_samples=min(args.synthetic_samples, 8) if streamed else args.synthetic_samples,
                       **extra)
     if streamed:
-        from common.spec.datasets import SYNTHETIC_TEST_SAMPLES
         n = args.synthetic_samples
         train, test = n, min(SYNTHETIC_TEST_SAMPLES, max(8, n // 4))
         path = write_synthetic_imagenet(args.out, cfg.image_shape, cfg.num_classes, train, test, args.shards,
                                         args.test_shards, cfg.seed, args.image_format or "jpeg", args.resize)
     else:
-        from common.inputs.data import input_spec, load_arrays
         arrays = load_arrays(cfg)
         train, test = len(arrays[0]), len(arrays[2])
         path = write(args.out, arrays, input_spec(cfg)[1], args.shards, args.test_shards, args.layout,
@@ -99,7 +98,6 @@ def main(argv=None):
 
 
 def describe(args):
-    from common.inputs.records import describe_imagenet
     if not os.path.isdir(args.describe):
         raise UsageError(f"--describe {args.describe}: no such directory")
     shape = args.image_shape or (224, 224, 3)

@@ -45,6 +45,8 @@ from common.base.files import make_dirs, write_atomic
 from common.base.procs import REPO, available_memory, child_env
 from hvdps.measure.cluster import AGENT, EmulatedCluster, cleanup_stale, parse_rate
 from hvdps.measure.slurm_lab import CPUS_PER_NODE, SlurmLab, check_slurm_tools, host_names
+from common.spec.plugins import bound_plugins
+from hvdps.commands import compare
 
 
 def make_parser():
@@ -69,8 +71,6 @@ def check_cluster_memory(rest, available):
     emulated host is this machine, so all of a run's tasks share its memory (hvdps.commands.compare's
     check, which a comparison across real hosts skips). ``rest``: the comparison's flags. A flag
     the comparison itself refuses is left to it, to be named in its own words."""
-    from common.spec.plugins import bound_plugins
-    from hvdps.commands import compare
     args = compare.make_parser().parse_args(rest)
     if args.from_dirs:
         return

@@ -12,7 +12,7 @@ import sys
 from common.base.errors import UsageError, cli
 from common.base.files import make_dirs, write_atomic
 from common.base.procs import REPO
-from common.formats.schemas import read_cluster_description, read_comm
+from common.formats.schemas import read_cluster_description, read_comm, read_config
 from hvdps import methods
 from hvdps.cost import crossover, heldout, schedule
 from hvdps.cost.schedule import AlphaBeta, Unfitted
@@ -22,6 +22,11 @@ from hvdps.cost.projection import (RING, Checked, TCP_GOODPUT, fit_from_comm, kn
                                    project, projected_step, ring_of, run_exchange_s, single_layer)
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
 from hvdps.render.projection import _size, check_table, dumps, plot, table
+from common.model.layer_profile import layer_profile
+from common.model.models import build_model
+from hvdps.measure.links import run_cores
+from common.base.flags import Parser, check_finite
+from common.spec.plugins import plugins_bounded
 
 
 def find_runs(path):
@@ -39,9 +44,6 @@ def model_layers_of(run_dir):
     """The run's model, rebuilt from its config.json, as per-layer gradient sizes and FLOPs."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ start-up chatter stays out
     with native_stderr_quiet():
-        from common.model.layer_profile import layer_profile
-        from common.model.models import build_model
-        from common.formats.schemas import read_config
         return layer_profile(build_model(read_config(os.path.join(run_dir, "config.json"))))
 
 
@@ -179,7 +181,6 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
 
 def heldout_of(path, layers, ring, ps, nets, args):
     """(hvdps/cost/heldout.py's entries for the runs under ``path``, the cores they shared or None)."""
-    from hvdps.measure.links import run_cores
     fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
     rows, shared = [], set()
     for d in find_runs(path):
@@ -200,7 +201,6 @@ def heldout_of(path, layers, ring, ps, nets, args):
 
 # ---------------------------------------------------------------- command line
 def make_parser():
-    from common.base.flags import Parser
     p = Parser(prog="hvdps project", description="Project scaling efficiency to many workers "
                "(alpha-beta network, wait-free backprop schedule; no training)")
     p.add_argument("--from", dest="from_dir", default=None,
@@ -290,7 +290,6 @@ def networks(args, fits, ring, ps, cluster=None):
 
 def run_projection(args):
     """The projection from measurements and/or given hardware."""
-    from common.base.flags import check_finite
     for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "cycle_time_ms",
                  "fusion_threshold_mb", "straggler_cv", "ps_bandwidth_gbps"):
         if getattr(args, name) is not None:
@@ -416,7 +415,6 @@ def main(argv=None):
     args = make_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} exists and is not a directory")
-    from common.spec.plugins import plugins_bounded
     with plugins_bounded(args.run_timeout, "--run_timeout"):   # rebuilding a recorded plug-in: bounded
         return run_projection(args)
 

@@ -25,6 +25,7 @@ from hvdps import methods
 from hvdps.cost import schedule
 from hvdps.cost.schedule import AlphaBeta, Scheduled, Unfitted, ps_time, ring_allreduce_time
 from hvdps.cost.shape import StepShape
+from common.model.layer_profile import load_profiles
 
 
 RING, PS = "ring all-reduce", "parameter servers"     # the projection's two families: a panel each
@@ -116,7 +117,6 @@ def powers_of_two(lo, hi):
 
 
 def known_models():
-    from common.model.layer_profile import load_profiles
     return load_profiles()
 
 

@@ -26,6 +26,7 @@ step, as tf_cnn_benchmarks' scaling figures are (per-GPU throughput at n over
 the single-GPU throughput).
 """
 import dataclasses
+from statistics import NormalDist
 
 from allreduce.backend import ring_share
 from common.trainer.backend import MIN_SHARD_BYTES
@@ -239,7 +240,6 @@ def straggler_factor(n, cv):
     """
     if n <= 1 or cv <= 0:
         return 1.0
-    from statistics import NormalDist
     return 1.0 + cv * NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 

@@ -4,6 +4,7 @@ import ipaddress
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -185,7 +186,6 @@ print(statistics.median(times[10:] or times))
 
 def read_line(proc, timeout, what="the latency probe's server"):
     """The first line ``proc`` prints, or RuntimeError after ``timeout`` seconds."""
-    import select
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     line = proc.stdout.readline().strip() if ready else ""
     if not line:

@@ -31,6 +31,8 @@ import time
 
 from common.base.files import write_atomic
 from hvdps.measure.rows import measured_interval
+from hvdps import methods
+from common.formats.schemas import read_links
 
 LINKS_FILE = "links.json"
 SAMPLE_EVERY = 0.25
@@ -162,7 +164,6 @@ def predicted(backend, mode, roles, gradient, shard_bytes=None):
     """{host: {"in": bytes per round, "out": ...}} by the method's algorithm (its cost model in
     hvdps/methods.py); None when the run's placement, sizes or method are unknown, or the method
     has no per-link rule for them. ``roles``: {task name: host} (``worker:i``, ``rank:i``, ``ps:i``)."""
-    from hvdps import methods
     method = methods.lookup(backend)
     if not roles or not gradient or method is None:
         return None
@@ -185,8 +186,6 @@ def cores_busy(links, interval):
 def run_cores(run_dir, header, steps):
     """(cores busy over the run's measured interval, the machine's cores) from the run's links.json,
     (None, None) where hvdps emulate's sampler did not record them."""
-    from hvdps.measure.rows import measured_interval
-    from common.formats.schemas import read_links
     path = os.path.join(run_dir, LINKS_FILE)
     if not os.path.lexists(path):
         return None, None

@@ -24,6 +24,7 @@ import time
 from common.base.files import write_atomic
 from hvdps.measure.rows import measured_interval
 from hvdps.measure.links import Periodic, _at, read_cpu
+from common.formats.schemas import read_load
 
 # A run is *shared* when, over its measured interval, anything but its own processes and the
 # comparison used more than this share of the machine's cores.
@@ -110,8 +111,6 @@ def others_cores(load, interval):
 def contention(run_dir, header, steps):
     """(others' cores, the job's cores, the machine's cores, shared?) over a run's measured interval,
     from its load.json; all None where the run was not sampled."""
-    from hvdps.measure.rows import measured_interval
-    from common.formats.schemas import read_load
     path = os.path.join(run_dir, LOAD_FILE)
     if not os.path.lexists(path):
         return None, None, None, None

@@ -1,6 +1,7 @@
 """A comparison's rows, read from its run directories: each run's metrics with its start-up and
 teardown (hvdps compare's compare_run.json), its links' bytes, its scaling, and the environment it ran in."""
 import os
+import platform
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
@@ -149,7 +150,6 @@ def with_scaling(rows):
 
 
 def environment_of(rows):
-    import platform
     header = next((r.header for r in rows if r.header), None)
     env = {"host": (header.host if header else None) or platform.node(), "cores": os.cpu_count()}
     env.update(header.versions if header else {})

@@ -1,5 +1,7 @@
 """The crossover rendered: its report section and plot."""
 from hvdps.cost.crossover import MAX_SHARDS
+from common.base.files import write_atomic
+from hvdps.render.styles import series_styles
 
 
 def _ms(s):
@@ -57,7 +59,6 @@ def plot(result, path):
     if not result:
         return None
     import matplotlib.pyplot as plt
-    from common.base.files import write_atomic
     fig = figure(result)
     write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
@@ -73,7 +74,6 @@ def figure(result):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.ticker import ScalarFormatter
-    from hvdps.render.styles import series_styles
     fig, axes = plt.subplots(1, len(result), figsize=(9.5 * len(result), 5), squeeze=False)
     for w, ax in zip(result, axes[0]):
         looks = series_styles([s.name for s in w.series])

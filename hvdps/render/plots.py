@@ -1,4 +1,5 @@
 """The report's figures: throughput, accuracy against time, the per-step breakdown."""
+import math
 import os
 import textwrap
 
@@ -11,7 +12,6 @@ def _save(fig, out, name, legend_size):
     panels whose legend would hide its lines (more than LEGEND_INSIDE entries: an emulated pass has
     48 runs) gets one legend, its panels' entries once each, right of its last panel; the PNG
     grows to hold it."""
-    import math
     import matplotlib.pyplot as plt
     rows, beside = {}, []
     for ax in fig.axes:

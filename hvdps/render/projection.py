@@ -1,6 +1,7 @@
 """The projection rendered: its table, its two-panel plot, the measured-against-projected table."""
 import dataclasses
 import json
+import textwrap
 
 from common.base.files import write_atomic
 from hvdps.cost.projection import PS, RING
@@ -51,7 +52,6 @@ def plot(rows, path, title):
 def _joined_label(names):
     """One legend entry for curves that coincide: 'PS k=1 (overlap of ps async x1: 0%)' and
     '... x2: 0%)' become 'PS k=1 (overlap of ps async x1, ps async x2: 0%)', wrapped to fit."""
-    import textwrap
     heads = {n.split(" (overlap of ")[0] for n in names}
     if len(names) > 1 and len(heads) == 1 and all(" (overlap of " in n for n in names):
         inner = [n.split(" (overlap of ", 1)[1].rstrip(")") for n in names]

@@ -16,6 +16,7 @@ from hvdps.measure.load import SHARED_SHARE
 from hvdps import methods
 from hvdps.render.plots import write_plots
 from hvdps.render.styles import name_of
+from common.inputs.records import SHARDING
 
 
 COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_per_sec_median",
@@ -180,7 +181,6 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
     lines += [f"- {k}: {v}" for k, v in environment.items()]
     lines += ["", "## Config", "", "```json", json.dumps(cfg_dict, indent=2, sort_keys=True), "```", ""]
     if cfg_dict.get("dataset") == "tfrecord":
-        from common.inputs.records import SHARDING
         rule = cfg_dict.get("shard_by", "record")
         lines += [f"Data: the TFRecord shards in `{cfg_dict.get('data_dir')}`, `--shard_by {rule}`: "
                   f"{SHARDING.get(rule, '')} (docs/data.md).", ""]
