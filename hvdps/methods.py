@@ -24,12 +24,12 @@ import functools
 import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from allreduce.backend import ring_share
 from common.base.errors import UsageError
 from common.base.procs import REPO
-from hvdps.cost import schedule
+from hvdps.cost import fits, schedule
 from hvdps.launchers import Launcher
 
 
@@ -70,10 +70,17 @@ def combine(compute, terms, factors=None, compute_with=None):
 @dataclass(frozen=True)
 class Network:
     """An exchange family comm.json measures on its own (benchmarks/comm_bandwidth.py): the cost
-    models' network key, the prefix of its rows, and what the projection calls it."""
+    models' network key, the prefix of its rows, what the projection calls it, and the rule its
+    latency and bandwidth are fitted by (hvdps/cost/fits.py: ``ring``, ``push_pull``)."""
     network: str
     prefix: str
     what: str
+    fit: Callable = fits.ring
+
+
+# The network a ring is costed on unless it declares one of its own, and the one the projection's
+# generic ring all-reduce rows use (fitted from Horovod's measured collectives, horovod_train/method.py).
+RING_NETWORK = "allreduce"
 
 
 class Ring:
@@ -100,9 +107,9 @@ class Ring:
         """Every rank computes at the same moment each step (they all wait for the all-reduce)."""
         return True
 
-    def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network="allreduce", polls=False,
+    def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network=None, polls=False,
                  measured=None):
-        self.dense_modes, self.wait_free, self.network = tuple(dense_modes), wait_free, network
+        self.dense_modes, self.wait_free, self.network = tuple(dense_modes), wait_free, network or RING_NETWORK
         self.polls, self.measured = polls, measured
         self.how = how or ("ring, wait-free schedule of the layers" if wait_free
                            else "ring Allreduce after back-propagation")
@@ -269,14 +276,20 @@ def __getattr__(name):
 
 
 def networks_measured():
-    """{network: (comm.json's row prefix, what)}: the exchange families comm.json measures, as the
-    ring methods declare them (hvdps/cost/projection.py fits each)."""
+    """{network: Network}: the exchange families comm.json measures, as the methods' cost models
+    declare them (``measured``; hvdps/cost/projection.py fits each by its rule)."""
     out = {}
     for method in _registry().values():
-        fit = getattr(method.cost, "measured", None)
-        if fit is not None:
-            out.setdefault(fit.network, (fit.prefix, fit.what))
+        net = getattr(method.cost, "measured", None)
+        if net is not None:
+            out.setdefault(net.network, net)
     return out
+
+
+def server_network():
+    """The network the projection's generic parameter-server rows are costed on, as the methods
+    with server tasks declare it (the ring's is ``RING_NETWORK``)."""
+    return next((m.cost.network for m in _registry().values() if not m.cost.collective), None)
 
 
 def lookup(name):

@@ -7,9 +7,9 @@ tasks spend (``PSMethod.measures``) and the report's section on how the tasks sp
 import os
 
 from common.formats.schemas import read_launch_record
-from hvdps.cost import schedule
+from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskLauncher
-from hvdps.methods import Method, combine
+from hvdps.methods import Method, Network, combine
 from ps_train.report import ps_cpu_clause, shards_section
 
 
@@ -21,6 +21,8 @@ class ParameterServers:
     collective = False
     arch = "PS k=1"
     network = "ps"
+    # comm.json's push and pull rows (benchmarks/comm_bandwidth.py: ps-push, ps-pull), fitted one way each
+    measured = Network("ps", "ps-", "PS push and pull", fit=fits.push_pull)
     polls = False            # gRPC's threads block while they wait
     lockstep_modes = ("sync",)   # the workers wait for each other's gradients before each update
 

@@ -13,7 +13,8 @@ from hvdps.cost.shape import StepShape
 from hvdps.cost import projection as pj
 from hvdps.commands import project as cmd
 from hvdps.cost import schedule
-from hvdps.cost.schedule import AlphaBeta
+from hvdps.cost import fits
+from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.render import projection as rpj
 from tests.conftest import BIN, run
 
@@ -46,7 +47,7 @@ def test_efficiency_and_overlap():
 def test_fit_recovers_parameters():
     alpha, bw = 5e-5, 2e9
     pts = [(b, alpha + b / bw) for b in (1e5, 1e6, 1e7, 1e8)]
-    a, b = pj.fit_alpha_beta(pts)
+    a, b = fits.fit_alpha_beta(pts)
     assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(bw, rel=1e-6)
 
 
@@ -56,8 +57,8 @@ def test_fit_recovers_parameters():
     ([(1e6, 2e-3)], "at least two measurements"),
 ])
 def test_fit_refuses_what_it_cannot_measure(points, why):
-    with pytest.raises(pj.Unmeasurable, match=why):
-        pj.fit_alpha_beta(points)
+    with pytest.raises(fits.Unmeasurable, match=why):
+        fits.fit_alpha_beta(points)
 
 
 @pytest.mark.parametrize("nbytes, text", [(30040, "30.0 kB"), (605224, "605.2 kB"), (102334368, "102.3 MB"),
@@ -71,10 +72,27 @@ def test_fit_from_comm_uses_ring_formula():
     res = [{"impl": "horovod-mpi", "bytes": b, "seconds": 2e-5 + b / 1e9} for b in (1e6, 1e7, 1e8)]
     res += [{"impl": "ps-push", "bytes": b, "seconds": 1e-4 + b / 5e8} for b in (1e6, 1e8)]
     res += [{"impl": "ps-pull", "bytes": b, "seconds": 1e-4 + b / 5e8} for b in (1e6, 1e8)]
-    fits = pj.fit_from_comm(res, 2)
-    assert fits["allreduce"].alpha == pytest.approx(1e-5)
-    assert fits["allreduce"].bandwidth == pytest.approx(1e9)
-    assert fits["ps"].bandwidth == pytest.approx(5e8)
+    fitted = pj.fit_from_comm(res, 2)
+    assert fitted["allreduce"].alpha == pytest.approx(1e-5)
+    assert fitted["allreduce"].bandwidth == pytest.approx(1e9)
+    assert fitted["ps"] == AlphaBeta(alpha=pytest.approx(1e-4), bandwidth=pytest.approx(5e8))
+    assert set(fitted) == {"allreduce", "ps"}        # the networks the methods declare, nothing else
+
+
+@pytest.mark.parametrize("ways, why", [
+    ({"push": (1e-4, 5e8)}, "PS push and pull: comm.json has no pull rows"),
+    ({"push": (1e-4, 5e8), "pull": (-1e-3, 5e8)}, "PS push and pull pull: the fitted latency is"),
+])
+def test_the_ps_network_needs_both_ways_fitted(ways, why):
+    """The parameter servers' network (ps_train/method.py declares its rule, hvdps/cost/fits.py:
+    push_pull) is the mean of a push and a pull: one missing or unfittable leaves it Unfitted, which
+    the projection refuses in one line where it would use it."""
+    res = [{"impl": "horovod-mpi", "bytes": b, "seconds": 2e-5 + b / 1e9} for b in (1e6, 1e7, 1e8)]
+    res += [{"impl": f"ps-{way}", "bytes": b, "seconds": alpha + b / bw} for way, (alpha, bw) in ways.items()
+            for b in (1e6, 1e8)]
+    fitted = pj.fit_from_comm(res, 2)
+    assert isinstance(fitted["ps"], Unfitted) and why in fitted["ps"].error, fitted["ps"]
+    assert isinstance(fitted["allreduce"], AlphaBeta)
 
 
 @pytest.mark.process
@@ -373,9 +391,9 @@ def test_tf_ring_is_fitted_from_its_own_measurements():
     """comm_bandwidth.py's mwms rows (TensorFlow's ring) get a fit of their own, by the ring's formula."""
     res = [{"impl": "horovod-mpi", "bytes": b, "seconds": 2e-5 + b / 1e9} for b in (1e6, 1e7, 1e8)]
     res += [{"impl": "mwms", "bytes": b, "seconds": 6e-4 + b / 8e8} for b in (1e6, 1e7, 1e8)]
-    fits = pj.fit_from_comm(res, 2)
-    assert fits["mwms"].alpha == pytest.approx(3e-4) and fits["mwms"].bandwidth == pytest.approx(8e8)
-    assert fits["allreduce"].alpha == pytest.approx(1e-5)
+    fitted = pj.fit_from_comm(res, 2)
+    assert fitted["mwms"].alpha == pytest.approx(3e-4) and fitted["mwms"].bandwidth == pytest.approx(8e8)
+    assert fitted["allreduce"].alpha == pytest.approx(1e-5)
 
 
 @pytest.mark.parametrize("flags, cluster, own", [

@@ -255,7 +255,7 @@ def network(args, fits, source="--comm_json", cluster=None):
     """(ring, ps) alpha/bandwidth: given flags win over an emulated cluster's links (their rate at
     TCP's goodput, their measured latency), which win over the measured fit; a fit that could
     not be made is refused in one line when it would be used."""
-    ring, ps = fits.get("allreduce"), fits.get("ps")
+    ring, ps = fits.get(methods.RING_NETWORK), fits.get(methods.server_network())
     if cluster and cluster.latency_s is not None:
         ring = ps = AlphaBeta(bandwidth=cluster.rate_bps / 8 * TCP_GOODPUT, alpha=cluster.latency_s)
         fits = {}
@@ -279,7 +279,7 @@ def networks(args, fits, ring, ps, cluster=None):
     """{network: alpha/B} for the cost models (hvdps/methods.py, ``network``): the ring's and the PS's
     as ``network`` chose them, plus each family comm.json measured on its own (TensorFlow's ring,
     ``mwms``) unless flags or an emulated cluster's links give every method the same network."""
-    nets = {"allreduce": ring, "ps": ps}
+    nets = {methods.RING_NETWORK: ring, methods.server_network(): ps}
     shared = bool(cluster and cluster.latency_s is not None) or args.bandwidth_gbps is not None or \
         args.latency_us is not None
     for key, fit in fits.items():

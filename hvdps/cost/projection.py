@@ -23,7 +23,7 @@ from typing import Optional
 
 from hvdps import methods
 from hvdps.cost import schedule
-from hvdps.cost.schedule import AlphaBeta, Scheduled, Unfitted, ps_time, ring_allreduce_time
+from hvdps.cost.schedule import Scheduled, ps_time, ring_allreduce_time
 from hvdps.cost.shape import StepShape
 from common.model.layer_profile import load_profiles
 
@@ -35,76 +35,17 @@ def efficiency(compute, comm, overlap=0.0):
     return compute / (compute + (1.0 - overlap) * comm)
 
 
-class Unmeasurable(ValueError):
-    """The measurements do not determine latency and bandwidth (see fit_alpha_beta)."""
-
-
-def fit_alpha_beta(points):
-    """Least-squares fit of t = alpha + bytes/B to (bytes, seconds) points -> (alpha, B).
-
-    Refused (Unmeasurable) where the points cannot carry the fit, instead of clamping to a
-    latency of 0 or an infinite bandwidth that every projection would then repeat: a fitted
-    intercept <= 0 means the smallest exchanges were too fast to separate a latency from the
-    noise of the large ones; a slope <= 0, that time did not grow with size."""
-    pts = [(float(b), float(t)) for b, t in points if t > 0]
-    if len(pts) < 2:
-        raise Unmeasurable("need at least two measurements to fit latency and bandwidth")
-    n = len(pts)
-    mx = sum(b for b, _ in pts) / n
-    my = sum(t for _, t in pts) / n
-    sxx = sum((b - mx) ** 2 for b, _ in pts)
-    slope = sum((b - mx) * (t - my) for b, t in pts) / sxx if sxx else 0.0
-    if slope <= 0:
-        raise Unmeasurable("the exchange time does not grow with the message size")
-    alpha = my - slope * mx
-    if alpha <= 0:
-        raise Unmeasurable(f"the fitted latency is {alpha * 1e6:.1f} us: the smallest exchanges "
-                           f"({min(b for b, _ in pts):,.0f} bytes) are too fast to measure one")
-    return alpha, 1.0 / slope
-
-
 def fit_from_comm(comm_results, np_=2):
-    """alpha/B for each ring family the methods say comm.json measures (hvdps/methods.py:
-    ``networks_measured``: Horovod's rows fit ``allreduce``, TensorFlow's MultiWorkerMirrored rows
-    ``mwms``) and PS push/pull from comm.json results.
-
-    The 2-rank ring moves M/B and pays 2 alphas, so t = 2*alpha + M/B; push and
-    pull each pay one alpha and move M once. A family whose points cannot be fitted
-    gets ``{"error": why}`` instead of numbers (``network`` refuses to use it).
-    """
-    def pts(prefix):
-        return [(r["bytes"], r["seconds"]) for r in comm_results if r["impl"].startswith(prefix)]
-
-    def ring_fit(rows, what):
-        best = {}
-        for r in rows:   # the best setting per size: what a tuned trainer gets
-            best[r["bytes"]] = min(best.get(r["bytes"], float("inf")), r["seconds"])
-        try:
-            a, b = fit_alpha_beta(best.items())
-        except Unmeasurable as exc:
-            return Unfitted(f"{what}: {exc}")
-        return AlphaBeta(alpha=a / (2 * (np_ - 1)), bandwidth=b * 2.0 * (np_ - 1) / np_)
-
+    """{network: AlphaBeta or Unfitted} for each exchange family the methods say comm.json measures
+    (hvdps/methods.py: ``networks_measured``: Horovod's rows fit ``allreduce``, TensorFlow's
+    MultiWorkerMirrored rows ``mwms``, the PS push and pull rows the parameter servers' network),
+    each by its own rule (hvdps/cost/fits.py). A family whose points cannot be fitted is Unfitted,
+    with why (``network`` refuses to use it)."""
     fits = {}
-    for key, (prefix, what) in methods.networks_measured().items():
-        rows = [r for r in comm_results if r["impl"].startswith(prefix)]
+    for net in methods.networks_measured().values():
+        rows = [(r["impl"], r["bytes"], r["seconds"]) for r in comm_results if r["impl"].startswith(net.prefix)]
         if rows:
-            fits[key] = ring_fit(rows, what)
-    for impl in ("ps-push", "ps-pull"):
-        p = pts(impl)
-        if p:
-            try:
-                a, b = fit_alpha_beta(p)
-                fits[impl] = AlphaBeta(alpha=a, bandwidth=b)
-            except Unmeasurable as exc:
-                fits[impl] = Unfitted(f"{impl}: {exc}")
-    bad = [fits[k].error for k in ("ps-push", "ps-pull") if isinstance(fits.get(k), Unfitted)]
-    if bad:
-        fits["ps"] = Unfitted("; ".join(bad))
-    elif "ps-push" in fits and "ps-pull" in fits:
-        push, pull = fits["ps-push"], fits["ps-pull"]
-        fits["ps"] = AlphaBeta(alpha=(push.alpha + pull.alpha) / 2,
-                               bandwidth=2 / (1 / push.bandwidth + 1 / pull.bandwidth))
+            fits[net.network] = net.fit(rows, np_, net.what)
     return fits
 
 
