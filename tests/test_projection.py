@@ -134,7 +134,7 @@ PUBLISHED = [
 
 
 def project_published(model, gpus, net, arch):
-    layers = pj.known_models()[model]["layers"]
+    layers = pj.known_models()[model].layers
     rows = pj.project(layers, COMPUTE_S[model], [gpus], net, net, per_server=4, cycle_s=5e-3,
                       fusion_bytes=64 << 20, straggler_cv=0.03, placement="greedy")
     return next(r for r in rows if r.arch == arch).efficiency
@@ -166,7 +166,7 @@ def test_ps_resnet101_trails_inception_v3_by_its_bytes(towers, ps_gbps):
     ps = AlphaBeta(bandwidth=ps_gbps * 1e9 / 8, alpha=TCP.alpha)
     eff = {}
     for model in ("inception_v3", "resnet101"):
-        rows = pj.project(pj.known_models()[model]["layers"], COMPUTE_S[model], [128], TCP, ps, per_server=4,
+        rows = pj.project(pj.known_models()[model].layers, COMPUTE_S[model], [128], TCP, ps, per_server=4,
                           straggler_cv=0.03, placement="greedy", ps_towers=towers)
         eff[model] = next(r for r in rows if r.arch == "PS, 1 per server").efficiency
     assert eff["inception_v3"] < 0.75
@@ -197,13 +197,13 @@ def test_ps_layout_flags_reach_the_schedule(tmp_path):
     data = json.load(open(tmp_path / "projection.json"))
     got = next(x for x in data["rows"] if x["workers"] == 128 and x["arch"] == "PS, 1 per server")
     ps = AlphaBeta(bandwidth=6.4e9 / 8, alpha=25e-6)
-    rows = pj.project(pj.known_models()["resnet101"]["layers"], 64 / 129, [128], TCP, ps, per_server=4,
+    rows = pj.project(pj.known_models()["resnet101"].layers, 64 / 129, [128], TCP, ps, per_server=4,
                       straggler_cv=0.03, placement="greedy", ps_towers=4)
     want = next(x for x in rows if x.arch == "PS, 1 per server")
     assert got["efficiency"] == pytest.approx(want.efficiency)
     assert data["ps_gpus_per_worker"] == 4 and data["ps"]["bandwidth"] == pytest.approx(0.8e9)
     # one task per GPU (the default) moves 4x the copies: the same cluster scales worse
-    per_gpu = pj.project(pj.known_models()["resnet101"]["layers"], 64 / 129, [128], TCP, ps, per_server=4,
+    per_gpu = pj.project(pj.known_models()["resnet101"].layers, 64 / 129, [128], TCP, ps, per_server=4,
                          straggler_cv=0.03, placement="greedy")
     assert next(x for x in per_gpu if x.arch == "PS, 1 per server").efficiency < 0.5 * want.efficiency
 

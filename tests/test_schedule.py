@@ -1,13 +1,14 @@
 """The wait-free back-propagation schedule against hand-computed steps."""
 import pytest
 
+from common.formats.schemas import Layer
 from hvdps.cost import schedule as s
 from hvdps.cost.schedule import ps_time, ring_allreduce_time
 
 
 def layers(*pairs):
     """(grad_bytes, flops) per layer, in forward order."""
-    return [{"name": f"l{i}", "grad_bytes": b, "tensors": [b], "flops": f} for i, (b, f) in enumerate(pairs)]
+    return [Layer(name=f"l{i}", grad_bytes=int(b), tensors=[int(b)], flops=f) for i, (b, f) in enumerate(pairs)]
 
 
 def test_ready_times_run_from_the_last_layer():

@@ -337,9 +337,12 @@ class RecordSet(Strict):
 
 # ------------------------------------------------------------------ model_profiles.json
 class Layer(Strict):
+    """One weighted layer as the cost model takes it (common/model/layer_profile.py): its gradient's
+    bytes, each trainable variable's bytes (a PS places variables, not layers) and its forward FLOPs."""
     name: Optional[str] = None
-    grad_bytes: NonNeg
-    flops: Optional[NonNeg] = None
+    grad_bytes: Index
+    tensors: Optional[List[Index]] = None
+    flops: NonNeg = 0
 
 
 class Profile(Strict):
@@ -422,10 +425,6 @@ def validate(model, data, source):
         raise SchemaError(f"{source}: {_where(first['loc'])}: {first['msg'].lower()} (got {shown[:80]})")
 
 
-def _plain(model):
-    return model.model_dump(exclude_unset=True)
-
-
 def read_json(path, model, what, max_bytes=MAX_JSON):
     """One JSON file of a declared format -> its model instance (or one error line)."""
     return validate(model, parse_json(read_input(path, what, max_bytes=max_bytes), path), path)
@@ -467,7 +466,7 @@ def read_profiles(path):
     data = parse_json(read_input(path, "model profiles", max_bytes=MAX_JSON), path)
     if not isinstance(data, dict):
         raise SchemaError(f"{path}: expected an object of model profiles")
-    return {name: _plain(validate(Profile, prof, f"{path}: {_key(name)}")) for name, prof in data.items()}
+    return {name: validate(Profile, prof, f"{path}: {_key(name)}") for name, prof in data.items()}
 
 
 def read_config(path):

@@ -19,7 +19,7 @@ import numpy as np
 
 from common.base.files import write_atomic
 from common.spec.builtins import MODELS
-from common.formats.schemas import read_profiles
+from common.formats.schemas import Layer, read_profiles
 
 # The benchmark models at the input size of their published figures (ImageNet).
 PUBLISHED_INPUTS = {"resnet50": (224, 224, 3), "resnet101": (224, 224, 3), "inception_v3": (299, 299, 3),
@@ -35,7 +35,8 @@ def _spatial(shape):
 
 
 def layer_profile(model):
-    """[{name, grad_bytes, tensors, flops}] for every layer with trainable weights, in forward order.
+    """[Layer] (common/formats/schemas.py: name, grad_bytes, tensors, flops) for every layer with
+    trainable weights, in forward order.
 
     tensors are the bytes of each trainable variable (a PS places variables,
     not layers); flops are forward multiply-adds x 2 for one sample. Convolutions and dense
@@ -64,7 +65,7 @@ def layer_profile(model):
             flops = 4 * int(np.prod([int(d) for d in out[1:] if d is not None]))
         else:
             flops = 2 * nbytes // 4
-        rows.append({"name": layer.name, "grad_bytes": nbytes, "tensors": tensors, "flops": int(flops)})
+        rows.append(Layer(name=layer.name, grad_bytes=int(nbytes), tensors=tensors, flops=int(flops)))
     return rows
 
 
@@ -91,13 +92,14 @@ def load_profiles(path=PROFILES):
 
 def main(argv=None):
     names = (sys.argv[1:] if argv is None else argv) or list(PUBLISHED_INPUTS)
-    data = load_profiles() if os.path.exists(PROFILES) else {}
+    data = {k: v.model_dump(exclude_none=True) for k, v in load_profiles().items()} if os.path.exists(PROFILES) else {}
     for name in names:
+        layers = build_profile(name)
         data[name] = {"input_shape": list(PUBLISHED_INPUTS[name]), "classes": 1000,
-                      "layers": build_profile(name)}
-        total = sum(r["grad_bytes"] for r in data[name]["layers"]) / 4e6
-        print(f"{name}: {len(data[name]['layers'])} weighted layers, {total:.1f} M parameters, "
-              f"{sum(r['flops'] for r in data[name]['layers']) / 1e9:.2f} GFLOPs forward")
+                      "layers": [x.model_dump(exclude_none=True) for x in layers]}
+        total = sum(x.grad_bytes for x in layers) / 4e6
+        print(f"{name}: {len(layers)} weighted layers, {total:.1f} M parameters, "
+              f"{sum(x.flops for x in layers) / 1e9:.2f} GFLOPs forward")
     write_atomic(PROFILES, json.dumps(data, separators=(",", ":")))
     return 0
 

@@ -324,7 +324,7 @@ def run_projection(args):
     profiles = known_models()
     if args.model_name and args.model_name not in profiles:
         raise UsageError(f"unknown --model_name '{args.model_name}' (valid: {', '.join(profiles)})")
-    layers = profiles[args.model_name]["layers"] if args.model_name else None
+    layers = profiles[args.model_name].layers if args.model_name else None
     if args.model_params and not layers:
         layers = single_layer(args.model_params * 4e6)
     compute = args.step_compute_ms / 1e3 if args.step_compute_ms else None
@@ -336,7 +336,7 @@ def run_projection(args):
     if not layers or not compute:
         raise UsageError("--project needs the model (--model_name, --model_params or --from) "
                          "and the compute time (--step_compute_ms or --from)")
-    grad = sum(l["grad_bytes"] for l in layers)
+    grad = sum(x.grad_bytes for x in layers)
     own = own_rows(nets, ring, variants)
     workers = powers_of_two(1, args.max_workers)
     rows = project(layers, compute, workers, ring, ps,

@@ -25,6 +25,7 @@ from hvdps import methods
 from hvdps.cost import schedule
 from hvdps.cost.schedule import Scheduled, ps_time, ring_allreduce_time
 from hvdps.cost.shape import StepShape
+from common.formats.schemas import Layer
 from common.model.layer_profile import load_profiles
 
 
@@ -63,7 +64,7 @@ def known_models():
 
 def single_layer(grad_bytes):
     """A model known only by its size: every gradient appears at the end of backprop (nothing hides)."""
-    return [{"name": "all", "grad_bytes": int(grad_bytes), "tensors": [int(grad_bytes)], "flops": 1}]
+    return [Layer(name="all", grad_bytes=int(grad_bytes), tensors=[int(grad_bytes)], flops=1)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +99,7 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
     else the PS's) instead of the schedule. Every row names its family (``RING`` or ``PS``),
     the panel the plot draws it in.
     """
-    grad = sum(l["grad_bytes"] for l in layers)
+    grad = sum(x.grad_bytes for x in layers)
     rows = []
 
     def add(n, arch, res, family):

@@ -80,11 +80,11 @@ def ps_time(n, nbytes, bandwidth, alpha, shards=1, per_server=1, ps_bandwidth=No
 
 def backward_ready_times(layers, backward_s):
     """(time from the start of the backward pass, bytes) of each gradient, in the order they appear."""
-    total = float(sum(l["flops"] for l in layers)) or 1.0
+    total = float(sum(x.flops for x in layers)) or 1.0
     t, out = 0.0, []
     for layer in reversed(layers):
-        t += backward_s * layer["flops"] / total
-        out.append((t, layer["grad_bytes"]))
+        t += backward_s * layer.flops / total
+        out.append((t, layer.grad_bytes))
     return out
 
 
@@ -159,7 +159,7 @@ def place_variables(layers, shards, placement="greedy"):
     loads, shard_of, j = [0] * max(shards, 1), [], 0
     for layer in layers:
         mine = []
-        for size in layer.get("tensors", [layer["grad_bytes"]]):
+        for size in layer.tensors or [layer.grad_bytes]:
             pieces = min(len(loads), max(1, -(-size // MIN_SHARD_BYTES))) if placement == "split" else 1
             for piece in [size // pieces + (1 if i < size % pieces else 0) for i in range(pieces)]:
                 k = j % len(loads) if placement != "greedy" else min(range(len(loads)), key=loads.__getitem__)
@@ -219,12 +219,12 @@ def ps_step(layers, compute_s, n, bandwidth, alpha, shards=1, per_server=1, plac
     push_end = bwd
     for (t_ready, _), placed in zip(ready, reversed(shard_of)):
         push_end = max(push_end, transfer(t_ready, placed, free, copies, local))
-    total = float(sum(l["flops"] for l in layers)) or 1.0
+    total = float(sum(x.flops for x in layers)) or 1.0
     free = [push_end] * (k + 1)
     computed = push_end
     for layer, placed in zip(layers, shard_of):
         arrived = transfer(push_end, placed, free, copies, local)
-        computed = max(computed, arrived) + fwd * layer["flops"] / total
+        computed = max(computed, arrived) + fwd * layer.flops / total
     step = computed
     comm = max(busy)
     return Scheduled(step_s=step, comm_s=comm, exposed_s=step - compute_s,
