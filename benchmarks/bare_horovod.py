@@ -121,7 +121,7 @@ def run_bare(args, scratch, rep):
 
 
 def run_trainer(args, scratch, rep):
-    from common.trainer.metrics import read_records
+    from common.trainer.metrics import read_metrics
     out = os.path.join(scratch, f"trainer-{rep}")
     model = {"ResNet50": "resnet50", "ResNet101": "resnet101", "InceptionV3": "inception_v3",
              "VGG16": "vgg16", "MobileNetV2": "mobilenet_v2"}[args.app]
@@ -134,15 +134,15 @@ def run_trainer(args, scratch, rep):
             "--checkpoint_every_epoch", "false", "--probe_steps", "0", "--train_dir", out]
     cmd, env = launch(args.np, argv)
     t0, t1 = run(cmd, env, args.timeout)
-    recs = read_records(os.path.join(out, "metrics.jsonl"))
-    header = next(r for r in recs if r["type"] == "header")
-    steps = [r for r in recs if r["type"] == "step"]
-    rates = [r["samples_per_sec"] for r in steps if r.get("samples_per_sec") is not None]
-    first = next(r for r in steps if r.get("samples_per_sec") is not None)
-    before = [r for r in steps if r["global_step"] < first["global_step"]]
-    start_measured = header["start_time"] + (before[-1]["wall_time"] if before else 0.0)
+    recs = read_metrics(os.path.join(out, "metrics.jsonl"))
+    header = next(r for r in recs if r.type == "header")
+    steps = [r for r in recs if r.type == "step"]
+    rates = [r.samples_per_sec for r in steps if r.samples_per_sec is not None]
+    first = next(r for r in steps if r.samples_per_sec is not None)
+    before = [r for r in steps if r.global_step < first.global_step]
+    start_measured = header.start_time + (before[-1].wall_time if before else 0.0)
     return {"samples_per_sec": statistics.median(rates), "startup_s": start_measured - t0,
-            "teardown_s": t1 - (header["start_time"] + steps[-1]["wall_time"]), "wall_s": t1 - t0,
+            "teardown_s": t1 - (header.start_time + steps[-1].wall_time), "wall_s": t1 - t0,
             "command": " ".join(cmd)}
 
 

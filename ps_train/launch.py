@@ -42,7 +42,7 @@ from common.model.models import check_plugin
 from tf_cluster.listen import bindable, resolve
 from common.trainer.run_dir import check_resume_compatible, check_train_dir
 from common.formats.schemas import read_checkpoint_index
-from common.trainer.metrics import read_records
+from common.trainer.metrics import read_metrics
 
 CHOSEN_BY_LAUNCHER = ("job_name", "task_index", "ps_hosts", "worker_hosts", "chief_host", "cluster_spec")
 
@@ -196,7 +196,7 @@ def checkpoint_step(train_dir):
 
 def last_logged_step(train_dir):
     path = os.path.join(train_dir, "metrics.jsonl")
-    steps = [r["global_step"] for r in read_records(path) if r["type"] == "step"] if os.path.exists(path) else []
+    steps = [r.global_step for r in read_metrics(path) if r.type == "step"] if os.path.exists(path) else []
     return steps[-1] if steps else 0
 
 
@@ -204,11 +204,12 @@ def exact_resume_points(train_dir, restarts):
     """Where each restart really resumed: the restarted chief's header says (async, the checkpoint's
     name can trail the global step it holds by an update that was in flight)."""
     path = os.path.join(train_dir, "metrics.jsonl")
-    headers = [r for r in read_records(path) if r["type"] == "header"] if os.path.exists(path) else []
+    headers = [r for r in read_metrics(path) if r.type == "header"] if os.path.exists(path) else []
     if len(headers) <= len(restarts):
         return                          # a restart that died before writing its header: keep the estimate
     for restart, header in zip(restarts, headers[len(headers) - len(restarts):]):
-        restart["resumed_from"] = header.get("start_step", restart["resumed_from"])
+        if "start_step" in header.model_fields_set:
+            restart["resumed_from"] = header.start_step
         restart["lost_updates"] = max(0, restart["last_logged_update"] - restart["resumed_from"])
 
 

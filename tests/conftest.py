@@ -102,10 +102,17 @@ SYNC_EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs",
               "--train_steps", "15", "--eval_every_epoch", "false", "--log_every", "5"]
 
 
+def read_records(path):
+    """A metrics file's complete records as plain dicts, each held to its schema (the product reads
+    them typed, common.trainer.metrics.read_metrics): for tests that assert on what the file holds,
+    field by field as written."""
+    from common.trainer.metrics import read_metrics
+    return [r.model_dump(exclude_unset=True) for r in read_metrics(path)]
+
+
 def row_and_records(run_dir):
-    """A run's typed row (common.trainer.metrics.load_run) and its records as written, as plain dicts
-    (common.trainer.metrics.read_records), for tests that assert on what the file holds."""
-    from common.trainer.metrics import read_records
+    """A run's typed row (hvdps.measure.rows.load_run) and its records as written, as plain dicts
+    (``read_records``), for tests that assert on what the file holds."""
     from hvdps.measure.rows import load_run
     recs = read_records(os.path.join(run_dir, "metrics.jsonl"))
     curves = {"header": next((r for r in recs if r["type"] == "header"), {}),

@@ -7,7 +7,7 @@ import pytest
 
 from common.trainer.bookkeeper import Adapter, Bookkeeper, crossed
 from common.spec.config import make_config
-from common.trainer.metrics import read_records
+from tests.conftest import read_records
 from common.spec.plan import make_plan
 from tests.jobs import CKPT_STEPS, EPOCHS, LAUNCH, LOG_EVERY
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from common.trainer.metrics import read_records
+from tests.conftest import read_records
 from tests.conftest import BIN, REPO, env
 
 pytestmark = pytest.mark.process

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from common.trainer.run_dir import load_weights_npz
-from tests.conftest import BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, run, row_and_records
+from tests.conftest import (BIN, REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, read_records, run,
+                             row_and_records)
 
 pytestmark = pytest.mark.process
 
@@ -125,7 +126,7 @@ def test_resume_continues_from_checkpoint(tmp_path):
     ok(run([sys.executable, MAIN, "--train_steps", "88", "--batch_size", "32", "--train_dir", out,
             "--resume"]))
     row, curves = row_and_records(out)
-    headers = [r for r in __import__("common.trainer.metrics", fromlist=["x"]).read_records(out + "/metrics.jsonl")
+    headers = [r for r in read_records(out + "/metrics.jsonl")
                if r["type"] == "header"]
     assert [h["start_step"] for h in headers] == [0, 44]
     assert curves["steps"][-1]["global_step"] == 88
@@ -236,5 +237,4 @@ def test_full_disk_is_one_line_and_keeps_earlier_checkpoints(tmp_path):
         import tensorflow as tf
         latest = tf.train.latest_checkpoint(str(out / "checkpoints"))
         assert latest and tf.train.load_checkpoint(latest).get_variable_to_shape_map()
-        read_records = __import__("common.trainer.metrics", fromlist=["x"]).read_records
         assert read_records(str(out / "metrics.jsonl"))[0]["type"] == "header"

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from common.spec.config import Config
-from tests.conftest import REPO, env, py
+from tests.conftest import REPO, env, py, read_records
 
 pytestmark = pytest.mark.process
 
@@ -145,7 +145,7 @@ def test_max_restarts_recovers_from_a_killed_ps(tmp_path, mode):
     from hvdps.measure.rows import load_run
     row = load_run(str(tmp_path / "r"))
     assert row.status == "ok" and row.final_test_accuracy >= 0.9, row
-    headers = [r for r in __import__("common.trainer.metrics", fromlist=["x"]).read_records(
+    headers = [r for r in read_records(
         str(tmp_path / "r" / "metrics.jsonl")) if r["type"] == "header"]
     assert [h["start_step"] for h in headers] == [0, restart["resumed_from"]]
     assert not [n for n, pid in pids.items() if _alive(pid)]

@@ -7,8 +7,9 @@ from common.base.errors import UsageError
 
 from common.spec.config import make_config
 from common.spec.plan import make_plan
-from common.trainer.metrics import MetricsWriter, ThroughputMeter, read_records, throughput_stats
+from common.trainer.metrics import MetricsWriter, ThroughputMeter, throughput_stats
 from hvdps.measure.rows import load_run
+from tests.conftest import read_records
 
 
 def test_round_trip(tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.base.errors import RunError
-from common.trainer.metrics import read_records
+from tests.conftest import read_records
 from common.trainer.run_dir import load_weights_npz
 from common.base.procs import free_ports
 from tests.conftest import REPO, env, py, run, row_and_records

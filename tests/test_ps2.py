@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from common.trainer.metrics import read_records
+from tests.conftest import read_records
 from common.trainer.run_dir import load_weights_npz
 from tests.conftest import REPO, py, run, row_and_records
 from tests.ps_helpers import FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from common.trainer.metrics import read_records
+from tests.conftest import read_records
 from common.base.procs import child_env
 from hvdps.measure.slurm_lab import SLURM_TOOLS, shm_dir
 from tests.conftest import REPO, run

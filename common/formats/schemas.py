@@ -196,6 +196,7 @@ class Header(Strict):
     keras: Optional[Text] = None                            # which Keras built the model (common/spec/keras3.py)
     ps_shard_bytes: Optional[Dict[Text, Index]] = None      # PS: model bytes each PS task holds
     placement: Optional[Dict[Text, List[Text]]] = None      # PS: variable -> the devices holding it
+    data_fingerprint: Optional[Text] = None                 # the training data's digest: --resume refuses others
 
 
 class _AtStep(Strict):

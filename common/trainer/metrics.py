@@ -193,13 +193,6 @@ def _num(x):
 
 
 # ---------------------------------------------------------------- reading back
-def read_records(path):
-    """All complete records of a metrics file as plain dicts, each held to its schema
-    (common/formats/schemas.py): for code that copies or re-writes records (a resumed run's bookkeeping).
-    What reads a run to report on it takes ``load_run``'s typed records."""
-    return [r.model_dump(exclude_unset=True) for r in read_metrics(path)]
-
-
 def read_metrics(path):
     """All complete records of a metrics file, as the schema's typed records."""
     return read(path)

@@ -10,7 +10,7 @@ import numpy as np
 from common.base.errors import UsageError
 from common.base.files import refuse_link, writable_dir, write_atomic
 from common.formats.schemas import read_checkpoint_index, read_config, read_weights
-from common.trainer.metrics import read_records
+from common.trainer.metrics import read_metrics
 from common.inputs.data import data_fingerprint
 
 
@@ -68,19 +68,20 @@ def check_resume_compatible(cfg, train_dir, backend=None):
                              f"{getattr(cfg, key)!r}")
     if backend is None:
         return
-    first = next((r for r in read_records(os.path.join(train_dir, "metrics.jsonl")) if r["type"] == "header"), None)
+    first = next((r for r in read_metrics(os.path.join(train_dir, "metrics.jsonl")) if r.type == "header"), None)
     if first is None:
         raise UsageError(f"--resume: {train_dir}/metrics.jsonl has no header: not a run hvdps can continue")
     now = {"backend": backend.name, "mode": backend.mode, "world_size": backend.world_size, "num_ps": backend.num_ps}
     names = {"backend": "backend", "mode": "mode", "world_size": "workers", "num_ps": "PS tasks"}
     for key, value in now.items():
-        if key in first and first[key] != value:
-            raise UsageError(f"--resume: {train_dir} was trained with {names[key]} {first[key]}, this job has "
+        if key in first.model_fields_set and getattr(first, key) != value:
+            raise UsageError(f"--resume: {train_dir} was trained with {names[key]} {getattr(first, key)}, this job has "
                              f"{value}; a checkpoint resumes only into the job that wrote it (start a new "
                              f"--train_dir, or launch the same job)")
-    if first.get("data_fingerprint") and first["data_fingerprint"] != data_fingerprint(cfg):
+    recorded = first.data_fingerprint
+    if recorded and recorded != data_fingerprint(cfg):
         raise UsageError(f"--resume: the training data differ from those {train_dir} was trained on "
-                         f"(fingerprint {first['data_fingerprint'][:12]}, now {data_fingerprint(cfg)[:12]})")
+                         f"(fingerprint {recorded[:12]}, now {data_fingerprint(cfg)[:12]})")
 
 
 def refuse_finished(cfg, step, total):
