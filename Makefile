@@ -7,12 +7,15 @@ PYTHON   ?= python3
 VENV     ?= .venv
 BIN      := $(VENV)/bin
 # TF picks the TensorFlow stack (hvdps/install/stack.py): auto (2.21.0 with tf-keras on Python 3.10-3.13, 2.18.1 on 3.9),
-# 2.21, 2.18 or 2.15 (2.15.1, Python 3.9-3.11). The stamp names it, so another TF= sets up again. Horovod
-# 0.28.1 is compiled against the stack with patches/horovod-0.28.1.patch (hvdps/install/horovod_build.py) and the
-# wheel cached by Horovod, TensorFlow, Python, MPI and patch in ~/.cache/hvdps (HVDPS_CACHE): a later
-# set-up on this machine, in any clone, installs it instead of compiling for 15 minutes.
+# 2.21, 2.18 or 2.15 (2.15.1, Python 3.9-3.11). The stamp names it, so another TF= sets up again. A method
+# that needs more than pip's dependencies has an install step of its own (<name>_train/install.py:
+# --install after TensorFlow, --verify once hvdps is installed): Horovod 0.28.1 is compiled against the
+# stack with patches/horovod-0.28.1.patch (horovod_train/install.py) and the wheel cached by Horovod,
+# TensorFlow, Python, MPI and patch in ~/.cache/hvdps (HVDPS_CACHE): a later set-up on this machine, in
+# any clone, installs it instead of compiling for 15 minutes.
 TF       ?= auto
 STAMP    := $(VENV)/.hvdps-ready-tf$(TF)
+METHOD_INSTALLS := $(sort $(wildcard *_train/install.py))
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The interpreter set-up checks: the venv's once it exists, else the one it would be made from.
 SETUP_PY  = $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
@@ -25,7 +28,7 @@ DEMO_CNN_EPOCHS ?= 3
 
 setup: $(STAMP)
 
-$(STAMP): setup.py Makefile hvdps/install/stack.py hvdps/install/horovod_build.py patches/horovod-0.28.1.patch common/native/bind_to.c
+$(STAMP): setup.py Makefile hvdps/install/stack.py $(METHOD_INSTALLS) $(wildcard patches/*.patch) common/native/bind_to.c
 	@out=$$($(SETUP_PY) hvdps/install/stack.py "$(TF)" 2>/dev/null) || { \
 	  echo "$${out:-error: $(SETUP_PY) is not a Python 3 interpreter: run make PYTHON=python3.12}"; exit 1; }
 	@command -v mpirun >/dev/null && command -v patch >/dev/null && [ -e /usr/include/x86_64-linux-gnu/openmpi/include/mpi.h -o -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
@@ -42,21 +45,12 @@ $(STAMP): setup.py Makefile hvdps/install/stack.py hvdps/install/horovod_build.p
 	@$(BIN)/pip uninstall -q -y tensorflow-cpu 2>/dev/null || true   # every stack is tensorflow (hvdps/install/stack.py)
 	@pins=$$($(BIN)/python hvdps/install/stack.py "$(TF)") && $(BIN)/pip install -q $$pins "cmake<4" packaging && \
 	  case "$$pins" in *tf-keras*) ;; *) $(BIN)/pip uninstall -q -y tf-keras 2>/dev/null || true;; esac
-	@$(BIN)/python hvdps/install/horovod_build.py --check >/dev/null 2>&1 || { \
-	  wheel=$$($(BIN)/python hvdps/install/horovod_build.py) || { echo "$$wheel"; exit 1; }; \
-	  $(BIN)/pip uninstall -q -y horovod 2>/dev/null; $(BIN)/pip install -q "$$wheel" && \
-	  $(BIN)/python hvdps/install/horovod_build.py --record; }
+	@for step in $(METHOD_INSTALLS); do $(BIN)/python $$step --install || exit 1; done
 	@echo "== installing hvdps and test tools"
 	@$(BIN)/pip install -q -e ".[test]"
 	@echo "== building the bind shim (local servers listen on loopback / their own address only)"
 	@cc -shared -fPIC -O2 -Wall -o common/native/libhvdps_bind.so common/native/bind_to.c -ldl
-	@echo "== verifying horovodrun --check-build"
-	@$(BIN)/horovodrun --check-build > $(VENV)/check-build.txt 2>&1 || { cat $(VENV)/check-build.txt; echo "error: horovodrun --check-build failed"; exit 1; }
-	@for want in TensorFlow MPI Gloo; do \
-	  grep -E "\[X\] $$want\b" $(VENV)/check-build.txt >/dev/null || { cat $(VENV)/check-build.txt; \
-	    echo "error: horovod was built without $$want support (see above); run 'make clean-venv setup'"; exit 1; }; \
-	done
-	@echo "== horovod build verified: TensorFlow, MPI and Gloo"
+	@for step in $(METHOD_INSTALLS); do $(BIN)/python $$step --verify || exit 1; done
 	@touch $@
 
 # Three workloads: the MLP at batch 32 (little compute per byte exchanged: communication/latency-bound),

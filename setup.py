@@ -2,7 +2,7 @@
 
 The Horovod wheel is deliberately *not* an install_requires: it must be compiled
 against the TensorFlow already in the environment, with the project's patch
-(hvdps/install/horovod_build.py, patches/), and letting pip resolve it would build the
+(horovod_train/install.py, patches/), and letting pip resolve it would build the
 unpatched release in an isolated env against the wrong TensorFlow.
 """
 from setuptools import find_packages, setup

@@ -11,7 +11,9 @@ hvdps knows of it:
   cluster's counters), the exchange's alpha-beta time, and the step the projection expects;
 - the report's wording for its distribution overhead, alone and with peers, and its waits;
 - what it measures of a run beyond the records every trainer writes (``Method.measures``), and what
-  the report says of that: a clause per run (``Method.details``), sections of its own (``Method.sections``).
+  the report says of that: a clause per run (``Method.details``), sections of its own (``Method.sections``);
+- its install step, if pip's dependencies are not enough: ``<name>_train/install.py`` with ``--install``
+  and ``--verify``, which ``make setup`` runs (Horovod compiled against the stack: horovod_train/install.py).
 
 The per-worker wire rule the trainers record (``allreduce.backend.ring_wire`` / ``ps_train.backend.ps_wire``) and the
 formulas here share their pieces (``allreduce.backend.ring_share``, ``hvdps.cost.schedule``), so each

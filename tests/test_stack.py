@@ -79,7 +79,7 @@ def test_make_setup_on_a_python_without_tensorflow_says_what_to_install(tmp_path
 
 def test_horovod_wheel_cache_key_names_what_it_was_compiled_against(monkeypatch, tmp_path):
     """A change of TensorFlow, Python, MPI or the patch is another folder: a stale wheel is never reused."""
-    from hvdps.install import horovod_build as hb
+    from horovod_train import install as hb
     monkeypatch.setattr(hb, "tensorflow_version", lambda: "2.21.0")
     monkeypatch.setattr(hb, "mpi_version", lambda: "4.1.4")
     monkeypatch.setenv("HVDPS_CACHE", str(tmp_path))
@@ -92,7 +92,7 @@ def test_horovod_wheel_cache_key_names_what_it_was_compiled_against(monkeypatch,
 
 
 def test_horovod_wheel_from_the_cache_is_not_built_again(monkeypatch, tmp_path, capsys):
-    from hvdps.install import horovod_build as hb
+    from horovod_train import install as hb
     monkeypatch.setattr(hb, "tensorflow_version", lambda: "2.21.0")
     monkeypatch.setattr(hb, "mpi_version", lambda: "4.1.4")
     monkeypatch.setenv("HVDPS_CACHE", str(tmp_path))
@@ -105,7 +105,7 @@ def test_horovod_wheel_from_the_cache_is_not_built_again(monkeypatch, tmp_path, 
 
 def test_horovod_patch_hunks_name_their_tensorflow_change():
     """Every hunk of the patch adds a line that says which TensorFlow change it answers."""
-    from hvdps.install.horovod_build import PATCH
+    from horovod_train.install import PATCH
     text = open(PATCH).read()
     hunks = text.split("\n@@ ")[1:]
     assert len(hunks) >= 6
@@ -115,7 +115,7 @@ def test_horovod_patch_hunks_name_their_tensorflow_change():
 
 
 def test_horovod_build_refuses_unknown_flags(capsys):
-    from hvdps.install.horovod_build import main
+    from horovod_train.install import main
     assert main(["--bogus"]) == 2
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].startswith("error: usage:")

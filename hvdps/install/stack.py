@@ -4,7 +4,7 @@
 
 ``make setup`` runs this with the interpreter the venv is made from, before anything is installed,
 so it imports nothing of the project. Horovod 0.28.1 (its last release) is then compiled against
-the TensorFlow installed, with hvdps's patch (patches/horovod-0.28.1.patch, hvdps/install/horovod_build.py),
+the TensorFlow installed, with hvdps's patch (patches/horovod-0.28.1.patch, horovod_train/install.py),
 which carries it to TensorFlow 2.19-2.21 and to Keras 3 variables in DistributedGradientTape.
 From 2.16 on ``tf.keras`` is Keras 3; those stacks add ``tf-keras`` (Keras 2), which the trainers'
 built-in models and ``horovod.tensorflow.keras`` drive, selected by ``TF_USE_LEGACY_KERAS=1``

@@ -1,12 +1,17 @@
-"""Horovod 0.28.1 compiled against the TensorFlow installed, with hvdps's patch, cached as a wheel.
+"""The Horovod method's install step: Horovod 0.28.1 compiled against the TensorFlow installed, with
+hvdps's patch, cached as a wheel, installed, and its build verified.
 
-    python hvdps/install/horovod_build.py            # prints the wheel's path (built now, or from the cache)
-    python hvdps/install/horovod_build.py --key      # prints the cache key only
-    python hvdps/install/horovod_build.py --record   # after installing the wheel: note its key in the venv
-    python hvdps/install/horovod_build.py --check    # exit 0 if the Horovod installed is the one --key names
+    python horovod_train/install.py --install  # installed already, or the wheel (cached or built now) installed
+    python horovod_train/install.py --verify   # horovodrun --check-build: TensorFlow, MPI and Gloo built in
+    python horovod_train/install.py            # prints the wheel's path (built now, or from the cache)
+    python horovod_train/install.py --key      # prints the cache key only
+    python horovod_train/install.py --record   # after installing the wheel: note its key in the venv
+    python horovod_train/install.py --check    # exit 0 if the Horovod installed is the one --key names
 
-``make setup`` runs this with the venv's interpreter after TensorFlow is installed, then installs the
-wheel it prints. Horovod's last release predates TensorFlow 2.19 and Keras 3, so the sdist from PyPI
+A method package whose method needs more than pip's dependencies has an ``install.py`` taking
+``--install`` and ``--verify``: ``make setup`` runs every ``<name>_train/install.py`` with the venv's
+interpreter after TensorFlow is installed (``--install``) and once hvdps is installed (``--verify``).
+Horovod's last release predates TensorFlow 2.19 and Keras 3, so the sdist from PyPI
 (checked against its SHA-256) gets ``patches/horovod-0.28.1.patch`` before it is compiled with
 TensorFlow, MPI and Gloo (about 3 minutes on 2 cores here). The wheel is only valid for the TensorFlow,
 Python and MPI it was compiled against, and for the patch: those four name its cache folder
@@ -16,6 +21,7 @@ it runs before the project is installed.
 """
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +31,8 @@ import tempfile
 HOROVOD = "0.28.1"
 SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
 HERE = os.path.dirname(os.path.abspath(__file__))
-PATCH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "patches", f"horovod-{HOROVOD}.patch")
+PATCH = os.path.join(os.path.dirname(HERE), "patches", f"horovod-{HOROVOD}.patch")
+BUILT_WITH = ("TensorFlow", "MPI", "Gloo")       # what horovodrun --check-build must list as built in
 BUILD_ENV = {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_MPI": "1", "HOROVOD_WITH_GLOO": "1",
              "HOROVOD_WITHOUT_PYTORCH": "1", "HOROVOD_WITHOUT_MXNET": "1", "MAKEFLAGS": "-j2"}
 
@@ -138,8 +145,62 @@ def installed_is_current():
     return out.returncode == 0
 
 
+def wheel_path():
+    """The wheel of this key: from the cache, or compiled now (said on stderr: it takes minutes)."""
+    folder = cache_dir()
+    wheel = cached_wheel(folder)
+    if wheel is None:
+        print(f"== compiling horovod {HOROVOD} with {os.path.relpath(PATCH)} against this TensorFlow "
+              f"(about 3 minutes on 2 cores; cached in {folder})", file=sys.stderr)
+        return build(folder)
+    print(f"== horovod {HOROVOD} from the cache: {wheel}", file=sys.stderr)
+    return wheel
+
+
+def install():
+    """The wheel of this key installed in place of any other Horovod, and its key recorded; nothing
+    when the installed one is current."""
+    if installed_is_current():
+        return 0
+    wheel = wheel_path()
+    pip = [sys.executable, "-m", "pip", "-q"]
+    subprocess.run([*pip, "uninstall", "-y", "horovod"], capture_output=True)
+    done = subprocess.run([*pip, "install", wheel], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BuildError(f"pip install {wheel}: {(done.stderr or done.stdout).strip()[-2000:]}")
+    with open(_recorded(), "w") as f:
+        f.write(cache_key() + "\n")
+    return 0
+
+
+def verify():
+    """horovodrun --check-build lists TensorFlow, MPI and Gloo as built in (its output kept in the
+    venv as check-build.txt), or one error line naming what is missing."""
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True)
+    text = out.stdout + out.stderr
+    with open(os.path.join(sys.prefix, "check-build.txt"), "w") as f:
+        f.write(text)
+    if out.returncode != 0:
+        print(text)
+        print("error: horovodrun --check-build failed")
+        return 1
+    missing = [want for want in BUILT_WITH if not re.search(rf"\[X\] {want}\b", text)]
+    if missing:
+        print(text)
+        print(f"error: horovod was built without {', '.join(missing)} support (see above); "
+              f"run 'make clean-venv setup'")
+        return 1
+    print(f"== horovod build verified: {', '.join(BUILT_WITH[:-1])} and {BUILT_WITH[-1]}")
+    return 0
+
+
 def main(argv):
     try:
+        if argv == ["--install"]:
+            return install()
+        if argv == ["--verify"]:
+            return verify()
         if argv == ["--key"]:
             print(cache_key())
             return 0
@@ -150,17 +211,9 @@ def main(argv):
                 f.write(cache_key() + "\n")
             return 0
         if argv:
-            print("error: usage: python hvdps/install/horovod_build.py [--key | --check | --record]")
+            print("error: usage: python horovod_train/install.py [--install | --verify | --key | --check | --record]")
             return 2
-        folder = cache_dir()
-        wheel = cached_wheel(folder)
-        if wheel is None:
-            print(f"== compiling horovod {HOROVOD} with {os.path.relpath(PATCH)} against this TensorFlow "
-                  f"(about 3 minutes on 2 cores; cached in {folder})", file=sys.stderr)
-            wheel = build(folder)
-        else:
-            print(f"== horovod {HOROVOD} from the cache: {wheel}", file=sys.stderr)
-        print(wheel)
+        print(wheel_path())
         return 0
     except (BuildError, OSError) as exc:
         print(f"error: building horovod: {exc}")
