@@ -79,6 +79,13 @@ class Launcher:
         """Processes a job starts besides its workers (parameter servers); 0 for all-reduce."""
         return 0
 
+    def roles(self, hosts, workers, num_ps, placement):
+        """{task: host} of a job across ``hosts`` ([(host, slots)]), as the report names them:
+        one rank per slot, in host order (mpirun's ``-H``, the task launchers' workers). A method
+        whose tasks have roles places them itself (ps_train's PSLauncher)."""
+        ranks = [h for h, s in take_slots(hosts, workers) for _ in range(s)]
+        return {f"rank:{i}": h for i, h in enumerate(ranks)}
+
     def env(self, remote=None):
         """Extra environment the command needs (on top of common.base.procs.child_env)."""
         return {}

@@ -25,7 +25,8 @@ import numpy as np
 
 from allreduce.backend import AllreduceBackend, place_rank, ring_wire
 from common.base.errors import RunError, UsageError, describe
-from common.launch.hosts import parse_address, parse_tf_config, validate_cluster
+from common.launch.hosts import parse_address
+from tf_cluster.spec import parse_tf_config, validate_cluster
 from common.spec.plan import make_plan
 from common.trainer.watchdog import OutsideDeadline
 from common.base.flags import check_finite

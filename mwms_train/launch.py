@@ -28,6 +28,7 @@ from common.spec.config import argv_of, build_parser, from_args
 from common.base.errors import UsageError, cli
 from common.base.flags import command_line, check_finite
 from common.base.procs import child_env, free_ports, loopback_only_env
+from tf_cluster.spec import cluster_addresses
 from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
 from mwms_train.backend import add_mwms_args, check_mwms_flags
 from common.spec.plugins import bound_plugins
@@ -116,7 +117,7 @@ def build_remote_tasks(args, trainer_argv):
     the remote shell with the cluster and its index in its command line."""
     hosts = remote.resolve_hosts(args.hosts)
     placed = [h for h, s in remote.take_slots(hosts, args.num_workers) for _ in range(s)]
-    cluster = remote.cluster_addresses({"worker": placed}, args.port)
+    cluster = cluster_addresses({"worker": placed}, args.port)
     agent = remote.rsh_argv(args.rsh, args.hosts)
     tasks = []
     for i, host in enumerate(placed):

@@ -8,7 +8,8 @@ import os
 
 from common.base.flags import check_finite
 from common.base.errors import UsageError
-from common.launch.hosts import parse_address, parse_cluster_spec, parse_tf_config, validate_cluster
+from common.launch.hosts import parse_address
+from tf_cluster.spec import parse_cluster_spec, parse_tf_config, validate_cluster
 
 JOBS = ("ps", "worker", "chief")
 

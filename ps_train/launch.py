@@ -13,8 +13,8 @@ with the launcher (PDEATHSIG), so nothing is orphaned. With --max_restarts, a
 failed job is started again from its latest checkpoint, as a TFJob's OnFailure
 restart policy would, and launch.json records what each restart lost.
 
-With --hosts the roles go on those hosts instead (common/launch/remote.py places them
-and builds each host's command line): each task is started through the remote
+With --hosts the roles go on those hosts instead (ps_train/placement.py places them,
+common/launch/remote.py builds each host's command line): each task is started through the remote
 shell (ssh, srun's agent, or --rsh), listens on its host's own address at
 --port and up, and is tethered to its connection (common/launch/tether.py), so the
 same teardown reaches every host.
@@ -32,10 +32,12 @@ from common.base.errors import UsageError, cli
 from common.base.flags import command_line, check_finite
 from common.base.files import write_atomic
 from common.base.procs import child_env, free_ports
+from tf_cluster.spec import cluster_addresses
 from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
 from common.launch import remote
 from ps_train.main import make_parser as trainer_parser
 from ps_train.cluster import check_ps_flags
+from ps_train.placement import place_ps
 from common.spec.plugins import bound_plugins
 from common.inputs.data import check_input
 from common.model.models import check_plugin
@@ -72,8 +74,8 @@ def build_remote_tasks(args, trainer_argv, chief=False):
     """(name, argv, extra env) per role placed on --hosts, each started through the remote shell
     with the trainer's flags in its command line; and the cluster ({role: [host:port]})."""
     hosts = remote.resolve_hosts(args.hosts)
-    roles = remote.place_ps(hosts, args.num_workers, args.num_ps, args.ps_placement, chief=chief)
-    cluster = remote.cluster_addresses(roles, args.port)
+    roles = place_ps(hosts, args.num_workers, args.num_ps, args.ps_placement, chief=chief)
+    cluster = cluster_addresses(roles, args.port)
     agent = remote.rsh_argv(args.rsh, args.hosts)
     flags = [f"--ps_hosts={','.join(cluster['ps'])}", f"--worker_hosts={','.join(cluster['worker'])}"]
     if chief:

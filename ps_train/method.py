@@ -10,6 +10,7 @@ from common.formats.schemas import read_launch_record
 from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskLauncher
 from hvdps.methods import Method, Network, combine
+from ps_train.placement import place_ps
 from ps_train.report import ps_cpu_clause, shards_section
 
 
@@ -91,6 +92,11 @@ class PSLauncher(TaskLauncher):
 
     def server_tasks(self, num_ps):
         return num_ps
+
+    def roles(self, hosts, workers, num_ps, placement):
+        """The PS tasks, the workers and TF2's coordinator where ps_train.launch puts them."""
+        placed = place_ps(hosts, workers, num_ps, placement, chief=self.server_tasks(num_ps) > num_ps)
+        return {f"{role}:{i}": h for role in ("ps", "worker", "chief") for i, h in enumerate(placed.get(role, []))}
 
     def launcher_argv(self, workers, mode, num_ps):
         return ["--num_ps", str(num_ps), "--num_workers", str(workers), f"--{mode or 'async'}"]

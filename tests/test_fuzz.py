@@ -234,7 +234,7 @@ def test_hostfile_reader_takes_or_refuses(tmp_path_factory, lines):
 
 @given(data=st.data())
 def test_cluster_spec_and_tf_config_take_or_refuse(tmp_path_factory, data):
-    from common.launch.hosts import parse_cluster_spec, parse_tf_config
+    from tf_cluster.spec import parse_cluster_spec, parse_tf_config
     valid = {"cluster": {"ps": ["h1:2222"], "worker": ["h2:2222", "h3:2222"]}, "task": {"type": "worker", "index": 1}}
     text = data.draw(broken(valid))
     text = text.decode("latin-1") if isinstance(text, bytes) else text

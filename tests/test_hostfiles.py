@@ -9,7 +9,8 @@ import subprocess
 import pytest
 import yaml
 
-from common.launch.hosts import parse_cluster_spec, parse_hostfile, parse_tf_config
+from common.launch.hosts import parse_hostfile
+from tf_cluster.spec import parse_cluster_spec, parse_tf_config
 from horovod_train.backend import add_horovod_args
 from mwms_train.backend import add_mwms_args
 from ps_train.main import make_parser as ps_parser

@@ -3,8 +3,8 @@ import json
 import pytest
 
 from common.base.errors import UsageError
-from common.launch.hosts import (parse_cluster_spec, parse_host_list, parse_hostfile, parse_hostfile_text,
-                          parse_tf_config, to_cluster_spec, to_mpi_hostfile, tf_configs)
+from common.launch.hosts import parse_host_list, parse_hostfile, parse_hostfile_text, to_mpi_hostfile
+from tf_cluster.spec import parse_cluster_spec, parse_tf_config, to_cluster_spec, tf_configs
 
 
 @pytest.mark.parametrize("text, hosts", [

@@ -10,6 +10,8 @@ import pytest
 from common.formats.schemas import Gradient, LinksFile
 
 from common.launch import remote
+from ps_train.placement import place_ps
+from tf_cluster.spec import cluster_addresses
 from common.base.errors import UsageError
 from hvdps.commands import compare
 from hvdps.measure import links
@@ -27,7 +29,7 @@ HOSTS = [("h1", 1), ("h2", 1), ("h3", 2)]
     (HOSTS, 1, 1, "own", True, {"ps": ["h1"], "worker": ["h2"], "chief": ["h2"]}),
 ])
 def test_place_ps(hosts, workers, num_ps, placement, chief, want):
-    assert remote.place_ps(hosts, workers, num_ps, placement, chief) == want
+    assert place_ps(hosts, workers, num_ps, placement, chief) == want
 
 
 @pytest.mark.parametrize("hosts, workers, num_ps, placement, message", [
@@ -38,12 +40,12 @@ def test_place_ps(hosts, workers, num_ps, placement, chief, want):
 ])
 def test_place_ps_refuses(hosts, workers, num_ps, placement, message):
     with pytest.raises(UsageError, match=re.escape(message)):
-        remote.place_ps(hosts, workers, num_ps, placement)
+        place_ps(hosts, workers, num_ps, placement)
 
 
 def test_cluster_addresses_count_ports_per_host():
     roles = {"ps": ["h1"], "worker": ["h2", "h2"], "chief": ["h2"]}
-    assert remote.cluster_addresses(roles, 2222) == {"ps": ["h1:2222"], "worker": ["h2:2222", "h2:2223"],
+    assert cluster_addresses(roles, 2222) == {"ps": ["h1:2222"], "worker": ["h2:2222", "h2:2223"],
                                                      "chief": ["h2:2224"]}
 
 

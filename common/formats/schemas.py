@@ -12,8 +12,8 @@ format is declared once here, with types, required keys, finite numbers and phys
 - refused in one ``error:`` line naming the file, the field and the rule.
 
 What a reader returns has passed its schema; nothing downstream checks a type again. The
-formats read elsewhere have their own single reader: hostfiles, cluster specs and TF_CONFIG in
-``common/launch/hosts.py``, IDX and NPZ data in ``common/inputs/data.py``. ``READERS`` lists every format and
+formats read elsewhere have their own single reader: hostfiles in ``common/launch/hosts.py``, cluster specs and TF_CONFIG in
+``tf_cluster/spec.py``, IDX and NPZ data in ``common/inputs/data.py``. ``READERS`` lists every format and
 the one function that reads it; ``tests/test_schemas.py`` fails on any other module that opens
 one of these files or calls ``json.load``.
 
@@ -590,8 +590,8 @@ READERS = {
     "TFRecord (first record, before a run)": "common.inputs.records.check_first_record",
     "TFRecord (streamed by tf.data)": "common.inputs.records.stream",
     "hostfile": "common.launch.hosts.parse_hostfile",
-    "cluster spec (JSON/YAML)": "common.launch.hosts.parse_cluster_spec",
-    "TF_CONFIG": "common.launch.hosts.parse_tf_config",
+    "cluster spec (JSON/YAML)": "tf_cluster.spec.parse_cluster_spec",
+    "TF_CONFIG": "tf_cluster.spec.parse_tf_config",
     "weights.npz": "common.formats.schemas.read_weights",
     "checkpoint (TensorFlow's index)": "common.formats.schemas.read_checkpoint_index",
     "IDX": "common.inputs.data.read_idx",

@@ -1,16 +1,14 @@
-"""Hostfiles, cluster specs and TF_CONFIG: parsed and validated in one place.
+"""Hostfiles and host lists: parsed and validated in one place (TensorFlow's cluster specs and
+TF_CONFIG are tf_cluster/spec.py's).
 
 Cluster admins hand-edit these files; a typo must come back as
 ``file:line: problem``, never as an MPI or gRPC failure minutes later.
 """
-import json
 import re
 
 from common.base.errors import UsageError
 from common.base.files import MiB, read_input
-from common.formats.schemas import parse_json
 
-ROLES = ("chief", "ps", "worker", "evaluator")
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9\-\.]*[A-Za-z0-9])?$|^\[[0-9a-fA-F:]+\]$")
 
 
@@ -64,7 +62,8 @@ def parse_hostfile_text(text, source="<hostfile>"):
     return hosts
 
 
-def _read(path, what):
+def read_listing(path, what):
+    """A hand-edited listing (hostfile, cluster spec) as text: bounded, UTF-8, or one error line."""
     raw = read_input(path, what, max_bytes=16 * MiB)
     try:
         return raw.decode("utf-8")
@@ -73,7 +72,7 @@ def _read(path, what):
 
 
 def parse_hostfile(path):
-    return parse_hostfile_text(_read(path, "hostfile"), path)
+    return parse_hostfile_text(read_listing(path, "hostfile"), path)
 
 
 def parse_host_list(text, source="-H"):
@@ -105,108 +104,9 @@ def parse_address(addr, where):
     return host, int(port)
 
 
-def validate_cluster(cluster, source="cluster spec", need_ps=True):
-    """A TF cluster dict {role: [host:port, ...]} with known roles and unique addresses;
-    ``need_ps``: a parameter-server cluster (an all-reduce cluster has workers only)."""
-    if not isinstance(cluster, dict) or not cluster:
-        raise UsageError(f"{source}: expected an object mapping roles to host:port lists")
-    seen = {}
-    for role, addrs in cluster.items():
-        if role not in ROLES:
-            raise UsageError(f"{source}: unknown role {role!r} (valid: {', '.join(ROLES)})")
-        if not isinstance(addrs, list) or not addrs:
-            raise UsageError(f"{source}: role {role!r} needs a non-empty list of host:port")
-        for i, addr in enumerate(addrs):
-            where = f"{source}: {role}[{i}]"
-            parse_address(addr, where)
-            if addr in seen:
-                raise UsageError(f"{where}: address {addr} also used by {seen[addr]}")
-            seen[addr] = f"{role}[{i}]"
-    if need_ps and "ps" not in cluster:
-        raise UsageError(f"{source}: no 'ps' tasks listed")
-    if "worker" not in cluster and "chief" not in cluster:
-        raise UsageError(f"{source}: no 'worker' or 'chief' tasks listed")
-    if len(cluster.get("chief", [])) > 1:
-        raise UsageError(f"{source}: at most one chief, got {len(cluster['chief'])}")
-    return {role: list(addrs) for role, addrs in cluster.items()}
-
-
-def parse_cluster_spec(path):
-    """JSON or YAML file: either ``{"cluster": {...}}`` (TF_CONFIG style) or the roles directly."""
-    text = _read(path, "cluster spec")
-    try:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-            data = yaml.safe_load(text)
-        else:
-            data = parse_json(text, path)
-    except UsageError:
-        raise
-    except Exception as exc:  # json/yaml raise different types; one message
-        raise UsageError(f"{path}: not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}: "
-                         f"{str(exc).splitlines()[0]}")
-    if isinstance(data, dict) and "cluster" in data:
-        data = data["cluster"]
-    return validate_cluster(data, path)
-
-
-def parse_tf_config(text, source="TF_CONFIG", need_ps=True):
-    """Kubeflow TFJob's TF_CONFIG -> (cluster, role, index)."""
-    data = parse_json(text, source)
-    if not isinstance(data, dict) or "cluster" not in data or "task" not in data:
-        raise UsageError(f"{source} must have 'cluster' and 'task' keys")
-    cluster = validate_cluster(data["cluster"], source, need_ps)
-    task = data["task"]
-    if not isinstance(task, dict) or "type" not in task:
-        raise UsageError(f"{source}: task needs 'type' and 'index'")
-    role, index = task["type"], task.get("index", 0)
-    if not isinstance(role, str):
-        raise UsageError(f"{source}: task type must be a string such as \"worker\", got {role!r}")
-    if role not in cluster:
-        raise UsageError(f"{source}: task type {role!r} is not in the cluster "
-                         f"(roles: {', '.join(cluster)})")
-    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cluster[role]):
-        raise UsageError(f"{source}: task index {index!r} out of range for {role} "
-                         f"(0..{len(cluster[role]) - 1})")
-    return cluster, role, index
-
-
 def to_horovod_hosts(hosts):
     return ",".join(f"{h}:{s}" for h, s in hosts)
 
 
 def to_mpi_hostfile(hosts):
     return "".join(f"{h} slots={s}\n" for h, s in hosts)
-
-
-def to_cluster_spec(hosts, num_ps=1, port=2222, chief=True):
-    """Inventory -> TF cluster: PS tasks on the first hosts, one task per slot, ports counted up."""
-    tasks = [h for h, s in hosts for _ in range(s)]
-    needed = num_ps + 1
-    if len(tasks) < needed:
-        raise UsageError(f"{len(tasks)} slots cannot hold {num_ps} PS and at least one worker")
-    next_port = {}
-
-    def addr(h):
-        p = next_port.get(h, port)
-        if p > 65535:
-            raise UsageError(f"--port {port}: host {h} needs ports up to {p}, past 65535; choose a lower --port")
-        next_port[h] = p + 1
-        return f"{h}:{p}"
-
-    cluster = {"ps": [addr(h) for h in tasks[:num_ps]]}
-    rest = [addr(h) for h in tasks[num_ps:]]
-    if chief:
-        cluster["chief"], rest = rest[:1], rest[1:]
-    if rest:
-        cluster["worker"] = rest
-    return cluster
-
-
-def tf_configs(cluster):
-    """One TF_CONFIG string per task, in launch order."""
-    out = []
-    for role in ("chief", "ps", "worker"):
-        for i in range(len(cluster.get(role, []))):
-            out.append((role, i, json.dumps({"cluster": cluster, "task": {"type": role, "index": i}})))
-    return out

@@ -23,7 +23,6 @@ from common.base.procs import REPO, run_bounded
 
 SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 SRUN_AGENT = os.path.join(REPO, "hvdps", "measure", "srun_agent.sh")
-PLACEMENTS = ("own", "beside")
 
 
 def slurm_hosts(env=None):
@@ -88,47 +87,6 @@ def take_slots(hosts, n, what="workers", where="in all"):
     if left > 0:
         total = sum(s for _, s in hosts)
         raise UsageError(f"--hosts has {total} slot(s) {where}, {n} {what} asked for")
-    return out
-
-
-def place_ps(hosts, num_workers, num_ps, placement="own", chief=False):
-    """Roles on hosts: {"ps": [host...], "worker": [host...], "chief": [host]}.
-
-    ``own``: each PS on a host of its own (the first ``num_ps`` hosts), so its link is the PS's
-    alone; the workers fill the slots of the remaining hosts. ``beside``: the workers fill slots
-    from the first host and the PS tasks go on the workers' hosts in turn. A separate chief
-    (TF2's coordinator) goes beside the first worker."""
-    if placement not in PLACEMENTS:
-        raise UsageError(f"--ps_placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
-    if placement == "own":
-        if len(hosts) <= num_ps:
-            names = ", ".join(h for h, _ in hosts[:num_ps])
-            raise UsageError(f"--ps_placement own: PS host(s) {names} would also be the only worker host(s); "
-                             f"list more hosts or use --ps_placement beside")
-        ps = [h for h, _ in hosts[:num_ps]]
-        workers = [h for h, s in take_slots(hosts[num_ps:], num_workers, where="beside the PS host(s)")
-                   for _ in range(s)]
-    else:
-        workers = [h for h, s in take_slots(hosts, num_workers) for _ in range(s)]
-        used = list(dict.fromkeys(workers))
-        ps = [used[i % len(used)] for i in range(num_ps)]
-    roles = {"ps": ps, "worker": workers}
-    if chief:
-        roles["chief"] = [workers[0]]
-    return roles
-
-
-def cluster_addresses(roles, port):
-    """Roles on hosts -> {role: [host:port]}, ports counted up from ``port`` on each host."""
-    next_port, out = {}, {}
-    for role in ("ps", "worker", "chief"):
-        for host in roles.get(role, []):
-            p = next_port.get(host, port)
-            if p > 65535:
-                raise UsageError(f"--port {port}: host {host} needs ports past 65535")
-            next_port[host] = p + 1
-            fmt = f"[{host}]" if ":" in host and not host.startswith("[") else host
-            out.setdefault(role, []).append(f"{fmt}:{p}")
     return out
 
 

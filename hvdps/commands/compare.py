@@ -45,7 +45,7 @@ from hvdps.methods import METHODS, get_launcher, parse_variants
 from hvdps.measure.repeats import alternating, merge, repeat_name
 from hvdps.measure.runs import RUN_RECORD, Outcome, PlannedRun, collect, environment_of, runs_from_dirs, with_scaling
 from hvdps.render.report import write_report
-from common.launch import remote, remote as placing
+from common.launch import remote
 from common.formats.schemas import read_links_spec
 from hvdps.measure.links import Sampler
 from hvdps.measure.load import LoadSampler
@@ -84,13 +84,8 @@ def make_remote(args):
 
 
 def roles_of(launcher, remote, workers, num_ps):
-    """{task: host} of one run across hosts: MPI ranks by slot, PS roles as ps_train.launch places them."""
-    if launcher.server_tasks(num_ps) == 0:
-        hosts = [h for h, s in placing.take_slots(remote.hosts, workers) for _ in range(s)]
-        return {f"rank:{i}": h for i, h in enumerate(hosts)}
-    placed = placing.place_ps(list(remote.hosts), workers, num_ps, remote.placement,
-                              chief=launcher.server_tasks(num_ps) > num_ps)
-    return {f"{role}:{i}": h for role in ("ps", "worker", "chief") for i, h in enumerate(placed.get(role, []))}
+    """{task: host} of one run across hosts, as its method's launcher places them (Launcher.roles)."""
+    return launcher.roles(list(remote.hosts), workers, num_ps, remote.placement)
 
 
 def run_shapes(args):

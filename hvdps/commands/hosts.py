@@ -12,7 +12,8 @@ import sys
 
 from common.base.flags import Parser
 from common.base.errors import UsageError, cli
-from common.launch.hosts import parse_hostfile, tf_configs, to_cluster_spec, to_horovod_hosts, to_mpi_hostfile
+from common.launch.hosts import parse_hostfile, to_horovod_hosts, to_mpi_hostfile
+from tf_cluster.spec import tf_configs, to_cluster_spec
 
 
 @cli
