@@ -13,6 +13,7 @@ from hvdps.cost.shape import StepShape
 from hvdps.cost import projection as pj
 from hvdps.commands import project as cmd
 from hvdps.cost import schedule
+from common.formats.schemas import CommRow
 from hvdps.cost import fits
 from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.render import projection as rpj
@@ -72,7 +73,7 @@ def test_fit_from_comm_uses_ring_formula():
     res = [{"impl": "horovod-mpi", "bytes": b, "seconds": 2e-5 + b / 1e9} for b in (1e6, 1e7, 1e8)]
     res += [{"impl": "ps-push", "bytes": b, "seconds": 1e-4 + b / 5e8} for b in (1e6, 1e8)]
     res += [{"impl": "ps-pull", "bytes": b, "seconds": 1e-4 + b / 5e8} for b in (1e6, 1e8)]
-    fitted = pj.fit_from_comm(res, 2)
+    fitted = pj.fit_from_comm([CommRow(**r) for r in res], 2)
     assert fitted["allreduce"].alpha == pytest.approx(1e-5)
     assert fitted["allreduce"].bandwidth == pytest.approx(1e9)
     assert fitted["ps"] == AlphaBeta(alpha=pytest.approx(1e-4), bandwidth=pytest.approx(5e8))
@@ -90,7 +91,7 @@ def test_the_ps_network_needs_both_ways_fitted(ways, why):
     res = [{"impl": "horovod-mpi", "bytes": b, "seconds": 2e-5 + b / 1e9} for b in (1e6, 1e7, 1e8)]
     res += [{"impl": f"ps-{way}", "bytes": b, "seconds": alpha + b / bw} for way, (alpha, bw) in ways.items()
             for b in (1e6, 1e8)]
-    fitted = pj.fit_from_comm(res, 2)
+    fitted = pj.fit_from_comm([CommRow(**r) for r in res], 2)
     assert isinstance(fitted["ps"], Unfitted) and why in fitted["ps"].error, fitted["ps"]
     assert isinstance(fitted["allreduce"], AlphaBeta)
 
@@ -391,7 +392,7 @@ def test_tf_ring_is_fitted_from_its_own_measurements():
     """comm_bandwidth.py's mwms rows (TensorFlow's ring) get a fit of their own, by the ring's formula."""
     res = [{"impl": "horovod-mpi", "bytes": b, "seconds": 2e-5 + b / 1e9} for b in (1e6, 1e7, 1e8)]
     res += [{"impl": "mwms", "bytes": b, "seconds": 6e-4 + b / 8e8} for b in (1e6, 1e7, 1e8)]
-    fitted = pj.fit_from_comm(res, 2)
+    fitted = pj.fit_from_comm([CommRow(**r) for r in res], 2)
     assert fitted["mwms"].alpha == pytest.approx(3e-4) and fitted["mwms"].bandwidth == pytest.approx(8e8)
     assert fitted["allreduce"].alpha == pytest.approx(1e-5)
 

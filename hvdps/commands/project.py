@@ -315,7 +315,7 @@ def run_projection(args):
     if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None) and \
             not (cluster and cluster.latency_s is not None):
         comm = read_comm(comm_json)
-        fits = fit_from_comm([r.model_dump() for r in comm.results], comm.np)
+        fits = fit_from_comm(comm.results, comm.np)
     ring, ps = network(args, fits, comm_json, cluster)
     if not ring or not ps:
         raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "

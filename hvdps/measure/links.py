@@ -28,6 +28,8 @@ import json
 import os
 import threading
 import time
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 from common.base.files import write_atomic
 from hvdps.measure.rows import measured_interval
@@ -193,8 +195,29 @@ def run_cores(run_dir, header, steps):
     return cores_busy(links, measured_interval(header, steps)), links.cores
 
 
+@dataclass(frozen=True)
+class LinkRow:
+    """One host's link over a run's measured interval: the run's tasks on it, the bytes per round it
+    carried each way (its counters) and what the method's formula says it should (None: no formula)."""
+    host: str
+    tasks: Tuple[str, ...]
+    in_bytes: float
+    out_bytes: float
+    predicted_in: Optional[float]
+    predicted_out: Optional[float]
+    rounds: Optional[float]
+
+    def carried(self, way):
+        """Bytes per round ``way`` ("in" or "out")."""
+        return self.in_bytes if way == "in" else self.out_bytes
+
+    def expected(self, way):
+        """The formula's bytes per round ``way``, or None."""
+        return self.predicted_in if way == "in" else self.predicted_out
+
+
 def link_rows(run, row, links, interval):
-    """The run's per-link table rows: host, its tasks, measured and predicted bytes per round."""
+    """The run's per-link table rows (LinkRow): host, its tasks, measured and predicted bytes per round."""
     header, summary = row.curves.header, row.curves.summary
     rounds = rounds_between(row.curves.steps, interval, row.batch_per_worker, row.workers,
                             header.start_time or 0) if interval and header else None
@@ -208,8 +231,8 @@ def link_rows(run, row, links, interval):
     for host in got:
         tasks = [t for t, h in roles.items() if h == host]
         p = (want or {}).get(host) or {}
-        out.append({"host": host, "tasks": tasks, "in": got[host]["in"], "out": got[host]["out"],
-                    "predicted_in": p.get("in"), "predicted_out": p.get("out"), "rounds": rounds})
+        out.append(LinkRow(host=host, tasks=tuple(tasks), in_bytes=got[host]["in"], out_bytes=got[host]["out"],
+                           predicted_in=p.get("in"), predicted_out=p.get("out"), rounds=rounds))
     return out
 
 

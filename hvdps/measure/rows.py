@@ -80,7 +80,7 @@ class RunRow:
     teardown_s: Optional[float] = None
     roles: Optional[Dict[str, Any]] = None
     cores_busy: Optional[float] = None
-    links: Optional[List[Dict[str, Any]]] = None
+    links: Optional[Tuple[Any, ...]] = None       # hvdps/measure/links.py: LinkRow per host
     busiest_link_bytes: Optional[float] = None
     busiest_link_predicted: Optional[float] = None
     link_bytes_ratio: Optional[float] = None

@@ -120,20 +120,20 @@ def links_of(row, roles):
     table = link_rows(None, row, links, interval)
     if not table:
         return out
-    out.update(links=table, roles=out["roles"] or links.roles)
-    busiest = max(table, key=lambda x: max(x["in"], x["out"]))
-    way = "in" if busiest["in"] >= busiest["out"] else "out"
+    out.update(links=tuple(table), roles=out["roles"] or links.roles)
+    busiest = max(table, key=lambda x: max(x.in_bytes, x.out_bytes))
+    way = "in" if busiest.in_bytes >= busiest.out_bytes else "out"
     # Worst measured/formula over the links that carry a tenth of the model or more: on a shard of a few
     # kB the fixed costs of each RPC (step counter reads, headers) outweigh the tensors themselves.
     floor = 0.1 * (row.grad_bytes_per_step or 0)
-    ratios = [x[w] / x["predicted_" + w] for x in table for w in ("in", "out")
-              if x.get("predicted_" + w) and x["predicted_" + w] >= floor]
-    round_s = (interval[1] - interval[0]) / busiest["rounds"]
-    out.update(busiest_link_bytes=busiest[way], busiest_link_predicted=busiest["predicted_" + way],
+    ratios = [x.carried(w) / x.expected(w) for x in table for w in ("in", "out")
+              if x.expected(w) and x.expected(w) >= floor]
+    round_s = (interval[1] - interval[0]) / busiest.rounds
+    out.update(busiest_link_bytes=busiest.carried(way), busiest_link_predicted=busiest.expected(way),
                link_bytes_ratio=max(ratios, key=lambda q: abs(q - 1)) if ratios else None,
                round_s=round_s, link_rate_bps=links.rate_bps)
     if links.rate_bps:
-        out["link_utilisation"] = busiest[way] * 8 / round_s / links.rate_bps
+        out["link_utilisation"] = busiest.carried(way) * 8 / round_s / links.rate_bps
     return out
 
 

@@ -59,8 +59,8 @@ def links_section(rows):
                 util += f", cores {100 * r.cores_busy:.0f}% busy"
             for i, x in enumerate(r.links):
                 head = f"{name} | {1000 * r.round_s:.1f} | {util}" if i == 0 else " | | "
-                lines.append(f"| {head} | {x['host']} | {', '.join(x['tasks']) or '-'} | {x['in']:,.0f} | "
-                             f"{_fmt_bytes(x['predicted_in'])} | {x['out']:,.0f} | {_fmt_bytes(x['predicted_out'])} |")
+                lines.append(f"| {head} | {x.host} | {', '.join(x.tasks) or '-'} | {x.in_bytes:,.0f} | "
+                             f"{_fmt_bytes(x.predicted_in)} | {x.out_bytes:,.0f} | {_fmt_bytes(x.predicted_out)} |")
         elif measured:
             lines.append(f"| {name} | - | - | " + "; ".join(f"{h}: {t}" for t, h in (r.roles or {}).items())
                          + " | | | | | |")
