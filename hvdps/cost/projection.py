@@ -37,12 +37,11 @@ def efficiency(compute, comm, overlap=0.0):
 
 
 def fit_from_comm(comm_results, np_=2):
-    """{network: AlphaBeta or Unfitted} for each exchange family the methods say comm.json's typed rows
-    (``comm_results``: common/formats/schemas.py's CommRow) measure
-    (hvdps/methods.py: ``networks_measured``: Horovod's rows fit ``allreduce``, TensorFlow's
-    MultiWorkerMirrored rows ``mwms``, the PS push and pull rows the parameter servers' network),
-    each by its own rule (hvdps/cost/fits.py). A family whose points cannot be fitted is Unfitted,
-    with why (``network`` refuses to use it)."""
+    """{network: AlphaBeta or Unfitted}, one per exchange family the methods declare that comm.json
+    measures (hvdps/methods.py: ``networks_measured``): Horovod's rows fit ``allreduce``, TensorFlow's
+    MultiWorkerMirrored rows ``mwms``, the PS push and pull rows the parameter servers' network, each
+    by its own rule (hvdps/cost/fits.py). ``comm_results``: comm.json's typed rows (CommRow). A family
+    whose points cannot be fitted is Unfitted, with why (``network`` refuses to use it)."""
     fits = {}
     for net in methods.networks_measured().values():
         rows = [(r.impl, r.bytes, r.seconds) for r in comm_results if r.impl.startswith(net.prefix)]
