@@ -65,6 +65,8 @@ $(STAMP): setup.py Makefile hvdps/install/stack.py $(METHOD_INSTALLS) $(wildcard
 # 0.75 by its second, and the compute probe times 20 steps. Raise DEMO_MLP_EPOCHS / DEMO_CNN_EPOCHS (and
 # DEMO_ARGS="--probe_steps 50") for steadier figures. DEMO_ARGS ends each of the three comparisons'
 # flags, so its own win (e.g. --train_steps 12 for a quick look, --backends horovod for one method).
+# Last, a slow worker (root: the kernel's CPU cgroup): worker 1 of 2 at a quarter of its CPU under bare
+# MPI and async PS, beside their healthy runs, in a report of its own (runs/demo-*/straggler).
 DEMO_OUT := runs/demo-$(shell date +%Y%m%d-%H%M%S)
 DEMO_WORKERS ?= 1,2
 DEMO_ARGS ?=
@@ -81,6 +83,8 @@ demo: setup
 	$(BIN)/hvdps compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs $(DEMO_OUT)/rec/runs --out $(DEMO_OUT)
 	-$(BIN)/hvdps project --from $(DEMO_OUT)/cnn/runs --bandwidth_gbps 25 --latency_us 10 \
 	    --max_workers 64 --out $(DEMO_OUT)/projection
+	-$(SUDO) $(BIN)/hvdps compare --workers 2 --backends mpi,ps:async --straggler 1:4 --model mlp --train_steps 300 \
+	    --no_progress --out $(DEMO_OUT)/straggler $(DEMO_ARGS)
 
 # The comparison on an emulated cluster (root: network namespaces, tc tbf): EMU_HOSTS hosts, each link
 # EMU_RATE both ways, slow enough that the exchange dominates the MLP's step (1024 hidden units: M =

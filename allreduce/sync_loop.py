@@ -18,6 +18,7 @@ from common.model.optim import create_slots, make_lr_schedule
 from common.trainer.run_dir import check_resume_compatible, refuse_finished
 from allreduce.roster import step_failure
 from common.trainer.runlog import RunLog
+from common.trainer.steptimes import StepTimes
 
 
 class AllreduceAdapter(Adapter):
@@ -107,28 +108,49 @@ def run_custom(backend, model, optimizer, train_ds, start_step, total_steps, boo
     train_step = tf.function(backend.distribute(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape)),
                              autograph=False)  # all-reduce
     step, waits = start_step, []
-    batches = read_batches(train_ds, f"rank {backend.rank}", waits, first_step=start_step + 1)
-    for x, y in itertools.islice(batches, total_steps - start_step):   # a strategy's dataset may repeat
+    times = StepTimes(f"rank:{backend.rank}", books.cfg.log_every, books.cfg.warmup_steps,
+                      getattr(backend, "exchange_times", None))     # all-reduce: the exchange where timed
+    batches = itertools.islice(read_batches(train_ds, f"rank {backend.rank}", waits, first_step=start_step + 1),
+                               total_steps - start_step)             # a strategy's dataset may repeat
+    for x, y in timed(batches, times):
         try:
             loss = float(train_step(x, y))
         except tf.errors.OpError as exc:         # a lost peer, a collective's timeout: one line, not a trace
             raise step_failure(peers, f"rank {backend.rank}: training step {step + 1} failed", exc)
         step += 1
         backend.after_step(model, step, last=step == total_steps)   # all-reduce: local SGD's weight exchange
+        times.end(step, waits[-1] if waits else None)
         books.after_update(step, loss)
+    times.save(books.cfg.train_dir)
     return waits
+
+
+def timed(batches, times):
+    """The batches, each step's clock started before its batch is asked for."""
+    while True:
+        times.begin()
+        try:
+            yield next(batches)
+        except StopIteration:
+            return
 
 
 def run_fit(backend, model, optimizer, train_ds, start_step, total_steps, books):
     import tensorflow as tf
+
+    times = StepTimes(f"rank:{backend.rank}", books.cfg.log_every, books.cfg.warmup_steps)
 
     class Hook(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
             self.step = start_step
 
+        def on_train_batch_begin(self, batch, logs=None):
+            times.begin()
+
         def on_train_batch_end(self, batch, logs=None):
             self.step += 1
+            times.end(self.step)
             books.after_update(self.step, float(logs["loss"]))
 
     model.compile(optimizer=optimizer, loss=loss_fn(), metrics=["accuracy"], run_eagerly=False)
@@ -137,3 +159,4 @@ def run_fit(backend, model, optimizer, train_ds, start_step, total_steps, books)
                   callbacks=backend.keras_callbacks() + [Hook()])   # all-reduce: broadcast + metric averaging
     except tf.errors.OpError as exc:
         raise input_failure(exc, f"rank {backend.rank}") or exc
+    times.save(books.cfg.train_dir)

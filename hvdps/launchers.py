@@ -17,9 +17,10 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-from common.base.procs import REPO, loopback_only_env
+from common.base.procs import REPO, launcher_rank, loopback_only_env
 from common.launch.remote import take_slots
 from common.spec.config import argv_of
+from tf_cluster.spec import task_of
 
 # Local Horovod runs: ranks talk over shared memory, Open MPI's out-of-band
 # channel over loopback only; mpirun's PMIx tool listener ignores every
@@ -90,6 +91,12 @@ class Launcher:
         """Extra environment the command needs (on top of common.base.procs.child_env)."""
         return {}
 
+    def worker_of(self, environ, argv):
+        """Which worker (rank) of a job of this launcher's a process is, from its environment and
+        command line; None for any other process (a launcher, a server task, a shell): what a slow or
+        stalled worker is applied to (hvdps/measure/unhealthy.py)."""
+        raise NotImplementedError
+
     def command(self, workers, trainer_argv, mode=None, num_ps=1, pin_cores=False, python=sys.executable,
                 remote=None):
         """argv that starts ``workers`` training processes with ``trainer_argv``.
@@ -123,6 +130,9 @@ class MPIRunLauncher(Launcher):
 
     def env(self, remote=None):
         return {} if remote else loopback_only_env()   # across hosts MPI binds the network it is given
+
+    def worker_of(self, environ, argv):
+        return launcher_rank(environ, default=None)      # the rank mpirun (or srun) gave the process
 
     def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable,
                 remote=None):
@@ -169,6 +179,10 @@ class TaskLauncher(Launcher):
                 where += ["--rsh", shlex.join(remote.agent)]
         return [python, "-u", "-m", self.module, *self.launcher_argv(workers, mode, num_ps), *pin, *where,
                 *trainer_argv]
+
+    def worker_of(self, environ, argv):
+        task = task_of(environ, argv)                    # TensorFlow's task: TF_CONFIG or its flags
+        return task[1] if task and task[0] == "worker" else None
 
     def task_lines(self, cmd):
         """The launcher's --hosts starts each task through the remote shell: one line per task."""

@@ -41,7 +41,7 @@ class CostModel(Protocol):
     """What the application asks a method's cost model (``Ring`` here, for the all-reduce methods;
     ps_train/method.py's ``ParameterServers``; a method may subclass either): whether it starts server tasks, the projection's
     architecture and network, whether its ranks spin while they wait, whether its workers step in
-    lock-step, the bytes each host's link carries per round, the exchange's alpha-beta time, and the
+    lock-step and for how many of them a step waits, the bytes each host's link carries per round, the exchange's alpha-beta time, and the
     step as terms (``combine``) and as one figure with how it was reached."""
     collective: bool
     arch: str
@@ -49,6 +49,8 @@ class CostModel(Protocol):
     polls: bool
 
     def lockstep(self, mode): ...
+
+    def waits_for(self, mode, workers): ...
 
     def predict_links(self, mode, roles, gradient, shard_bytes=None): ...
 
@@ -108,6 +110,10 @@ class Ring:
     def lockstep(self, mode):
         """Every rank computes at the same moment each step (they all wait for the all-reduce)."""
         return True
+
+    def waits_for(self, mode, workers):
+        """How many workers a step waits for (None: none, each at its own pace): a ring, every rank."""
+        return workers
 
     def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network=None, polls=False,
                  measured=None):

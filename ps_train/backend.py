@@ -41,7 +41,7 @@ class PSBackend(Backend):
     name = "ps"
 
     def __init__(self, cluster, job, index, sync=False, replicas_to_aggregate=0,
-                 startup_timeout=60.0, step_timeout=60.0):
+                 startup_timeout=60.0, step_timeout=60.0, backup_workers=0):
         super().__init__()
         self.cluster, self.job, self.index = cluster, job, index
         self.sync = sync
@@ -49,6 +49,11 @@ class PSBackend(Backend):
         self.num_ps = len(cluster["ps"])
         self.replica_list = replicas(cluster)
         self.world_size = len(self.replica_list)
+        if backup_workers:                       # K backups: an update waits for the first N - K
+            if backup_workers >= self.world_size:
+                raise UsageError(f"--backup_workers {backup_workers} leaves no gradient to wait for: at most "
+                                 f"{self.world_size - 1} with {self.world_size} workers")
+            replicas_to_aggregate = self.world_size - backup_workers
         if sync and not 0 <= replicas_to_aggregate <= self.world_size:
             raise UsageError(f"--replicas_to_aggregate {replicas_to_aggregate} must be 1..{self.world_size}")
         self.replicas_to_aggregate = (replicas_to_aggregate or self.world_size) if sync else 1

@@ -28,6 +28,9 @@ def add_ps_args(parser):
     mode.add_argument("--async", dest="sync", action="store_false", help="asynchronous updates (default)")
     g.add_argument("--replicas_to_aggregate", type=int, default=0,
                    help="sync: gradients averaged per update (0: all workers)")
+    g.add_argument("--backup_workers", type=int, default=0,
+                   help="sync: K backup workers (Chen et al. 2016): each update averages the first N - K of the "
+                        "N workers' gradients and drops the late ones as stale; --replicas_to_aggregate N - K")
     g.add_argument("--ps_api", choices=("v1", "v2"), default="v1",
                    help="v1: TensorFlow 1's between-graph replication, async or --sync (default); v2: TensorFlow "
                         "2's ParameterServerStrategy + ClusterCoordinator, async only, needs a chief task "
@@ -65,13 +68,16 @@ def check_ps_flags(args):
         check_finite(name, getattr(args, name))
         if not 0 < getattr(args, name) <= MAX_TIMEOUT_S:     # TF takes it in int64 milliseconds
             raise UsageError(f"--{name} must be in (0, {MAX_TIMEOUT_S}] seconds (a week), got {getattr(args, name)}")
-    if args.ps_api == "v2" and (args.sync or args.replicas_to_aggregate):
-        raise UsageError(f"--{'sync' if args.sync else 'replicas_to_aggregate'} needs --ps_api v1: TensorFlow 2's "
-                         f"ParameterServerStrategy is asynchronous only")
-    if args.replicas_to_aggregate and not args.sync:
-        raise UsageError("--replicas_to_aggregate applies to synchronous training: add --sync")
-    if args.replicas_to_aggregate < 0:
-        raise UsageError(f"--replicas_to_aggregate must be >= 0, got {args.replicas_to_aggregate}")
+    given = next((f for f in ("sync", "replicas_to_aggregate", "backup_workers") if getattr(args, f)), None)
+    if args.ps_api == "v2" and given:
+        raise UsageError(f"--{given} needs --ps_api v1: TensorFlow 2's ParameterServerStrategy is asynchronous only")
+    for flag in ("replicas_to_aggregate", "backup_workers"):
+        if getattr(args, flag) and not args.sync:
+            raise UsageError(f"--{flag} applies to synchronous training: add --sync")
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag} must be >= 0, got {getattr(args, flag)}")
+    if args.replicas_to_aggregate and args.backup_workers:
+        raise UsageError("--backup_workers K means --replicas_to_aggregate N - K: give one of them")
 
 
 def resolve_cluster(args, environ=None):

@@ -43,6 +43,7 @@ from common.trainer.bookkeeper import Adapter, Bookkeeper
 from common.trainer.checkpoints import remove_partial_checkpoints
 from common.trainer.run_dir import check_resume_compatible, check_train_dir, refuse_finished
 from common.trainer.runlog import RunLog
+from common.trainer.steptimes import StepTimes
 from common.trainer.watchdog import Watchdog
 from ps_train import stop, v2
 from ps_train.stop import hard_exit
@@ -66,7 +67,8 @@ def main(argv=None):
     if args.ps_api == "v2":                      # PS: TF2's ParameterServerStrategy instead (ps_train/v2.py)
         return main_v2(args, cfg, cluster, job, index, restrict=argv is None)
     backend = PSBackend(cluster, job, index, sync=args.sync, replicas_to_aggregate=args.replicas_to_aggregate,
-                        startup_timeout=args.startup_timeout, step_timeout=args.step_timeout)
+                        startup_timeout=args.startup_timeout, step_timeout=args.step_timeout,
+                        backup_workers=args.backup_workers)
     if backend.is_chief:
         check_train_dir(cfg)
         if cfg.resume:
@@ -164,8 +166,9 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
     step_opts = tf.compat.v1.RunOptions(timeout_in_ms=int(backend.step_timeout * 1000))
     try:
         session, sess, read, at, chief, books = start_session(cfg, backend, plan, graph, start_log, dog)
-        fetches = [graph.train_op, graph.loss, graph.global_step] + ([graph.input_wait] if chief else [])
+        fetches = [graph.train_op, graph.loss, graph.global_step, graph.input_wait]
         done = at >= plan.total_updates             # a worker that joins a finished job steps no more
+        times, mine = StepTimes(f"worker:{backend.index}", cfg.log_every, cfg.warmup_steps), 0
 
         def step(raw):
             return raw.run(fetches, options=step_opts)
@@ -173,9 +176,10 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
         while not done:
             if chief_watch:
                 chief_watch.check()
+            times.begin()
             try:
-                _, loss, update, *waited = retried(sess, step, f"{who}: training step",
-                                                   first=ps_watch.exit_if_lost)   # a PS gone: its line
+                _, loss, update, waited = retried(sess, step, f"{who}: training step",
+                                                  first=ps_watch.exit_if_lost)   # a PS gone: its line
             except tf.errors.DeadlineExceededError:
                 session.check()                  # the queue runner's own error first, if it stopped
                 raise RunError((chief.blocked() if chief else None) or
@@ -185,13 +189,16 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
                 break                        # this worker's data stream is used up: its part is done
             except (tf.errors.OpError, OSError) as exc:   # a full disk under the checkpoint hook, ...
                 raise input_failure(exc, who) or RunError(f"{who}: {describe(exc)}")
+            mine += 1
+            times.end(mine, float(waited))      # PS: this worker's own batches, at its own pace
             dog.kick()
             session.check()
             if books:
-                chief.input_waits.extend(waited)  # PS: the chief's own batches, as rank 0's elsewhere
+                chief.input_waits.append(waited)  # PS: the chief's own batches, as rank 0's elsewhere
                 books.after_update(int(update), float(loss))
             done = reached(plan.total_updates, int(update), lambda: int(read(graph.global_step)))
         read(graph.mark_done)
+        times.save(cfg.train_dir)
         if not chief:                        # PS: nothing else to do; the chief ends the job
             ps_watch.stop()
             hard_exit(0)
@@ -413,6 +420,8 @@ class ChiefAdapter(Adapter):
         extra = {"lost_workers": self.lost, "worker_steps": counts.tolist(), "input_s": input_wait(self.input_waits)}
         if waits is not None:
             extra.update(sync_wait_total_s=waits.tolist(), wait_s=self.waits.median())
+        if self.backend.sync:                    # PS: each update took R gradients; every other one was dropped
+            extra["dropped_gradients"] = max(0, int(counts.sum()) - final * self.backend.replicas_to_aggregate)
         return extra
 
     def blocked(self):

@@ -6,6 +6,7 @@ tasks spend (``PSMethod.measures``) and the report's section on how the tasks sp
 (ps_train/report.py)."""
 import os
 
+from common.base.errors import UsageError
 from common.formats.schemas import read_launch_record
 from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskLauncher
@@ -28,8 +29,16 @@ class ParameterServers:
     lockstep_modes = ("sync",)   # the workers wait for each other's gradients before each update
 
     def lockstep(self, mode):
-        """Sync workers compute at the same moment each step; async ones each at their own pace."""
-        return mode in self.lockstep_modes
+        """Sync workers compute at the same moment each step (with backups: all but the late ones);
+        async ones each at their own pace."""
+        return base_mode(mode) in self.lockstep_modes
+
+    def waits_for(self, mode, workers):
+        """How many workers' gradients an update waits for: all of them in sync mode, all but the K
+        backups with ``backupK``, none (each applies its own) asynchronously."""
+        if not self.lockstep(mode):
+            return None
+        return workers - backups(mode)
 
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
         dense, sparse = (getattr(gradient, k) or 0 for k in ("dense_bytes", "sparse_bytes"))
@@ -99,7 +108,8 @@ class PSLauncher(TaskLauncher):
         return {f"{role}:{i}": h for role in ("ps", "worker", "chief") for i, h in enumerate(placed.get(role, []))}
 
     def launcher_argv(self, workers, mode, num_ps):
-        return ["--num_ps", str(num_ps), "--num_workers", str(workers), f"--{mode or 'async'}"]
+        extra = ["--backup_workers", str(backups(mode))] if backups(mode) else []
+        return ["--num_ps", str(num_ps), "--num_workers", str(workers), f"--{base_mode(mode) or 'async'}", *extra]
 
 
 class PS2Launcher(PSLauncher):
@@ -161,10 +171,47 @@ def wait_per_worker(steps):
     return [(w1 - w0) / (n1 - n0) for w0, w1, n0, n1 in pairs]
 
 
+BACKUP = "backup"              # mode backupK: sync with K backup workers (ps_train --sync --backup_workers K)
+MAX_BACKUPS = 1 << 10
+
+
+def backups(mode):
+    """K of a ``backupK`` mode; 0 for any other."""
+    return int(mode[len(BACKUP):]) if mode and mode.startswith(BACKUP) else 0
+
+
+def base_mode(mode):
+    """The trainer's own mode of a method mode: ``backupK`` is sync."""
+    return "sync" if backups(mode) else mode
+
+
 class PSMethod(Method):
     """A parameter-server method: what it measures beyond every trainer's records is the CPU its PS
     tasks spent over the measured interval (the launcher samples it: launch.json) and, in sync mode,
-    each worker's wait for its token (the trainer's step records)."""
+    each worker's wait for its token (the trainer's step records). Classic PS's sync mode takes
+    backup workers as a mode of its own, ``backupK``: an update averages the first N - K gradients."""
+
+    def parse_mode(self, text):
+        if "sync" in self.modes and text.startswith(BACKUP):
+            k = text[len(BACKUP):]
+            if not k.isdigit() or not 1 <= int(k) <= MAX_BACKUPS:
+                raise UsageError(f"backend {self.name}:{BACKUP}K: K backup workers, a whole number from 1 to "
+                                 f"{MAX_BACKUPS} (e.g. {self.name}:{BACKUP}1), got '{text}'")
+            return f"{BACKUP}{int(k)}"
+        return super().parse_mode(text)
+
+    def label(self, mode):
+        k = backups(mode)
+        return f"{super().label('sync')}, {k} backup" if k else super().label(mode)
+
+    def modes_help(self):
+        text = super().modes_help()
+        if "sync" in self.modes:
+            text += f"; {self.name}:{BACKUP}K sync with K backup workers (an update averages the first N - K)"
+        return text
+
+    def overhead_parts(self, mode, alone, measured_wait):
+        return super().overhead_parts(base_mode(mode), alone, measured_wait)
 
     def measures(self, run_dir, header, steps, interval):
         cpu = ps_cpu_seconds(run_dir, interval)

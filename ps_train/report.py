@@ -29,8 +29,12 @@ def shards_section(rows):
 
 
 def ps_cpu_clause(r):
-    """The run's explanation, continued: the CPU its PS tasks spent (PSMethod.measures)."""
-    if r.ps_cpu_share is None:
-        return ""
-    return (f"; the PS task(s) used {r.ps_cpu_s:.1f} CPU s in the measured interval, "
-            f"{100 * r.ps_cpu_share:.0f}% of a core each")
+    """The run's explanation, continued: the CPU its PS tasks spent (PSMethod.measures), and in sync
+    mode the gradients pushed and never applied (with backup workers, the late ones: lost work)."""
+    text = ""
+    if r.ps_cpu_share is not None:
+        text = (f"; the PS task(s) used {r.ps_cpu_s:.1f} CPU s in the measured interval, "
+                f"{100 * r.ps_cpu_share:.0f}% of a core each")
+    if r.dropped_gradients:
+        text += f"; {r.dropped_gradients:,} gradient(s) pushed and dropped as stale (computed, never applied)"
+    return text

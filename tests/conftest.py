@@ -222,3 +222,27 @@ def snapshot(root):
             st = os.lstat(path)
             out[path] = open(path, "rb").read() if stat.S_ISREG(st.st_mode) else stat.S_IFMT(st.st_mode)
     return out
+
+
+def check_timeline(run_dir, tasks):
+    """The run's timeline.json read as the Chrome trace event format defines it (an object with
+    ``traceEvents``; complete events "X" with ts and dur in microseconds; thread names as "M"
+    metadata): a track for each of ``tasks``, and each logged step's parts laid end to end and
+    adding up to that step as its rank timed it (ranks/<task>.json)."""
+    doc = json.load(open(os.path.join(run_dir, "timeline.json")))
+    events = doc["traceEvents"]
+    names = {e["tid"]: e["args"]["name"].split(" ")[0] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sorted(names.values()) == sorted(tasks), names
+    t0 = doc["otherData"]["t0_unix_s"]
+    for tid, task in names.items():
+        spans = json.load(open(os.path.join(run_dir, "ranks", task.replace(":", "-") + ".json")))["spans"]
+        assert spans, task
+        for step, start, end, *_ in spans:
+            parts = sorted((e for e in events if e["ph"] == "X" and e["tid"] == tid and e["args"]["step"] == step),
+                           key=lambda e: e["ts"])
+            assert [e["name"] for e in parts] == ["input", "compute", "exchange + waiting"]
+            assert all(e["dur"] >= 0 for e in parts)
+            for a, b in zip(parts, parts[1:]):
+                assert a["ts"] + a["dur"] == pytest.approx(b["ts"], abs=0.002)    # end to end
+            assert parts[0]["ts"] == pytest.approx((start - t0) * 1e6, abs=1)
+            assert sum(e["dur"] for e in parts) == pytest.approx((end - start) * 1e6, abs=1)

@@ -1,5 +1,6 @@
 """The comparison report: computed values, file agreement, and a real end-to-end run."""
 import csv
+import glob
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ from hvdps.render.report import write_report
 from common.spec.config import make_config
 from common.base.errors import UsageError
 from common.trainer.metrics import MetricsWriter, throughput_stats
-from tests.conftest import BIN, REPO, VALID_BACKENDS, run
+from tests.conftest import BIN, REPO, VALID_BACKENDS, check_timeline, run
 
 
 def fake_run(d, backend, mode, workers, rates, accs, num_ps=0):
@@ -139,6 +140,15 @@ def test_end_to_end_both_backends(tmp_path):
         # one update averages every rank's batch (all-reduce) or is one worker's batch (async PS)
         assert x["global_batch"] == 16 * (x["workers"] if x["backend"] in ("horovod", "mpi") else 1)
         assert x["compute_s"] > 0 and x["compute_s"] + x["overhead_s"] == pytest.approx(x["step_s"])
+        # every rank or task timed its own steps: a timeline with a track each, and each one's distribution
+        # (async PS: each worker at its own pace; one that came late may have logged no step of its own)
+        tasks = [f"{'worker' if x['backend'] == 'ps' else 'rank'}:{i}" for i in range(x["workers"])]
+        steps = _rank_steps(x["run_dir"])
+        if x["mode"] == "async":
+            tasks = [t for t in tasks if steps[t]["spans"]]
+            assert "worker:0" in tasks
+        check_timeline(x["run_dir"], tasks)
+        assert all(0 < q["p50"] <= q["p95"] <= q["max"] for q in (steps[t]["step_s"] for t in tasks))
     report = (out / "report.md").read_text()
     assert "Where each step's time goes" in report and "![breakdown.png](breakdown.png)" in report
     assert report.count(" worker(s): ") >= 6 and "2 worker(s), one run each" in report   # a sentence per run, and the verdict
@@ -150,6 +160,11 @@ def test_end_to_end_both_backends(tmp_path):
     key = lambda x: (x["backend"], x["mode"], x["workers"])
     assert sorted(map(key, again)) == sorted(map(key, rows))
     assert {key(x): x["samples_per_sec_median"] for x in again} == {key(x): x["samples_per_sec_median"] for x in rows}
+
+
+def _rank_steps(run_dir):
+    """{task: what it wrote of its own steps} (ranks/<task>.json)."""
+    return {d["task"]: d for d in (json.load(open(p)) for p in glob.glob(os.path.join(run_dir, "ranks", "*.json")))}
 
 
 def _processes_mentioning(text):

@@ -188,6 +188,7 @@ def test_launcher_resume_continues_from_the_checkpoint(tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--sync"], "--sync needs --ps_api v1: TensorFlow 2's ParameterServerStrategy is asynchronous only"),
     (["--replicas_to_aggregate", "2"], "--replicas_to_aggregate needs --ps_api v1"),
+    (["--backup_workers", "1"], "--backup_workers needs --ps_api v1"),
     (["--ps_api", "v3"], "invalid choice: 'v3'"),
 ])
 def test_v1_only_flags_are_usage_errors(tmp_path, extra, message):

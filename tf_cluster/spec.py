@@ -123,3 +123,26 @@ def cluster_addresses(roles, port):
             fmt = f"[{host}]" if ":" in host and not host.startswith("[") else host
             out.setdefault(role, []).append(f"{fmt}:{p}")
     return out
+
+
+def task_of(environ, argv):
+    """(role, index) a TensorFlow task process was given, from its TF_CONFIG or its command line's
+    ``--job_name``/``--task_index`` (a task with an index and no role is a worker, as an all-reduce
+    cluster's are); None for a process that is not a task (a launcher, a shell)."""
+    text = (environ.get("TF_CONFIG") or "").strip()
+    if text:
+        try:
+            task = json.loads(text).get("task") or {}
+            return str(task["type"]), int(task["index"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+    flags = {}
+    for i, arg in enumerate(argv):
+        for name in ("--job_name", "--task_index"):
+            if arg.startswith(name + "="):
+                flags[name] = arg.split("=", 1)[1]
+            elif arg == name and i + 1 < len(argv):
+                flags[name] = argv[i + 1]
+    if not flags.get("--task_index", "").isdigit():
+        return None
+    return flags.get("--job_name", "worker"), int(flags["--task_index"])

@@ -119,11 +119,25 @@ def under_launcher():
     return any(os.environ.get(name, "").isdigit() for name in _RANK_ENV)
 
 
-def launcher_rank():
+def launcher_rank(environ=None, default=0):
+    """This process's rank as its launcher set it (or ``environ``'s: another process's); ``default``
+    where no launcher did."""
+    environ = os.environ if environ is None else environ
     for name in _RANK_ENV:
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return default
+
+
+def exists(pid):
+    """True while process ``pid`` exists (a zombie too): what a name holding a pid is checked by."""
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def host_cores():

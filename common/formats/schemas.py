@@ -145,6 +145,24 @@ class LoadFile(Strict):
 
 
 # ------------------------------------------------------------------ compare_run.json
+class Unhealthy(Strict):
+    """What a comparison did to one run's worker (hvdps/measure/unhealthy.py: a slow worker by a CPU
+    cgroup's quota, or a stalled one by SIGSTOP/SIGCONT), and whom it found to do it to."""
+    condition: Text                              # the run's folder suffix: slow1x4, stall1-2000-500
+    what: Text                                   # in words: worker 1 at 1/4 CPU
+    rank: Index
+    factor: Optional[Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)]] = None
+    quota_us: Optional[Index] = None
+    period_us: Optional[Index] = None
+    controller: Optional[Text] = None
+    every_ms: Optional[Positive] = None
+    for_ms: Optional[Positive] = None
+    pids: List[Index] = []                       # the worker's processes it acted on
+    stops: Index = 0
+    stopped_s: NonNeg = 0
+    first_applied_s: Optional[NonNeg] = None     # from launch to the worker being slowed or stalled (training begun)
+
+
 class RunRecord(Strict):
     """What hvdps compare records next to each run: its wall time from launch, its command."""
     seconds: NonNeg
@@ -153,6 +171,40 @@ class RunRecord(Strict):
     command: Optional[List[str]] = None
     roles: Optional[Dict[Text, Text]] = None    # task -> host
     oversubscribed: Optional[bool] = None       # more processes than this machine's cores
+    unhealthy: Optional[Unhealthy] = None       # a slow or stalled worker (--straggler, --stall)
+
+
+# ------------------------------------------------------------------ ranks/<task>.json
+class StepQuantiles(Strict):
+    """One rank's step times after the warm-up (common/trainer/steptimes.py: quantiles), seconds."""
+    n: Count
+    p50: NonNeg
+    p95: NonNeg
+    max: NonNeg
+
+
+# [step, start, end, input wait, timed exchange]: one logged step of one rank, Unix seconds; the last
+# two null where not measured
+RankSpan = Annotated[List[Optional[NonNeg]], Field(min_length=5, max_length=5)]
+
+
+class RankFile(Strict):
+    """What one rank or task wrote of its own steps (common/trainer/steptimes.py: StepTimes.save)."""
+    task: Text
+    pid: Index
+    host: Text
+    step_s: Optional[StepQuantiles] = None
+    spans: List[RankSpan] = []
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        for i, (step, start, end, *_rest) in enumerate(self.spans):
+            if step is None or start is None or end is None or step != int(step) or start > 1e11:
+                raise ValueError(f"spans[{i}]: expected [step, start, end, input_s, exchange_s] with a whole step "
+                                 f"and Unix times")
+            if end < start:
+                raise ValueError(f"spans[{i}]: step {step:g} ends before it starts")
+        return self
 
 
 # ------------------------------------------------------------------ launch.json
@@ -286,6 +338,7 @@ class Summary(Strict):
     worker_steps: Optional[List[Index]] = None
     sync_wait_total_s: Optional[List[NonNeg]] = None
     lost_workers: Optional[List[Text]] = None
+    dropped_gradients: Optional[Index] = None               # sync PS: pushed, never applied (late: backups)
     max_weight_divergence: Optional[NonNeg] = None
     peak_rss_mib: Optional[NonNeg] = None
 
@@ -453,6 +506,10 @@ def read_load(path):
 
 def read_run_record(path):
     return read_json(path, RunRecord, "a run record")
+
+
+def read_rank_file(path):
+    return read_json(path, RankFile, "a rank's step times")
 
 
 def read_launch_record(path):

@@ -49,6 +49,7 @@ from common.launch import remote
 from common.formats.schemas import read_links_spec
 from hvdps.measure.links import Sampler
 from hvdps.measure.load import LoadSampler
+from hvdps.measure import unhealthy
 from common.model.models import check_plugin
 from common.launch.remote import check_hosts
 
@@ -102,19 +103,39 @@ def run_shapes(args):
     return shapes
 
 
+def cluster_conditions(args):
+    """The clusters the shapes run on: healthy, then each --straggler factor, then --stall
+    (hvdps/measure/unhealthy.py). A slow or stalled worker applies to the runs that have it (worker 1
+    is not in a run of one); one that no run has is refused."""
+    stragglers = unhealthy.parse_stragglers(args.straggler) if getattr(args, "straggler", None) else []
+    stall = unhealthy.parse_stall(args.stall) if getattr(args, "stall", None) else None
+    found = unhealthy.conditions(stragglers, stall)
+    most = max(parse_workers(args.workers))
+    for c in found[1:]:
+        if c.rank >= most:
+            flag = "--stall" if c is stall else "--straggler"
+            raise UsageError(f"{flag}: worker {c.rank} is in no run: the largest has {most} worker(s), "
+                             f"numbered from 0 (--workers {args.workers})")
+    return found
+
+
 def plan_runs(args, trainer_args, cores, remote=None):
-    """Every run in the order it goes: with --repeat N, each shape N times, the shapes' order
-    reversed on every other pass (hvdps/measure/repeats.py)."""
+    """Every run in the order it goes: each shape on each cluster (healthy, then each slow or stalled
+    worker), and with --repeat N all of them N times, the order reversed on every other pass
+    (hvdps/measure/repeats.py)."""
     runs = []
     repeats = getattr(args, "repeat", 1)
-    for k, (base, backend, mode, num_ps, n, procs) in alternating(run_shapes(args), repeats):
-        name = repeat_name(base, k, repeats)
+    shapes = [(shape, c) for shape in run_shapes(args) for c in cluster_conditions(args)
+              if c is None or c.rank < shape[4]]
+    for k, ((base, backend, mode, num_ps, n, procs), condition) in alternating(shapes, repeats):
+        name = repeat_name(base + (f"-{condition.label}" if condition else ""), k, repeats)
         launcher = get_launcher(backend)
         run_dir = os.path.join(args.out, "runs", name)
         cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=num_ps, remote=remote)
         runs.append(PlannedRun(backend, mode, n, run_dir, name=name, cmd=tuple(cmd), env=launcher.env(remote),
                                oversubscribed=procs > cores and not remote,
-                               roles=roles_of(launcher, remote, n, num_ps) if remote else None))
+                               roles=roles_of(launcher, remote, n, num_ps) if remote else None,
+                               condition=condition, tasks=procs))
     return runs
 
 
@@ -227,11 +248,21 @@ def dry_run_preamble():
     return "\n".join(lines)
 
 
-def execute(runs, timeout, done, progress=True, links=None):
+def acting_on(run, pid, cores, controller):
+    """What slows or stalls the run's worker while its job ``pid`` runs (nothing for a healthy run)."""
+    if run.condition is None:
+        return contextlib.nullcontext()
+    metrics = os.path.join(run.run_dir, "metrics.jsonl")     # the run's header: training has begun
+    return unhealthy.Injector(run.condition, pid, get_launcher(run.backend).worker_of, cores, run.tasks,
+                              run.name, controller, ready=lambda: os.path.exists(metrics))
+
+
+def execute(runs, timeout, done, progress=True, links=None, controller=None):
     """Run each job in turn, appending each to ``done`` with its outcome (the one a signal stopped
     included, before the signal is raised on); a failure is recorded, never fatal. ``links``: sample
     the hosts' link counters while each job runs (hvdps.measure.links); every local job's and the
-    machine's CPU is sampled (hvdps.measure.load)."""
+    machine's CPU is sampled (hvdps.measure.load). A run with a slow or stalled worker has it applied
+    through ``controller`` (the CPU cgroup) while its job runs, and undone before the job is stopped."""
     from tqdm import tqdm
     env, repo = child_env(), REPO
     bar = tqdm(runs, desc="runs", unit="run", disable=None if progress else True,  # None: off when not a TTY
@@ -249,8 +280,10 @@ def execute(runs, timeout, done, progress=True, links=None):
             p = subprocess.Popen(list(run.cmd), stdout=log, stderr=subprocess.STDOUT, env={**env, **run.env},
                                  cwd=repo, start_new_session=True)
             load = None if run.roles else LoadSampler(p.pid)    # across hosts: their cores, not ours
+            acting = None
             try:
                 with contextlib.ExitStack() as sampling:
+                    acting = sampling.enter_context(acting_on(run, p.pid, os.cpu_count() or 1, controller))
                     for each in (sampler, load):
                         if each:
                             sampling.enter_context(each)
@@ -263,7 +296,8 @@ def execute(runs, timeout, done, progress=True, links=None):
             write_atomic(os.path.join(run.run_dir, RUN_RECORD),
                          json.dumps({"seconds": seconds, "launched_at": launched_at, "exit_code": code,
                                      "command": list(run.cmd), "roles": dict(run.roles) if run.roles else None,
-                                     "oversubscribed": bool(run.oversubscribed)}, indent=2))
+                                     "oversubscribed": bool(run.oversubscribed),
+                                     "unhealthy": acting.applied.to_dict() if acting else None}, indent=2))
             if sampler:
                 sampler.save(run.run_dir, {"roles": dict(run.roles) if run.roles else None, "rate_bps": links.rate_bps})
             if load:
@@ -371,6 +405,13 @@ def make_parser():
                    help="runs of each configuration, the methods' order reversed on every other pass (A B C, "
                         "C B A, ...); the table takes the median, and a difference is called real only when the "
                         "runs show it")
+    u = p.add_argument_group("an unhealthy cluster (each on its own runs, beside the healthy ones; as root)")
+    u.add_argument("--straggler", default=None,
+                   help="RANK:FACTOR[,RANK:FACTOR...]: worker RANK at 1/FACTOR of the CPU each task gets, by the "
+                        "kernel's CPU cgroup quota; 1:1,1:2,1:4 runs every shape at each factor")
+    u.add_argument("--stall", default=None,
+                   help="RANK:EVERY_MS:FOR_MS: worker RANK stopped (SIGSTOP) for FOR_MS every EVERY_MS, as a "
+                        "preempted machine")
     g.add_argument("--dry_run", dest="dry_run", action="store_true", help="print the commands, run nothing")
     g.add_argument("--from", dest="from_dirs", nargs="+", default=None,
                    help="rebuild the report from existing run directories")
@@ -396,7 +437,8 @@ def make_parser():
 
 
 COMPARE_FLAGS = ("workers", "backends", "num_ps", "run_timeout", "repeat", "dry_run", "from_dirs", "progress",
-                 "train_dir", "resume", "hosts", "rsh", "network_interface", "ps_placement", "port", "links")
+                 "train_dir", "resume", "hosts", "rsh", "network_interface", "ps_placement", "port", "links",
+                 "straggler", "stall")
 
 
 def absolute_paths(args):
@@ -480,12 +522,21 @@ def main(argv=None):
             raise UsageError(f"run {name}: {most} tasks, more than the {MAX_LOCAL_WORKERS} one machine runs "
                              f"(fewer --workers or --num_ps; other machines: --hosts)")
         links = load_links(args.links) if args.links else None
+        if (args.straggler or args.stall) and remote and not links:
+            raise UsageError("--straggler and --stall act on this machine's processes: with --hosts, only on "
+                             "hvdps emulate's cluster")
         runs = plan_runs(args, trainer_args, os.cpu_count() or 1, remote)
+        controller = None
+        if not args.dry_run and any(isinstance(r.condition, unhealthy.Straggler) for r in runs):
+            controller = unhealthy.CpuController.find()     # refused here, before any run, if it cannot be
+            controller.remove_stale()
         if args.dry_run:
             print(dry_run_preamble())
             for run in runs:
                 if run.roles:
                     print(f"# {run.name}: " + ", ".join(f"{t} on {h}" for t, h in run.roles.items()))
+                if run.condition:
+                    print(f"# {run.name}: {run.condition.describe()}")
                 own = [f"{k}={v}" for k, v in sorted(run.env.items())]
                 print(shlex.join((["env", *own] if own else []) + list(run.cmd)))
                 for task, line in remote_task_lines(run):
@@ -495,11 +546,14 @@ def main(argv=None):
             check_hosts(remote.hosts, remote.agent, args.out)
         previous, ran = own_signals(), []
         try:
-            execute(runs, args.run_timeout, ran, progress=args.progress, links=links)
+            execute(runs, args.run_timeout, ran, progress=args.progress, links=links, controller=controller)
             for s, handler in previous.items():      # nothing of ours runs any more: signals as before
                 signal.signal(s, handler)
         except Interrupted as exc:
             interrupted = exc
+        finally:
+            if controller:
+                controller.close()
         runs = ran                                   # the report holds what ran
     every_run = collect(runs)
     rows = with_scaling(merge(every_run))   # a row per configuration: the median over its --repeat runs

@@ -29,15 +29,21 @@ from common.base.flags import Parser, check_finite
 from common.spec.plugins import plugins_bounded
 
 
-def find_runs(path):
-    """Run directories under ``path`` (itself, or its sub-directories) that have metrics."""
+def find_runs(path, unhealthy=False):
+    """Run directories under ``path`` (itself, or its sub-directories) that have metrics; those with
+    a slow or stalled worker (hvdps compare --straggler, --stall) only with ``unhealthy``: the
+    projection's fits and checks model a healthy cluster."""
     if os.path.exists(os.path.join(path, "metrics.jsonl")):
-        return [path]
-    found = []
-    for root, _dirs, files in os.walk(path):
-        if "metrics.jsonl" in files:
-            found.append(root)
-    return sorted(found)
+        found = [path]
+    else:
+        found = sorted(root for root, _dirs, files in os.walk(path) if "metrics.jsonl" in files)
+    return [d for d in found if unhealthy or not unhealthy_of(d)]
+
+
+def unhealthy_of(run_dir):
+    """What a comparison did to the run's worker (common/formats/schemas.py: Unhealthy), or None."""
+    record = run_record(run_dir)
+    return record.unhealthy if record else None
 
 
 def model_layers_of(run_dir):
@@ -156,9 +162,12 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
     [(run, why)] of the runs left out: shared or oversubscribed, what they measured was contention
     for the cores, not the method the model projects)."""
     rows, left_out = [], []
-    for d in find_runs(path):
+    for d in find_runs(path, unhealthy=True):
         row = load_run(d)
         if (row.workers or 1) < 2 or not row.step_s or not row.compute_s:
+            continue
+        if unhealthy_of(d):
+            left_out.append((row.name, f"{unhealthy_of(d).what}: the projection models a healthy cluster"))
             continue
         row = dataclasses.replace(row, **load_of(row))
         record = run_record(d)

@@ -12,7 +12,7 @@ import sys
 import time
 
 from common.base.errors import UsageError
-from common.base.procs import REPO
+from common.base.procs import REPO, exists
 from hvdps.measure.slurm_lab import SHM, remove_netns_etc, shm_dir
 
 
@@ -50,16 +50,6 @@ def sh(*argv, timeout=30):
     return r.stdout
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def _namespaces():
     try:
         return [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.strip()]
@@ -84,7 +74,7 @@ def remove_namespaces(names, grace=3.0):
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 1.0)
-        while pids and time.monotonic() < deadline and any(_alive(p) for p in pids):
+        while pids and time.monotonic() < deadline and any(exists(p) for p in pids):
             time.sleep(0.1)
     for ns in reversed(names):
         try:
@@ -124,7 +114,7 @@ def cleanup_stale(out=sys.stdout):
         if m:
             owners.setdefault(int(m.group(1)), [])
     for pid, names in owners.items():
-        if pid != os.getpid() and _alive(pid):
+        if pid != os.getpid() and exists(pid):
             continue
         remove_namespaces(names)
         remove_netns_etc(names)

@@ -70,6 +70,7 @@ class RunRow:
     wait_per_worker_s: Optional[List[float]] = None
     ps_cpu_s: Optional[float] = None
     ps_cpu_share: Optional[float] = None
+    dropped_gradients: Optional[int] = None       # sync PS: gradients pushed and never applied
     curves: Curves = Curves()
     # what the comparison adds (hvdps/measure/runs.py)
     error: Optional[str] = None
@@ -88,6 +89,11 @@ class RunRow:
     link_rate_bps: Optional[float] = None
     link_utilisation: Optional[float] = None
     scaling_efficiency: Optional[float] = None
+    # a slow or stalled worker (hvdps compare --straggler / --stall): the run's folder suffix, None for
+    # a healthy run, and what was applied (common/formats/schemas.py: Unhealthy)
+    condition: Optional[str] = None
+    unhealthy: Optional[Any] = None
+    rank_steps: Optional[Dict[str, Any]] = None   # {task: its step times' n, p50, p95, max} (ranks/<task>.json)
     # the machine's other load over the measured interval (hvdps/measure/load.py): cores the rest of
     # the machine used, cores the job used, the machine's cores, and whether that made the run shared
     others_cores: Optional[float] = None
@@ -168,7 +174,7 @@ def summary_figures(summary):
     target, final accuracy where the trainer gave one, and the step's breakdown (the wire's
     figures where the breakdown has none)."""
     figures = {"time_to_target": summary.time_to_target, "wall_time": summary.total_time, "steps": summary.steps,
-               "grad_bytes_per_step": summary.grad_bytes_per_step}
+               "grad_bytes_per_step": summary.grad_bytes_per_step, "dropped_gradients": summary.dropped_gradients}
     if summary.status:
         figures["status"] = summary.status
     tp = summary.throughput

@@ -11,6 +11,7 @@ from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
 from hvdps.measure.load import contention
 from hvdps.measure.repeats import split_name
 from hvdps.measure.rows import RunRow, load_run, measured_interval
+from hvdps.measure.timeline import rank_files, write_timeline
 
 
 RUN_RECORD = "compare_run.json"    # written by hvdps compare next to each run: its wall time from launch
@@ -40,6 +41,8 @@ class PlannedRun:
     oversubscribed: Optional[bool] = None    # more processes than cores; None: as its compare_run.json says
     roles: Optional[Mapping[str, str]] = None   # {task: host} across hosts
     outcome: Optional[Outcome] = None
+    condition: Optional[object] = None       # a slow or stalled worker (hvdps/measure/unhealthy.py), None: healthy
+    tasks: int = 0                           # processes the job starts: workers and server tasks
 
 
 def collect(runs):
@@ -58,12 +61,27 @@ def collect(runs):
                       error=done.error if done else None, repeat=split_name(run.run_dir)[1],
                       oversubscribed=(run.oversubscribed if run.oversubscribed is not None
                                       else bool(record and record.oversubscribed)))
+        if record and record.unhealthy:
+            row = replace(row, condition=record.unhealthy.condition, unhealthy=record.unhealthy)
+        elif run.condition is not None:       # it ended before its worker was found: still that run
+            row = replace(row, condition=run.condition.label)
         row = replace(row, **load_of(row))
         row = replace(row, **startup_of(row, (done and done.seconds) or (record.seconds if record else None),
                                          (done and done.launched_at) or (record.launched_at if record else None)))
         row = replace(row, **links_of(row, run.roles or (record.roles if record else None)))
+        row = replace(row, rank_steps=ranks_of(row)) if os.path.isdir(run.run_dir) else row
         rows.append(row)
     return with_scaling(rows)
+
+
+def ranks_of(row):
+    """{task: its step-time quantiles} from what each rank wrote (ranks/<task>.json), and the run's
+    timeline.json made from them (hvdps/measure/timeline.py); None where no rank wrote."""
+    ranks = rank_files(row.run_dir)
+    if not ranks:
+        return None
+    write_timeline(row.run_dir, row.compute_s)
+    return {task: rank.step_s for task, rank in ranks.items() if rank.step_s is not None} or None
 
 
 def load_of(row):
@@ -139,12 +157,12 @@ def links_of(row, roles):
 
 def with_scaling(rows):
     """The rows with their efficiency = throughput(n) / (n * throughput(1)) within the same workload,
-    backend and mode."""
-    base = {(r.model, r.backend, r.mode, r.num_ps): r.samples_per_sec_median
+    backend, mode and cluster (healthy, or the same slow or stalled worker)."""
+    base = {(r.model, r.backend, r.mode, r.num_ps, r.condition): r.samples_per_sec_median
             for r in rows if r.workers == 1 and r.status == "ok"}
 
     def efficiency(r):
-        b, t = base.get((r.model, r.backend, r.mode, r.num_ps)), r.samples_per_sec_median
+        b, t = base.get((r.model, r.backend, r.mode, r.num_ps, r.condition)), r.samples_per_sec_median
         return (t / (r.workers * b)) if b and t and r.status == "ok" else None
     return [replace(r, scaling_efficiency=efficiency(r)) for r in rows]
 

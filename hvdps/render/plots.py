@@ -71,10 +71,16 @@ def write_breakdown_plot(rows, out):
         ax.set(ylabel="ms per worker step", title=f"{model}: where a step's time goes")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
+    return save_png(fig, out, "breakdown.png")
+
+
+def save_png(fig, out, name):
+    """The figure laid out and written whole as ``out/name`` at 100 dpi, then closed; its name."""
+    import matplotlib.pyplot as plt
     fig.tight_layout()
-    write_atomic(os.path.join(out, "breakdown.png"), lambda f: fig.savefig(f, format="png", dpi=100))
+    write_atomic(os.path.join(out, name), lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
-    return "breakdown.png"
+    return name
 
 
 def _workloads(rows):

@@ -15,6 +15,7 @@ from common.base.files import make_dirs, write_atomic
 from hvdps.measure.load import SHARED_SHARE
 from hvdps import methods
 from hvdps.render.plots import write_plots
+from hvdps.render import unhealthy
 from hvdps.render.styles import name_of
 from common.inputs.records import SHARDING
 
@@ -25,9 +26,9 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "global_batch", "oversubscribed", "startup_s", "teardown_s", "warmup_s", "warmup_share", "step_s", "compute_s",
            "overhead_s", "overhead_share", "exchange_s", "wait_s", "wait_per_worker_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
            "sparse_bytes", "sparse_table_bytes", "wire_rule",
-           "ps_cpu_s", "ps_cpu_share", "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
+           "ps_cpu_s", "ps_cpu_share", "dropped_gradients", "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
            "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "others_cores", "job_cores", "machine_cores",
-           "shared", "repeat", "error", "run_dir")
+           "shared", "condition", "repeat", "error", "run_dir")
 
 
 def links_section(rows):
@@ -127,6 +128,7 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
     w.writerows(plain)
     write_atomic(os.path.join(out, "results.csv"), buf.getvalue())
     plots = write_plots(rows, out)
+    plots += [p for p in (unhealthy.write_straggler_plot(rows, out), unhealthy.write_ranks_plot(rows, out)) if p]
     table = ["| workload | backend | mode | workers | PS | samples/sec (median) | mean ± 95% | scaling eff. | "
              "time to target (s) | test acc. | test loss | wire bytes/worker step | step = compute + overhead (ms) | "
              "wall (s) | start-up (s) | status |",
@@ -146,12 +148,14 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
         startup = ((f"{r.startup_s:.1f}" if r.startup_s is not None else "-") +
                    (f" (warm-up {100 * r.warmup_share:.0f}%)" if r.warmup_share is not None else "") +
                    (f" + {r.teardown_s:.1f} teardown" if r.teardown_s is not None else ""))
-        table.append(f"| {r.model or '-'} | {r.backend} | {r.mode} | {r.workers} | "
+        mode = r.mode + (f" [{r.unhealthy.what if r.unhealthy else r.condition}]" if r.condition else "")
+        table.append(f"| {r.model or '-'} | {r.backend} | {mode} | {r.workers} | "
                      f"{r.num_ps or '-'} | "
                      f"{_throughput_cell(r)} | {tp} | {eff} | {_fmt(r.time_to_target)} | "
                      f"{_fmt(r.final_test_accuracy)} | {_fmt(r.final_test_loss)} | "
                      f"{_fmt(r.bytes_per_step_per_worker)} | {_split(r)} | {_fmt(r.wall_time)} | {startup} | {status} |")
-    findings = verdicts(rows)
+    # the healthy runs' verdict; with a slow or stalled worker, what each method keeps of itself comes first
+    findings = unhealthy.verdicts(rows) + verdicts([r for r in rows if r.condition is None])
     reasons = explanations(rows)
     # The answer first: what a user came for is which method wins, by how much; the table, each step's
     # parts and the links follow as the evidence.
@@ -168,7 +172,7 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
                   "the warm-up's share of the trainer's wall time; teardown: from the trainer's end to "
                   "the job's exit (releasing PS tasks, MPI finalisation). None of these is in the "
                   "throughput columns."]
-    lines += [""] + links_section(rows) + methods_sections(rows)
+    lines += [""] + unhealthy.section(rows) + links_section(rows) + methods_sections(rows)
     lines += ["Throughput excludes the first `--warmup_steps` steps; ± is the 95% half-width over "
               "logging intervals (with --repeat, of the configuration's median run). Scaling efficiency = "
               "throughput(n) / (n × throughput(1)) for the same backend and mode. A run is *oversubscribed* "
@@ -363,8 +367,7 @@ def explanations(rows):
     for r in rows:
         if r.status != "ok" or r.step_s is None or r.compute_s is None:
             continue
-        name = methods.label(r.backend, r.mode)
-        head = f"- {r.model or '-'}, {name}, {r.workers} worker(s): "
+        head = f"- {r.model or '-'}, {name_of(r)}, {r.workers} worker(s): "
         out.append(head + _step_sentence(r) + _details(r) + ".")
     return out
 

@@ -20,6 +20,10 @@ LEGEND_INSIDE = 6                # more entries than this: one legend beside the
 LEGEND_ROWS = 24                 # entries per column of such a legend
 
 
-def name_of(r):
-    name = methods.label(r.backend, r.mode)
-    return name + (f" ({r.num_ps} PS)" if (r.num_ps or 0) > 1 else "")
+def name_of(r, healthy=False):
+    """A run as the report names it: its method and mode, its PS tasks when more than one, and a slow
+    or stalled worker (``healthy``: the method alone, as the unhealthy cluster's own tables say it)."""
+    name = methods.label(r.backend, r.mode) + (f" ({r.num_ps} PS)" if (r.num_ps or 0) > 1 else "")
+    if r.condition is None or healthy:
+        return name
+    return name + f" [{r.unhealthy.what if r.unhealthy else r.condition}]"

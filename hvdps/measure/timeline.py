@@ -1,0 +1,94 @@
+"""A run's per-rank timeline: ``timeline.json`` in the Chrome trace event format (Perfetto,
+chrome://tracing), from what every rank or task wrote of its own steps (``ranks/<task>.json``,
+common/trainer/steptimes.py) and the run's breakdown.
+
+One track per rank or task, one complete event ("ph": "X") per part of each logged step, laid end
+to end so that the parts add up to the step as that rank measured it:
+
+- ``input``: the wait for the batch at the iterator (measured on each rank);
+- ``compute``: the step without the exchange: the step call minus the exchange where the method
+  times its exchange itself (bare MPI's MPI_Allreduce, local SGD's averaging), else the compute
+  the breakdown timed alone in the same job (common/model/probe.py), at most the rest of the step;
+- ``exchange + waiting``: the rest: the exchange and the wait for the other workers, which one
+  rank's clock cannot tell apart (a ring waits inside its all-reduce; sync PS at its token queue).
+
+A rank whose step is slower than the others' shows as long compute; the others' as long
+exchange + waiting: who waits for whom. Horovod's own ``HOROVOD_TIMELINE`` (its negotiation and
+all-reduce per tensor) can be written beside it with the trainer's environment.
+"""
+import glob
+import json
+import os
+
+from common.base.files import write_atomic
+from common.formats.schemas import SchemaError, read_rank_file
+from common.trainer.steptimes import RANKS_DIR
+
+TIMELINE = "timeline.json"
+
+
+def rank_files(run_dir):
+    """{task: RankFile} of the run's ranks, in task order; a file that does not read is left out."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, RANKS_DIR, "*.json"))):
+        try:
+            rank = read_rank_file(path)
+        except SchemaError:
+            continue
+        out[rank.task] = rank
+    return dict(sorted(out.items(), key=lambda kv: _order(kv[0])))
+
+
+def _order(task):
+    role, _, index = task.partition(":")
+    return (role, int(index) if index.isdigit() else 0)
+
+
+def parts(span, compute_s=None):
+    """[(name, start, seconds)] of one logged step, end to end from its start to its end."""
+    _, start, end, input_s, exchange_s = span
+    step = end - start
+    waited = min(max(input_s or 0.0, 0.0), step)
+    rest = step - waited
+    if exchange_s is not None:
+        compute = max(rest - exchange_s, 0.0)
+    elif compute_s is not None:
+        compute = min(compute_s, rest)
+    else:
+        compute = rest
+    out, t = [], start
+    for name, seconds in (("input", waited), ("compute", compute), ("exchange + waiting", rest - compute)):
+        out.append((name, t, seconds))
+        t += seconds
+    return out
+
+
+def trace(ranks, compute_s=None, name="run"):
+    """The Chrome trace (a dict) of ``ranks`` ({task: RankFile}): one thread per task."""
+    starts = [s[1] for r in ranks.values() for s in r.spans]
+    if not starts:
+        return None
+    t0 = min(starts)
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": name}}]
+    for tid, (task, rank) in enumerate(ranks.items(), start=1):
+        events.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid,
+                       "args": {"name": f"{task} ({rank.host}, pid {rank.pid})"}})
+        for span in rank.spans:
+            step = int(span[0])
+            for part, start, seconds in parts(span, compute_s):
+                begin, end = round((start - t0) * 1e6, 3), round((start + seconds - t0) * 1e6, 3)
+                events.append({"ph": "X", "name": part, "cat": "step", "pid": 1, "tid": tid,   # end to end
+                               "ts": begin, "dur": round(end - begin, 3), "args": {"step": step}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"t0_unix_s": t0, "compute_s": compute_s, "source": "hvdps ranks/*.json"}}
+
+
+def write_timeline(run_dir, compute_s=None):
+    """timeline.json beside the run's ranks; its path, or None when no rank wrote spans."""
+    ranks = rank_files(run_dir)
+    doc = trace(ranks, compute_s, os.path.basename(run_dir.rstrip(os.sep)))
+    if doc is None:
+        return None
+    path = os.path.join(run_dir, TIMELINE)
+    write_atomic(path, json.dumps(doc))
+    return path

@@ -1,0 +1,186 @@
+"""The report's answer for an unhealthy cluster (hvdps compare --straggler / --stall): each method
+with a slow or stalled worker against the same method's healthy run, in the verdict, a section and
+straggler.png.
+
+Every figure is a ratio to the same method, workers and workload on the healthy cluster in the
+same comparison, so the machine's own speed cancels: 0.25x is what a method keeps of itself. The
+simple models beside them are the textbook ones: a synchronous method runs at the slowest
+worker's pace (about 1/F of healthy throughput), asynchronous PS at the sum of its workers' rates
+((N - 1 + 1/F) / N), and sync PS with backup workers at the pace of its (N - K)-th fastest worker (the
+healthy pace, with one slow worker and a backup). The all-reduce methods have no backups: every step
+waits for every rank."""
+from hvdps import methods
+from hvdps.render.plots import save_png
+from hvdps.render.styles import name_of, series_styles
+
+
+def healthy_of(rows):
+    """{(workload, backend, mode, PS, workers): the healthy row} of every ok healthy run."""
+    return {_key(r): r for r in rows if r.condition is None and r.status == "ok"}
+
+
+def _key(r):
+    return (r.model, r.backend, r.mode, r.num_ps, r.workers)
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def _x(v):
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _simple(r):
+    """What the textbook model expects of this run's throughput, as a fraction of healthy (None for a stall)."""
+    u = r.unhealthy
+    if u is None or u.factor is None:
+        return None
+    waits = methods.lookup(r.backend).cost.waits_for(r.mode, r.workers)   # the method's own answer
+    if waits is None:                            # each worker at its own pace: the rates add up
+        return (r.workers - 1 + 1 / u.factor) / r.workers
+    return 1.0 if waits < r.workers else 1 / u.factor     # backups outrun one slow worker
+
+
+def pairs(rows):
+    """[(unhealthy row, its healthy row or None)] in the rows' order."""
+    healthy = healthy_of(rows)
+    return [(r, healthy.get(_key(r))) for r in rows if r.condition is not None]
+
+
+def verdicts(rows):
+    """One paragraph per workload and condition: what each method keeps of its healthy throughput
+    and how much longer it takes to the target; opens the report's verdict."""
+    out = []
+    groups = {}
+    for r, h in pairs(rows):
+        what = r.unhealthy.what if r.unhealthy else r.condition
+        groups.setdefault((r.model, r.workers, what), []).append((r, h))
+    for (model, n, what), members in groups.items():
+        parts = []
+        for r, h in sorted(members, key=lambda m: -(_ratio(m[0].samples_per_sec_median,
+                                                          m[1] and m[1].samples_per_sec_median) or 0)):
+            if r.status != "ok" or h is None:
+                parts.append(f"{name_of(r, healthy=True)}: " + (f"no healthy run to compare with" if h is None
+                                                                 else f"{r.status}" + (f" ({r.error})" if r.error else "")))
+                continue
+            keep = _ratio(r.samples_per_sec_median, h.samples_per_sec_median)
+            slower = _ratio(r.time_to_target, h.time_to_target)
+            text = f"{name_of(r, healthy=True)} keeps {_x(keep)} of its healthy throughput"
+            text += (f" and takes {_x(slower)} as long to the target" if slower is not None else
+                     ", never reaching the target" if r.time_to_target is None and h.time_to_target is not None else "")
+            parts.append(text)
+        out.append(f"- **An unhealthy cluster**, {model}, {n} worker(s), {what}: " + "; ".join(parts) + ".")
+    return out
+
+
+def section(rows):
+    """Markdown: every unhealthy run beside its healthy one, with what was applied."""
+    found = pairs(rows)
+    if not found:
+        return []
+    lines = ["## An unhealthy cluster", "",
+             "Each run with a slow or stalled worker beside the same method's healthy run in this comparison. "
+             "A slow worker runs in a CPU cgroup of its own whose quota is 1/F of the CPU each of the job's tasks "
+             "gets when they share the machine evenly; a stalled one gets SIGSTOP and SIGCONT from the "
+             "comparison. Both from the start of training (hvdps/measure/unhealthy.py). *Simple model*: a "
+             "synchronous method at the slowest worker's pace (1/F of healthy throughput), asynchronous PS at "
+             "its workers' summed rates ((N - 1 + 1/F) / N), sync PS with K backup workers (`ps:backupK`) at its "
+             "(N - K)-th fastest worker's (healthy, with one slow worker and a backup: the late gradients are dropped, "
+             "lost work). The all-reduce methods (Horovod, bare MPI, MWMS, local SGD) have no backup workers: "
+             "every step waits for every rank. Throughput is the median logging interval's, so a stall shows in "
+             "the time to target more than in it.", "",
+             "| workload | method | workers | worker | samples/s | vs healthy | simple model | time to target (s) "
+             "| vs healthy | step p50 / p95 by rank (ms) | applied |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r, h in found:
+        u = r.unhealthy
+        applied = "-"
+        if u is not None and u.quota_us:
+            applied = (f"{u.controller}: {u.quota_us:,} of {u.period_us:,} us per period, "
+                       f"pid {', '.join(map(str, u.pids)) or 'not found'}")
+        elif u is not None:
+            applied = f"{u.stops} stops, {u.stopped_s:.1f} s stopped, pid {', '.join(map(str, u.pids)) or 'not found'}"
+        simple = _simple(r)
+        lines.append(f"| {r.model or '-'} | {name_of(r, healthy=True)} | {r.workers} | "
+                     f"{u.what if u else r.condition} | {_fmt(r.samples_per_sec_median)} | "
+                     f"{_x(_ratio(r.samples_per_sec_median, h and h.samples_per_sec_median))} | "
+                     f"{_x(simple)} | {_fmt(r.time_to_target)} | "
+                     f"{_x(_ratio(r.time_to_target, h and h.time_to_target))} | {_by_rank(r)} | {applied} |")
+    return lines + [""]
+
+
+def _by_rank(r):
+    """Each rank's median and 95th-percentile step, as it timed its own steps (ranks/<task>.json)."""
+    if not r.rank_steps:
+        return "-"
+    return ", ".join(f"{task} {1000 * q.p50:.2f} / {1000 * q.p95:.2f}" for task, q in r.rank_steps.items())
+
+
+def write_ranks_plot(rows, out):
+    """ranks.png: each rank's median and 95th-percentile step time in every unhealthy run and its
+    healthy run, one panel per pair: who is slow, and who waits for it."""
+    shown = [(r, h) for r, h in pairs(rows) if r.rank_steps and h is not None and h.rank_steps]
+    if not shown:
+        return None
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(shown), 1, figsize=(9, 3.2 * len(shown)), squeeze=False)
+    for (r, h), (ax,) in zip(shown, axes):
+        tasks = list(r.rank_steps)
+        width = 0.2
+        for k, (run, tag) in enumerate(((h, "healthy"), (r, r.unhealthy.what if r.unhealthy else r.condition))):
+            steps = run.rank_steps
+            xs = [i + (k - 0.5) * 2 * width for i in range(len(tasks))]
+            ax.bar([x - width / 2 for x in xs], [1000 * steps[t].p50 if t in steps else 0 for t in tasks], width,
+                   label=f"{tag}: median", color=f"C{2 * k}")
+            ax.bar([x + width / 2 for x in xs], [1000 * steps[t].p95 if t in steps else 0 for t in tasks], width,
+                   label=f"{tag}: 95th percentile", color=f"C{2 * k + 1}")
+        ax.set_xticks(range(len(tasks)), tasks)
+        ax.set(ylabel="ms per step (its own clock)", title=f"{r.model}, {name_of(r, healthy=True)}, {r.workers} workers")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    return save_png(fig, out, "ranks.png")
+
+
+def _fmt(v):
+    return "-" if v is None else f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def write_straggler_plot(rows, out):
+    """straggler.png: time to target and throughput relative to the same method's healthy run,
+    against the slowdown factor (1: healthy), one line per method, one row per workload and
+    worker count; None without slow-worker runs."""
+    slow = [(r, h) for r, h in pairs(rows) if r.unhealthy and r.unhealthy.factor and h and r.status == "ok"]
+    if not slow:
+        return None
+    import matplotlib.pyplot as plt
+    panels = sorted({(r.model or "-", r.workers) for r, _ in slow})
+    styles = series_styles(sorted({name_of(r, healthy=True) for r, _ in slow}))
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.6 * len(panels)), squeeze=False)
+    for (model, n), (ax1, ax2) in zip(panels, axes):
+        lines = {}
+        for r, h in slow:
+            if (r.model or "-", r.workers) == (model, n):
+                lines.setdefault(name_of(r, healthy=True), [(1.0, 1.0, 1.0)]).append(
+                    (r.unhealthy.factor, _ratio(r.time_to_target, h.time_to_target),
+                     _ratio(r.samples_per_sec_median, h.samples_per_sec_median)))
+        for label, points in sorted(lines.items()):
+            points.sort()
+            colour, marker = styles[label]
+            for ax, k in ((ax1, 1), (ax2, 2)):
+                drawn = [(p[0], p[k]) for p in points if p[k] is not None]
+                ax.plot([p[0] for p in drawn], [p[1] for p in drawn], f"{marker}-", color=colour, label=label)
+        factors = sorted({p[0] for points in lines.values() for p in points})
+        fine = [factors[0] + (factors[-1] - factors[0]) * i / 50 for i in range(51)]
+        ax2.plot(fine, [1 / f for f in fine], ":", color="grey", label="1/F (waits for every worker)")
+        ax2.plot(fine, [(n - 1 + 1 / f) / n for f in fine], "--", color="grey", lw=1,
+                 label=f"({n} - 1 + 1/F) / {n} (does not wait)")
+        ax1.set(xlabel="slowdown factor F of one worker", ylabel="time to target / healthy",
+                title=f"{model}, {n} workers: time to target")
+        ax2.set(xlabel="slowdown factor F of one worker", ylabel="samples/s / healthy",
+                title=f"{model}, {n} workers: throughput kept", ylim=(0, 1.15))
+        for ax in (ax1, ax2):
+            ax.set_xticks(factors)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    return save_png(fig, out, "straggler.png")

@@ -1,0 +1,52 @@
+"""hvdps/measure/timeline.py: a run's ranks as one Chrome trace, each step's parts end to end."""
+import json
+
+import pytest
+
+from common.formats.schemas import RankFile
+from conftest import check_timeline
+from hvdps.measure.timeline import parts, trace, write_timeline
+
+
+@pytest.mark.parametrize("span, compute_s, want", [
+    # the exchange the backend timed: compute is the rest of the call
+    ([10, 100.0, 100.010, 0.002, 0.003], None, [("input", 0.002), ("compute", 0.005), ("exchange + waiting", 0.003)]),
+    # no exchange timed: the compute timed alone, the rest is exchange and waiting
+    ([10, 100.0, 100.010, 0.001, None], 0.004, [("input", 0.001), ("compute", 0.004), ("exchange + waiting", 0.005)]),
+    # a compute timed alone longer than this step's rest: all of it compute
+    ([10, 100.0, 100.010, 0.0, None], 0.5, [("input", 0.0), ("compute", 0.010), ("exchange + waiting", 0.0)]),
+    # nothing but the step: compute
+    ([10, 100.0, 100.010, None, None], None, [("input", 0.0), ("compute", 0.010), ("exchange + waiting", 0.0)]),
+    # an input wait longer than the step (clocks apart): at most the step
+    ([10, 100.0, 100.010, 0.02, None], None, [("input", 0.010), ("compute", 0.0), ("exchange + waiting", 0.0)]),
+])
+def test_a_steps_parts_add_up_to_it(span, compute_s, want):
+    got = parts(span, compute_s)
+    assert [(n, pytest.approx(s, abs=1e-9)) for n, s, in [(p[0], p[2]) for p in got]] == want
+    assert got[0][1] == span[1]
+    for a, b in zip(got, got[1:]):
+        assert a[1] + a[2] == pytest.approx(b[1])
+    assert sum(p[2] for p in got) == pytest.approx(span[2] - span[1])
+
+
+def _rank(task, start):
+    return RankFile(task=task, pid=1, host="h", spans=[[5, start, start + 0.004, 0.001, None],
+                                                       [10, start + 0.1, start + 0.108, 0.0, 0.006]])
+
+
+def test_a_run_becomes_one_trace_with_a_track_per_rank(tmp_path):
+    ranks = {"rank:0": _rank("rank:0", 1_700_000_000.0), "rank:1": _rank("rank:1", 1_700_000_000.002)}
+    doc = trace(ranks, compute_s=0.001, name="mpi-sync-w2")
+    assert doc["displayTimeUnit"] == "ms" and doc["otherData"]["t0_unix_s"] == 1_700_000_000.0
+    complete = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(complete) == 2 * 2 * 3 and {e["tid"] for e in complete} == {1, 2}
+    assert min(e["ts"] for e in complete) == 0
+    run_dir = tmp_path / "run"
+    (run_dir / "ranks").mkdir(parents=True)
+    for task, rank in ranks.items():
+        (run_dir / "ranks" / (task.replace(":", "-") + ".json")).write_text(rank.model_dump_json())
+    (run_dir / "ranks" / "rank-9.json").write_text("{broken")          # left out, not fatal
+    assert write_timeline(str(run_dir), 0.001)
+    check_timeline(str(run_dir), ["rank:0", "rank:1"])
+    assert trace({}, None) is None
+    assert json.load(open(run_dir / "timeline.json"))["traceEvents"][0]["args"]["name"] == "run"
