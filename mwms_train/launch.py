@@ -31,7 +31,7 @@ from common.base.procs import child_env, free_ports, loopback_only_env
 from tf_cluster.spec import cluster_addresses
 from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
 from mwms_train.backend import add_mwms_args, check_mwms_flags
-from common.spec.plugins import bound_plugins
+from common.spec.plugins import plugins_bounded
 from common.inputs.data import check_input
 from common.model.models import check_plugin
 from tf_cluster.listen import bindable, resolve
@@ -86,10 +86,10 @@ def parse_args(argv):
                              "task here (other machines: --hosts)")
         args.host_ip = ip
     check_mwms_flags(args)
-    bound_plugins(args.run_timeout, "--run_timeout")      # the checks below import and call plug-ins
-    cfg = from_args(args)
-    check_input(cfg, args.num_workers)
-    check_plugin(cfg)
+    with plugins_bounded(args.run_timeout, "--run_timeout"):   # these checks import and call plug-ins
+        cfg = from_args(args)
+        check_input(cfg, args.num_workers)
+        check_plugin(cfg)
     if args.resume:              # refused here, before a task starts
         check_train_dir(cfg)
         check_resume_compatible(cfg, args.train_dir, types.SimpleNamespace(

@@ -19,7 +19,7 @@ from common.base.errors import UsageError
 from common.launch.hosts import parse_address
 from common.spec.plan import make_plan
 from common.base.procs import wait_for_ports
-from ps_train.cluster import replicas
+from ps_train.cluster import mode_name, replicas
 from ps_train import stop
 
 
@@ -45,7 +45,7 @@ class PSBackend(Backend):
         super().__init__()
         self.cluster, self.job, self.index = cluster, job, index
         self.sync = sync
-        self.mode = "sync" if sync else "async"
+        self.mode = mode_name(sync, backup_workers)     # backupK: sync with K backup workers
         self.num_ps = len(cluster["ps"])
         self.replica_list = replicas(cluster)
         self.world_size = len(self.replica_list)

@@ -60,6 +60,23 @@ def _host_list(text, flag):
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600
+BACKUP = "backup"              # the mode of sync training with K backup workers: backupK
+
+
+def mode_name(sync, backup_workers=0):
+    """A classic PS job's mode as its records and the comparison name it: async, sync, or backupK
+    (sync with K backup workers)."""
+    return f"{BACKUP}{backup_workers}" if sync and backup_workers else "sync" if sync else "async"
+
+
+def backups(mode):
+    """K of a ``backupK`` mode; 0 for any other."""
+    return int(mode[len(BACKUP):]) if mode and mode.startswith(BACKUP) and mode[len(BACKUP):].isdigit() else 0
+
+
+def base_mode(mode):
+    """The trainer's own switch of a mode: ``backupK`` trains with --sync."""
+    return "sync" if backups(mode) else mode
 
 
 def check_ps_flags(args):

@@ -36,9 +36,9 @@ from tf_cluster.spec import cluster_addresses
 from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
 from common.launch import remote
 from ps_train.main import make_parser as trainer_parser
-from ps_train.cluster import check_ps_flags
+from ps_train.cluster import check_ps_flags, mode_name
 from ps_train.placement import place_ps
-from common.spec.plugins import bound_plugins
+from common.spec.plugins import plugins_bounded
 from common.inputs.data import check_input
 from common.model.models import check_plugin
 from tf_cluster.listen import bindable, resolve
@@ -158,14 +158,14 @@ def parse_args(argv):
         raise UsageError(f"--num_ps {args.num_ps} and --num_workers {args.num_workers}: {args.num_ps + args.num_workers} "
                          f"tasks on this machine, more than the {MAX_LOCAL_TASKS} the local launcher starts "
                          f"(a port, a process and a TensorFlow runtime each); other machines: --hosts")
-    bound_plugins(args.run_timeout, "--run_timeout")      # the checks below import and call plug-ins
-    cfg = from_args(args)
-    check_ps_flags(args)
-    check_input(cfg, args.num_workers)
-    check_plugin(cfg, graph_mode=args.ps_api == "v1")
+    with plugins_bounded(args.run_timeout, "--run_timeout"):   # these checks import and call plug-ins
+        cfg = from_args(args)
+        check_ps_flags(args)
+        check_input(cfg, args.num_workers)
+        check_plugin(cfg, graph_mode=args.ps_api == "v1")
     if args.resume:              # refused here, before a task starts or launch.json is written
         v2 = args.ps_api == "v2"
-        job = types.SimpleNamespace(name="ps2" if v2 else "ps", mode="sync" if args.sync and not v2 else "async",
+        job = types.SimpleNamespace(name="ps2" if v2 else "ps", mode=mode_name(args.sync and not v2, args.backup_workers),
                                     world_size=args.num_workers, num_ps=args.num_ps)
         check_train_dir(cfg)
         check_resume_compatible(cfg, args.train_dir, job)

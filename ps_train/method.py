@@ -11,6 +11,7 @@ from common.formats.schemas import read_launch_record
 from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskLauncher
 from hvdps.methods import Method, Network, combine
+from ps_train.cluster import BACKUP, backups, base_mode
 from ps_train.placement import place_ps
 from ps_train.report import ps_cpu_clause, shards_section
 
@@ -171,18 +172,7 @@ def wait_per_worker(steps):
     return [(w1 - w0) / (n1 - n0) for w0, w1, n0, n1 in pairs]
 
 
-BACKUP = "backup"              # mode backupK: sync with K backup workers (ps_train --sync --backup_workers K)
-MAX_BACKUPS = 1 << 10
-
-
-def backups(mode):
-    """K of a ``backupK`` mode; 0 for any other."""
-    return int(mode[len(BACKUP):]) if mode and mode.startswith(BACKUP) else 0
-
-
-def base_mode(mode):
-    """The trainer's own mode of a method mode: ``backupK`` is sync."""
-    return "sync" if backups(mode) else mode
+MAX_BACKUPS = 1 << 10          # ps:backupK's bound, as the trainer's other counts of workers
 
 
 class PSMethod(Method):

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, env
+from hvdps.measure.cluster import EmulatedCluster
 
 pytestmark = pytest.mark.root
 
@@ -262,7 +263,11 @@ def test_what_a_killed_run_left_is_removed_at_the_next_start(tmp_path):
     (["--hosts", "1"], "--hosts must be 2-32"),
     (["--hosts", "abc"], "invalid int value: 'abc'"),
     (["--rate", "fast"], "expected a rate like 100mbit"),
-    (["--rate", "1bit"], "tc refused it"),
+    (["--rate", "1bit"], "a link's rate must be from 1kbit"),
+    (["--hosts", "3", "--link", "h4=1mbit"], "--link h4=1mbit: no host h4 (the cluster has h1..h3)"),
+    (["--link", "2=1mbit"], "--link expects hN=RATE like h2=10mbit"),
+    (["--link", "h2=1mbit,h2=2mbit"], "--link names h2 twice"),
+    (["--link", "h2=slow"], "--link 'slow': expected a rate like 100mbit"),
     (["--", "--hosts", "a,b"], "--hosts is chosen by hvdps emulate"),
     (["--", "--out", "x"], "--out is chosen by hvdps emulate"),
     (["--", "--network-interface=lo"], "--network_interface is chosen by hvdps emulate"),   # either spelling
@@ -282,3 +287,20 @@ def test_bad_input_one_line_and_nothing_left(argv, message):
     assert ours(p.pid) == ([], False)
     assert not re.search(rf"hvdps-{p.pid}-", subprocess.run(["ip", "netns", "list"], capture_output=True,
                                                              text=True).stdout)
+
+
+def test_one_host_gets_a_link_of_its_own():
+    """--link h2=10mbit: host 2's link shaped to 10 Mbit/s at both ends (its eth0 and its switch port),
+    the others to the cluster's rate, and the description says each host's own rate."""
+    cluster = EmulatedCluster(3, "100mbit", links={1: "10mbit"})
+    try:
+        cluster.up()
+        qdisc = lambda ns, dev: subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True,
+                                               text=True, timeout=10).stdout       # noqa: E731
+        assert "rate 10Mbit" in qdisc(cluster.hosts[1], "eth0") and "rate 10Mbit" in qdisc(cluster.sw, "h2")
+        assert "rate 100Mbit" in qdisc(cluster.hosts[0], "eth0") and "rate 100Mbit" in qdisc(cluster.sw, "h3")
+        assert cluster.describe()["rates"] == dict(zip(cluster.addrs, [1e8, 1e7, 1e8]))
+    finally:
+        cluster.down()
+    assert not [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if ns.startswith(cluster.tag)]

@@ -401,7 +401,7 @@ def test_a_broken_recorded_run_is_reported_or_refused_past_the_reader(tmp_path_f
     bad = data.draw(broken(json.loads(lines[i])))
     lines[i] = (bad.decode("latin-1") if isinstance(bad, bytes) else bad).replace("\n", " ")
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    budget = plugins._budget                     # compare bounds plug-in imports from its start on
+    budget = plugins._budget                     # each bounds its plug-ins for its own life: kept as it was
     try:
         for main, argv in ((compare.main, ["--from", str(folder / "runs"), "--out", str(folder / "cmp")]),
                            (project.main, ["--from", str(folder / "runs"), "--bandwidth_gbps", "10", "--latency_us",

@@ -26,6 +26,7 @@ LABELS = {label for m in methods.METHODS.values() for label in m.labels.values()
     ("ps", [("ps", "async"), ("ps", "sync")]),
     ("ps:sync, mpi", [("ps", "sync"), ("mpi", "sync")]),
     ("ps2", [("ps2", "async")]),
+    ("ps:backup1,ps:backup02", [("ps", "backup1"), ("ps", "backup2")]),     # sync PS with K backup workers
 ])
 def test_variants(text, expected):
     assert methods.parse_variants(text) == expected
@@ -38,6 +39,9 @@ def test_variants(text, expected):
     ("mwms,mwms", r"--backends names mwms:sync twice \('mwms' repeats it\)"),       # planned twice: refused
     ("ps,ps:sync", r"--backends names ps:sync twice \('ps:sync' repeats it\)"),     # 'ps' already runs both
     ("horovod:sparse_as_dense,horovod:sparse_as_dense", r"names horovod:sparse_as_dense twice"),
+    ("ps:backup", r"backend ps:backupK: K backup workers, a whole number from 1 to 1024"),
+    ("ps:backup-1", r"backend ps:backupK"),
+    ("ps2:backup1", r"backend ps2 has no mode 'backup1' \(valid: async\)"),           # TF2's PS: async only
 ])
 def test_bad_variants_are_usage_errors(text, message):
     with pytest.raises(UsageError, match=message):
@@ -167,3 +171,18 @@ def test_the_check_sees_a_branch():
             'if label.startswith("ring"): pass\nif row.get("mode") == "sync": pass\nif arch in ("PS sync",): pass\n'
             'if task.startswith("ps:"): pass\nif path.endswith(".gz"): pass\n')
     assert [line for line, _ in _names_compared(ast.parse(code))] == [1, 2, 3, 6, 7, 8]
+
+
+@pytest.mark.parametrize("backend, mode, workers, label, waits, argv", [
+    ("ps", "sync", 4, "PS sync", 4, ["--sync"]),
+    ("ps", "backup1", 4, "PS sync, 1 backup", 3, ["--sync", "--backup_workers", "1"]),
+    ("ps", "async", 4, "PS async", None, ["--async"]),
+    ("horovod", "sync", 4, "Horovod", 4, None),
+])
+def test_a_mode_says_how_many_workers_a_step_waits_for(backend, mode, workers, label, waits, argv):
+    """What the unhealthy cluster's simple model and crossings read (CostModel.waits_for), the label,
+    and for PS what its launcher tells the trainer."""
+    method = methods.lookup(backend)
+    assert method.label(mode) == label and method.cost.waits_for(mode, workers) == waits
+    if argv is not None:
+        assert method.launcher().launcher_argv(workers, mode, 1)[4:] == argv

@@ -442,7 +442,7 @@ def test_an_in_process_projection_leaves_no_plugin_deadline_behind(tmp_path):
     notebook that calls it in-process keeps its own budget (none) afterwards."""
     from common.spec import plugins
     from hvdps.commands import project
-    before = plugins._budget          # a comparison run in-process earlier in this process may have set one
+    before = plugins._budget
     assert project.main(["--bandwidth_gbps", "10", "--latency_us", "10", "--model_params", "25",
                          "--step_compute_ms", "100", "--run_timeout", "5", "--out", str(tmp_path / "p")]) in (0, None)
     assert plugins._budget == before

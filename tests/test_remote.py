@@ -1,4 +1,6 @@
 """Across hosts without the hosts: placement, commands, host checks, link formulas, the tether."""
+import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -276,3 +278,38 @@ def test_tether_ends_the_command_when_its_connection_closes(tmp_path):
             p.kill()
             p.wait()
     assert p.stdout.read() == ""                     # the watcher left no writer behind
+
+
+def test_a_slow_link_is_the_fullest_and_the_report_names_it(tmp_path):
+    """hvdps emulate --link: the links file carries each host's own rate; the run's link use is the
+    link nearest its own rate (the slow one here, though the other carries more), named beside the
+    busiest, and the report's header says which host's link differs."""
+    from common.spec.config import make_config
+    from common.spec.plan import make_plan
+    from common.trainer.metrics import MetricsWriter
+    from hvdps.measure.runs import links_of
+    from hvdps.measure.rows import load_run
+    from hvdps.render.report import links_section
+    run = tmp_path / "run"
+    w = MetricsWriter(str(run))
+    cfg = make_config(batch_size=10, warmup_steps=1)
+    w.header(cfg, "ps", "sync", 2, 1, make_plan(cfg, 1000, 2, 2))
+    for step in range(1, 4):                         # the first is the warm-up: the interval starts there
+        time.sleep(0.05)
+        w.step(step, 20 * step, 1.0, 400.0 if step > 1 else None)
+    w.summary("ok", 3, 60, {}, 1.0, 0.5, 1000)
+    w.close()
+    row = load_run(str(run))
+    begin, end = (row.header.start_time + s.wall_time for s in (row.curves.steps[0], row.curves.steps[-1]))
+    rounds = 2                                       # (60 - 20) samples over 2 workers of 10
+    series = {"h1": [[begin, 0, 0], [end, 2_000_000 * rounds, 2_000_000 * rounds]],       # 2 MB a round
+              "h2": [[begin, 0, 0], [end, 1_000_000 * rounds, 1_000_000 * rounds]]}       # 1 MB, on a 10x slower link
+    (run / links.LINKS_FILE).write_text(json.dumps({"series": series, "roles": {"ps:0": "h1", "worker:0": "h2"},
+                                                    "rate_bps": 1e9, "rates": {"h1": 1e9, "h2": 1e8}}))
+    got = links_of(row, {"ps:0": "h1", "worker:0": "h2"})
+    round_s = (end - begin) / rounds
+    assert got["busiest_link"] == "h1" and got["fullest_link"] == "h2" and got["fullest_link_bps"] == 1e8
+    assert got["link_utilisation"] == pytest.approx(1_000_000 * 8 / round_s / 1e8)
+    text = "\n".join(links_section([dataclasses.replace(row, **got)]))
+    assert "Each link: 1000 Mbit/s both ways; h2's own, 100 Mbit/s." in text
+    assert "(h2's own)" in text

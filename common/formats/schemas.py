@@ -89,6 +89,7 @@ class ClusterDescription(Strict):
     ports: Optional[Dict[str, Text]] = None
     subnet: Optional[Text] = None
     namespaces: Optional[Dict[str, Text]] = None
+    rates: Optional[Dict[str, Rate]] = None       # each host's own link rate (hvdps emulate --link)
 
 
 class LinksSpec(ClusterDescription):
@@ -114,6 +115,7 @@ class LinksFile(Strict):
     series: Dict[Text, List[Sample]]
     roles: Optional[Dict[Text, Text]] = None    # task -> host
     rate_bps: Optional[Rate] = None
+    rates: Optional[Dict[Text, Rate]] = None     # host -> its own link's rate, where hosts differ
     cpu: List[Sample] = []                  # [unix time, busy ticks, total ticks] of the machine's cores
     cores: Optional[Annotated[int, Field(ge=1, le=65536)]] = None
 

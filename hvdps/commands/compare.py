@@ -38,7 +38,7 @@ from common.inputs.data import check_input
 from common.base.errors import UsageError, cli
 from common.base.files import make_dirs, open_new, take_folder, writable_dir, write_atomic
 from common.trainer.metrics import read_metrics
-from common.spec.plugins import bound_plugins
+from common.spec.plugins import plugins_bounded
 from common.base.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
 from hvdps.methods import METHODS, get_launcher, parse_variants
@@ -299,7 +299,8 @@ def execute(runs, timeout, done, progress=True, links=None, controller=None):
                                      "oversubscribed": bool(run.oversubscribed),
                                      "unhealthy": acting.applied.to_dict() if acting else None}, indent=2))
             if sampler:
-                sampler.save(run.run_dir, {"roles": dict(run.roles) if run.roles else None, "rate_bps": links.rate_bps})
+                sampler.save(run.run_dir, {"roles": dict(run.roles) if run.roles else None, "rate_bps": links.rate_bps,
+                                           "rates": links.rates})
             if load:
                 load.save(run.run_dir)
         error = None
@@ -491,7 +492,14 @@ def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
     absolute_paths(args)             # every run starts in the repository, not in the user's folder
-    bound_plugins(args.run_timeout, "--run_timeout")     # the checks below import and call plug-ins
+    # the checks below import and call plug-ins, within --run_timeout; called in-process (a test, a
+    # notebook), the comparison leaves no deadline behind for the caller's next plug-in
+    with plugins_bounded(args.run_timeout, "--run_timeout"):
+        return compare(args, parser)
+
+
+def compare(args, parser):
+    """The comparison the parsed flags ask for: checks, the runs (or the runs found with --from), the report."""
     cfg = from_args(args)
     args.out = cfg.train_dir
     parse_workers(args.num_ps, "--num_ps")

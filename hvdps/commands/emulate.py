@@ -43,9 +43,9 @@ from common.base.errors import UsageError, cli
 from common.base.flags import Parser
 from common.base.files import make_dirs, write_atomic
 from common.base.procs import REPO, available_memory, child_env
-from hvdps.measure.cluster import AGENT, EmulatedCluster, cleanup_stale, parse_rate
+from hvdps.measure.cluster import AGENT, EmulatedCluster, cleanup_stale, parse_links, parse_rate
 from hvdps.measure.slurm_lab import CPUS_PER_NODE, SlurmLab, check_slurm_tools, host_names
-from common.spec.plugins import bound_plugins
+from common.spec.plugins import plugins_bounded
 from hvdps.commands import compare
 
 
@@ -54,6 +54,8 @@ def make_parser():
                                 usage="hvdps emulate --hosts N --rate RATE [--out DIR] -- [hvdps compare flags]")
     p.add_argument("--hosts", type=int, default=4, help="emulated hosts (2-32)")
     p.add_argument("--rate", default="100mbit", help="each host's link, both directions, in tc's syntax")
+    p.add_argument("--link", action="append", default=[], metavar="hN=RATE",
+                   help="host N's own link (both directions), a slow node's: h2=10mbit; repeatable")
     p.add_argument("--out", default=None, help="report folder (default runs/emulate-<date>)")
     p.add_argument("--cleanup", action="store_true", help="only remove what stopped runs left, then exit")
     p.add_argument("--slurm", action="store_true",
@@ -75,12 +77,12 @@ def check_cluster_memory(rest, available):
     if args.from_dirs:
         return
     compare.absolute_paths(args)
-    bound_plugins(args.run_timeout, "--run_timeout")
-    try:
-        cfg = from_args(args)
-    except UsageError:
-        return
-    compare.check_memory_fits(args, cfg, available)
+    with plugins_bounded(args.run_timeout, "--run_timeout"):
+        try:
+            cfg = from_args(args)
+        except UsageError:
+            return
+        compare.check_memory_fits(args, cfg, available)
 
 
 def check_tools():
@@ -176,6 +178,7 @@ def main(argv=None):
     if not 2 <= args.hosts <= 32:
         raise UsageError(f"--hosts must be 2-32, got {args.hosts}")
     parse_rate(args.rate)
+    links = parse_links(args.link, args.hosts)
     if args.sbatch:
         args.slurm = True
     if args.slurm:
@@ -192,7 +195,7 @@ def main(argv=None):
         raise UsageError(f"--out {out} already holds a report; choose another directory")
     if rest or not args.sbatch:
         check_cluster_memory(rest, available_memory())
-    cluster = EmulatedCluster(args.hosts, args.rate)
+    cluster = EmulatedCluster(args.hosts, args.rate, links=links)
     lab = SlurmLab(cluster, args.cpus_per_node) if args.slurm else None
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
@@ -216,8 +219,9 @@ def main(argv=None):
         names = host_names(args.hosts) if lab else None
         desc = write_atomic(os.path.join(out, "cluster.json"), json.dumps(cluster.describe(names), indent=2))
         rtt = f"; round trip {cluster.latency['rtt_s'] * 1e6:.0f} us" if cluster.latency else ""
-        print(f"emulated cluster: {args.hosts} hosts {', '.join(cluster.addrs)}, each link {args.rate} both ways; "
-              f"login node {cluster.subnet}.254{rtt}", flush=True)
+        own = "".join(f", {cluster.addrs[i]}'s {rate}" for i, rate in sorted(links.items()))
+        print(f"emulated cluster: {args.hosts} hosts {', '.join(cluster.addrs)}, each link {args.rate} both ways"
+              f"{own}; login node {cluster.subnet}.254{rtt}", flush=True)
         code = 0
         if lab:
             lab.up()

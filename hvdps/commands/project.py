@@ -260,13 +260,19 @@ def make_parser():
     return p
 
 
+def slowest_link_bps(cluster):
+    """The emulated cluster's slowest link (hvdps emulate --link): a ring moves at its slowest link's
+    pace, and the projection takes it for every link, PS included (where only the hosts behind it pay)."""
+    return min([cluster.rate_bps, *(cluster.rates or {}).values()])
+
+
 def network(args, fits, source="--comm_json", cluster=None):
     """(ring, ps) alpha/bandwidth: given flags win over an emulated cluster's links (their rate at
     TCP's goodput, their measured latency), which win over the measured fit; a fit that could
     not be made is refused in one line when it would be used."""
     ring, ps = fits.get(methods.RING_NETWORK), fits.get(methods.server_network())
     if cluster and cluster.latency_s is not None:
-        ring = ps = AlphaBeta(bandwidth=cluster.rate_bps / 8 * TCP_GOODPUT, alpha=cluster.latency_s)
+        ring = ps = AlphaBeta(bandwidth=slowest_link_bps(cluster) / 8 * TCP_GOODPUT, alpha=cluster.latency_s)
         fits = {}
     given = args.bandwidth_gbps is not None and args.latency_us is not None
     for fit in (ring, ps):
@@ -367,6 +373,8 @@ def run_projection(args):
                  f"{net.alpha * 1e6:.1f} us.\n\n")
     if cluster and cluster.latency_s is not None and (args.bandwidth_gbps is None or args.latency_us is None):
         rate = cluster.rate or f"{cluster.rate_bps / 1e6:g} Mbit/s"
+        if slowest_link_bps(cluster) < cluster.rate_bps:
+            rate += f"; its slowest, {slowest_link_bps(cluster) / 1e6:g} Mbit/s, taken for every link"
         text += (f"Network: the emulated cluster's links ({rate}, carrying {TCP_GOODPUT:.1%} of it as "
                  f"TCP payload; latency {cluster.latency_s * 1e6:.0f} us, half the measured round trip).\n\n")
     if notes:

@@ -34,12 +34,34 @@ _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$", re.I)
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
-def parse_rate(text):
+def parse_links(texts, hosts):
+    """--link hN=RATE (repeatable, or comma-separated) -> {host index from 0: rate}: one host's own
+    link, both directions, as a slow node's would be."""
+    out = {}
+    for part in (p.strip() for text in texts for p in text.split(",")):
+        host, sep, rate = part.partition("=")
+        m = re.fullmatch(r"h(\d+)", host.strip())
+        if not sep or not m or not rate.strip():
+            raise UsageError(f"--link expects hN=RATE like h2=10mbit (host 2's own link), got {part!r}")
+        i = int(m.group(1))
+        if not 1 <= i <= hosts:
+            raise UsageError(f"--link {part}: no host h{i} (the cluster has h1..h{hosts})")
+        if i - 1 in out:
+            raise UsageError(f"--link names h{i} twice")
+        parse_rate(rate.strip(), "--link")
+        out[i - 1] = rate.strip()
+    return out
+
+
+def parse_rate(text, flag="--rate"):
     """tc's rate syntax (100mbit, 1gbit, 500kbit) -> bits per second."""
     m = _RATE.match(text.strip())
     if not m:
-        raise UsageError(f"--rate {text!r}: expected a rate like 100mbit, 1gbit or 500kbit")
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+        raise UsageError(f"{flag} {text!r}: expected a rate like 100mbit, 1gbit or 500kbit")
+    bps = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not 1e3 <= bps <= 1e15:
+        raise UsageError(f"{flag} {text!r}: a link's rate must be from 1kbit to 1000000gbit")
+    return bps
 
 
 def sh(*argv, timeout=30):
@@ -186,8 +208,9 @@ def read_line(proc, timeout, what="the latency probe's server"):
 class EmulatedCluster:
     """N shaped hosts and a login namespace on one bridge; ``down`` removes all of it."""
 
-    def __init__(self, count, rate, queue_ms=200):
+    def __init__(self, count, rate, queue_ms=200, links=None):
         self.count, self.rate, self.rate_bps = count, rate, parse_rate(rate)
+        self.links = dict(links or {})          # {host index from 0: its own rate}: a slow link (--link)
         self.queue_ms = queue_ms
         self.tag = f"{PREFIX}{os.getpid()}"
         self.sw, self.login = f"{self.tag}-sw", f"{self.tag}-login"
@@ -225,15 +248,21 @@ class EmulatedCluster:
         """A token bucket on both ends of each host's link: the host's eth0 shapes what it sends,
         the switch port what it receives. Burst: 5 ms at the rate (at least 16 kB, a few frames);
         a queue of 200 ms, so TCP sees delay rather than drops and no retransmission is counted."""
-        burst = max(16 * 1024, int(self.rate_bps / 8 * 0.005))
         for i, ns in enumerate(self.hosts):
+            rate = self.rate_of(i)
+            burst = max(16 * 1024, int(parse_rate(rate) / 8 * 0.005))
             for where, dev in (("-n", ns), ("-n", self.sw)):
                 device = "eth0" if dev == ns else f"h{i + 1}"
                 try:
-                    sh("tc", where, dev, "qdisc", "add", "dev", device, "root", "tbf", "rate", self.rate,
+                    sh("tc", where, dev, "qdisc", "add", "dev", device, "root", "tbf", "rate", rate,
                        "burst", str(burst), "latency", f"{self.queue_ms}ms")
                 except RuntimeError as exc:
-                    raise UsageError(f"--rate {self.rate}: tc refused it: {exc}")
+                    flag = f"--link h{i + 1}={rate}" if i in self.links else f"--rate {rate}"
+                    raise UsageError(f"{flag}: tc refused it: {exc}")
+
+    def rate_of(self, i):
+        """Host ``i``'s (from 0) link rate in tc's syntax: its own (--link), else the cluster's."""
+        return self.links.get(i, self.rate)
 
     def measure_latency(self, rounds=200, timeout=30):
         """One-way latency between two hosts: half the median round trip of a 1-byte TCP
@@ -263,6 +292,7 @@ class EmulatedCluster:
         return {"counters": f"/proc/{self.sleeper.pid}/net/dev",
                 "ports": {(names[i] if names else a): f"h{i + 1}" for i, a in enumerate(self.addrs)},
                 "rate": self.rate, "rate_bps": self.rate_bps, "subnet": f"{self.subnet}.0/24",
+                "rates": {(names[i] if names else a): parse_rate(self.rate_of(i)) for i, a in enumerate(self.addrs)},
                 "namespaces": dict(zip(self.addrs, self.hosts)), **self.latency}
 
     def netns_map(self):

@@ -87,7 +87,11 @@ class RunRow:
     link_bytes_ratio: Optional[float] = None
     round_s: Optional[float] = None
     link_rate_bps: Optional[float] = None
-    link_utilisation: Optional[float] = None
+    link_utilisation: Optional[float] = None      # the fullest link's share of its own rate
+    busiest_link: Optional[str] = None            # the host whose link carried the most bytes
+    fullest_link: Optional[str] = None            # the host whose link came nearest its rate (a slow link's)
+    fullest_link_bps: Optional[float] = None
+    link_rates: Optional[Dict[str, float]] = None # each host's own link rate (hvdps emulate --link)
     scaling_efficiency: Optional[float] = None
     # a slow or stalled worker (hvdps compare --straggler / --stall): the run's folder suffix, None for
     # a healthy run, and what was applied (common/formats/schemas.py: Unhealthy)

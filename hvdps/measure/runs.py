@@ -150,8 +150,12 @@ def links_of(row, roles):
     out.update(busiest_link_bytes=busiest.carried(way), busiest_link_predicted=busiest.expected(way),
                link_bytes_ratio=max(ratios, key=lambda q: abs(q - 1)) if ratios else None,
                round_s=round_s, link_rate_bps=links.rate_bps)
-    if links.rate_bps:
-        out["link_utilisation"] = busiest.carried(way) * 8 / round_s / links.rate_bps
+    rate = lambda host: (links.rates or {}).get(host) or links.rate_bps      # noqa: E731  a host's own, else the cluster's
+    shares = [(x.carried(w) * 8 / round_s / rate(x.host), x.host) for x in table for w in ("in", "out") if rate(x.host)]
+    if shares:                       # the link nearest its rate: a slow link (--link) before the busiest
+        share, host = max(shares)
+        out.update(link_utilisation=share, fullest_link=host, fullest_link_bps=rate(host),
+                   busiest_link=busiest.host, link_rates=dict(links.rates or {}) or None)
     return out
 
 

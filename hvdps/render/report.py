@@ -40,12 +40,16 @@ def links_section(rows):
     lines = ["## Hosts and links", ""]
     if measured:
         rate = next((r.link_rate_bps for r in placed if r.link_rate_bps), None)
+        own = {h: bps for r in placed for h, bps in (r.link_rates or {}).items() if rate and bps != rate}
         lines += ["Bytes each host's link carried per round (one step of every worker), from the interface "
                   "counters over the measured interval, against the formula (ring: 2(n-1)/n x M each way on "
                   "every host with ranks; PS: each task's share of M per worker on another host, each way; "
                   "hvdps/measure/links.py). Counters include Ethernet/IP/TCP headers (about 4-5% at a 1500-byte MTU). "
-                  + (f"Each link: {rate / 1e6:g} Mbit/s both ways. " if rate else "") +
-                  "*Busiest link* = its bytes per round over the round time, as a share of the link's rate; "
+                  + (f"Each link: {rate / 1e6:g} Mbit/s both ways" if rate else "")
+                  + "".join(f"; {h}'s own, {bps / 1e6:g} Mbit/s" for h, bps in sorted(own.items()))
+                  + (". " if rate else "") +
+                  "*Busiest link* = its bytes per round over the round time, as a share of the link's rate (of "
+                  "the fullest link's own rate, named, where a slower link comes nearer it than the busiest); "
                   "*cores busy* = the share of the machine's cores busy over the measured interval (every "
                   "emulated host runs on them: near 100%, the cores, not the links, may set the step).", "",
                   "| run | round (ms) | busiest link | host | tasks | in (bytes/round) | formula | out (bytes/round) | formula |",
@@ -56,6 +60,8 @@ def links_section(rows):
         name = f"{r.model or '-'} {name_of(r)}, {r.workers} workers"
         if r.links:
             util = f"{100 * r.link_utilisation:.0f}% of rate" if r.link_utilisation is not None else "-"
+            if r.link_utilisation is not None and r.fullest_link != r.busiest_link:
+                util += f" ({r.fullest_link}'s own)"
             if r.cores_busy is not None:
                 util += f", cores {100 * r.cores_busy:.0f}% busy"
             for i, x in enumerate(r.links):
@@ -102,7 +108,10 @@ def _link_sentence(r):
             f": the busiest link carried {r.busiest_link_bytes / m:.2f} x M per round")
     if r.busiest_link_predicted:
         text += f" (formula {r.busiest_link_predicted / m:.2f} x M; measured/formula {r.busiest_link_bytes / r.busiest_link_predicted:.2f})"
-    if r.link_utilisation is not None:
+    if r.link_utilisation is not None and r.fullest_link != r.busiest_link:
+        text += (f"; the fullest, {r.fullest_link}'s own {r.fullest_link_bps / 1e6:g} Mbit/s link, carried "
+                 f"{100 * r.link_utilisation:.0f}% of its rate over {1000 * r.round_s:.1f} ms rounds")
+    elif r.link_utilisation is not None:
         text += f", {100 * r.link_utilisation:.0f}% of its rate over {1000 * r.round_s:.1f} ms rounds"
     return text + "."
 

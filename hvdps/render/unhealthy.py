@@ -71,6 +71,45 @@ def verdicts(rows):
                      ", never reaching the target" if r.time_to_target is None and h.time_to_target is not None else "")
             parts.append(text)
         out.append(f"- **An unhealthy cluster**, {model}, {n} worker(s), {what}: " + "; ".join(parts) + ".")
+    crossings = overtakes(rows)
+    if crossings:
+        out.append("- **With one worker slowed by F**: " + "; ".join(crossings) + ".")
+    return out
+
+
+def overtakes(rows):
+    """Per workload and worker count, where a method that does not wait for every worker (async PS,
+    sync PS with backups) overtakes one that does, by throughput, as one worker is slowed by F:
+    ["PS async overtakes bare MPI at F = 2 (..)", ...]; "stays behind" up to the largest F run."""
+    out = []
+    curves = {}                                  # (model, workers) -> {method: {F: samples/s}}
+    for r in rows:
+        if r.status != "ok" or not r.samples_per_sec_median:
+            continue
+        factor = 1.0 if r.condition is None else (r.unhealthy.factor if r.unhealthy else None)
+        if factor is None:
+            continue
+        curves.setdefault((r.model, r.workers), {}).setdefault(name_of(r, healthy=True), {})[factor] = r
+    for (model, n), by_method in curves.items():
+        factors = sorted({f for c in by_method.values() for f in c})
+        if len(factors) < 2:
+            continue
+        cost = lambda runs: methods.lookup(next(iter(runs.values())).backend).cost  # noqa: E731
+        waits_all = {m for m, c in by_method.items() if cost(c).waits_for(next(iter(c.values())).mode, n) == n}
+        for m in sorted(set(by_method) - waits_all):
+            for other in sorted(waits_all):
+                shared = [f for f in factors if f in by_method[m] and f in by_method[other]]
+                rate = lambda who, f: by_method[who][f].samples_per_sec_median  # noqa: E731
+                ahead = [f for f in shared if rate(m, f) > rate(other, f)]
+                if not shared or (ahead and ahead[0] == shared[0]):
+                    continue                     # ahead already when healthy: nothing to overtake
+                where = f"{model}, {n} workers"
+                if ahead:
+                    f = ahead[0]
+                    out.append(f"{m} overtakes {other} at F = {f:g} ({rate(m, f):,.0f} against {rate(other, f):,.0f} "
+                               f"samples/s; healthy, {rate(m, shared[0]) / rate(other, shared[0]):.2f}x of it) ({where})")
+                else:
+                    out.append(f"{m} stays behind {other} up to F = {shared[-1]:g} ({where})")
     return out
 
 
