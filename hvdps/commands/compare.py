@@ -503,6 +503,7 @@ def compare(args, parser):
     cfg = from_args(args)
     args.out = cfg.train_dir
     parse_workers(args.num_ps, "--num_ps")
+    cluster_conditions(args)                 # --straggler and --stall refused before --out is taken
     check_finite("run_timeout", args.run_timeout)
     if args.run_timeout <= 0:
         raise UsageError(f"--run_timeout must be positive, got {args.run_timeout}")
