@@ -21,6 +21,8 @@ slots), every rank recomputes from the state what depends on the size:
 Only rank 0 writes metrics, checkpoints and weights; a process that becomes
 rank 0 after a reset opens the metrics file and appends its own header.
 """
+import time
+
 from common.trainer.bookkeeper import Bookkeeper
 from common.inputs.data import make_dataset
 from common.base.errors import UsageError
@@ -30,6 +32,7 @@ from allreduce.sync_loop import AllreduceAdapter
 from common.trainer.checkpoints import Checkpoints
 from common.model.optim import create_slots, make_lr_schedule
 from common.trainer.runlog import RunLog
+from common.trainer.steptimes import StepTimes
 
 
 def train_elastic(cfg, args, backend, model, optimizer, num_train):
@@ -63,8 +66,13 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
     books = Bookkeeper(cfg, plan_now(), backend, RunLog.disabled(), adapter)
     train_step = tf.function(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape), autograph=False)  # Horovod: all-reduce
 
+    # this process's own steps, under whatever rank it holds when the job ends
+    times = StepTimes(f"rank:{backend.rank}", cfg.log_every, cfg.warmup_steps)
+
     def on_reset():
         backend.refresh()
+        # Horovod: the state rolls back to its last commit; the steps after it will run again
+        times.spans = [span for span in times.spans if span[0] <= state.updates]
         if backend.is_chief:
             print(f"elastic: the world is now {backend.world_size} rank(s); resuming at update {state.updates}",
                   flush=True)
@@ -82,9 +90,19 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
             done = state.epoch_samples // (b * n)
             data = make_dataset(cfg, backend.rank, n, start_step=state.epoch * plan.steps_per_epoch + done,
                                 num_steps=(state.epoch + 1) * plan.steps_per_epoch)
-            for x, y in data:
+            batches = iter(data)
+            while True:
+                times.begin()
+                asked = time.perf_counter()
+                try:
+                    x, y = next(batches)
+                except StopIteration:
+                    times.started = None
+                    break
+                waited = time.perf_counter() - asked
                 optimizer.lr.assign(float(lr(state.updates)))
                 loss = float(train_step(x, y))
+                times.end(state.updates + 1, waited)
                 state.updates += 1
                 state.epoch_samples += b * n
                 state.samples += b * n
@@ -102,4 +120,7 @@ def train_elastic(cfg, args, backend, model, optimizer, num_train):
     train(state)
     books.log = log()
     books.finish(state.updates, samples_seen=state.samples)
+    backend.refresh()
+    times.task = f"rank:{backend.rank}"          # its rank in the world that finished (ranks come and go)
+    times.save(cfg.train_dir)
     return 0

@@ -47,6 +47,7 @@ class CostModel(Protocol):
     arch: str
     network: str
     polls: bool
+    link_terms: dict
 
     def lockstep(self, mode): ...
 
@@ -100,6 +101,9 @@ class Ring:
     while they wait (Open MPI's progress loop, Horovod's background thread), so the busy share of the
     cores measures their waiting, not their work (hvdps/cost/heldout.py fits no cores floor for it)."""
     collective = True       # no server tasks; one worker alone exchanges nothing
+    # the link each step term crosses (hvdps/cost/stragglers.py: "own", "server"); a ring's one term
+    # moves at the pace of the slowest link among its ranks, the default for a term not named
+    link_terms = {}
     arch = "ring"           # the projection's architecture this method is measured against
     # Every update is the all-ranks average of that step's gradients, so one exact ring is a drop-in
     # for another: the crossover's ring side is the fastest of them. A ring method that is not exact
@@ -246,7 +250,7 @@ def check_entry(method, module):
             problems.append("has no hvdps.launchers.Launcher subclass as its launcher")
         if not isinstance(method.cost, CostModel):
             problems.append("has no cost model (hvdps.methods.CostModel: " + ", ".join(
-                n for n in ("collective", "arch", "network", "polls", "lockstep", "predict_links", "exchange_s",
+                n for n in ("collective", "arch", "network", "polls", "link_terms", "lockstep", "predict_links", "exchange_s",
                             "step_terms", "projected_step") if not hasattr(method.cost, n)) + " missing)")
         if method.cost is not None and getattr(method.cost, "collective", False) and not hasattr(method.cost, "exact"):
             problems.append("is collective without saying whether it is an exact ring (Ring.exact)")

@@ -203,6 +203,8 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
             ps_watch.stop()
             hard_exit(0)
         final = int(read(graph.global_step))
+        if session.release is not None:
+            read(session.release)                # PS: backups: no worker left waiting for a token
         chief.lost = chief.tracker.wait_for_finish(read, graph, dog.kick)   # PS: the other workers' last steps
         books.finish(final)
         return chief.lost
@@ -263,13 +265,19 @@ class Session:
         import tensorflow as tf
         v1 = tf.compat.v1
         self.coord = v1.train.Coordinator()
-        sync_local = runner = tokens = None
+        sync_local = runner = tokens = self.release = None
         if backend.sync:                         # PS: the chief runs the token queue; no spare tokens
             opt = graph.optimizer
             sync_local = opt.chief_init_op if backend.is_chief else opt.local_step_init_op
             if backend.is_chief:
                 runner = opt.get_chief_queue_runner()
                 tokens = opt.get_init_tokens_op(max(0, backend.replicas_to_aggregate - plan.workers))
+                if backend.replicas_to_aggregate < plan.workers:
+                    # Backup workers: the last update's tokens go to whoever asks first, so a late
+                    # worker can wait at the token queue for an update that never comes. Once the
+                    # target is reached the chief gives every worker one more token: its step ends,
+                    # it sees the last update and is done.
+                    self.release = opt.get_init_tokens_op(plan.workers)
         steps = scaffold(graph, backend.is_chief)
         steps.finalize()                         # no op is added past this point (the graph is final)
         manager = v1.train.SessionManager(local_init_op=steps.local_init_op, ready_op=steps.ready_op,

@@ -27,6 +27,9 @@ class ParameterServers:
     # comm.json's push and pull rows (benchmarks/comm_bandwidth.py: ps-push, ps-pull), fitted one way each
     measured = Network("ps", "ps-", "PS push and pull", fit=fits.push_pull)
     polls = False            # gRPC's threads block while they wait
+    # the link each term crosses, for a worker on a cluster whose links differ (hvdps/cost/stragglers.py):
+    # its own pushes and pulls cross its own link; every worker's cross the PS hosts'
+    link_terms = {"own link": "own", "PS link": "server"}
     lockstep_modes = ("sync",)   # the workers wait for each other's gradients before each update
 
     def lockstep(self, mode):
@@ -108,9 +111,15 @@ class PSLauncher(TaskLauncher):
         placed = place_ps(hosts, workers, num_ps, placement, chief=self.server_tasks(num_ps) > num_ps)
         return {f"{role}:{i}": h for role in ("ps", "worker", "chief") for i, h in enumerate(placed.get(role, []))}
 
-    def launcher_argv(self, workers, mode, num_ps):
+    def tf_tasks(self, workers, num_ps):
+        return {"ps": num_ps, "worker": workers}
+
+    def mode_argv(self, mode):
         extra = ["--backup_workers", str(backups(mode))] if backups(mode) else []
-        return ["--num_ps", str(num_ps), "--num_workers", str(workers), f"--{base_mode(mode) or 'async'}", *extra]
+        return [f"--{base_mode(mode) or 'async'}", *extra]
+
+    def launcher_argv(self, workers, mode, num_ps):
+        return ["--num_ps", str(num_ps), "--num_workers", str(workers), *self.mode_argv(mode)]
 
 
 class PS2Launcher(PSLauncher):
@@ -118,6 +127,10 @@ class PS2Launcher(PSLauncher):
     only, and one more process, the chief that coordinates (it does not train)."""
     graph_mode = False
     trainer_flags = ("--ps_api", "v2")
+    ends = "chief"               # the coordinator ends the job; it releases the PS tasks and workers
+
+    def tf_tasks(self, workers, num_ps):
+        return {"chief": 1, **super().tf_tasks(workers, num_ps)}
 
     def server_tasks(self, num_ps):
         return num_ps + 1

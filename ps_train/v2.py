@@ -49,6 +49,7 @@ from common.trainer.bookkeeper import Adapter, Bookkeeper
 from common.trainer.checkpoints import Checkpoints
 from common.model.evaluation import eval_sums, finish_eval
 from common.model.optim import make_lr_schedule
+from common.trainer.steptimes import StepTimes
 from common.trainer.run_dir import refuse_finished
 from common.trainer.runlog import RunLog
 from common.trainer.watchdog import Watchdog
@@ -179,7 +180,7 @@ def coordinate(cfg, backend, num_train):
     try:
         while True:
             try:
-                schedule_all(backend, books, dog, train_step, iterators, first, plan, adapter.input_waits)
+                schedule_all(backend, books, dog, train_step, iterators, first, plan, adapter)
                 break
             except tf.errors.OpError as exc:
                 if input_failure(exc, "chief"):      # a worker read a bad record: the run ends, naming it
@@ -199,12 +200,14 @@ def coordinate(cfg, backend, num_train):
     finally:
         dog.stop()
     books.finish(plan.total_updates)
+    for times in adapter.tasks.values():
+        times.save(cfg.train_dir)
     return [name.split(" ")[0] for name in adapter.lost]
 
 
-def schedule_all(backend, books, dog, train_step, iterators, first, plan, input_waits):
+def schedule_all(backend, books, dog, train_step, iterators, first, plan, adapter):
     """Schedules updates ``first``..the last; the logged ones are fetched in order (with their
-    steps' waits for a batch: ``input_waits``)."""
+    steps' waits for a batch and spans on the worker that ran them: ``adapter``)."""
     # Steps are scheduled ahead of the bookkeeping so the workers' queue never runs dry;
     # a logged step is fetched (waited for) only once LAG later steps are queued behind it.
     lag, pending = 2 * plan.workers, collections.deque()
@@ -213,11 +216,11 @@ def schedule_all(backend, books, dog, train_step, iterators, first, plan, input_
         if step > books.last and books.wants(step):   # after a recovery: past what was logged
             pending.append((step, result))
         while pending and pending[0][0] <= step - lag:
-            books.after_update(*fetched(pending.popleft(), input_waits))
+            books.after_update(*fetched(pending.popleft(), adapter))
             dog.kick(f"chief: no step finished for {backend.step_timeout:.0f}s (--step_timeout): "
                      f"every worker lost?")
     while pending:                               # in order, each when it has run: honest timings
-        books.after_update(*fetched(pending.popleft(), input_waits))
+        books.after_update(*fetched(pending.popleft(), adapter))
     backend.coordinator.join()                   # PS: every scheduled step has run somewhere
 
 
@@ -233,16 +236,19 @@ def settle(backend, optimizer):
     return int(optimizer.iterations.numpy())
 
 
-def fetched(pending, input_waits):
+def fetched(pending, adapter):
     """(step, its loss): waits for that step's result (not for the later ones), and adds the
-    step's wait for its batch to ``input_waits``. The loss is None when the coordinator has none
-    for it (a step caught in a lost worker's recovery): that log point is then skipped, not invented."""
+    step's wait for its batch to ``adapter.input_waits`` and its span to the worker's own
+    (``adapter.times``). The loss is None when the coordinator has none for it (a step caught in a
+    lost worker's recovery): that log point is then skipped, not invented."""
     step, result = pending
     value = result.fetch()                       # PS: from the worker that ran it
     if value is None:
         return step, None
-    loss, waited = value
-    input_waits.append(float(waited))
+    loss, waited, worker, started, ended = value
+    adapter.input_waits.append(float(waited))
+    if int(worker) >= 0:
+        adapter.times(int(worker)).add(step, float(started), float(ended), float(waited))
     return step, float(loss)
 
 
@@ -272,6 +278,13 @@ class CoordinatorAdapter(Adapter):
         self.test_ds = make_dataset(cfg, 0, 1, split="test")
         self.lost = []
         self.input_waits = []                    # the logged steps' waits for their batch, on their worker
+        self.tasks = {}                          # worker index -> its logged steps (ranks/worker-<i>.json)
+
+    def times(self, worker):
+        """The logged steps worker ``worker`` ran, timed on it: its file in ranks/ at the end."""
+        if worker not in self.tasks:
+            self.tasks[worker] = StepTimes(f"worker:{worker}", self.cfg.log_every, self.cfg.warmup_steps)
+        return self.tasks[worker]
 
     def reduce_loss(self, losses):
         return losses[-1]                        # only the watched steps are fetched
@@ -316,15 +329,23 @@ def make_train_step(strategy, model, optimizer):
 
     replica_step = train_step_fn(model, optimizer)   # PS: the variables it updates live on the PS
 
+    where = getattr(tf.distribute.coordinator, "experimental_get_current_worker_index", None)
+
     @tf.function(autograph=False)
     def train_step(iterator):
         # The input's share, measured at the iterator on the worker that runs the step (stateful ops
-        # run in program order in a tf.function): returned with the loss, read for the logged steps.
+        # run in program order in a tf.function): returned with the loss, read for the logged steps,
+        # with the step's start and end on that worker's clock and which worker ran it (TF >= 2.12:
+        # the coordinator's call-time worker index), for that worker's own timeline.
         asked = tf.timestamp()
         x, y = next(iterator)
         with tf.control_dependencies([x, y]):
             waited = tf.maximum(tf.timestamp() - asked, 0.0)     # the wall clock may step back
-        return strategy.run(replica_step, args=(x, y)), waited
+        loss = strategy.run(replica_step, args=(x, y))
+        with tf.control_dependencies(tf.nest.flatten(loss)):
+            ended = tf.timestamp()
+        worker = where() if where else tf.constant(-1, tf.int64)
+        return loss, waited, worker, asked, ended
 
     return train_step
 

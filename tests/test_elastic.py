@@ -12,8 +12,10 @@ import time
 
 import pytest
 
+from hvdps.measure.timeline import write_timeline
+
 from tests.conftest import read_records
-from tests.conftest import BIN, REPO, env
+from tests.conftest import BIN, REPO, check_timeline, env
 
 pytestmark = pytest.mark.process
 
@@ -80,6 +82,10 @@ def test_static_elastic_run_trains(jobs):
     summary = _records(pathlib.Path(jobs("elastic")).parent, "summary")[-1]
     assert summary["status"] == "ok" and summary["final_test_accuracy"] >= 0.9
     assert summary["max_weight_divergence"] == 0.0
+    # each process timed its own steps under the rank it ended with: a timeline track each
+    run_dir = str(jobs("elastic"))
+    assert write_timeline(run_dir)
+    check_timeline(run_dir, ["rank:0", "rank:1"])
 
 
 def test_lost_rank_then_regrow(tmp_path):

@@ -8,7 +8,8 @@ import pytest
 
 from tests.conftest import read_records
 from common.trainer.run_dir import load_weights_npz
-from tests.conftest import REPO, py, run, row_and_records
+from tests.conftest import REPO, check_timeline, py, run, row_and_records
+from hvdps.measure.timeline import rank_files, write_timeline
 from tests.ps_helpers import FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights
 
 pytestmark = pytest.mark.process
@@ -52,6 +53,15 @@ def reaches_accuracy(r, out, num_ps, num_workers):
     for role in [f"ps:{i}" for i in range(num_ps)] + [f"worker:{i}" for i in range(num_workers)]:
         assert f"[{role}] {role} done" in r.stdout, r.stdout[-4000:]   # released by the chief, exit 0
     assert "still running after the chief finished" not in r.stdout
+    # each worker's logged steps, timed on the worker that ran them and written by the chief: a
+    # track each in the timeline (a worker may have run no logged step: the coordinator picks)
+    ranks = rank_files(out)
+    assert ranks and set(ranks) <= {f"worker:{i}" for i in range(num_workers)}, ranks
+    logged = sorted(span[0] for f in ranks.values() for span in f.spans)
+    # every logged step once (--log_every 5 or 7, and the steps an evaluation or checkpoint logs)
+    assert len(logged) == len(set(logged)) >= summary["steps"] // 7 - 1, logged
+    assert write_timeline(out, row.compute_s)
+    check_timeline(out, list(ranks))
 
 
 def test_large_variables_are_split_over_the_ps_tasks(tmp_path):

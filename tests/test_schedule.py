@@ -96,14 +96,6 @@ def test_ps_push_and_pull_once_per_worker_task(n, towers, per_server, tasks):
     assert res.step_s == pytest.approx(3.0 + 2 * tasks * 0.1)
 
 
-@pytest.mark.parametrize("n, cv, low, high", [
-    (1, 0.03, 1.0, 1.0), (2, 0.0, 1.0, 1.0), (2, 0.03, 1.01, 1.02), (128, 0.03, 1.07, 1.08),
-    (512, 0.03, 1.09, 1.095),
-])
-def test_straggler_factor(n, cv, low, high):
-    assert low <= s.straggler_factor(n, cv) <= high
-
-
 @pytest.mark.parametrize("n, k, expected", [
     (8, 0, ring_allreduce_time(8, 1e8, 1e9, 0.0)),     # no servers: the all-reduce bound
     (8, 8, 0.1),                                        # k = n: M/B

@@ -54,6 +54,13 @@ class StepTimes:
             self.spans.append([step, self.started, ended, input_s, exchange])
         self.started = None
 
+    def add(self, step, started, ended, input_s=None):
+        """A step timed where it ran and reported here (TF2's PS: the worker's own clock, read back by
+        the coordinator with the step's result)."""
+        if step > self.warmup:
+            self.durations.append(ended - started)
+        self.spans.append([step, started, ended, input_s, None])
+
     def record(self):
         return {"task": self.task, "pid": os.getpid(), "host": socket.gethostname(),
                 "step_s": quantiles(self.durations), "spans": self.spans}

@@ -14,13 +14,14 @@ from common.base.files import make_dirs, write_atomic
 from common.base.procs import REPO
 from common.formats.schemas import read_cluster_description, read_comm, read_config
 from hvdps import methods
-from hvdps.cost import crossover, heldout, schedule
+from hvdps.cost import crossover, heldout, schedule, stragglers
 from hvdps.cost.schedule import AlphaBeta, Unfitted
-from hvdps.measure.rows import load_run
+from hvdps.measure.rows import interval_rate, load_run
 from hvdps.measure.runs import load_of, run_record
 from hvdps.cost.projection import (RING, Checked, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
                                    project, projected_step, ring_of, run_exchange_s, single_layer)
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
+from hvdps.measure.unhealthy import parse_stragglers
 from hvdps.render.projection import _size, check_table, dumps, plot, table
 from common.model.layer_profile import layer_profile
 from common.model.models import build_model
@@ -208,6 +209,69 @@ def heldout_of(path, layers, ring, ps, nets, args):
     return entries, cores
 
 
+def slow_links(cluster, healthy):
+    """What differs in ``cluster``'s links from the ``healthy`` one's: "h2 at 10 Mbit/s" (None: nothing)."""
+    if not cluster or not healthy:
+        return None
+    rates = cluster.rates or {}
+    slow = [(h, bps) for h, bps in rates.items()
+            if bps != (healthy.rates or {}).get(h, healthy.rate_bps)]
+    names = cluster.ports or {}
+    return ", ".join(f"{names.get(h, h)}'s link at {bps / 1e6:g} Mbit/s" for h, bps in slow) or None
+
+
+def unhealthy_check(path, healthy_path, layers, args):
+    """(hvdps/cost/stragglers.py's ``Held`` per run under ``path`` on an unhealthy emulated cluster,
+    [(run, why)] left out): a run with a slow or stalled worker against its healthy twin in the same
+    comparison, and with ``healthy_path`` (the same comparison on the cluster without ``--link``)
+    every run on a cluster with a slow link against its namesake there. Each is predicted from its
+    twin's measured throughput and the model's steps on both clusters, so nothing measured on the
+    unhealthy cluster goes into its own prediction."""
+    cluster = cluster_of(path)
+    if cluster is None or cluster.latency_s is None:
+        return [], []
+    base_cluster = cluster_of(healthy_path) if healthy_path else cluster
+    if healthy_path and (base_cluster is None or base_cluster.latency_s is None):
+        raise UsageError(f"--healthy {healthy_path}: no emulated cluster there (hvdps emulate's cluster.json)")
+    linked = slow_links(cluster, base_cluster) if healthy_path else None
+    fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
+
+    def loaded(where):
+        out = {}
+        for d in find_runs(where, unhealthy=True):
+            row, record = load_run(d), run_record(d)
+            row = dataclasses.replace(row, roles=(record.roles if record else None))
+            out[row.name] = (row, record.unhealthy if record else None, run_cores(d, row.header, row.curves.steps)[1])
+        return out
+
+    runs = loaded(path)
+    twins = loaded(healthy_path) if healthy_path else {n: v for n, v in runs.items() if v[1] is None}
+    found, left_out = [], []
+    for name, (row, unhealthy, cores) in runs.items():
+        if unhealthy is None and not linked or (row.workers or 1) < 2 or methods.lookup(row.backend) is None:
+            continue
+        twin = twins.get(name.replace(f"-{unhealthy.condition}", "") if unhealthy else name)
+        if twin is None or twin[1] is not None or not twin[0].compute_s:
+            left_out.append((name, "no healthy run of the same shape with a per-step breakdown"))
+            continue
+        healthy = twin[0]
+        compute = heldout.contended_compute(healthy, cores)
+        paces = stragglers.paces_of(unhealthy, row.workers, healthy.compute_s, compute)
+        what = ", ".join(x for x in (unhealthy.what if unhealthy else None, linked) if x)
+
+        def nets_of(c, r):
+            return stragglers.link_networks(c.latency_s, c.rates, r.roles, c.rate_bps, TCP_GOODPUT)
+
+        entry = stragglers.held(row, healthy, what, paces, compute, nets_of(base_cluster, healthy),
+                                nets_of(cluster, row), layers, fusion, cycle,
+                                rates=(interval_rate(healthy), interval_rate(row)))
+        if entry is None:
+            left_out.append((name, "no throughput measured, or no step model for its method"))
+        else:
+            found.append(entry)
+    return found, left_out
+
+
 # ---------------------------------------------------------------- command line
 def make_parser():
     p = Parser(prog="hvdps project", description="Project scaling efficiency to many workers "
@@ -238,6 +302,13 @@ def make_parser():
     p.add_argument("--straggler_cv", dest="straggler_cv", type=float, default=0.03,
                    help="per-step coefficient of variation of a worker's compute; synchronous training "
                         "waits for the slowest of n every step (default 0.03)")
+    p.add_argument("--straggler", default=None,
+                   help="RANK:FACTOR[,RANK:FACTOR...]: worker RANK's compute FACTOR times slower than the "
+                        "others' (as hvdps compare --straggler); a synchronous step waits for it (order "
+                        "statistics with --straggler_cv)")
+    p.add_argument("--healthy", dest="healthy_dir", default=None,
+                   help="--from's runs on the cluster without its slow link (hvdps emulate without --link): "
+                        "each run under --from is predicted from its namesake there")
     p.add_argument("--ps_sharding", dest="ps_sharding", default="split", choices=schedule.PLACEMENTS,
                    help="how variables go to PS shards: split (hvdps' PS trainers: large variables cut into "
                         "one piece per shard, then round robin), round_robin (replica_device_setter's "
@@ -320,6 +391,10 @@ def run_projection(args):
     if args.ps_gpus_per_worker < 1 or args.gpus_per_server % args.ps_gpus_per_worker:
         raise UsageError(f"--ps_gpus_per_worker must divide --gpus_per_server ({args.gpus_per_server}), "
                          f"got {args.ps_gpus_per_worker}")
+    slow = {s.rank: s.factor for s in parse_stragglers(args.straggler)} if args.straggler else {}
+    if args.healthy_dir and (not args.from_dir or not os.path.isdir(args.healthy_dir)):
+        raise UsageError(f"--healthy {args.healthy_dir}: " + ("no such directory" if args.from_dir else
+                                                             "needs --from, the runs it is the healthy twin of"))
     comm_json = args.comm_json or os.path.join(REPO, "benchmarks", "results", "comm.json")
     if args.comm_json and not os.path.exists(args.comm_json):
         raise UsageError(f"--comm_json {args.comm_json}: no such file")
@@ -357,7 +432,8 @@ def run_projection(args):
     rows = project(layers, compute, workers, ring, ps,
                    per_server=args.gpus_per_server, cycle_s=args.cycle_time_ms / 1e3,
                    fusion_bytes=int(args.fusion_threshold_mb * (1 << 20)), straggler_cv=args.straggler_cv,
-                   placement=args.ps_sharding, measured=measured, ps_towers=args.ps_gpus_per_worker, own=own)
+                   placement=args.ps_sharding, measured=measured, ps_towers=args.ps_gpus_per_worker, own=own,
+                   slow=slow)
     make_dirs(args.out)
     text = (f"# Scaling projection\n\ngradient {_size(grad)} in {len(layers)} layer(s), compute "
             f"{compute * 1e3:.1f} ms/step, ring: {ring.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
@@ -365,7 +441,8 @@ def run_projection(args):
             f"{ps.alpha * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server, "
             f"{args.ps_gpus_per_worker} GPU(s) per PS worker task; Horovod cycle "
             f"{args.cycle_time_ms:g} ms, fusion {args.fusion_threshold_mb:g} MiB; PS placement "
-            f"{args.ps_sharding}; straggler cv {args.straggler_cv:g}\n\n")
+            f"{args.ps_sharding}; straggler cv {args.straggler_cv:g}" +
+            "".join(f"; worker {r} at {f:g}x the others' compute" for r, f in slow.items()) + "\n\n")
     for label, (_, net, _) in own.items():
         if net == ring:
             continue                 # costed on the ring's network, by a step model of its own
@@ -403,6 +480,9 @@ def run_projection(args):
     held = heldout_of(args.from_dir, layers, ring, ps, nets, args) if args.from_dir else ([], None)
     if held[0]:
         text += "\n".join(heldout_render.section(*held)) + "\n"
+    sick = unhealthy_check(args.from_dir, args.healthy_dir, layers, args) if args.from_dir else ([], [])
+    if sick[0] or sick[1]:
+        text += "\n".join(heldout_render.unhealthy_section(*sick)) + "\n"
     text += table(rows) + "\n"
     ring_rows = [r for r in rows if r.arch == RING and r.workers > 1]
     if ring_rows:
@@ -418,7 +498,9 @@ def run_projection(args):
                        "ps_sharding": args.ps_sharding, "ps_gpus_per_worker": args.ps_gpus_per_worker,
                        "measured_overlap": {label: ov for label, (ov, _) in measured.items()}, "checked": checked,
                        "left_out": [{"run": name, "why": why} for name, why in left_out], "crossover": cross,
-                       "heldout": {"entries": held[0], "cores": held[1]}, "rows": rows}))
+                       "heldout": {"entries": held[0], "cores": held[1]},
+                       "unhealthy": {"entries": sick[0], "left_out": [{"run": n, "why": w} for n, w in sick[1]]},
+                       "slow": slow, "rows": rows}))
     if cross:
         crossover_render.plot(cross, os.path.join(args.out, "crossover.png"))
     plot(rows, os.path.join(args.out, "projection.png"), f"{_size(grad)} gradients, "

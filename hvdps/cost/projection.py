@@ -10,7 +10,8 @@ Two layers:
   fusion buffer and cycle time, PS variable placement), so the share of the
   exchange that hides behind the backward pass comes from the model's own
   layers, not from a hand-set knob. Synchronous training also waits for the
-  slowest of n workers every step (``--straggler_cv``).
+  slowest of n workers every step (``--straggler_cv``, ``--straggler``: order statistics,
+  hvdps/cost/stragglers.py).
 
 With ``--from RUNS`` the compute time, the gradient size, the model's layers
 and the overlap each run achieved come from hvdps runs:
@@ -22,7 +23,7 @@ import dataclasses
 from typing import Optional
 
 from hvdps import methods
-from hvdps.cost import schedule
+from hvdps.cost import schedule, stragglers
 from hvdps.cost.schedule import Scheduled, ps_time, ring_allreduce_time
 from hvdps.cost.shape import StepShape
 from common.formats.schemas import Layer
@@ -84,7 +85,7 @@ class Projected:
 
 def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, cycle_s=1e-3,
             fusion_bytes=128 << 20, straggler_cv=0.0, placement="split", measured=None, ps_towers=1,
-            own=None):
+            own=None, slow=None):
     """Rows of projected step time and efficiency for each worker count and architecture.
 
     ``own``: {label: (method, fit, mode)} for collective methods measured with a network of their own
@@ -94,6 +95,9 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
     PS rows: a fixed number of shards each (``shards``), and one PS per server
     (k = n / per_server), the layout that grows with the cluster; ``ps_towers``
     GPUs share one worker task (schedule.ps_step). ``workers`` counts GPUs.
+    ``slow``: {rank: F}, workers whose compute is F times slower than the others' (where n has
+    that rank); with ``straggler_cv``, the per-worker step distribution a synchronous step waits
+    for the slowest of (hvdps/cost/stragglers.py).
     ``measured``: {arch label: (overlap, collective)} from runs; each adds rows where that
     overlap is applied to the alpha-beta exchange time (the ring's if the method is collective,
     else the PS's) instead of the schedule. Every row names its family (``RING`` or ``PS``),
@@ -102,8 +106,11 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
     grad = sum(x.grad_bytes for x in layers)
     rows = []
 
+    waits = {n: stragglers.wait_factor(stragglers.described(n, {r: f for r, f in (slow or {}).items() if r < n},
+                                                            straggler_cv), n) for n in workers}
+
     def add(n, arch, res, family):
-        wait = compute_s * (schedule.straggler_factor(n, straggler_cv) - 1.0)
+        wait = compute_s * (waits[n] - 1.0)
         step = res.step_s + wait
         rows.append(Projected(workers=n, arch=arch, family=family, comm_s=res.comm_s, overlap=res.overlap,
                               straggler_s=wait, step_s=step, efficiency=compute_s / step))

@@ -231,18 +231,6 @@ def ps_step(layers, compute_s, n, bandwidth, alpha, shards=1, per_server=1, plac
                      buffers=2 * sum(len(p) for p in shard_of), overlap=_overlap(comm, step - compute_s))
 
 
-def straggler_factor(n, cv):
-    """Expected slowest of n workers' compute, as a multiple of the mean (normal step times, Blom's formula).
-
-    Synchronous training waits for the slowest worker every step, so a
-    per-step coefficient of variation ``cv`` costs cv x E[max of n standard
-    normals]: about 2.6 cv at 128 workers and 3.0 cv at 512.
-    """
-    if n <= 1 or cv <= 0:
-        return 1.0
-    return 1.0 + cv * NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
-
-
 def byteps_link_scale(n, k):
     """How many times faster than a ring's the exchange of n workers with k extra CPU-only servers is
     (BytePS, OSDI'20, section 3.1): it moves 2n(n-1)M/((n^2 + kn - 2k)B), all-reduce's 2(n-1)M/(nB)

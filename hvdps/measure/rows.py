@@ -148,6 +148,20 @@ def measured_interval(header, steps):
     return (header.start_time + first, header.start_time + last) if last > first else None
 
 
+def interval_rate(row):
+    """Samples/s over the whole measured interval (the samples it saw over its wall time), or None:
+    what a run kept where a few intervals were slow (a stalled worker), which the median and the mean of
+    the intervals' rates (each interval one vote) leave out."""
+    steps, header = row.curves.steps, row.curves.header
+    span = measured_interval(header, steps)
+    if span is None:
+        return None
+    inside = [s for s in steps if span[0] <= header.start_time + s.wall_time <= span[1]]
+    if len(inside) < 2 or inside[-1].wall_time <= inside[0].wall_time:
+        return None
+    return (inside[-1].samples_seen - inside[0].samples_seen) / (inside[-1].wall_time - inside[0].wall_time)
+
+
 def load_run(run_dir, name="metrics.jsonl"):
     """One run's typed row for tables, with its records (``row.curves``). What a run lacks is None."""
     recs = read_metrics(os.path.join(run_dir, name))

@@ -45,3 +45,40 @@ def section(entries, cores=None):
                      f"{1e3 * e.measured_step_s:.1f} | {1e3 * e.modelled_step_s:.1f} | {e.binding} | {busy} | "
                      f"{floor} | {1e3 * e.predicted_step_s:.1f} | {ratio} |")
     return lines + [""]
+
+
+def unhealthy_summary(entries):
+    """(within TOLERANCE, total, mean |1 - measured / predicted|) over the unhealthy runs' entries."""
+    if not entries:
+        return 0, 0, None
+    ok = sum(TOLERANCE[0] <= e.ratio <= TOLERANCE[1] for e in entries)
+    return ok, len(entries), sum(abs(1 - e.ratio) for e in entries) / len(entries)
+
+
+def unhealthy_section(entries, left_out=()):
+    """Markdown lines: each run on an unhealthy cluster predicted from its healthy twin
+    (hvdps/cost/stragglers.py), and how many land within TOLERANCE."""
+    lines = ["## An unhealthy cluster, held out: each run predicted from its healthy twin", ""]
+    if entries:
+        ok, total, mean = unhealthy_summary(entries)
+        lines += ["Each worker's own step is the method's model (its compute, at its pace, and its terms on its "
+                  "own links); a step that waits for w workers takes the expected w-th fastest (order "
+                  "statistics), asynchronous workers add their rates. A worker in a CPU quota of q cores "
+                  "computes the probe's compute / q; a stalled one runs (every - for) / every of the time. "
+                  "Predicted = the healthy twin's measured samples/s x the model's healthy step / its step on "
+                  "this cluster (hvdps/cost/stragglers.py, docs/projection.md); samples/s are the median "
+                  "logging interval's; for a stall, the samples over the whole measured interval by its time. "
+                  f"**{ok} of {total} runs within measured / predicted {TOLERANCE[0]:.2f}-{TOLERANCE[1]:.2f}; "
+                  f"mean |1 - measured / predicted| {mean:.1%}.**", "",
+                  "| run | condition | method | waits for | healthy samples/s | samples/s | kept | model keeps | "
+                  "predicted samples/s | measured / predicted |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for e in entries:
+            waits = "none" if e.waits is None else f"{e.waits} of {e.workers}"
+            lines.append(f"| {e.run} | {e.condition} | {methods.label(e.backend, e.mode)} | {waits} | "
+                         f"{e.healthy_samples_per_sec:,.0f} | {e.measured_samples_per_sec:,.0f} | "
+                         f"{e.kept_measured:.2f}x | {e.kept_model:.2f}x | {e.predicted_samples_per_sec:,.0f} | "
+                         f"{e.ratio:.2f} |")
+        lines.append("")
+    if left_out:
+        lines += ["Not predicted: " + "; ".join(f"{n} ({w})" for n, w in left_out) + ".", ""]
+    return lines

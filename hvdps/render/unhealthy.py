@@ -7,9 +7,11 @@ same comparison, so the machine's own speed cancels: 0.25x is what a method keep
 simple models beside them are the textbook ones: a synchronous method runs at the slowest
 worker's pace (about 1/F of healthy throughput), asynchronous PS at the sum of its workers' rates
 ((N - 1 + 1/F) / N), and sync PS with backup workers at the pace of its (N - K)-th fastest worker (the
-healthy pace, with one slow worker and a backup). The all-reduce methods have no backups: every step
-waits for every rank."""
+healthy pace, with one slow worker and a backup); a stalled worker runs (every - for) / every of the
+time. All of them come from one model, hvdps/cost/stragglers.py's order statistics, which the
+projection uses too. The all-reduce methods have no backups: every step waits for every rank."""
 from hvdps import methods
+from hvdps.cost import stragglers
 from hvdps.render.plots import save_png
 from hvdps.render.styles import name_of, series_styles
 
@@ -32,14 +34,17 @@ def _x(v):
 
 
 def _simple(r):
-    """What the textbook model expects of this run's throughput, as a fraction of healthy (None for a stall)."""
+    """What the textbook model expects of this run's throughput, as a fraction of healthy: the
+    worker's pace as its record describes it (F, or a stall's share of the time), every other worker
+    healthy, and the step as its method waits (hvdps/cost/stragglers.py)."""
     u = r.unhealthy
-    if u is None or u.factor is None:
+    if u is None or not (u.factor or u.every_ms and u.for_ms) or not r.workers or u.rank >= r.workers:
         return None
-    waits = methods.lookup(r.backend).cost.waits_for(r.mode, r.workers)   # the method's own answer
-    if waits is None:                            # each worker at its own pace: the rates add up
-        return (r.workers - 1 + 1 / u.factor) / r.workers
-    return 1.0 if waits < r.workers else 1 / u.factor     # backups outrun one slow worker
+    if u.every_ms and u.for_ms:
+        paces = stragglers.described(r.workers, stalled={u.rank: (u.every_ms, u.for_ms)})
+    else:
+        paces = stragglers.described(r.workers, slow={u.rank: u.factor})
+    return stragglers.kept(paces, methods.lookup(r.backend).cost.waits_for(r.mode, r.workers))
 
 
 def pairs(rows):
@@ -113,6 +118,12 @@ def overtakes(rows):
     return out
 
 
+def _waits_for_all():
+    """The methods whose every mode waits for every worker (hvdps/methods.py: ``waits_for``), by label."""
+    return [m.label(m.modes[0]) for m in methods.METHODS.values()
+            if all(m.cost.waits_for(mode, 4) == 4 for mode in m.modes)]
+
+
 def section(rows):
     """Markdown: every unhealthy run beside its healthy one, with what was applied."""
     found = pairs(rows)
@@ -126,7 +137,7 @@ def section(rows):
              "synchronous method at the slowest worker's pace (1/F of healthy throughput), asynchronous PS at "
              "its workers' summed rates ((N - 1 + 1/F) / N), sync PS with K backup workers (`ps:backupK`) at its "
              "(N - K)-th fastest worker's (healthy, with one slow worker and a backup: the late gradients are dropped, "
-             "lost work). The all-reduce methods (Horovod, bare MPI, MWMS, local SGD) have no backup workers: "
+             f"lost work). {', '.join(_waits_for_all())} have no backup workers: "
              "every step waits for every rank. Throughput is the median logging interval's, so a stall shows in "
              "the time to target more than in it.", "",
              "| workload | method | workers | worker | samples/s | vs healthy | simple model | time to target (s) "
@@ -211,8 +222,10 @@ def write_straggler_plot(rows, out):
                 ax.plot([p[0] for p in drawn], [p[1] for p in drawn], f"{marker}-", color=colour, label=label)
         factors = sorted({p[0] for points in lines.values() for p in points})
         fine = [factors[0] + (factors[-1] - factors[0]) * i / 50 for i in range(51)]
-        ax2.plot(fine, [1 / f for f in fine], ":", color="grey", label="1/F (waits for every worker)")
-        ax2.plot(fine, [(n - 1 + 1 / f) / n for f in fine], "--", color="grey", lw=1,
+        ax2.plot(fine, [stragglers.kept(stragglers.described(n, slow={n - 1: f}), n) for f in fine], ":",
+                 color="grey", label="1/F (waits for every worker)")
+        ax2.plot(fine, [stragglers.kept(stragglers.described(n, slow={n - 1: f}), None) for f in fine], "--",
+                 color="grey", lw=1,
                  label=f"({n} - 1 + 1/F) / {n} (does not wait)")
         ax1.set(xlabel="slowdown factor F of one worker", ylabel="time to target / healthy",
                 title=f"{model}, {n} workers: time to target")

@@ -1,0 +1,273 @@
+"""A cluster whose workers do not keep one pace, projected.
+
+Each worker's own step is a distribution: a mean and a spread, as multiples of a healthy worker's
+(``Pace``). It is described (a slow worker at F, a stalled one, the per-step noise
+``--straggler_cv``) or measured (each rank's ranks/<task>.json). How the job's step follows from
+the workers' is each method's answer to how many workers a step waits for
+(hvdps/methods.py, ``CostModel.waits_for``):
+
+- a step that waits for w of the n workers lasts as long as the w-th fastest of them: the expected
+  w-th order statistic of the n distributions. Every ring and sync PS wait for all n (the slowest);
+  sync PS with K backup workers for n - K;
+- asynchronous workers wait for nobody: each steps at its own pace, and the job's rate is the sum
+  of theirs, up to what the resources they share carry (the busiest PS link's round).
+
+A slow link is the same question on the network: each term of a method's step crosses a link the
+method names (``CostModel.link_terms``: a worker's own, the servers', or the slowest of the job's,
+where a ring moves at its slowest link's pace), and each worker's step is costed on its own.
+"""
+import dataclasses
+import math
+from statistics import NormalDist
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from hvdps import methods
+from hvdps.cost.schedule import AlphaBeta
+
+Z95 = NormalDist().inv_cdf(0.95)
+GRID = 2001                    # points the order statistic is integrated over
+
+
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    """One worker's step as a multiple of a healthy worker's: its mean and standard deviation.
+    ``whole``: the factor holds the whole process (a stall: SIGSTOP stops its exchange too), not
+    only its compute (a CPU quota: the exchange waits on the links, not on the CPU)."""
+    mean: float = 1.0
+    sd: float = 0.0
+    whole: bool = False
+
+
+def described(n, slow=None, cv=0.0, stalled=None):
+    """n workers' paces: healthy ones at 1, each ``slow`` {rank: F} at F, a ``stalled`` {rank:
+    (every_ms, for_ms)} at every / (every - for) of the whole process (it runs that share of the
+    time); each with the per-step coefficient of variation ``cv``."""
+    slow, stalled = slow or {}, stalled or {}
+    out = []
+    for i in range(n):
+        if i in stalled:
+            every, stop = stalled[i]
+            mean = every / (every - stop)
+            out.append(Pace(mean, cv * mean, whole=True))
+        else:
+            mean = float(slow.get(i, 1.0))
+            out.append(Pace(mean, cv * mean))
+    return out
+
+
+def measured(quantiles, reference):
+    """A pace per rank from its measured step times (ranks/<task>.json's p50 and p95: a normal with
+    that median and that 95th percentile) over ``reference`` seconds, a healthy worker's step."""
+    return [Pace(q.p50 / reference, max(0.0, q.p95 - q.p50) / Z95 / reference) for q in quantiles]
+
+
+def _normal_cdf(x, mean, sd):
+    if sd <= 0:
+        return (x >= mean).astype(float)
+    return 0.5 * (1.0 + np.vectorize(math.erf)((x - mean) / (sd * math.sqrt(2.0))))
+
+
+def _binomial(m, p):
+    """pmf of Binomial(m, p) at 0..m for each p of an array: shape (len(p), m + 1)."""
+    k = np.arange(m + 1)
+    logfact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, m + 1)))])
+    logc = logfact[m] - logfact[k] - logfact[m - k]
+    p = np.clip(p, 0.0, 1.0)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logpmf = logc + k * np.log(p) + (m - k) * np.log1p(-p)
+    pmf = np.exp(np.nan_to_num(logpmf, nan=-np.inf))
+    pmf[p[:, 0] == 0.0, 0] = 1.0
+    pmf[p[:, 0] == 1.0, m] = 1.0
+    return pmf
+
+
+def order_statistic(values, k):
+    """E[X_(k)], the expected k-th smallest of independent normals ``values`` ((mean, sd) each; an sd
+    of 0 is a point), k from 1 (the fastest) to n (the slowest). Workers with the same distribution
+    are counted together (a binomial), so 512 workers cost what a few groups do."""
+    n = len(values)
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be in [1, {n}], got {k}")
+    if all(sd <= 0 for _, sd in values):
+        return sorted(m for m, _ in values)[k - 1]
+    groups = {}
+    for v in values:
+        groups[v] = groups.get(v, 0) + 1
+    lo = min(m - 8 * sd for m, sd in values)
+    hi = max(m + 8 * sd for m, sd in values)
+    x = np.linspace(lo, hi, GRID)
+    count = np.zeros((GRID, 1))
+    count[:, 0] = 1.0                      # P(none of the workers so far is <= x)
+    for (mean, sd), m in groups.items():
+        pmf = _binomial(m, _normal_cdf(x, mean, sd))
+        count = np.stack([np.convolve(a, b) for a, b in zip(count, pmf)])
+    at_least_k = count[:, k:].sum(axis=1)   # P(X_(k) <= x)
+    # E[X] = lo + integral of P(X > x) from lo, where P(X <= lo) is nil
+    integrate = getattr(np, "trapezoid", None) or np.trapz      # numpy 2, or 1 (TF 2.15's stack)
+    return float(lo + integrate(1.0 - at_least_k, x))
+
+
+def wait_factor(paces, waits):
+    """The step a lock-step job takes over a healthy worker's when it waits for ``waits`` of its
+    workers: the expected waits-th fastest pace."""
+    return order_statistic([(p.mean, p.sd) for p in paces], waits)
+
+
+def rate_factor(paces):
+    """What asynchronous workers keep of the healthy job's rate: the mean of their rates."""
+    return sum(1.0 / p.mean for p in paces) / len(paces)
+
+
+def kept(paces, waits, healthy=None):
+    """The share of the healthy job's throughput a job of these workers keeps, where a step waits
+    for ``waits`` of them (None: none, asynchronous); ``healthy``: the healthy workers' paces
+    (their per-step noise is paid healthy too), all 1 by default."""
+    healthy = healthy or [Pace() for _ in paces]
+    if waits is None:
+        return rate_factor(paces) / rate_factor(healthy)
+    return wait_factor(healthy, waits) / wait_factor(paces, waits)
+
+
+# ------------------------------------------------------------------ a method's step
+def _terms(cost, row, nets, roles, task, layers, fusion_bytes, cycle_s, shard_bytes):
+    """The method's step terms as worker ``task`` pays them: each term costed on the link it crosses
+    (``cost.link_terms``): the worker's own, the servers' (the slowest PS host's), or the job's
+    slowest (a ring's pace)."""
+    kinds = getattr(cost, "link_terms", {})
+    out = {}
+    for kind in dict.fromkeys([*kinds.values(), "slowest"]):
+        net = nets(kind, task)
+        terms = cost.step_terms(row, shard_bytes, layers, net, net, fusion_bytes, cycle_s)
+        if terms is None:
+            return None
+        for name, term in terms.items():
+            if kinds.get(name, "slowest") == kind:
+                out[name] = term
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """A job's step on a cluster: each worker's own step (seconds, its mean) and the job's (the
+    waited-for order statistic, or for asynchronous workers n over the sum of their rates)."""
+    workers: List[float]
+    step_s: float
+    waits: Optional[int]
+
+
+def job_step(row, paces, compute_s, nets, roles=None, layers=None, fusion_bytes=128 << 20, cycle_s=1e-3,
+             shard_bytes=None):
+    """The step of ``row``'s method (its backend, mode, workers, gradient) when its workers keep
+    ``paces``: each worker's own step is its method's (``combine`` of its terms) with its compute
+    at its pace (the whole step for a stalled one), and the job's as ``waits_for`` says.
+
+    ``nets(kind, task)``: the alpha-beta network of a link kind ("own", "server", "slowest") for the
+    worker ``task``; ``roles``: {task: host}, for the worker names."""
+    method = methods.lookup(row.backend)
+    cost = method.cost
+    n = row.workers or 1
+    prefix = "worker" if not cost.collective else "rank"
+    waits = cost.waits_for(row.mode, n)
+    own, spread, shared = [], [], 0.0
+    for i, pace in enumerate(paces):
+        terms = _terms(cost, row, nets, roles, f"{prefix}:{i}", layers, fusion_bytes, cycle_s, shard_bytes)
+        if terms is None:
+            return None
+        compute = compute_s * (1.0 if pace.whole else pace.mean)
+        if waits is None:
+            # asynchronous: a term that does not wait for the compute is a resource the workers share
+            # (the busiest PS link, n steps' worth a round); it caps the job's rate, not each worker's
+            mine = {k: v for k, v in terms.items() if v[0]} or terms
+            shared = max([shared, *(methods.combine(0.0, {k: v}) for k, v in terms.items() if not v[0])])
+        else:
+            mine = terms
+        t = methods.combine(compute, mine) * (pace.mean if pace.whole else 1.0)
+        own.append(t)
+        spread.append(compute_s * pace.sd)
+    if waits is None:
+        return Step(workers=own, step_s=max(n / sum(1.0 / t for t in own), shared), waits=None)
+    return Step(workers=own, step_s=order_statistic(list(zip(own, spread)), waits), waits=waits)
+
+
+def link_networks(alpha, rates, roles, default_bps, goodput):
+    """``nets`` for ``job_step`` on an emulated cluster: {host: rate} (cluster.json ``rates``) and the
+    run's {task: host}; a link's alpha-beta is its rate at TCP's goodput and the cluster's latency."""
+    def rate(host):
+        return (rates or {}).get(host, default_bps)
+
+    hosts = dict(roles or {})
+    servers = [h for t, h in hosts.items() if t.startswith("ps:")]
+    workers = [h for t, h in hosts.items() if not t.startswith(("ps:", "chief:"))]
+
+    def nets(kind, task):
+        if kind == "own" and task in hosts:
+            bps = rate(hosts[task])
+        elif kind == "server" and servers:
+            bps = min(rate(h) for h in servers)
+        else:
+            bps = min([rate(h) for h in workers + servers] or [default_bps])
+        return AlphaBeta(bandwidth=bps / 8 * goodput, alpha=alpha)
+
+    return nets
+
+
+# ------------------------------------------------------------------ held out: measured unhealthy runs
+def paces_of(unhealthy, workers, compute_alone_s, compute_s):
+    """The paces a comparison's record of what it did (common/formats/schemas.py: Unhealthy) describes:
+    a worker in a CPU quota of q cores takes compute_alone / q for the compute the probe timed alone
+    (the healthy workers' ``compute_s``, contended where they share cores, when that is longer); a
+    stalled one runs (every - for) / every of the time; None: a healthy run."""
+    if unhealthy is None:
+        return described(workers)
+    if unhealthy.every_ms and unhealthy.for_ms:
+        return described(workers, stalled={unhealthy.rank: (unhealthy.every_ms, unhealthy.for_ms)})
+    factor = unhealthy.factor or 1.0
+    if unhealthy.quota_us and unhealthy.period_us and compute_alone_s and compute_s:
+        factor = max(1.0, compute_alone_s * unhealthy.period_us / unhealthy.quota_us / compute_s)
+    return described(workers, slow={unhealthy.rank: factor})
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """One run on an unhealthy cluster (a slow or stalled worker, or a slow link) against the same
+    method's healthy run: the throughput each measured (its median logging interval's; for a stall,
+    the samples over its whole measured interval), what the model keeps of the healthy one
+    (``kept_model``, its step on the healthy cluster over its step on this one), the throughput that
+    predicts (healthy measured x kept_model) and measured / predicted."""
+    run: str
+    healthy_run: str
+    backend: str
+    mode: Optional[str]
+    workers: int
+    condition: str
+    waits: Optional[int]
+    healthy_samples_per_sec: float
+    measured_samples_per_sec: float
+    kept_measured: float
+    kept_model: float
+    predicted_samples_per_sec: float
+    ratio: float
+
+
+def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, fusion_bytes, cycle_s, rates=None):
+    """``Held`` for one unhealthy run (a RunRow with samples/s and a shape) and its healthy twin, on
+    the healthy cluster's network and its own; None where the method has no step model. ``rates``:
+    (healthy, run) samples/s over the whole measured interval, taken for a stall."""
+    base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
+                    fusion_bytes=fusion_bytes, cycle_s=cycle_s, shard_bytes=healthy.ps_shard_bytes)
+    slow = job_step(run, paces, compute_s, nets, layers=layers, fusion_bytes=fusion_bytes, cycle_s=cycle_s,
+                    shard_bytes=run.ps_shard_bytes)
+    # a steady rate (a slow CPU, a slow link) is the median logging interval's; a stall is in a few
+    # intervals only, so its cost is in the samples over the whole measured interval
+    h, m = healthy.samples_per_sec_median, run.samples_per_sec_median
+    if any(p.whole for p in paces) and rates and all(rates):
+        h, m = rates
+    if base is None or slow is None or not h or not m:
+        return None
+    kept_model = base.step_s / slow.step_s
+    return Held(run=run.name, healthy_run=healthy.name, backend=run.backend, mode=run.mode,
+                workers=run.workers or 1, condition=condition, waits=slow.waits, healthy_samples_per_sec=h,
+                measured_samples_per_sec=m, kept_measured=m / h, kept_model=kept_model,
+                predicted_samples_per_sec=h * kept_model, ratio=m / (h * kept_model))

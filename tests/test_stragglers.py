@@ -1,0 +1,152 @@
+"""hvdps/cost/stragglers.py: order statistics of the workers' paces, what each method keeps, and a
+run on an unhealthy cluster predicted from its healthy twin."""
+import math
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from common.formats.schemas import StepQuantiles, Unhealthy
+from hvdps.cost import stragglers as s
+from hvdps.cost.schedule import AlphaBeta
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("values, k, expected, tol", [
+    ([(0, 1), (0, 1)], 2, 1 / math.sqrt(math.pi), 1e-4),         # E[max of 2 standard normals]
+    ([(0, 1), (0, 1)], 1, -1 / math.sqrt(math.pi), 1e-4),        # and of the min
+    ([(0, 1)] * 3, 3, 3 / (2 * math.sqrt(math.pi)), 1e-4),       # E[max of 3] = 1.5/sqrt(pi)
+    ([(5, 0), (1, 0), (3, 0)], 1, 1, 0), ([(5, 0), (1, 0), (3, 0)], 2, 3, 0), ([(5, 0), (1, 0), (3, 0)], 3, 5, 0),
+    ([(1, 0.001), (4, 0.001)], 2, 4, 1e-3),                     # one far slower worker: its own pace
+    ([(1, 0.001), (4, 0.001)], 1, 1, 1e-3),                     # a backup outruns it
+])
+def test_order_statistic(values, k, expected, tol):
+    assert s.order_statistic(values, k) == pytest.approx(expected, abs=tol)
+
+
+@pytest.mark.parametrize("n, cv, low, high", [
+    (1, 0.03, 1.0, 1.0), (2, 0.0, 1.0, 1.0), (2, 0.03, 1.01, 1.02), (128, 0.03, 1.07, 1.08),
+    (512, 0.03, 1.09, 1.095),
+])
+def test_wait_for_the_slowest_of_n_noisy_workers(n, cv, low, high):
+    assert low <= s.wait_factor(s.described(n, cv=cv), n) <= high
+
+
+@pytest.mark.parametrize("n, slow, stalled, waits, expected", [
+    (2, {1: 4}, None, 2, 0.25),                     # every ring, sync PS: the slow worker's pace
+    (4, {1: 4}, None, 4, 0.25),
+    (2, {1: 4}, None, None, (1 + 1 / 4) / 2),       # asynchronous: the rates add up
+    (4, {1: 2}, None, None, (3 + 1 / 2) / 4),
+    (2, {1: 4}, None, 1, 1.0),                      # one backup outruns one slow worker
+    (4, {0: 2, 1: 3}, None, 3, 0.5),               # two slow, one backup: the second slowest
+    (2, None, {1: (1000, 250)}, 2, 0.75),          # stalled a quarter of the time
+    (4, None, {1: (1000, 250)}, None, (3 + 0.75) / 4),
+    (2, {1: 1}, None, 2, 1.0),                      # F = 1 is healthy
+])
+def test_kept_is_the_textbook_model(n, slow, stalled, waits, expected):
+    assert s.kept(s.described(n, slow=slow, stalled=stalled), waits) == pytest.approx(expected, rel=1e-6)
+
+
+def test_measured_paces_are_normals_through_the_median_and_95th_percentile():
+    q = [StepQuantiles(n=10, p50=0.010, p95=0.010, max=0.02), StepQuantiles(n=10, p50=0.040, p95=0.040 + s.Z95 * 0.01, max=1)]
+    paces = s.measured(q, 0.010)
+    assert [p.mean for p in paces] == pytest.approx([1, 4])
+    assert [p.sd for p in paces] == pytest.approx([0, 1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.1, 10), st.floats(0, 2)), min_size=1, max_size=6), st.data())
+def test_order_statistics_are_ordered_and_bounded(values, data):
+    n = len(values)
+    got = [s.order_statistic(values, k) for k in range(1, n + 1)]
+    assert all(a <= b + 1e-6 for a, b in zip(got, got[1:]))
+    spread = max(sd for _, sd in values)
+    assert min(m for m, _ in values) - 4 * spread - 1e-6 <= got[0]
+    assert got[-1] <= max(m for m, _ in values) + 4 * spread + 1e-6
+
+
+# ------------------------------------------------------------------ a method's step on a cluster
+M = 1_000_000       # gradient bytes per step
+
+
+def row(backend, mode, n=2, sps=1000.0, name=None, compute=0.01, num_ps=None):
+    return SimpleNamespace(backend=backend, mode=mode, workers=n, compute_s=compute, grad_bytes_per_step=M,
+                           samples_per_sec_median=sps, name=name or f"{backend}-{mode}", ps_shard_bytes=None,
+                           num_ps=num_ps, roles=None)
+
+
+def links(rates, roles, bps=8e6):
+    return s.link_networks(0.0, rates, roles, bps, 1.0)
+
+
+RING_ROLES = {"rank:0": "a", "rank:1": "b"}
+PS_ROLES = {"ps:0": "p", "worker:0": "a", "worker:1": "b"}
+
+
+@pytest.mark.parametrize("backend, mode, roles, rates, expected", [
+    # a ring of 2 moves M/B each way at its slowest link's pace: 1 MB at 1 MB/s, then 0.1 MB/s
+    ("mpi", "sync", RING_ROLES, {}, 0.01 + 1.0),
+    ("mpi", "sync", RING_ROLES, {"b": 0.8e6}, 0.01 + 10.0),
+    # sync PS: every worker pushes and pulls M on its own link; the slowest worker sets the step
+    ("ps", "sync", PS_ROLES, {}, 0.01 + 2 * max(2 * M / 1e6, M / 1e6)),
+    ("ps", "sync", PS_ROLES, {"b": 0.8e6}, 0.01 + 2 * M / 1e5),
+    # async PS: the fast worker's rate plus the slow one's, each on its own link
+    ("ps", "async", PS_ROLES, {"b": 0.8e6}, 2 / (1 / max(0.01 + 2.0, 2.0) + 1 / (0.01 + 20.0))),
+    # one backup: the fast worker alone (its own link; the PS link still carries both pushes)
+    ("ps", "backup1", PS_ROLES, {"b": 0.8e6}, 0.01 + 4.0),
+])
+def test_job_step_on_links_of_their_own(backend, mode, roles, rates, expected):
+    step = s.job_step(row(backend, mode), s.described(2), 0.01, links(rates, roles), roles)
+    assert step.step_s == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_slow_workers_compute_and_a_stalled_workers_whole_step():
+    nets = lambda kind, task: AlphaBeta(bandwidth=1e6, alpha=0.0)    # noqa: E731
+    slow = s.job_step(row("mpi", "sync"), s.described(2, slow={1: 4}), 0.5, nets)
+    assert slow.step_s == pytest.approx(4 * 0.5 + 1.0)             # its compute only; the ring as before
+    stalled = s.job_step(row("mpi", "sync"), s.described(2, stalled={1: (1000, 500)}), 0.5, nets)
+    assert stalled.step_s == pytest.approx(2 * (0.5 + 1.0))          # half the time: its whole step
+
+
+@pytest.mark.parametrize("record, expected", [
+    (None, [1, 1]),
+    # 2,500 us of every 10,000 is a quarter of a core: the probe's 10 ms alone takes 40 ms, 4x the
+    # 10 ms the healthy workers compute; with them contended to 20 ms, 2x
+    (Unhealthy(condition="slow1x4", what="w", rank=1, factor=4, quota_us=2500, period_us=10000), [1, 4]),
+    (Unhealthy(condition="slow1x4", what="w", rank=1, factor=4), [1, 4]),
+    (Unhealthy(condition="stall1-1000-250", what="w", rank=0, every_ms=1000, for_ms=250), [4 / 3, 1]),
+])
+def test_paces_of_what_a_comparison_did(record, expected):
+    assert [p.mean for p in s.paces_of(record, 2, 0.01, 0.01)] == pytest.approx(expected)
+
+
+def test_contended_healthy_workers_narrow_the_quotas_effect():
+    record = Unhealthy(condition="slow1x4", what="w", rank=1, factor=4, quota_us=2500, period_us=10000)
+    assert [p.mean for p in s.paces_of(record, 2, 0.01, 0.02)] == pytest.approx([1, 2])
+
+
+def test_held_predicts_from_the_twin_and_never_from_the_run_itself():
+    roles = RING_ROLES
+    healthy, slow = row("mpi", "sync", sps=1000, name="mpi-sync-w2"), row("mpi", "sync", sps=120, name="mpi-sync-w2")
+    got = s.held(slow, healthy, "b's link at 0.8 Mbit/s", s.described(2), 0.01, links({}, roles),
+                 links({"b": 0.8e6}, roles), None, 0, 0)
+    kept = (0.01 + 1.0) / (0.01 + 10.0)
+    assert got.kept_model == pytest.approx(kept)
+    assert got.predicted_samples_per_sec == pytest.approx(1000 * kept)
+    assert got.ratio == pytest.approx(120 / (1000 * kept))
+    assert got.waits == 2 and got.kept_measured == pytest.approx(0.12)
+
+
+def test_async_workers_share_the_ps_link_so_a_slow_one_leaves_it_to_the_others():
+    """Four async workers whose rounds the PS link sets (4 MB a round at 1 MB/s): a worker three times
+    slower leaves its share of the link to the others, and the job keeps its pace; the same worker
+    costs its rate when the links do not bind."""
+    nets = lambda kind, task: AlphaBeta(bandwidth=1e6, alpha=0.0)           # noqa: E731
+    job = row("ps", "async", n=4)
+    healthy = s.job_step(job, s.described(4), 0.5, nets).step_s
+    slow = s.job_step(job, s.described(4, slow={1: 3}), 0.5, nets).step_s
+    assert healthy == pytest.approx(4.0) and slow == pytest.approx(4.0)
+    fast = lambda kind, task: AlphaBeta(bandwidth=1e9, alpha=0.0)           # noqa: E731
+    h, u = (s.job_step(job, s.described(4, slow=x), 0.5, fast).step_s for x in (None, {1: 3}))
+    assert h / u == pytest.approx((3 + 1 / 3) / 4, rel=0.01)
