@@ -30,11 +30,14 @@ setup(
         "PyYAML==6.0.2",
         "tensorboard>=2.15",              # TensorFlow 2.21 no longer brings it; the runs write its events
         "pydantic==2.12.5",               # the schema of every file hvdps reads (common/formats/schemas.py)
+        # hvdps k8s checks what it writes: Kubernetes' own schemas, and the CRDs' with jsonschema (hvdps/k8s/validate.py)
+        "kubernetes-validate==1.37.0",
+        "jsonschema==4.23.0",
     ],
     extras_require={
         "gpu": ["tensorflow[and-cuda]>=2.15.1,<2.22"],
         "horovod": ["horovod==0.28.1"],
-        "test": ["pytest==8.3.3", "pytest-timeout==2.3.1", "pytest-xdist==3.8.0", "jsonschema==4.23.0", "hypothesis>=6.100,<7"],
+        "test": ["pytest==8.3.3", "pytest-timeout==2.3.1", "pytest-xdist==3.8.0", "hypothesis>=6.100,<7"],
     },
     entry_points={
         "console_scripts": [

@@ -5,6 +5,7 @@
     hvdps emulate --hosts 4 --rate 50mbit --out runs/emu -- ...         # the comparison on shaped hosts (root)
     hvdps hosts hostfiles/hostfile.example                              # one inventory to every format
     hvdps data --dataset digits --shards 8 --out data/digits            # a data set as TFRecord shards
+    hvdps k8s --backends ps,mwms,horovod --image IMG:TAG --out k8s/     # the runs as Kubernetes manifests
     hvdps train METHOD [trainer flags]                                  # one trainer process
     hvdps launch METHOD [flags]                                         # a whole job here (or --hosts)
 
@@ -31,6 +32,7 @@ TOOLS = {
     "emulate": ("hvdps.commands.emulate", "run a comparison on an emulated cluster of shaped hosts (root)"),
     "hosts": ("hvdps.commands.hosts", "write one host inventory in every launcher's format"),
     "data": ("hvdps.commands.data", "write a data set as TFRecord shards, streamed by --dataset tfrecord"),
+    "k8s": ("hvdps.commands.k8s", "write a comparison's runs as Kubernetes JobSets and MPIJobs, checked"),
 }
 GROUPS = {"train": "one trainer process of a method (under horovodrun, mpirun, srun or alone)",
           "launch": "a whole job of a method's tasks (here; PS and MWMS also --hosts)"}

@@ -67,6 +67,19 @@ def remote_mpi_flags(remote):
     return flags
 
 
+@dataclass(frozen=True)
+class PodPlan:
+    """What a job's pods run on Kubernetes (hvdps k8s, hvdps/k8s/manifests.py). ``kind``: "JobSet",
+    one pod per TensorFlow task, each replicated job a role (``tasks``: {role: count}), every pod
+    running ``argv`` and taking its TF_CONFIG from the pod (tf_cluster/jobset.py), the job ending
+    when the pods of ``ends`` have; or "MPIJob", a launcher pod running ``argv`` (mpirun, the
+    operator's hostfile) against ``tasks["worker"]`` worker pods."""
+    kind: str
+    tasks: dict
+    argv: tuple
+    ends: str = "worker"
+
+
 class Launcher:
     graph_mode = False           # trains TF1 graphs: no Keras 3 plug-in (common/spec/keras3.py)
     trainer_flags = ()           # what the method's trainer is told besides the user's flags (hvdps train)
@@ -112,6 +125,14 @@ class Launcher:
         for the dry run; [] where one launcher line starts everything (mpirun)."""
         return []
 
+    def mode_argv(self, mode):
+        """The trainer flags a mode stands for (a PS job's --sync, local SGD's --local_steps K)."""
+        return []
+
+    def pods(self, workers, trainer_argv, mode=None, num_ps=1):
+        """The job as Kubernetes runs it (a PodPlan): what each pod runs, from the image's folder."""
+        raise NotImplementedError
+
     def launch_entry(self, name):
         """(module whose main starts a whole job of method ``name``, the argv it is given before the
         user's): ``hvdps launch NAME``."""
@@ -136,10 +157,6 @@ class MPIRunLauncher(Launcher):
 
     def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable,
                 remote=None):
-        main = os.path.join(REPO, *self.main)
-        if mode is not None and mode == self.dense_mode:
-            trainer_argv = [f"--{mode}", *trainer_argv]
-        mpirun = shutil.which("mpirun") or "mpirun"
         bind = ["-bind-to", "core", "-map-by", "core"] if pin_cores else ["-bind-to", "none", "-map-by", "slot"]
         threads = ["--threads_per_worker", "1"] if pin_cores else []
         extra = ["--mca", "mpi_yield_when_idle", "1"] if self.mpi_yield else []
@@ -148,8 +165,26 @@ class MPIRunLauncher(Launcher):
             where = ["-H", hosts, *remote_mpi_flags(remote)]
         else:
             where = list(LOCAL_MPI_FLAGS)
-        return [mpirun, "-np", str(workers), *bind, *where, *extra, "-x", "PATH", "-x", "PYTHONPATH",
-                "-x", "TF_CPP_MIN_LOG_LEVEL", python, main, *threads, *trainer_argv]
+        return self._mpirun(workers, [*bind, *where, *extra], python, os.path.join(REPO, *self.main),
+                            [*threads, *self.mode_argv(mode), *trainer_argv])
+
+    def mode_argv(self, mode):
+        """The trainer flags a mode stands for: the dense mode's own flag (Horovod's --sparse_as_dense)."""
+        return [f"--{mode}"] if mode is not None and mode == self.dense_mode else []
+
+    def _mpirun(self, workers, flags, python, main, argv, exported=("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")):
+        mpirun = shutil.which("mpirun") or "mpirun"
+        return [mpirun, "-np", str(workers), *flags, *(a for name in exported for a in ("-x", name)),
+                python, main, *argv]
+
+    def pods(self, workers, trainer_argv, mode=None, num_ps=0):
+        """An MPIJob: the launcher pod's mpirun over the workers the operator lists in its hostfile,
+        one slot each, from the image's folder; root inside the image, as the operator's own
+        examples run."""
+        argv = self._mpirun(workers, ["-bind-to", "none", "-map-by", "slot"], "python", "/".join(self.main),
+                            [*self.mode_argv(mode), *trainer_argv],
+                            exported=("PATH", "OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"))
+        return PodPlan("MPIJob", {"worker": workers}, ("mpirun", *argv[1:]))
 
 
 class TaskLauncher(Launcher):
@@ -179,6 +214,24 @@ class TaskLauncher(Launcher):
                 where += ["--rsh", shlex.join(remote.agent)]
         return [python, "-u", "-m", self.module, *self.launcher_argv(workers, mode, num_ps), *pin, *where,
                 *trainer_argv]
+
+    def tf_tasks(self, workers, num_ps):
+        """{TensorFlow role: tasks} of a job: workers only (an all-reduce cluster); a method with
+        server tasks lists them too."""
+        return {"worker": workers}
+
+    ends = "worker"              # the role whose tasks end the job (TF2's PS: its coordinator, the chief)
+
+    def pods(self, workers, trainer_argv, mode=None, num_ps=1):
+        """A JobSet: one pod per task, every pod the method's trainer with the flags every task of
+        the job gets (they differ only in the task, which each pod takes from its JobSet's variables:
+        tf_cluster/jobset.py), checked by the trainer's own parser. The local launcher's checks
+        (this machine's data, ports and task count) are not the cluster's, so it is not asked."""
+        package = self.module.rsplit(".", 1)[0]
+        parser = importlib.import_module(f"{package}.main").make_parser()
+        args = parser.parse_args([*self.trainer_flags, *self.mode_argv(mode), *trainer_argv])
+        main = package.replace(".", "/") + "/main.py"
+        return PodPlan("JobSet", self.tf_tasks(workers, num_ps), ("python", main, *argv_of(args, parser)), self.ends)
 
     def worker_of(self, environ, argv):
         task = task_of(environ, argv)                    # TensorFlow's task: TF_CONFIG or its flags

@@ -22,9 +22,8 @@ class LocalSGDLauncher(MPIRunLauncher):
     """mpirun with this package's trainer, told its k by the mode."""
     main = ("localsgd_train", "main.py")
 
-    def command(self, workers, trainer_argv, mode=None, **kwargs):
-        return super().command(workers, ["--local_steps", str(local_steps(mode or DEFAULT_K)), *trainer_argv],
-                               **kwargs)
+    def mode_argv(self, mode):
+        return ["--local_steps", str(local_steps(mode or DEFAULT_K))]
 
 
 class LocalSGDRing(Ring):

@@ -26,7 +26,7 @@ import numpy as np
 from allreduce.backend import AllreduceBackend, place_rank, ring_wire
 from common.base.errors import RunError, UsageError, describe
 from common.launch.hosts import parse_address
-from tf_cluster.spec import parse_tf_config, validate_cluster
+from tf_cluster.spec import parse_tf_config, tf_config_of, validate_cluster
 from common.spec.plan import make_plan
 from common.trainer.watchdog import OutsideDeadline
 from common.base.flags import check_finite
@@ -289,7 +289,7 @@ def resolve_workers(args, environ):
     """(cluster or None, this task's index) from --worker_hosts/--task_index or TF_CONFIG; None:
     nothing given, one process on its own. An all-reduce cluster has worker tasks only."""
     check_mwms_flags(args)
-    tf_config = environ.get("TF_CONFIG", "").strip()
+    tf_config = tf_config_of(environ)            # its own, or its JobSet pod's (tf_cluster/jobset.py)
     if tf_config:
         cluster, role, index = parse_tf_config(tf_config, need_ps=False)
         if set(cluster) != {"worker"}:

@@ -26,9 +26,13 @@ from common.trainer.run_dir import check_resume_compatible, check_train_dir
 from mwms_train.backend import MWMSBackend, add_mwms_args, listen_on_own_address, resolve_workers
 
 
+def make_parser():
+    return add_mwms_args(build_parser(__doc__.splitlines()[0], prog="mwms_train/main.py"))
+
+
 @cli(hard_exit=True)      # a failed task exits at once: TensorFlow's gRPC server cannot be stopped
 def main(argv=None):
-    parser = add_mwms_args(build_parser(__doc__.splitlines()[0], prog="mwms_train/main.py"))
+    parser = make_parser()
     args = parser.parse_args(argv)
     cfg = from_args(args)
     cluster, index = resolve_workers(args, os.environ)    # MWMS: the cluster from flags or TF_CONFIG

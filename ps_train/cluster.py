@@ -9,7 +9,7 @@ import os
 from common.base.flags import check_finite
 from common.base.errors import UsageError
 from common.launch.hosts import parse_address
-from tf_cluster.spec import parse_cluster_spec, parse_tf_config, validate_cluster
+from tf_cluster.spec import parse_cluster_spec, parse_tf_config, tf_config_of, validate_cluster
 
 JOBS = ("ps", "worker", "chief")
 
@@ -108,7 +108,7 @@ def resolve_cluster(args, environ=None):
     cluster, job, index, source = None, args.job_name, args.task_index, "flags"
     if args.cluster_spec:
         cluster, source = parse_cluster_spec(args.cluster_spec), args.cluster_spec
-    tf_config = environ.get("TF_CONFIG", "").strip()
+    tf_config = tf_config_of(environ)            # its own, or its JobSet pod's (tf_cluster/jobset.py)
     if tf_config:
         tf_cluster, tf_job, tf_index = parse_tf_config(tf_config)
         if cluster is not None and cluster != tf_cluster:

@@ -16,12 +16,15 @@ from tests.conftest import BIN, REPO, VALID_BACKENDS, env, run, snapshot
 HVD = [sys.executable, os.path.join(REPO, "horovod_train", "main.py")]
 PS = [sys.executable, os.path.join(REPO, "ps_train", "main.py")]
 MPI = [sys.executable, os.path.join(REPO, "mpi_train", "main.py")]
+MWMS_TRAIN = [sys.executable, os.path.join(REPO, "mwms_train", "main.py")]
 PS_FLAGS = ["--job_name=worker", "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2"]
 LAUNCH = [sys.executable, "-m", "ps_train.launch"]
 MWMS_LAUNCH = [sys.executable, "-m", "mwms_train.launch"]
 COMPARE = [os.path.join(BIN, "hvdps"), "compare"]
 PROJECT = [os.path.join(BIN, "hvdps"), "project"]
 HOSTS = [os.path.join(BIN, "hvdps"), "hosts"]
+K8S = [os.path.join(BIN, "hvdps"), "k8s"]
+IMAGE = ["--image", "registry.example.com/hvdps:1"]
 MPIRUN = ["mpirun", "-np", "2", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
           "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL", *HVD]
 LIST_TYPE = json.dumps({"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
@@ -326,6 +329,12 @@ CASES = [
     (PS, [*PS_FLAGS, "--batch_size", "0"], {}, "error: --batch_size must be positive, got 0"),
     (PS, [*PS_FLAGS, "--epochs", "0"], {}, "error: nothing to train"),
     (PS, [], {"TF_CONFIG": "{not json"}, "error: TF_CONFIG: not valid JSON"),
+    # a JobSet pod's TF_CONFIG from its variables (tf_cluster/jobset.py): one missing, one bad
+    (PS, [], {"HVDPS_JOBSET": "run", "HVDPS_REPLICATED_JOB": "worker", "HVDPS_TF_TASKS": "ps:1,worker:2"},
+     "error: a JobSet pod's TF_CONFIG needs JOB_COMPLETION_INDEX, HVDPS_JOB_INDEX, HVDPS_SUBDOMAIN: not set"),
+    (MWMS_TRAIN, [], {"HVDPS_JOBSET": "run", "HVDPS_REPLICATED_JOB": "worker", "HVDPS_TF_TASKS": "worker:2",
+                      "HVDPS_SUBDOMAIN": "run", "HVDPS_JOB_INDEX": "0", "JOB_COMPLETION_INDEX": "2"},
+     "error: JOB_COMPLETION_INDEX='2': expected a whole number in 0..1"),
     (LAUNCH, ["--max_restarts", "-1"], {}, "error: --max_restarts must be >= 0, got -1"),
     (LAUNCH, ["--momentum", "-0.5"], {}, "error: --momentum must be in [0, 1], got -0.5"),
     (LAUNCH, ["--seed", "-7"], {}, "error: --seed must be in [0, 4294967295], got -7"),
@@ -334,6 +343,26 @@ CASES = [
     (PROJECT, ["--bandwidth_gbps", "25", "--latency_us", "-1", "--step_compute_ms", "100"], {}, "error: --latency_us"),
     (PROJECT, [*BW, "--model_name", "vgg16", "--straggler_cv", "-1"], {}, "error: --straggler_cv must be in [0, 1], "
                                                                           "got -1.0"),
+    (K8S, [], {}, "error: the following arguments are required: --image"),
+    (K8S, ["--image", "hvdps"], {}, "error: --image 'hvdps': name it with its tag"),
+    (K8S, ["--image", "registry.example.com/hvdps:latest"], {}, "error: --image 'registry.example.com/hvdps:latest'"),
+    (K8S, [*IMAGE, "--workers", "1"], {}, "error: --workers 1: no run has two or more workers"),
+    (K8S, [*IMAGE, "--workers", "0"], {}, "error: --workers"),
+    (K8S, [*IMAGE, "--storage", "lots"], {}, "error: --storage 'lots': a Kubernetes quantity such as 10Gi"),
+    (K8S, [*IMAGE, "--cpu", "four"], {}, "error: --cpu 'four'"),
+    (K8S, [*IMAGE, "--claim", "Results"], {}, "error: --claim 'Results': not a DNS label"),
+    (K8S, [*IMAGE, "--namespace", "a" * 64], {}, "error: --namespace"),
+    (K8S, [*IMAGE, "--results_path", "results"], {}, "error: --results_path 'results': an absolute path"),
+    (K8S, [*IMAGE, "--backends", "nope"], {}, "error: unknown backend 'nope'"),
+    (K8S, [*IMAGE, "--port", "0"], {}, "error: --port must be in [1, 65535], got 0"),
+    (K8S, [*IMAGE, "--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
+    (K8S, [*IMAGE, "--backends", "ps", "--num_ps", "0"], {}, "error: --num_ps"),
+    (K8S, [*IMAGE, "--kubernetes_version", "2"], {}, "error: --kubernetes_version '2': expected 1.MINOR.PATCH"),
+    (K8S, [*IMAGE, "--backends", "ps", "--workers", "70000"], {}, "error: run ps-async-w70000-ps1: 70000 worker tasks, "
+                                                                 "more than the 65536 a role takes"),
+    (PROJECT, [*BW, "--model_name", "vgg16", "--straggler", "1"], {}, "error: --straggler expects RANK:FACTOR"),
+    (PROJECT, [*BW, "--model_name", "vgg16", "--straggler", "1:0.5"], {}, "error: --straggler"),
+    (PROJECT, [*BW, "--model_name", "vgg16", "--healthy", "{tmp}"], {}, "error: --healthy {tmp}: needs --from"),
     # ---- under mpirun: one line for the whole job (rank 1 stays quiet), mpirun passes exit 2 on
     (MPIRUN, ["--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
     (MPIRUN, ["--learning_rate", "nan"], {}, "error: --learning_rate must be a finite number, got nan"),
@@ -631,8 +660,8 @@ def test_hvdps_train_and_launch_help_list_every_method(group):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "error: a subcommand is needed (valid: compare, project, emulate, hosts, data, train, launch)"),
-    (["comapre"], "error: unknown subcommand 'comapre' (valid: compare, project, emulate, hosts, data, train, launch)"),
+    ([], "error: a subcommand is needed (valid: compare, project, emulate, hosts, data, k8s, train, launch)"),
+    (["comapre"], "error: unknown subcommand 'comapre' (valid: compare, project, emulate, hosts, data, k8s, train, launch)"),
     (["train"], f"error: hvdps train: unknown method none (valid: {VALID_BACKENDS})"),
     (["train", "mxnet"], f"error: hvdps train: unknown method 'mxnet' (valid: {VALID_BACKENDS})"),
     (["launch", "horovod:sync"], f"error: hvdps launch: unknown method 'horovod:sync' (valid: {VALID_BACKENDS})"),

@@ -79,16 +79,18 @@ def test_scripts_share_one_shape():
     assert set(shapes.values()) == {(2, 2)}, shapes
 
 
-@pytest.mark.parametrize("manifest", ["tfjob.yaml", "tfjob_v2.yaml"])
-def test_tfjob_tf_config_is_accepted(manifest):
-    """What the operator would inject for this TFJob parses as our TF_CONFIG."""
-    doc = yaml.safe_load(open(os.path.join(HF, "k8s", manifest)))
-    reps = doc["spec"]["tfReplicaSpecs"]
-    cluster = {role.lower(): [f"hvdps-ps-{role.lower()}-{i}:2222" for i in range(spec["replicas"])]
-               for role, spec in reps.items()}
-    for role in cluster:
-        for i in range(len(cluster[role])):
-            assert parse_tf_config(json.dumps({"cluster": cluster, "task": {"type": role, "index": i}}))[1] == role
+@pytest.mark.parametrize("manifest, need_ps", [("ps-sync-w2-ps1.yaml", True), ("ps2-async-w2-ps1.yaml", True),
+                                              ("mwms-sync-w2.yaml", False)])
+def test_jobset_pods_tf_config_is_accepted(manifest, need_ps):
+    """What each pod of a shipped JobSet builds from its own variables parses as our TF_CONFIG: its own
+    role and index, and every task by its pod's DNS name."""
+    from tests.kubelet import jobset_pods
+    from tf_cluster.jobset import pod_tf_config
+    pods = jobset_pods(yaml.safe_load(open(os.path.join(HF, "k8s", manifest))))
+    for pod in pods:
+        cluster, role, index = parse_tf_config(pod_tf_config(pod.env), need_ps=need_ps)
+        assert (role, index) == (pod.role, pod.index)
+        assert sorted(a.rsplit(":", 1)[0] for addrs in cluster.values() for a in addrs) == sorted(p.fqdn for p in pods)
 
 
 def test_example_files_parse():

@@ -1,132 +1,116 @@
-"""Kubernetes manifests: valid for the operator versions they target, and able to run.
+"""Kubernetes manifests (hvdps k8s): valid by the ecosystem's validators, current, and able to run.
 
-Two layers. The schemas in hostfiles/k8s/schemas/ (MPIJob kubeflow.org/v2beta1 of mpi-operator
-v0.5.0, TFJob kubeflow.org/v1 of training-operator v1.8.1, Kubernetes 1.29 core/v1 pods and claims,
-closed as kubectl's strict field validation is) catch a wrong or misspelt field. The rules below catch
-what a schema cannot: a job that is accepted but would not run or would lose its results.
-Each rule is shown failing on a broken copy of a shipped manifest (table-driven).
+Two layers. The validators (hvdps/k8s/validate.py: kubernetes-validate for the core kinds and for the
+Job and pod templates inside the custom ones, the released CRDs' schemas for JobSet and MPIJob, all
+strict) catch a wrong or misspelt field. The rules below catch what a schema cannot: a job that is
+accepted but would not run, or would lose its results. Each layer is shown failing on a broken copy
+of a shipped manifest (table-driven). The shipped examples in hostfiles/k8s/ are what ``hvdps k8s``
+writes from the command on their first line, byte for byte.
 """
 import copy
 import glob
-import json
 import os
-import re
+import shlex
 
-import jsonschema
 import pytest
-import referencing
 import yaml
 
-from common.spec.config import build_parser
 from common.base.errors import UsageError
-from horovod_train.backend import add_horovod_args
-from mwms_train.backend import add_mwms_args
-from ps_train.main import make_parser as ps_parser
+from hvdps.commands import k8s
+from hvdps.k8s.validate import errors as schema_errors
+from hvdps.methods import METHODS
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
 
 K8S = os.path.join(REPO, "hostfiles", "k8s")
-SCHEMAS = os.path.join(K8S, "schemas")
 MANIFESTS = sorted(glob.glob(os.path.join(K8S, "*.yaml")))
-SCHEMA_OF = {("kubeflow.org/v2beta1", "MPIJob"): "mpijob-v2beta1.schema.json",
-             ("kubeflow.org/v1", "TFJob"): "tfjob-v1.schema.json",
-             ("v1", "Pod"): "core-v1.schema.json#/$defs/Pod",
-             ("v1", "PersistentVolumeClaim"): "core-v1.schema.json#/$defs/PersistentVolumeClaim"}
-BASE = "https://hvdps.example/k8s/"
-
-
-def registry():
-    resources = []
-    for path in glob.glob(os.path.join(SCHEMAS, "*.schema.json")):
-        schema = json.load(open(path))
-        schema["$id"] = BASE + os.path.basename(path)
-        resources.append((schema["$id"], referencing.Resource.from_contents(schema)))
-    return referencing.Registry().with_resources(resources)
-
-
-REGISTRY = registry()
-
-
-def schema_errors(doc):
-    key = (doc.get("apiVersion"), doc.get("kind"))
-    if key not in SCHEMA_OF:
-        return [f"no schema for apiVersion {key[0]} kind {key[1]}"]
-    validator = jsonschema.Draft202012Validator({"$ref": BASE + SCHEMA_OF[key]}, registry=REGISTRY)
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
-
-
-def containers(doc):
-    """(role, pod spec, container) of every container in a job or pod."""
-    if doc["kind"] == "Pod":
-        return [("Pod", doc["spec"], c) for c in doc["spec"]["containers"]]
-    specs = doc["spec"].get("tfReplicaSpecs") or doc["spec"].get("mpiReplicaSpecs") or {}
-    return [(role, s["template"]["spec"], c) for role, s in specs.items() for c in s["template"]["spec"]["containers"]]
-
-
-def trainer_args(cmd):
-    for i, a in enumerate(cmd):
-        if re.search(r"(horovod|ps|mpi|mwms)_train/main\.py$", a):
-            return a, cmd[i + 1:]
-    return None, None
-
-
-def claim_names():
-    return {d["metadata"]["name"] for p in MANIFESTS for d in yaml.safe_load_all(open(p))
-            if d["kind"] == "PersistentVolumeClaim"}
-
-
-def rule_errors(doc):
-    """What the schema cannot say: the job would run, and its results would outlive it."""
-    errors = []
-    for role, pod, c in containers(doc):
-        image = c.get("image", "")
-        first = image.split("/")[0]
-        if "/" not in image or not ("." in first or ":" in first or first == "localhost"):
-            errors.append(f"{role}: image {image!r} names no registry (the kubelet would pull it from Docker Hub)")
-        if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1]:
-            errors.append(f"{role}: image {image!r} has no version tag")
-        cmd = c.get("command", []) + c.get("args", [])
-        if doc["kind"] == "MPIJob" and role == "Worker" and cmd[:2] != ["/usr/sbin/sshd", "-De"]:
-            errors.append(f"Worker: runs {cmd or 'the image default'}, not sshd -De: mpirun could not reach it")
-        if doc["kind"] == "MPIJob" and role == "Launcher" and (not cmd or cmd[0] != "mpirun"):
-            errors.append(f"Launcher: runs {cmd}, not mpirun")
-        script, args = trainer_args(cmd)
-        if script is None:
-            continue
-        parser = (add_horovod_args(build_parser("t")) if "horovod_train" in script else
-                  add_mwms_args(build_parser("t")) if "mwms_train" in script else ps_parser())
-        try:
-            train_dir = parser.parse_args(args).train_dir
-        except (SystemExit, UsageError):
-            errors.append(f"{role}: {script} does not accept {args}")
-            continue
-        if doc["kind"] == "MPIJob":          # rank 0 runs on a worker pod: that is where the run is written
-            writer = [p for r, p, _ in containers(doc) if r == "Worker"]
-        elif doc["kind"] == "TFJob":
-            writer = [p for r, p, _ in containers(doc) if r in ("Chief", "Master")] or \
-                     [p for r, p, _ in containers(doc) if r == "Worker"]
-        else:
-            writer = [pod]
-        for wpod in writer[:1]:
-            claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in wpod.get("volumes", [])
-                      if "persistentVolumeClaim" in v}
-            mounted = [m for wc in wpod["containers"] for m in wc.get("volumeMounts", [])
-                       if m["name"] in claims and claims[m["name"]] in claim_names()
-                       and os.path.commonpath([m["mountPath"], train_dir]) == m["mountPath"]]
-            if not mounted:
-                errors.append(f"{role}: --train_dir {train_dir} is not on a persistent volume claim the "
-                              f"writer mounts: the results would end with the pod")
-    if doc["kind"] == "TFJob":
-        for role, _, c in containers(doc):
-            ports = [p for p in c.get("ports", []) if p.get("name") == "tfjob-port"]
-            if c["name"] == "tensorflow" and (not ports or ports[0]["containerPort"] != 2222):
-                errors.append(f"{role}: no tfjob-port 2222 (the port TF_CONFIG names)")
-    return errors
+GENERATED = "# Generated by: hvdps k8s"
 
 
 def docs_of(path):
     return list(yaml.safe_load_all(open(path)))
+
+
+def pod_specs(doc):
+    """(role, pod spec) of every pod template in a job or pod."""
+    if doc["kind"] == "Pod":
+        return [("Pod", doc["spec"])]
+    if doc["kind"] == "JobSet":
+        return [(j["name"], j["template"]["spec"]["template"]["spec"]) for j in doc["spec"]["replicatedJobs"]]
+    if doc["kind"] == "MPIJob":
+        return [(r, s["template"]["spec"]) for r, s in doc["spec"]["mpiReplicaSpecs"].items() if "template" in s]
+    return []
+
+
+def trainer_of(argv):
+    """(the method whose trainer ``argv`` runs, its arguments) or (None, None)."""
+    for i, a in enumerate(argv):
+        for m in METHODS.values():
+            if a == f"{m.package}/main.py":
+                return m, argv[i + 1:]
+    return None, None
+
+
+def claim_names():
+    return {d["metadata"]["name"] for p in MANIFESTS for d in docs_of(p) if d["kind"] == "PersistentVolumeClaim"}
+
+
+def rule_errors(doc):
+    """What the schema cannot say: the job would run, and its results would outlive it."""
+    found = []
+    writers = []
+    for role, pod in pod_specs(doc):
+        for c in pod["containers"]:
+            image = c.get("image", "")
+            if ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest"):
+                found.append(f"{role}: image {image!r} has no version tag")
+            argv = c.get("command", []) + c.get("args", [])
+            if doc["kind"] == "MPIJob" and role == "Worker" and argv[:2] != ["/usr/sbin/sshd", "-De"]:
+                found.append(f"Worker: runs {argv or 'the image default'}, not sshd -De: mpirun could not reach it")
+            if doc["kind"] == "MPIJob" and role == "Launcher" and (not argv or argv[0] != "mpirun"):
+                found.append(f"Launcher: runs {argv}, not mpirun")
+            method, args = trainer_of(argv)
+            if method is None:
+                continue
+            try:
+                parser = __import__(f"{method.package}.main", fromlist=["make_parser"]).make_parser()
+                train_dir = parser.parse_args([*method.launcher.trainer_flags, *args]).train_dir
+            except (SystemExit, UsageError, AttributeError):
+                found.append(f"{role}: {method.package}/main.py does not accept {args}")
+                continue
+            writers.append((role, train_dir))
+    for role, train_dir in writers:
+        # every pod that writes to the run: each JobSet task but the PS (each worker its own steps, the
+        # chief or worker 0 the run); the MPIJob's workers, where mpirun starts the ranks
+        where = [(r, p) for r, p in pod_specs(doc) if r not in ("ps", "Launcher")]
+        for r, pod in where:
+            claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", [])
+                      if "persistentVolumeClaim" in v}
+            mounted = [m for c in pod["containers"] for m in c.get("volumeMounts", [])
+                       if m["name"] in claims and claims[m["name"]] in claim_names()
+                       and os.path.commonpath([m["mountPath"], train_dir]) == m["mountPath"]]
+            if not mounted:
+                found.append(f"{r}: --train_dir {train_dir} is not on a persistent volume claim it "
+                             f"mounts: the results would end with the pod")
+    if doc["kind"] == "MPIJob" and sorted(doc["spec"]["mpiReplicaSpecs"]) != ["Launcher", "Worker"]:
+        # a map in the CRD's schema: the operator's validation names the two it knows
+        found.append(f"mpiReplicaSpecs: replicas Launcher and Worker, got {sorted(doc['spec']['mpiReplicaSpecs'])}")
+    if doc["kind"] == "JobSet":
+        names = [j["name"] for j in doc["spec"]["replicatedJobs"]]
+        for i, j in enumerate(doc["spec"]["replicatedJobs"]):
+            for dep in j.get("dependsOn", []):
+                if dep["name"] not in names[:i]:
+                    found.append(f"{j['name']}: depends on {dep['name']!r}, not a replicated job listed before it")
+            spec = j["template"]["spec"]
+            if j.get("replicas", 1) != 1 or spec.get("parallelism") != spec.get("completions"):
+                found.append(f"{j['name']}: not one Indexed Job whose pods are all its tasks")
+        for target in doc["spec"].get("successPolicy", {}).get("targetReplicatedJobs", []):
+            if target not in names:
+                found.append(f"successPolicy: {target!r} is no replicated job")
+        if "ps" in names and "ps" in doc["spec"].get("successPolicy", {}).get("targetReplicatedJobs", ["ps"]):
+            found.append("successPolicy: waits for the PS tasks, which never end by themselves")
+    return found
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=os.path.basename)
@@ -136,13 +120,25 @@ def test_shipped_manifest_is_valid_and_would_run(path):
         assert rule_errors(doc) == []
 
 
+def test_shipped_manifests_are_what_hvdps_k8s_writes(tmp_path):
+    lines = {open(p).readline() for p in MANIFESTS}
+    assert len(lines) == 1 and lines.pop().startswith(GENERATED), "every example from one command"
+    argv = shlex.split(open(MANIFESTS[0]).readline()[len(GENERATED):])
+    assert k8s.main([*argv, "--out", str(tmp_path)]) == 0
+    written = sorted(os.listdir(tmp_path))
+    assert written == sorted(os.path.basename(p) for p in MANIFESTS)
+    for name in written:
+        assert (tmp_path / name).read_text() == open(os.path.join(K8S, name)).read(), \
+            f"hostfiles/k8s/{name} is stale: run its first line with --out hostfiles/k8s"
+
+
 def test_every_kind_is_shipped():
     kinds = {d["kind"] for p in MANIFESTS for d in docs_of(p)}
-    assert kinds == {"MPIJob", "TFJob", "Pod", "PersistentVolumeClaim"}
+    assert kinds == {"JobSet", "MPIJob", "Pod", "PersistentVolumeClaim"}
 
 
 def test_one_image_everywhere_and_the_dockerfile_names_it():
-    images = {c["image"] for p in MANIFESTS for d in docs_of(p) for _, _, c in containers(d)}
+    images = {c["image"] for p in MANIFESTS for d in docs_of(p) for _, pod in pod_specs(d) for c in pod["containers"]}
     assert len(images) == 1
     dockerfile = open(os.path.join(K8S, "Dockerfile")).read()
     assert f"-t {images.pop()} ." in dockerfile
@@ -167,50 +163,89 @@ def _set(doc, path, value):
         node[last] = value
 
 
+def _job(i):
+    return ["spec", "replicatedJobs", i, "template", "spec"]
+
+
+def _pod(i):
+    return _job(i) + ["template", "spec"]
+
+
 MPI_WORKER = ["spec", "mpiReplicaSpecs", "Worker", "template", "spec"]
 MPI_LAUNCHER = ["spec", "mpiReplicaSpecs", "Launcher", "template", "spec"]
-TF_CHIEF = ["spec", "tfReplicaSpecs", "Chief", "template", "spec"]
-TF_WORKER = ["spec", "tfReplicaSpecs", "Worker", "template", "spec"]
+PS, PS2, MWMS, HVD = "ps-sync-w2-ps1.yaml", "ps2-async-w2-ps1.yaml", "mwms-sync-w2.yaml", "horovod-sync-w2.yaml"
 
 
 @pytest.mark.parametrize("manifest,path,value,layer,expect", [
-    ("mpijob.yaml", MPI_WORKER + ["containers", 0, "command"], KeyError, "rule", "not sshd -De"),
-    ("mpijob.yaml", MPI_WORKER + ["containers", 0, "command"], ["sleep", "infinity"], "rule", "not sshd -De"),
-    ("mpijob.yaml", MPI_WORKER + ["containers", 0, "image"], "hvdps:latest", "rule", "names no registry"),
-    ("mpijob.yaml", MPI_WORKER + ["containers", 0, "image"], "registry.example.com/hvdps/hvdps", "rule",
-     "no version tag"),
-    ("mpijob.yaml", MPI_WORKER + ["volumes", 0], {"name": "results", "emptyDir": {}}, "rule",
+    (HVD, MPI_WORKER + ["containers", 0, "command"], KeyError, "rule", "not sshd -De"),
+    (HVD, MPI_WORKER + ["containers", 0, "args"], ["infinity"], "rule", "not sshd -De"),
+    (HVD, MPI_WORKER + ["containers", 0, "image"], "registry.example.com/hvdps/hvdps", "rule", "no version tag"),
+    (HVD, MPI_WORKER + ["volumes", 0], {"name": "results", "emptyDir": {}}, "rule", "not on a persistent volume claim"),
+    (HVD, MPI_LAUNCHER + ["containers", 0, "args", -1], "/tmp/x", "rule", "not on a persistent volume claim"),
+    (HVD, MPI_LAUNCHER + ["containers", 0, "args", -2], "--no_such_flag", "rule", "does not accept"),
+    (HVD, MPI_LAUNCHER + ["containers", 0, "command"], ["horovodrun"], "rule", "not mpirun"),
+    (HVD, MPI_WORKER + ["containers", 0, "comand"], ["x"], "schema", "'comand' was unexpected"),
+    (HVD, ["spec", "mpiReplicaSpecs", "Workers"], {}, "rule", "replicas Launcher and Worker, got"),
+    (HVD, ["spec", "runPolicy", "cleanPodPolicy"], 5, "schema", "is not of type 'string'"),
+    (HVD, ["spec", "slotsPerWorker"], "1", "schema", "is not of type 'integer'"),
+    (HVD, ["apiVersion"], "kubeflow.org/v1", "schema", "kubeflow.org/v1 MPIJob"),
+    (PS, _pod(0) + ["containers", 0, "env", 0, "valueFrom", "fieldRef", "fieldPth"], "x", "schema",
+     "'fieldPth' was unexpected"),
+    (PS, _pod(1) + ["restartPolicy"], 1, "schema", "is not of type 'string'"),
+    (PS, _job(1) + ["completions"], 3, "rule", "not one Indexed Job"),
+    (PS, ["spec", "replicatedJobs", 1, "dependsOn", 0, "status"], "Running", "schema", "is not one of"),
+    (PS, ["spec", "replicatedJobs", 0, "dependsOn"], [{"name": "worker", "status": "Ready"}], "rule",
+     "not a replicated job listed before it"),
+    (PS, ["spec", "successPolicy", "targetReplicatedJobs"], ["ps", "worker"], "rule", "never end by themselves"),
+    (PS, ["spec", "successPolicy", "targetReplicatedJobs"], ["workers"], "rule", "is no replicated job"),
+    (PS, ["spec", "sucessPolicy"], {}, "schema", "'sucessPolicy' was unexpected"),
+    (PS, ["spec", "network", "enableDNSHostnames"], "yes", "schema", "is not of type 'boolean'"),
+    (PS, _pod(1) + ["containers", 0, "volumeMounts"], KeyError, "rule", "not on a persistent volume"),
+    (PS2, _pod(2) + ["containers", 0, "args", -1], "v3", "rule", "does not accept"),
+    (PS2, _pod(2) + ["volumes", 0, "persistentVolumeClaim", "claimName"], "other", "rule",
      "not on a persistent volume claim"),
-    ("mpijob.yaml", MPI_LAUNCHER + ["containers", 0, "command", -1], "/tmp/x", "rule",
-     "not on a persistent volume claim"),
-    ("mpijob.yaml", MPI_LAUNCHER + ["containers", 0, "command", 15], "--no_such_flag", "rule",
+    (MWMS, _pod(0) + ["containers", 0, "args"], ["mwms_train/main.py", "--implementation", "gloo"], "rule",
      "does not accept"),
-    ("mpijob.yaml", MPI_WORKER + ["containers", 0, "comand"], ["x"], "schema", "'comand' was unexpected"),
-    ("mpijob.yaml", ["spec", "mpiReplicaSpecs", "Launcher", "replicas"], 2, "schema", "1 was expected"),
-    ("mpijob.yaml", ["spec", "mpiReplicaSpecs", "Workers"], {}, "schema", "'Workers' was unexpected"),
-    ("mpijob.yaml", ["spec", "runPolicy", "cleanPodPolicy"], "Always", "schema", "is not one of"),
-    ("mpijob.yaml", ["spec", "slotsPerWorker"], "1", "schema", "is not of type 'integer'"),
-    ("mpijob.yaml", ["apiVersion"], "kubeflow.org/v1", "schema", "no schema"),
-    ("tfjob.yaml", ["spec", "tfReplicaSpecs", "PS", "template", "spec", "containers", 0, "name"], "tf", "schema",
-     "does not contain"),
-    ("tfjob.yaml", ["spec", "tfReplicaSpecs", "Ps"], {}, "schema", "'Ps' was unexpected"),
-    ("tfjob.yaml", ["spec", "tfReplicaSpecs", "Worker", "restartPolicy"], "Sometimes", "schema", "is not one of"),
-    ("tfjob.yaml", TF_CHIEF + ["containers", 0, "volumeMounts"], KeyError, "rule", "not on a persistent volume"),
-    ("tfjob.yaml", TF_CHIEF + ["containers", 0, "ports", 0, "containerPort"], 2223, "rule", "tfjob-port 2222"),
-    ("tfjob.yaml", TF_CHIEF + ["containers", 0, "ports", 0, "containerPort"], "2222", "schema",
-     "is not of type 'integer'"),
-    ("tfjob_v2.yaml", TF_CHIEF + ["containers", 0, "command", 9], "v3", "rule", "does not accept"),
-    ("tfjob_mwms.yaml", TF_WORKER + ["containers", 0, "command", 9], "gloo", "rule", "does not accept"),
-    ("tfjob_mwms.yaml", TF_WORKER + ["containers", 0, "command", -1], "/tmp/x", "rule",
-     "not on a persistent volume claim"),
-    ("tfjob_v2.yaml", TF_CHIEF + ["volumes", 0, "persistentVolumeClaim", "claimName"], "other", "rule",
-     "not on a persistent volume claim"),
-    ("results-pvc.yaml", ["spec", "accessModes"], ["ReadWriteAll"], "schema", "is not one of"),
-    ("results-reader.yaml", ["spec", "containers", 0, "volumeMounts", 0, "mountPath"], "results", "schema",
-     "does not match"),
+    (MWMS, _pod(0) + ["containers", 0, "args", -1], "/tmp/x", "rule", "not on a persistent volume claim"),
+    ("results-pvc.yaml", ["spec", "accessModes"], "ReadWriteMany", "schema", "is not of type 'array'"),
+    ("results-reader.yaml", ["spec", "containers", 0, "volumeMounts", 0, "mountPth"], "results", "schema",
+     "'mountPth' was unexpected"),
 ])
 def test_broken_manifest_is_caught(manifest, path, value, layer, expect):
     doc = copy.deepcopy(docs_of(os.path.join(K8S, manifest))[0])
     _set(doc, path, value)
-    errors = schema_errors(doc) if layer == "schema" else rule_errors(doc)
-    assert any(expect in e for e in errors), errors
+    found = schema_errors(doc) if layer == "schema" else rule_errors(doc)
+    assert any(expect in e for e in found), found
+
+
+@pytest.mark.parametrize("backend, mode", [(m.name, mode) for m in METHODS.values() for mode in m.modes])
+def test_every_method_and_mode_writes_a_manifest_that_would_run(tmp_path, backend, mode):
+    """Each registered method's pods (its launcher's ``pods``), in each mode: valid, runnable, and the
+    trainer told what the mode stands for (a PS job's --sync, local SGD's --local_steps K)."""
+    assert k8s.main(["--backends", f"{backend}:{mode}", "--workers", "2", "--image", "r.example/hvdps:1",
+                     "--out", str(tmp_path)]) == 0
+    (path,) = [p for p in tmp_path.iterdir() if p.name not in ("results-pvc.yaml", "results-reader.yaml")]
+    doc = docs_of(str(path))[0]
+    assert schema_errors(doc) == [] and rule_errors(doc) == []
+    method = METHODS[backend]
+    flags = [*method.launcher.trainer_flags, *method.launcher().mode_argv(mode)]
+    parser = __import__(f"{method.package}.main", fromlist=["make_parser"]).make_parser()
+    for _, pod in pod_specs(doc):
+        argv = pod["containers"][0].get("command", []) + pod["containers"][0].get("args", [])
+        if trainer_of(argv)[0] is not None:           # as if the mode's flags were given again: the same run
+            args = trainer_of(argv)[1]
+            assert vars(parser.parse_args(args)) == vars(parser.parse_args([*flags, *args])), (flags, args)
+
+
+def test_a_file_hvdps_k8s_did_not_write_is_never_overwritten(tmp_path, capsys):
+    mine = tmp_path / "results-pvc.yaml"
+    mine.write_text("# my own claim\n")
+    with pytest.raises(SystemExit) as info:
+        k8s.main(["--backends", "mwms", "--workers", "2", "--image", "r.example/hvdps:1", "--out", str(tmp_path)])
+    assert info.value.code == 2 and mine.read_text() == "# my own claim\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results-pvc.yaml"]
+    assert "results-pvc.yaml is there and hvdps k8s did not write it" in capsys.readouterr().err
+    # what it wrote itself, it writes again
+    mine.unlink()
+    argv = ["--backends", "mwms", "--workers", "2", "--image", "r.example/hvdps:1", "--out", str(tmp_path)]
+    assert k8s.main(argv) == 0 and k8s.main(argv) == 0

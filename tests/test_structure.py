@@ -154,9 +154,9 @@ def test_the_layer_check_sees_an_upward_import():
 # hvdps/'s folders by job, and what each may import of the others: the cost model and the measurement
 # know nothing of how results are shown or asked for; rendering shows the cost model's and the
 # measurement's results; the command lines put all three together. (hvdps/ itself: the hvdps command, the method registry, the
-# launchers; install/: set-up.)
-JOBS = {"cost": set(), "measure": set(), "render": {"cost", "measure"}, "commands": {"cost", "measure", "render"},
-        "install": set()}
+# launchers; install/: set-up; k8s/: Kubernetes manifests, written and checked.)
+JOBS = {"cost": set(), "measure": set(), "render": {"cost", "measure"},
+        "commands": {"cost", "measure", "render", "k8s"}, "install": set(), "k8s": set()}
 
 
 @pytest.mark.unit

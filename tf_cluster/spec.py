@@ -8,6 +8,7 @@ import json
 from common.base.errors import UsageError
 from common.formats.schemas import parse_json
 from common.launch.hosts import parse_address, read_listing
+from tf_cluster.jobset import pod_tf_config
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 
@@ -125,11 +126,23 @@ def cluster_addresses(roles, port):
     return out
 
 
+def tf_config_of(environ):
+    """The TF_CONFIG a task process has: its own variable, else the one its JobSet pod's variables
+    describe (tf_cluster/jobset.py); "" for neither."""
+    text = (environ.get("TF_CONFIG") or "").strip()
+    if text:
+        return text
+    return pod_tf_config(environ) or ""
+
+
 def task_of(environ, argv):
     """(role, index) a TensorFlow task process was given, from its TF_CONFIG or its command line's
     ``--job_name``/``--task_index`` (a task with an index and no role is a worker, as an all-reduce
     cluster's are); None for a process that is not a task (a launcher, a shell)."""
-    text = (environ.get("TF_CONFIG") or "").strip()
+    try:
+        text = tf_config_of(environ)
+    except UsageError:
+        return None
     if text:
         try:
             task = json.loads(text).get("task") or {}
