@@ -419,13 +419,13 @@ def _finite_float(text):
     return value
 
 
-def _depth(data):
+def _depth(data, limit=MAX_DEPTH):
     """Nesting depth, without recursion (a deep file must not exhaust the stack here either)."""
     deepest, stack = 0, [(data, 1)]
     while stack:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
-        if depth > MAX_DEPTH:
+        if depth > limit:
             return depth
         if isinstance(node, dict):
             stack.extend((v, depth + 1) for v in node.values())
@@ -434,9 +434,9 @@ def _depth(data):
     return deepest
 
 
-def parse_json(text, source):
-    """JSON text -> Python data: NaN, Infinity and overflowing numbers refused, nesting bounded.
-    ``source`` names the file (or variable) in the one error line."""
+def parse_json(text, source, max_depth=MAX_DEPTH):
+    """JSON text -> Python data: NaN, Infinity and overflowing numbers refused, nesting bounded
+    (``max_depth``). ``source`` names the file (or variable) in the one error line."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -445,13 +445,13 @@ def parse_json(text, source):
     try:
         data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
-        raise SchemaError(f"{source}: nested deeper than {MAX_DEPTH} levels")
+        raise SchemaError(f"{source}: nested deeper than {max_depth} levels")
     except json.JSONDecodeError as exc:
         raise SchemaError(f"{source}: not valid JSON: {str(exc).splitlines()[0][:200]}")
     except ValueError as exc:          # the hooks above: NaN, Infinity, 1e999
         raise SchemaError(f"{source}: {exc}")
-    if _depth(data) > MAX_DEPTH:
-        raise SchemaError(f"{source}: nested deeper than {MAX_DEPTH} levels")
+    if _depth(data, max_depth) > max_depth:
+        raise SchemaError(f"{source}: nested deeper than {max_depth} levels")
     return data
 
 
@@ -481,9 +481,24 @@ def validate(model, data, source):
         raise SchemaError(f"{source}: {_where(first['loc'])}: {first['msg'].lower()} (got {shown[:80]})")
 
 
-def read_json(path, model, what, max_bytes=MAX_JSON):
+def read_json(path, model, what, max_bytes=MAX_JSON, max_depth=MAX_DEPTH):
     """One JSON file of a declared format -> its model instance (or one error line)."""
-    return validate(model, parse_json(read_input(path, what, max_bytes=max_bytes), path), path)
+    return validate(model, parse_json(read_input(path, what, max_bytes=max_bytes), path, max_depth), path)
+
+
+class CrdSchema(Strict):
+    """A released CRD's published schema as hostfiles/k8s/crds/ keeps it (hvdps/k8s/validate.py)."""
+    group: Text
+    kind: Text
+    version: Text
+    openAPIV3Schema: Dict[str, Any]
+
+
+CRD_DEPTH = 128          # a CRD's schema nests a pod template's fields about 40 levels deep
+
+
+def read_crd_schema(path):
+    return read_json(path, CrdSchema, "a CRD's published schema", max_depth=CRD_DEPTH)
 
 
 def read_comm(path):
@@ -655,4 +670,6 @@ READERS = {
     "checkpoint (TensorFlow's index)": "common.formats.schemas.read_checkpoint_index",
     "IDX": "common.inputs.data.read_idx",
     "NPZ": "common.inputs.data.load_mnist",
+    "CRD schema (hostfiles/k8s/crds/)": "common.formats.schemas.read_crd_schema",
+    "a JobSet pod's variables (TF_CONFIG from them)": "tf_cluster.jobset.pod_tf_config",
 }

@@ -16,13 +16,13 @@ webhooks), and what the controllers then do.
 """
 import copy
 import functools
-import json
 import os
 
 import jsonschema
 import kubernetes_validate
 
 from common.base.procs import REPO
+from common.formats.schemas import read_crd_schema
 
 KUBERNETES = "1.33.0"                  # the version the core schemas are taken at
 CRDS = os.path.join(REPO, "hostfiles", "k8s", "crds")
@@ -45,9 +45,7 @@ def _closed(schema):
 
 @functools.lru_cache(maxsize=None)
 def crd_validator(api_version, kind):
-    name = CRD_FILES[(api_version, kind)]
-    with open(os.path.join(CRDS, name)) as f:
-        schema = _closed(json.load(f)["openAPIV3Schema"])
+    schema = _closed(read_crd_schema(os.path.join(CRDS, CRD_FILES[(api_version, kind)])).openAPIV3Schema)
     # the API server fills these in; the CRD's schema leaves them open
     schema["properties"]["metadata"] = {"type": "object"}
     return jsonschema.Draft7Validator(schema)
