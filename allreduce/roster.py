@@ -67,6 +67,9 @@ class Roster:
         self.host = host or socket.gethostname()
         self.terminating = threading.Event()     # the launcher's SIGTERM came: the job is ending anyway
         self.named = threading.Event()           # a failed collective has named the loss already
+        # this process was stopped (allreduce/deadline.py): continued by the launcher's SIGCONT before
+        # its SIGTERM, it is the rank a peer named as stopped, and says nothing of its own
+        self.frozen = lambda: False
 
     @classmethod
     def gather(cls, rank, allgather):
@@ -116,7 +119,7 @@ class Roster:
                 pass
             self.terminating.set()
             gone = self.gone()                   # at once: peers ending on the same SIGTERM are still here
-            if self.speaks(gone) and not self.named.is_set():
+            if self.speaks(gone) and not self.named.is_set() and not self.frozen():
                 out.write(f"error: rank {self.rank}: stopped by SIGTERM from the launcher: lost {self.lost(gone)}\n")
                 out.flush()
             sys.stdout.flush()

@@ -25,6 +25,7 @@ from common.base.errors import cli
 from common.model.models import build_model, make_optimizer
 from common.trainer.run_dir import check_resume_compatible, check_train_dir
 from common.base.procs import launcher_rank
+from allreduce.deadline import add_deadline_args
 from allreduce.sync_loop import train_allreduce
 from horovod_train.backend import (HorovodBackend, add_horovod_args, joining_elastic_job, mark_elastic_job,
                                    tuning_env)
@@ -32,7 +33,7 @@ from horovod_train.elastic import train_elastic
 
 
 def make_parser():
-    return add_horovod_args(build_parser(__doc__.splitlines()[0], prog="horovod_train/main.py"))
+    return add_deadline_args(add_horovod_args(build_parser(__doc__.splitlines()[0], prog="horovod_train/main.py")))
 
 
 @cli
@@ -58,7 +59,8 @@ def main(argv=None):
     # rank 0's state broadcast, gradients all-reduced through DistributedGradientTape (--loop custom)
     # or DistributedOptimizer (--loop fit): allreduce/sync_loop.py, shared with the bare-MPI trainer.
     return train_allreduce(cfg, backend, num_train, loop=args.loop,
-                           extra_header={"fp16_allreduce": args.fp16_allreduce})
+                           extra_header={"fp16_allreduce": args.fp16_allreduce},
+                           timeouts=(args.step_timeout, args.startup_timeout))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from allreduce.mpi import mpi_env_check
+from allreduce.deadline import add_deadline_args
 from allreduce.sync_loop import train_allreduce
 from common.spec.config import build_parser, from_args
 from common.inputs.data import num_examples
@@ -30,7 +31,7 @@ MAX_LOCAL_STEPS = 100_000
 
 
 def make_parser():
-    parser = build_parser(__doc__.splitlines()[0], prog="localsgd_train/main.py")
+    parser = add_deadline_args(build_parser(__doc__.splitlines()[0], prog="localsgd_train/main.py"))
     g = parser.add_argument_group("local SGD")
     g.add_argument("--local_steps", type=int, default=8,
                    help="k: the steps each rank takes on its own between two averagings of the weights "
@@ -54,7 +55,8 @@ def main(argv=None):
     backend = LocalSGDBackend(args.local_steps).setup(cfg)   # Local SGD: join COMM_WORLD, share the cores
     # Local SGD: the all-reduce trainers' run (allreduce/sync_loop.py); no gradient is exchanged, the
     # weights are averaged after every k-th step (LocalSGDBackend.after_step)
-    return train_allreduce(cfg, backend, num_train, extra_header={"local_steps": args.local_steps})
+    return train_allreduce(cfg, backend, num_train, extra_header={"local_steps": args.local_steps},
+                           timeouts=(args.step_timeout, args.startup_timeout))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from allreduce.mpi import mpi_env_check
+from allreduce.deadline import add_deadline_args
 from allreduce.sync_loop import train_allreduce
 from common.spec.config import build_parser, from_args
 from common.inputs.data import num_examples
@@ -29,7 +30,7 @@ from mpi_train.backend import MPIBackend
 
 
 def make_parser():
-    return build_parser(__doc__.splitlines()[0], prog="mpi_train/main.py")
+    return add_deadline_args(build_parser(__doc__.splitlines()[0], prog="mpi_train/main.py"))
 
 
 @cli(hard_exit=True)   # MPI: a failed rank leaves without MPI_Finalize, so mpirun ends the others
@@ -46,7 +47,7 @@ def main(argv=None):
 
     backend = MPIBackend().setup(cfg)            # MPI: join COMM_WORLD, split the cores between local ranks
     # MPI: the Horovod trainer's run (allreduce/sync_loop.py) with one MPI_Allreduce per step
-    return train_allreduce(cfg, backend, num_train)
+    return train_allreduce(cfg, backend, num_train, timeouts=(args.step_timeout, args.startup_timeout))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from common.launch.hosts import parse_address
 from tf_cluster.spec import parse_tf_config, tf_config_of, validate_cluster
 from common.spec.plan import make_plan
 from common.trainer.watchdog import OutsideDeadline
-from common.base.flags import check_finite
+from common.base.flags import MAX_TIMEOUT_S, check_finite
 from tf_cluster.listen import choose_address, restrict_listening
 from common.base.procs import wait_for_ports
 
@@ -247,7 +247,6 @@ class _ScaledTape:
         return out
 
 
-MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 def add_mwms_args(parser):

@@ -52,7 +52,8 @@ def main(argv=None):
 
     # MWMS: variables made in the strategy's scope, each step through strategy.run, the gradients
     # summed by its all-reduce in apply_gradients: allreduce/sync_loop.py, as the Horovod trainer.
-    return train_allreduce(cfg, backend, num_train, extra_header={"implementation": args.implementation})
+    return train_allreduce(cfg, backend, num_train, extra_header={"implementation": args.implementation},
+                           timeouts=(args.step_timeout, args.startup_timeout))   # MWMS: its input bounded too
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ waits forever for a peer at the wrong address.
 """
 import os
 
-from common.base.flags import check_finite
+from common.base.flags import MAX_TIMEOUT_S, check_finite
 from common.base.errors import UsageError
 from common.launch.hosts import parse_address
 from tf_cluster.spec import parse_cluster_spec, parse_tf_config, tf_config_of, validate_cluster
@@ -59,7 +59,6 @@ def _host_list(text, flag):
     return items
 
 
-MAX_TIMEOUT_S = 7 * 24 * 3600
 BACKUP = "backup"              # the mode of sync training with K backup workers: backupK
 
 

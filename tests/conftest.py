@@ -179,10 +179,11 @@ def digits_cfg():
     return make_config(dataset="digits", model="mlp")
 
 
-def kill_rank_mid_run(argv, out, script, rank=1):
-    """Start a job, kill -9 its rank ``rank`` once a checkpoint exists, and return (seconds the job
-    took to end after that, its exit code, its output, the killed pid). The whole process group is
-    killed afterwards; the checkpoints in ``out`` must still be readable (checked here)."""
+def kill_rank_mid_run(argv, out, script, rank=1, sig=signal.SIGKILL):
+    """Start a job, kill -9 its rank ``rank`` (or send it ``sig``: SIGSTOP) once a checkpoint exists,
+    and return (seconds the job took to end after that, its exit code, its output, the killed pid).
+    The whole process group is killed afterwards; the checkpoints in ``out`` must still be readable
+    (checked here)."""
     import time
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True, env=env())
@@ -193,7 +194,7 @@ def kill_rank_mid_run(argv, out, script, rank=1):
             if (out / "checkpoints" / "checkpoint").exists():
                 victim = rank_pid(p.pid, rank, script)
         assert victim, "training never started"
-        os.kill(victim, signal.SIGKILL)
+        os.kill(victim, sig)
         t0 = time.monotonic()
         p.wait(timeout=90)
         took = time.monotonic() - t0

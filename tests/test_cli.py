@@ -150,7 +150,8 @@ CASES = [
     (MWMS_LAUNCH, ["--dataset", "{tmp}/plug.py:swallows_everything", "--run_timeout", "3"], {},
      "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--run_timeout)"),
     (LAUNCH, ["--num_ps", "100000"], {}, "error: --num_ps 100000 and --num_workers 2: 100002 tasks on this machine"),
-    (COMPARE, ["--workers", "100000", "--dry_run"], {}, "error: run ps-async-w100000-ps1: 100001 tasks, more than the "
+    (COMPARE, ["--workers", "100000", "--dataset", "synthetic", "--synthetic_samples", "200000", "--batch_size", "1",
+               "--dry_run"], {}, "error: run ps-async-w100000-ps1: 100001 tasks, more than the "
                                                           "1024 one machine runs"),
     (COMPARE, ["--workers", "8", "--hosts", "127.0.0.1:2,127.0.0.2:2", "--rsh", "/bin/true", "--dry_run"], {},
      "error: --hosts has 4 slot(s) in all, 8 workers asked for"),
@@ -249,10 +250,13 @@ CASES = [
      "error: {tmp}/npz_fifo/mnist.npz: an .npz file is not a regular file"),
     # ---- sizes that cannot fit: refused with the estimate, not a MemoryError
     (HVD, ["--hidden_units", "2000000000"], {}, "error: --hidden_units 2000000000: about "),
+    (HVD, ["--dataset", "synthetic", "--image_shape", "4000,4000,3"], {},
+     "error: --image_shape 4000,4000,3 x --synthetic_samples 2048: about "),
+    (LAUNCH, ["--model", "cnn", "--dataset", "synthetic", "--image_shape", "8000,8000,1",
+              "--synthetic_samples", "8"], {}, "error: --image_shape 8000,8000,1: about "),
+    # an example past the bound (a typo, a crafted shape): refused from its size alone
     (HVD, ["--dataset", "synthetic", "--image_shape", "100000,100000,3"], {},
-     "error: --image_shape 100000,100000,3 x --synthetic_samples 2048: about "),
-    (LAUNCH, ["--model", "cnn", "--dataset", "synthetic", "--image_shape", "30000,30000,1",
-              "--synthetic_samples", "8"], {}, "error: --image_shape 30000,30000,1: about "),
+     "error: --image_shape 100000,100000,3: 30,000,000,000 values an example; hvdps takes at most 67,108,864"),
     (COMPARE, ["--hidden_units", "2000000000"], {}, "error: --hidden_units 2000000000: about "),
     # each task fits, all 17 of the largest run do not (ps async at 16 workers, 1 PS: 5.4 GiB each)
     (COMPARE, ["--workers", "4,16", "--dataset", "synthetic", "--image_shape", "64,64,3", "--hidden_units", "20000",

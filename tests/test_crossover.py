@@ -143,3 +143,29 @@ def test_every_series_of_the_plot_has_a_look_of_its_own(count):
         assert [style for _, _, style in looks] == ["-" if s.ring else "--" for s in series]
     finally:
         plt.close(fig)
+
+
+def test_runs_that_measured_contention_are_drawn_apart_and_said_so():
+    """The points measured under contention for the cores are hollow, a line projected only from them
+    dotted and pale, each said in the legend: the picture ranks no method on them unsaid."""
+    import matplotlib.pyplot as plt
+    [w] = cx.analyse(RUNS, model_step, contended=["ps-sync-w4"])
+    names = {s.name: s for s in w.series}
+    assert names["PS sync, 1 PS"].contended == ((4, 0.200),) and not names["PS sync, 1 PS"].contended_line
+    assert names["Horovod"].contended == () and not names["Horovod"].contended_line
+    [w] = cx.analyse(RUNS, model_step, contended=["ps-sync-w2", "ps-sync-w4"])
+    ps = [s for s in w.series if not s.ring]
+    assert all(s.contended == s.measured and s.contended_line for s in ps)
+    fig = rcx.figure([w])
+    try:
+        ax = fig.axes[0]
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "PS sync, 1 PS (from contended runs)" in texts and "Horovod" in texts
+        assert any(t.startswith("hollow: measured under contention for the cores") for t in texts)
+        hollow = [line for line in ax.get_lines() if line.get_markerfacecolor() == "none"]
+        assert sorted(p for line in hollow for p in zip(*line.get_data())) == sorted(
+            (n, 1e3 * t) for s in ps for n, t in s.measured)
+        assert [line.get_linestyle() for line in ax.get_lines() if line.get_marker() in ("None", "", None)
+                and line.get_alpha() == 0.45] == [":"] * len(ps)
+    finally:
+        plt.close(fig)

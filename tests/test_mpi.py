@@ -1,5 +1,7 @@
 """The bare-MPI reference trainer (mpi_train), launched with mpirun as users launch MPI programs."""
 import os
+import re
+import signal
 import socket
 import sys
 import time
@@ -7,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from allreduce.deadline import GRACE
 from common.trainer.run_dir import load_weights_npz
 from tests.conftest import REPO, SYNC_EQUIV, assert_big_batch_equal, kill_rank_mid_run, run, row_and_records
 
@@ -121,6 +124,21 @@ def test_killed_rank_fails_job_promptly(tmp_path):
     time.sleep(1)
     left = [d for d in os.listdir("/proc") if d.isdigit() and str(out).encode() in _cmdline(d)]
     assert not left, "a rank outlived the job"
+
+
+@pytest.mark.parametrize("main", [MAIN, HOROVOD_MAIN], ids=["mpi", "horovod"])
+def test_a_stopped_rank_ends_the_job_within_the_step_timeout_named(tmp_path, main):
+    """SIGSTOP on rank 1 mid-run (a preempted or swapping machine): rank 0 waits in its collective past
+    --step_timeout, names rank 1 as stopped in one line, and the job ends (allreduce/deadline.py)."""
+    out = tmp_path / "run"
+    argv = [*MPIRUN, "-np", "2", sys.executable, main, "--epochs", "400", "--batch_size", "8", "--step_timeout", "4",
+            "--train_dir", str(out)]
+    took, code, output, victim = kill_rank_mid_run(argv, out, os.path.relpath(main, REPO), sig=signal.SIGSTOP)
+    assert code != 0 and took < 4 + GRACE + 15, (took, output[-3000:])
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output[-3000:]
+    assert re.search(rf"error: rank 0: step \d+ waited 4s \(--step_timeout\) for rank 1 \(pid {victim} on "
+                     rf"{re.escape(socket.gethostname())}\): stopped \(SIGSTOP", errors[0]), errors
 
 
 def _cmdline(pid):

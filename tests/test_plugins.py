@@ -242,6 +242,9 @@ def test_a_plugins_pipelines_are_counted_in_epochs_and_resumed(tmp_path):
     ({"train_tail": ".map(lambda x, y: (tf.reshape(x, [-1, 6]), y))"}, "its train pipeline gives x (4, 6)"),
     ({"train_tail": ".map(lambda x, y: (x, tf.cast(y, tf.float32)))"}, "its train labels are float32; expected"),
     ({"shape": "(3, 2, 1)"}, "expected batches of x [batch, 3, 2, 1]"),
+    # features that are not numbers (the array path's refusal)
+    ({"train_tail": ".map(lambda x, y: (tf.strings.as_string(x), y))"},
+     "its train features are string; expected numbers (float or integer ids)"),
 ])
 def test_a_wrong_pipeline_plugin_is_one_line_before_training(tmp_path, change, says):
     from common.spec.config import make_config
@@ -252,6 +255,16 @@ def test_a_wrong_pipeline_plugin_is_one_line_before_training(tmp_path, change, s
         make_dataset(make_config(dataset=spec, batch_size=4), 0, 1)
     text = str(exc.value)
     assert "\n" not in text and text.startswith(f"--dataset {spec}: ") and says in text, text
+
+
+@pytest.mark.unit
+def test_an_empty_test_split_is_an_error_not_a_nan_accuracy():
+    """Whatever gave it (a data set, a plug-in's test pipeline, every worker's part empty): one line."""
+    from common.base.errors import InputError
+    from common.model.evaluation import finish_eval
+    assert finish_eval([2.0, 3.0, 4.0]) == (0.5, 0.75)
+    with pytest.raises(InputError, match="the test split gave no example to evaluate"):
+        finish_eval([0.0, 0.0, 0.0])
 
 
 @pytest.mark.unit
@@ -275,6 +288,9 @@ def test_a_wrong_pipelines_dict_is_one_line(tmp_path, text, says):
 @pytest.mark.parametrize("tail, says", [
     (".map(lambda x, y: (x, y + 5))", "a label past its 5 classes"),
     (".unbatch().batch(3, drop_remainder=True)", "a training batch not of --batch_size 4"),
+    # as the array path refuses them: NaN features, an empty training split
+    (".map(lambda x, y: (x * float('nan'), y))", "a batch with NaN or infinite features"),
+    (".take(0)", "its train pipeline gave no batch (an empty training split)"),
 ])
 def test_a_bad_batch_from_a_plugin_ends_the_run_naming_it(tmp_path, tail, says):
     from common.spec.config import make_config
@@ -300,3 +316,31 @@ def test_a_plugins_pipelines_train_under_each_input_path(tmp_path):
     assert len(rows) == 3
     for x in rows:
         assert x["status"] == "ok" and x["final_test_accuracy"] >= 0.90, x
+
+
+EAGER_ONLY = '''
+import tensorflow as tf
+
+class Eager(tf.keras.layers.Layer):
+    def call(self, x, training=None):
+        if training:                   # in training only: built and checked fine, traced in the step
+            return x / (float(tf.reduce_max(x).numpy()) or 1.0)    # eagerly fine; a traced step has no .numpy()
+        return x
+
+def build(cfg, input_shape, num_classes):
+    return tf.keras.Sequential([tf.keras.layers.Input(input_shape), tf.keras.layers.Flatten(), Eager(),
+                                tf.keras.layers.Dense(num_classes)])
+'''
+
+
+@pytest.mark.process
+def test_a_layer_that_works_only_eagerly_is_one_line_under_mwms(tmp_path):
+    """TensorFlow's all-reduce traces the training step: an eager-only layer is refused at its first
+    step, one line and exit 2, not an AttributeError's traceback."""
+    (tmp_path / "eager.py").write_text(EAGER_ONLY)
+    r = run([sys.executable, os.path.join(REPO, "mwms_train", "main.py"), "--model", f"{tmp_path}/eager.py:build",
+             "--train_steps", "5", "--probe_steps", "0", "--train_dir", str(tmp_path / "run")], timeout=180)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert errors[0].startswith(f"error: --model {tmp_path}/eager.py:build: its training step cannot be traced into "
+                                f"a TensorFlow graph (AttributeError: "), errors

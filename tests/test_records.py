@@ -4,7 +4,9 @@ by file, and refused in one line where a file is not what it should be."""
 import json
 import os
 import struct
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -198,6 +200,29 @@ def record_start(path, index):
 
 
 PNG_5X5 = encode_image(np.zeros((5, 5, 1), np.uint8), "png")
+
+
+JPEG_2X3 = encode_image(np.full((2, 3, 1), 128, np.uint8), "jpeg")
+
+
+def png_declaring(height, width):
+    """A PNG of a few dozen bytes whose header declares ``height`` x ``width`` gray pixels: a decompression
+    bomb's header (its data is never reached)."""
+    import zlib
+    chunk = lambda kind, body: struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(bytes(64))) + chunk(b"IEND", b""))
+
+
+def jpeg_declaring(height, width):
+    """A small real JPEG whose frame header (SOF0) is rewritten to declare ``height`` x ``width``."""
+    data = bytearray(encode_image(np.zeros((16, 16, 1), np.uint8), "jpeg"))
+    at = data.index(b"\xff\xc0")
+    data[at + 5:at + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+BOMB = example(image__encoded=png_declaring(30000, 30000), image__class__label=1)
 PIXELS = bytes(24)                          # SHAPE (2, 3, 1) of float32
 # (layout, the bad record, what the one line says)
 BAD_EXAMPLES = [
@@ -212,6 +237,9 @@ BAD_EXAMPLES = [
     ("imagenet", example(image__encoded=PNG_5X5[:30], image__class__label=1), "image/encoded does not decode as a JPEG or PNG image"),
     ("imagenet", example(image__encoded=encode_image(np.zeros((2, 3, 1), np.uint8), "png"), image__class__label=0),
      "label 0 outside 1..5 (5 classes, 1-based)"),
+    ("imagenet", BOMB, "image/encoded declares 30000x30000 pixels, more than hvdps decodes (268,435,456 values"),
+    ("imagenet", example(image__encoded=jpeg_declaring(20000, 16000), image__class__label=1),
+     "image/encoded declares 20000x16000 pixels, more than hvdps decodes"),
 ]
 
 
@@ -225,9 +253,9 @@ def test_a_first_record_unlike_its_layout_is_named_before_any_task_starts(tmp_pa
     assert str(exc.value).startswith(f"{path}: record 0: {says}") and "\n" not in str(exc.value), exc.value
 
 
-def _read_all(out):
+def _read_all(out, spec=None):
     from common.inputs.data import read_batches
-    spec = spec_of(out)
+    spec = spec or spec_of(out)
     for _ in read_batches(stream(out, spec, "train", 0, 1, 4, seed=7, steps_per_epoch=10, num_steps=10), "rank 0"):
         pass
 
@@ -243,6 +271,12 @@ DAMAGE = [
     ("imagenet", example(image__encoded=PNG_5X5, image__class__label=1), "record 3: an image not 2x3"),
     ("imagenet", example(image__encoded=encode_image(np.zeros((2, 3, 1), np.uint8), "png"), image__class__label=6),
      "record 3: a label outside 1..5 (the 5 classes of the data set)"),
+    ("imagenet", BOMB, "record 3: image/encoded declares more pixels than hvdps decodes (268,435,456 values"),
+    ("imagenet", example(image__encoded=JPEG_2X3[:len(JPEG_2X3) // 2], image__class__label=1),
+     "record 3: image/encoded does not decode ("),
+    ("plain", "delete", "No such file or directory (the file went away during training)"),
+    ("imagenet", example(image__encoded=jpeg_declaring(20000, 16000), image__class__label=1),
+     "record 3: image/encoded declares more pixels than hvdps decodes"),
 ]
 
 
@@ -255,6 +289,13 @@ def test_damage_past_the_first_record_ends_the_run_naming_the_file_and_record(tm
     path, out = one_file_set(tmp_path, layout)
     if isinstance(bad, bytes):
         replace_record(path, 3, bad)
+    elif bad == "delete":                                    # a shard deleted once the run had checked it
+        spec = spec_of(out)
+        os.remove(path)
+        with pytest.raises(InputError) as exc:
+            _read_all(out, spec)
+        assert str(exc.value).startswith(f"rank 0: reading the training data: {path}: ") and says in str(exc.value)
+        return
     else:
         data = bytearray(open(path, "rb").read())
         at = record_start(path, 3)
@@ -409,7 +450,82 @@ def test_hvdps_data_bad_input_is_one_line(tmp_path, capsys, argv, says):
         main(["data", *argv, "--out", str(tmp_path / "d")])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("error:") == 1 and err.startswith(says), err
-    assert not (tmp_path / "d" / SPEC).exists()
+    assert os.listdir(tmp_path) == []             # no folder, no staging folder beside it
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("setup, argv, says", [
+    # a user's own shards and no dataset.json: never replaced
+    ({"d/train-00000-of-00002.tfrecord": b"mine"}, ["--dataset", "digits", "--shards", "2"],
+     "error: --out {tmp}/d already holds 1 file(s) (train-00000-of-00002.tfrecord); a data set is written only "
+     "into a new or empty folder"),
+    ({"d/notes.txt": b"mine", "d/x.npz": b"mine"}, ["--dataset", "digits"], "error: --out {tmp}/d already holds 2 file(s)"),
+    ({"d/" + SPEC: b"{}"}, ["--dataset", "digits"], "error: --out {tmp}/d already holds a data set (dataset.json)"),
+    ({"d": b"a file"}, ["--dataset", "digits"], "error: --out {tmp}/d is a file or a link, not a folder"),
+    # the disk: checked against the set's size before the first byte (1 TiB of 224x224x3 JPEG images)
+    ({}, ["--dataset", "synthetic", "--layout", "imagenet", "--image_shape", "224,224,3",
+          "--synthetic_samples", "1099511627776"], "error: --out {tmp}/d: the data set takes about 47,"),
+    ({}, ["--dataset", "digits", "--out", "/proc/hvdps-nowhere"], "error: --out /proc/hvdps-nowhere is not writable"),
+])
+def test_hvdps_data_touches_nothing_it_did_not_write(tmp_path, capsys, setup, argv, says):
+    """What --out holds stays as it was, byte for byte, and nothing is added beside it."""
+    from hvdps.cli import main
+    for rel, data in setup.items():
+        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    before = {p: open(p, "rb").read() for p in (str(tmp_path / r) for r in setup)}
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "--out", str(tmp_path / "d"), *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("error:") == 1 and err.startswith(says.format(tmp=tmp_path)), err
+    assert {p: open(p, "rb").read() for p in before} == before
+    assert sorted(os.listdir(tmp_path)) == sorted({r.split("/")[0] for r in setup})
+
+
+def _whole(folder):
+    """The set in ``folder`` is one writer's and whole: its description lists exactly the files there,
+    each holding the records it counts (read from the framing)."""
+    from common.inputs.records import count_records
+    spec = spec_of(folder)
+    names = spec.train.files + spec.test.files
+    assert sorted(os.listdir(folder)) == sorted([*names, SPEC]), os.listdir(folder)
+    assert [count_records(os.path.join(folder, n)) for n in names] == spec.train.records + spec.test.records
+    return spec
+
+
+@pytest.mark.process
+def test_hvdps_data_writes_whole_or_not_at_all_and_one_writer_at_a_time(tmp_path):
+    """A writer killed midway leaves no set a run would accept; then two writers of the same --out at
+    once: one is refused, and the set on disk is the other's, whole; the killed writer's staging
+    folder is gone."""
+    out = str(tmp_path / "set")
+    hvdps = os.path.join(BIN, "hvdps")
+    big = subprocess.Popen([hvdps, "data", "--dataset", "synthetic", "--layout", "imagenet", "--image_shape", "64,64,3",
+                            "--synthetic_samples", "200000", "--shards", "4", "--out", out],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        staging = []
+        while time.monotonic() < deadline and big.poll() is None:
+            staging = [os.path.join(tmp_path, n) for n in os.listdir(tmp_path) if n.startswith(".set.")]
+            if staging and os.listdir(staging[0]):          # its first shard under way
+                break
+            time.sleep(0.05)
+        assert staging and big.poll() is None, big.communicate()
+    finally:
+        big.kill()
+        big.wait()
+    with pytest.raises(RecordError, match="no dataset.json"):
+        spec_of(out)
+    two = [subprocess.Popen([hvdps, "data", "--dataset", "digits", "--shards", str(n), "--out", out],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (2, 3)]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in two]
+    assert sorted(r[0] for r in results) == [0, 2], results
+    refused = next(r for r in results if r[0] == 2)[2]
+    assert refused.count("error:") == 1 and (f"--out {out} is in use" in refused or "already holds" in refused), refused
+    won = 2 if results[0][0] == 0 else 3
+    assert len(_whole(out).train.files) == won
+    assert sorted(os.listdir(tmp_path)) == ["set"]          # the killed writer's staging folder removed
 
 
 @pytest.mark.process
@@ -463,6 +579,9 @@ def test_imagenet_files_without_a_description_are_counted_and_described(tmp_path
     path, out = one_file_set(tmp_path, "imagenet")
     written = spec_of(out)
     os.remove(os.path.join(out, SPEC))
+    with pytest.raises(RecordError) as exc:                 # the one command that makes them trainable
+        spec_of(out)
+    assert f"look like ImageNet TFRecords: describe them once with `hvdps data --describe {out} " in str(exc.value)
     assert main(["data", "--describe", out, "--image_shape", "2,3,1", "--num_classes", str(CLASSES)]) == 0
     described = spec_of(out)
     assert described.train == written.train and described.test == written.test and described.resize
@@ -494,3 +613,17 @@ def test_hvdps_data_describe_bad_input_is_one_line(tmp_path, capsys, argv, says)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("error:") == 1 and err.startswith(says.format(tmp=tmp_path)), err
     assert not (tmp_path / SPEC).exists()
+
+
+@pytest.mark.unit
+def test_a_description_of_examples_too_large_to_hold_is_refused_before_anything_is_allocated(tmp_path):
+    """dataset.json resizing images to 12000x12000x3 (432 million values an example: 107 GiB a batch of
+    64) is refused as it is read, in one line, before a batch or a model of that size exists."""
+    path, out = one_file_set(tmp_path, "imagenet")
+    spec = json.load(open(os.path.join(out, SPEC)))
+    spec.update(shape=[12000, 12000, 3], resize=True)
+    open(os.path.join(out, SPEC), "w").write(json.dumps(spec))
+    with pytest.raises(UsageError) as exc:
+        spec_of(out)
+    assert "\n" not in str(exc.value) and "432,000,000 values an example; hvdps takes at most 67,108,864" in str(
+        exc.value), exc.value

@@ -1,11 +1,16 @@
 """--resume continues exactly the job that wrote the checkpoint, or is refused (exit 2, one line)
 before a byte of the run directory changes: checked on real runs, file by file."""
 import os
+import shutil
 import sys
 
 import pytest
 
+from common.inputs.data import load_arrays
+from common.inputs.records import write
+from common.spec.config import make_config
 from tests.conftest import REPO, run, snapshot
+from tests.test_records import example, record_start, replace_record
 
 pytestmark = pytest.mark.process
 HVD = [sys.executable, os.path.join(REPO, "horovod_train", "main.py")]
@@ -13,6 +18,7 @@ LAUNCH = [sys.executable, "-m", "ps_train.launch"]
 MPIRUN = ["mpirun", "-np", "2", "--oversubscribe", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
           "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]
 SMALL = ["--train_steps", "12", "--probe_steps", "0", "--checkpoint_steps", "6"]
+SHARDS = ["--dataset", "tfrecord", "--data_dir"]
 
 
 def refused(argv, root, message):
@@ -31,6 +37,9 @@ def runs(tmp_path_factory):
     r = run([*HVD, *SMALL, "--train_dir", str(hvd)], timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     r = run([*LAUNCH, "--num_workers", "1", *SMALL, "--train_dir", str(ps)], timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    write(str(root / "shards"), load_arrays(make_config()), 10, shards=2)
+    r = run([*HVD, *SMALL, *SHARDS, str(root / "shards"), "--train_dir", str(root / "hvd-shards")], timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     return root, hvd, ps
 
@@ -58,6 +67,45 @@ def test_resume_into_the_same_job_continues(runs):
     r = run([*HVD, "--resume", "--train_steps", "18", "--probe_steps", "0", "--checkpoint_steps", "6",
              "--train_dir", str(hvd)], timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def flip_a_byte(path):
+    """One byte of record 5's data changed in place: the file's size and its framing's CRCs kept."""
+    with open(path, "r+b") as f:
+        f.seek(record_start(path, 5) + 12 + 20)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def rewrite_a_label(path):
+    """Record 5 rewritten with another label, as a tool would write it: valid framing and CRCs."""
+    import tensorflow as tf
+    record = tf.train.Example.FromString(next(iter(tf.data.TFRecordDataset(path).skip(5))).numpy())
+    label = record.features.feature["y"].int64_list.value[0]
+    replace_record(path, 5, example(x=record.features.feature["x"].bytes_list.value[0], y=(label + 1) % 10))
+
+
+@pytest.mark.parametrize("change, message", [
+    (flip_a_byte, "error: --resume: {file}: record 5: its bytes no longer match their CRC"),
+    (rewrite_a_label, "error: --resume: {file} changed since {dir} was trained on it"),
+    (None, None),                        # the control: the same bytes, copied elsewhere, resume
+], ids=["byte-in-place", "record-rewritten", "unchanged-copy"])
+def test_resume_on_changed_shards_is_refused_naming_the_file(runs, change, message):
+    """The run records each shard's content digest; --resume reads every record and refuses data whose
+    bytes differ from those it trained on, naming the file, before a byte of the run changes."""
+    root, *_ = runs
+    run_dir, data = root / "hvd-shards", root / f"shards-{change.__name__ if change else 'copy'}"
+    shutil.copytree(root / "shards", data)
+    file = data / "train-00000-of-00002.tfrecord"
+    argv = [*HVD, *SHARDS, str(data), "--resume", "--train_steps", "18", "--probe_steps", "0", "--train_dir",
+            str(run_dir)]
+    if change is None:
+        r = run(argv, timeout=180)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return
+    change(str(file))
+    refused(argv, root, message.format(file=file, dir=run_dir))
 
 
 # A checkpoint that lacks one of the graph's variables, written the way TensorFlow writes one: every

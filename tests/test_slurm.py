@@ -53,16 +53,13 @@ def leftovers(pid):
 
 def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
     local = tmp_path / "local"
-    # The same training on this machine: 4 Horovod ranks (the scripts' 2 nodes x 2 tasks), and the PS
-    # script's roles on that shape (sync: 1 PS + 3 workers; v2: the chief, 1 PS, 2 workers).
-    refs = {"horovod": ["mpirun", "-np", "4", "--oversubscribe", "-bind-to", "none", "--mca", "btl", "self,vader",
-                        sys.executable, "horovod_train/main.py", *TRAIN, "--train_dir", str(local / "horovod")],
-            "sync": [sys.executable, "-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "3", "--sync", *TRAIN,
+    # The same training on this machine: the PS script's roles on the scripts' shape, 2 nodes x 2 tasks
+    # (sync: 1 PS + 3 workers; v2: the chief, 1 PS, 2 workers). Horovod's 4 ranks and MWMS's 4 workers
+    # are both one process at 4x the batch (test_horovod.py, test_mwms.py): held to each other below.
+    refs = {"sync": [sys.executable, "-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "3", "--sync", *TRAIN,
                      "--train_dir", str(local / "sync")],
             "v2": [sys.executable, "-m", "ps_train.launch", "--ps_api", "v2", "--num_ps", "1", "--num_workers", "2",
-                   *TRAIN, "--train_dir", str(local / "v2")],
-            "mwms": [sys.executable, "-m", "mwms_train.launch", "--num_workers", "4", *TRAIN,
-                     "--train_dir", str(local / "mwms")]}
+                   *TRAIN, "--train_dir", str(local / "v2")]}
     for name, argv in refs.items():
         r = run(argv, timeout=300)
         assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-2000:])
@@ -101,13 +98,16 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
     record = json.load(open(next(p for p in glob.glob(os.path.join(jobs[-1]["run_dir"], "runs", "horovod-*",
                                                                    "compare_run.json")))))
     assert len(set(record["roles"].values())) == 2, record          # the ranks ran on both nodes
-    for job, ref, tolerance in zip(jobs, ("horovod", "sync", "v2", "mwms"), (0.02, 0.02, 0.05, 0.02)):
+    got = {}
+    for job, ref in zip(jobs, ("horovod", "sync", "v2", "mwms")):
         header = next(r for r in read_records(os.path.join(job["run_dir"], "metrics.jsonl")) if r["type"] == "header")
         # the scripts' shape, 2 nodes x 2 tasks: 4 ranks; PS: one task is a PS (and v2's chief does not train)
         assert header["world_size"] == {"horovod": 4, "sync": 3, "v2": 2, "mwms": 4}[ref], (ref, header)
-        got, want = final_accuracy(job["run_dir"]), final_accuracy(local / ref)
-        assert abs(got - want) <= tolerance, (ref, got, want)
-        assert got >= 0.85, (ref, got)
+        got[ref] = final_accuracy(job["run_dir"])
+        assert got[ref] >= 0.85, (ref, got[ref])
+    for ref, want, tolerance in (("sync", final_accuracy(local / "sync"), 0.02), ("v2", final_accuracy(local / "v2"), 0.05),
+                                 ("mwms", got["horovod"], 0.02)):      # Horovod and MWMS: the same big-batch SGD
+        assert abs(got[ref] - want) <= tolerance, (ref, got[ref], want)
 
     # the comparison ran inside the allocation: its hosts are SLURM's node names, its runs succeeded
     results = json.load(open(out / "results.json"))

@@ -13,8 +13,10 @@ Reads of input files (IDX, npz, hostfiles, cluster specs, metrics) refuse what i
 regular file (a FIFO or a device would block or never end) and anything above a size
 bound, before reading a byte.
 """
+import contextlib
 import fcntl
 import os
+import shutil
 import stat
 import tempfile
 
@@ -101,6 +103,75 @@ def take_folder(path, flag):
         os.close(fd)
         return
     _HELD[path] = fd
+
+
+STAGING = ".hvdps-staging-"       # a folder being written beside its final name: .<name>.hvdps-staging-<pid>
+
+
+@contextlib.contextmanager
+def staged_folder(path, flag, what):
+    """A folder written whole or not at all, as a database writes a table: ``path`` is created empty
+    (or found empty) and locked as a run folder is (``take_folder``), then the caller writes into a
+    staging folder beside it (yielded), which is renamed over the empty ``path`` only when the
+    block ends without an exception. A second writer is refused by the lock before it writes;
+    a folder holding anything is refused (its files are the user's: never touched); a writer that is
+    killed leaves ``path`` empty and its staging folder, which the next writer of ``path`` removes
+    once no process holds it. ``what``: the kind of thing written, for the refusals."""
+    path = os.path.abspath(path)
+    if os.path.lexists(path) and not os.path.isdir(path) or os.path.islink(path):
+        raise UsageError(f"{flag} {path} is a file or a link, not a folder: choose a new or empty folder for {what}")
+    if os.path.ismount(path):
+        raise UsageError(f"{flag} {path} is a mount point, which cannot be renamed into place: choose a folder "
+                         f"inside it for {what}")
+    created = not os.path.lexists(path)
+    writable_dir(path, flag)
+    take_folder(path, flag)
+    held = _listing(path, flag)
+    if held:
+        shown = ", ".join(sorted(held)[:3]) + (", ..." if len(held) > 3 else "")
+        raise UsageError(f"{flag} {path} already holds {len(held)} file(s) ({shown}); {what} is written only "
+                         f"into a new or empty folder, so nothing there is replaced")
+    parent, base = os.path.split(path)
+    for name in _listing(parent, flag):                 # a killed writer's staging folder, no longer held
+        if name.startswith(f".{base}{STAGING}"):
+            stale = os.path.join(parent, name)
+            try:
+                fd = os.open(stale, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(stale, ignore_errors=True)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    stage = os.path.join(parent, f".{base}{STAGING}{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)
+    make_dirs(stage)
+    take_folder(stage, flag)
+    try:
+        yield stage
+        try:
+            os.rename(stage, path)      # over the empty folder: the whole set appears at once
+        except OSError as exc:
+            raise WriteError(f"cannot move {what} into {path}: {exc.strerror}")
+        stage = None
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+            if created:
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass
+
+
+def _listing(path, flag):
+    try:
+        return [n for n in os.listdir(path) if not n.startswith(".hvdps-write-test-")]
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: {exc.strerror}")
 
 
 def write_atomic(path, content):

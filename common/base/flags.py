@@ -85,6 +85,7 @@ def boolean(text):
 # What no flag of any entry point may be: numbers past these are typos or overflow, not settings
 # (2**48 steps, bytes or seconds; a float above 1e15 is past every rate, size or time hvdps takes).
 FLAG_INT_MAX = 2 ** 48
+MAX_TIMEOUT_S = 7 * 24 * 3600      # a week: what any --*_timeout takes (TensorFlow: int64 milliseconds)
 FLAG_FLOAT_MAX = 1e15
 
 

@@ -38,6 +38,7 @@ from pydantic import create_model
 from common.base.errors import UsageError
 from common.base.files import MiB, read_input, check_regular
 from common.spec.config import Config
+from common.spec.datasets import MAX_EXAMPLE_VALUES
 
 MAX_DEPTH = 32           # the deepest any hvdps file nests is 5 (a run's config inside a header's plan)
 MAX_JSON = 64 * MiB      # comm.json, links.json and cluster.json are kB; a links series of hours is MBs
@@ -251,6 +252,7 @@ class Header(Strict):
     ps_shard_bytes: Optional[Dict[Text, Index]] = None      # PS: model bytes each PS task holds
     placement: Optional[Dict[Text, List[Text]]] = None      # PS: variable -> the devices holding it
     data_fingerprint: Optional[Text] = None                 # the training data's digest: --resume refuses others
+    data_shards: Optional[Dict[Text, Text]] = None          # TFRecord shards: file -> content digest
 
 
 class _AtStep(Strict):
@@ -388,6 +390,9 @@ class RecordSet(Strict):
             raise ValueError("the imagenet layout holds 8-bit images: dtype uint8, shape [H, W, C] with C 1 or 3")
         if self.layout == "plain" and (self.dtype == "uint8" or self.resize):
             raise ValueError("the plain layout holds float32 or int32 values of a fixed shape (no uint8, no resize)")
+        if math.prod(self.shape) > MAX_EXAMPLE_VALUES:
+            raise ValueError(f"shape {self.shape} is {math.prod(self.shape):,} values an example; hvdps takes at most "
+                             f"{MAX_EXAMPLE_VALUES:,} (256 MiB of float32)")
         return self
 
 

@@ -23,7 +23,8 @@ from common.spec.builtins import data_of, model_of
 from common.spec.datasets import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES  # noqa: F401  (read here by tests)
 from common.spec.plan import make_plan, steps_per_epoch
 from common.base import procs   # procs.machine_memory() read at call time: tests set the machine's memory
-from common.inputs.records import spec_of, fingerprint, READING, locate_damage, check_sharding, stream
+from common.inputs.records import (READING, check_sharding, fingerprint, locate_damage, locate_undecodable,
+                                   shard_digests, spec_of, stream)
 from common.spec.plugins import load_dataset, is_plugin, call
 from common.spec.datasets import Pipelines, InputContext
 
@@ -337,11 +338,24 @@ def load_arrays(cfg):
     return _CACHE[key]
 
 
-def data_fingerprint(cfg):
+def data_shards(cfg, verify=False):
+    """{file: content digest} of a TFRecord set's shards (``records.shard_digest``), once per process
+    unless ``verify``; None for data not read from shards. What a resumed run compares file by file."""
+    if not streamed(cfg):
+        return None
+    if verify:
+        return shard_digests(cfg.data_dir, record_spec(cfg), verify=True)
+    key = ("digests", os.path.abspath(cfg.data_dir))
+    if key not in _CACHE:
+        _CACHE[key] = shard_digests(cfg.data_dir, record_spec(cfg))
+    return _CACHE[key]
+
+
+def data_fingerprint(cfg, shards=None):
     """SHA-256 of the training arrays as trained on: a resumed run must see the same data. TFRecord
-    shards: of their description and each file's size."""
+    shards: of their description and each file's content digest (``shards``, if already taken)."""
     if streamed(cfg):
-        return fingerprint(cfg.data_dir, record_spec(cfg))
+        return fingerprint(record_spec(cfg), shards or data_shards(cfg))
     pipes = plugin_pipelines(cfg)
     if pipes is not None:      # the plug-in's own records are not seen: what it declares about them
         return hashlib.sha256(repr((pipes.source, pipes.train_examples, pipes.input_shape,
@@ -390,6 +404,9 @@ def train_index_stream(cfg, num_examples, shard_index, num_shards, epochs):
     return np.concatenate(parts).astype(np.int64)
 
 
+PIPELINES = []   # the plug-in whose tf.data pipelines this process reads (its flag): what an empty one names
+
+
 def input_failure(exc, who):
     """The InputError for a TensorFlow error raised by the input pipeline (its iterator, or a check
     in it naming a record), else None: any other failure keeps its own wording."""
@@ -404,6 +421,18 @@ def input_failure(exc, who):
         where = locate_damage(READING, int(damaged.group(1)))
         return InputError(f"{who}: reading the training data: {' or '.join(where) or 'a file'}: a damaged "
                           f"record (bad CRC, or cut short) at byte {damaged.group(1)}")
+    gone = next((path for path in READING if path in text), None) if isinstance(exc, tf.errors.NotFoundError) else None
+    if gone:                     # TensorFlow's line ends "; No such file or directory": the path is kept
+        return InputError(f"{who}: reading the training data: {gone}: {describe(exc)} (the file went away "
+                          f"during training)")
+    if re.search(r"jpeg::Uncompress|Invalid JPEG|Invalid PNG|Unknown image file format|corrupt|decode", text,
+                 re.I) and READING:
+        where = locate_undecodable(READING)
+        return InputError(f"{who}: reading the training data: {where or 'a file of the data set'}: image/encoded "
+                          f"does not decode ({describe(exc)})")
+    if PIPELINES and re.search(r"expected to contain \d+ elements? but contained only", text):
+        return InputError(f"{who}: reading the training data: {PIPELINES[-1]}: its train pipeline gave no batch "
+                          f"(an empty training split)")
     if "Iterator" in text or "assertion failed: [" in text:
         return InputError(f"{who}: reading the training data: {describe(exc)}")
     return None
@@ -530,6 +559,9 @@ def _pipeline_dataset(cfg, pipes, shard_index, num_shards, split, start_step, nu
                              f"{tuple(shape)})")
         if not spec[1].dtype.is_integer:
             raise UsageError(f"{flag}: its {split} labels are {spec[1].dtype.name}; expected integer class ids")
+        if not (spec[0].dtype.is_floating or spec[0].dtype.is_integer or spec[0].dtype.is_bool):
+            raise UsageError(f"{flag}: its {split} features are {spec[0].dtype.name}; expected numbers (float or "
+                             f"integer ids)")
         return ds.map(check, num_parallel_calls=tf.data.AUTOTUNE)
 
     def check(x, y):
@@ -539,6 +571,9 @@ def _pipeline_dataset(cfg, pipes, shard_index, num_shards, split, start_step, nu
                                           message=f"{flag}: a label past its {classes} classes"),
                  tf.debugging.assert_equal(tf.shape(y)[0], tf.shape(x)[0],
                                            message=f"{flag}: a batch with more labels or examples than the other")]
+        if x.dtype.is_floating:                  # as the array path refuses them: NaN trains silently
+            rules.append(tf.debugging.Assert(tf.reduce_all(tf.math.is_finite(x)),
+                                             [f"{flag}: a batch with NaN or infinite features"]))
         if split == "train":
             rules.append(tf.debugging.assert_equal(tf.shape(x)[0], cfg.batch_size,
                                                    message=f"{flag}: a training batch not of --batch_size "
@@ -553,6 +588,9 @@ def _pipeline_dataset(cfg, pipes, shard_index, num_shards, split, start_step, nu
     spe = steps_per_epoch(pipes.train_examples, num_shards, cfg.batch_size)
     build(pipes.train, tf.constant(0, tf.int64))      # the factory's errors here, as one line, not in a trace
     epochs = -(-num_steps // spe)
+    # each epoch exactly spe batches: repeated if it ends early; one that gives none (an empty split)
+    # fails its cardinality, read as training reads it (input_failure names the plug-in)
+    PIPELINES.append(flag)
     ds = tf.data.Dataset.range(epochs, output_type=tf.int64).flat_map(
-        lambda e: build(pipes.train, e).repeat().take(spe))
+        lambda e: build(pipes.train, e).repeat().take(spe).apply(tf.data.experimental.assert_cardinality(spe)))
     return ds.take(num_steps).skip(start_step).prefetch(tf.data.AUTOTUNE)

@@ -27,13 +27,16 @@ import glob
 import hashlib
 import io
 import os
+import shutil
 import struct
+import time
 
 import numpy as np
 
 from common.base.errors import UsageError, describe
 from common.base.files import MiB, check_regular, write_atomic, make_dirs
 from common.formats.schemas import read_record_set, RecordSet
+from common.spec.datasets import MAX_DECODED_VALUES
 
 SPEC = "dataset.json"
 SHARDING = {   # what each --shard_by rule guarantees, as the report says it
@@ -55,6 +58,11 @@ def spec_of(data_dir):
     """``dataset.json`` of ``data_dir`` as its typed record, every file it lists checked."""
     path = os.path.join(data_dir, SPEC)
     if not os.path.lexists(path):
+        if glob.glob(os.path.join(data_dir, "train-*")) and glob.glob(os.path.join(data_dir, "validation-*")):
+            raise RecordError(f"--data_dir {data_dir}: no {SPEC}; its train-* and validation-* files look like "
+                              f"ImageNet TFRecords: describe them once with `hvdps data --describe {data_dir} "
+                              f"--image_shape 224,224,3 --num_classes 1000` (their records counted, the first "
+                              f"checked), then train from them")
         raise RecordError(f"--data_dir {data_dir}: no {SPEC} (write TFRecord shards with `hvdps data`)")
     spec = read_record_set(path)
     check_files(data_dir, spec)
@@ -175,9 +183,14 @@ def check_example(data, spec, where):
 
     from PIL import Image, UnidentifiedImageError
     try:
-        with Image.open(io.BytesIO(x)) as image:
-            image.load()
+        with Image.open(io.BytesIO(x)) as image:          # the header only: the size before any decoding
             kind, (width, height) = image.format, image.size
+            if width * height * spec.shape[2] > MAX_DECODED_VALUES:
+                raise Image.DecompressionBombError(f"{height}x{width}")
+            image.load()
+    except Image.DecompressionBombError:                   # Pillow's own bound, or ours
+        raise RecordError(f"{where}: image/encoded declares {_declared(x)} pixels, more than hvdps decodes "
+                          f"({MAX_DECODED_VALUES:,} values an image): a damaged or crafted image")
     except UnidentifiedImageError:
         raise RecordError(f"{where}: image/encoded does not decode as a JPEG or PNG image")
     except (OSError, ValueError, SyntaxError) as exc:     # a known format, cut short or damaged
@@ -187,6 +200,21 @@ def check_example(data, spec, where):
     if not spec.resize and [height, width] != list(spec.shape[:2]):
         raise RecordError(f"{where}: a {height}x{width} image; the data set's images are "
                           f"{spec.shape[0]}x{spec.shape[1]} (set \"resize\": true in {SPEC} to resize them)")
+
+
+def _declared(data):
+    """'HxW' as a PNG's IHDR or a JPEG's frame header declares it (read without decoding)."""
+    if data[:8] == PNG_MAGIC and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])
+        return f"{height}x{width}"
+    at = 2
+    while at + 9 <= len(data) and data[at] == 0xFF:
+        marker, length = data[at + 1], struct.unpack(">H", data[at + 2:at + 4])[0]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):     # a start of frame
+            height, width = struct.unpack(">HH", data[at + 5:at + 9])
+            return f"{height}x{width}"
+        at += 2 + length
+    return "too many"
 
 
 def locate_damage(paths, offset):
@@ -223,6 +251,47 @@ def locate_damage(paths, offset):
 
 READING = []     # the files this process's pipelines read: where a "corrupted record" is looked for
 
+LOCATE_S = 60.0  # how long a failed decode is looked for, record by record, before the line says less
+
+
+def locate_undecodable(paths, seconds=LOCATE_S):
+    """"jpeg::Uncompress failed" names no file: the first record among ``paths`` whose image/encoded
+    does not decode with Pillow (or declares too many pixels), as "<file>: record <i>", looked for
+    for at most ``seconds`` (a damaged image is found only once TensorFlow failed on it); None if not
+    found in time."""
+    from PIL import Image
+    deadline = time.monotonic() + seconds
+    for path in reversed(paths):                 # the files opened last first
+        try:
+            with open(path, "rb") as f:
+                index = 0
+                while time.monotonic() < deadline:
+                    head = f.read(12)
+                    if len(head) < 12:
+                        break
+                    length = struct.unpack("<Q", head[:8])[0]
+                    if length > MAX_RECORD:
+                        break
+                    data, _ = f.read(length), f.read(4)
+                    try:
+                        features = _example_type().FromString(data).features.feature
+                    except Exception:
+                        return f"{path}: record {index}"
+                    if "image/encoded" not in features:  # not the imagenet layout: no image to decode
+                        break
+                    try:
+                        values = features["image/encoded"].bytes_list.value
+                        with Image.open(io.BytesIO(values[0])) as image:
+                            if image.size[0] * image.size[1] * len(image.getbands()) > MAX_DECODED_VALUES:
+                                raise Image.DecompressionBombError("too many pixels")
+                            image.load()
+                    except Exception:            # whatever fails it: protobuf, Pillow, a missing feature
+                        return f"{path}: record {index}"
+                    index += 1
+        except OSError:
+            continue
+    return None
+
 
 def check_files(data_dir, spec):
     for part in (spec.train, spec.test):
@@ -231,11 +300,49 @@ def check_files(data_dir, spec):
             check_example(check_first_record(path), spec, f"{path}: record 0")
 
 
-def fingerprint(data_dir, spec):
-    """What --resume compares: the description and each file's size (not TBs of records)."""
+def shard_digest(path, verify=False):
+    """A shard's content digest from the CRCs its TFRecord framing already carries: SHA-256 over each
+    record's length and its data's CRC-32C, 16 bytes read per record (not the records themselves), so
+    an ImageNet's 1,024 shards cost seconds. Any record rewritten (a label changed, the file's size
+    kept) changes it. ``verify``: every record's data is also read and checked against its CRC, so
+    bytes changed in place, which leave the framing's CRCs as they were, are found too: --resume's
+    check, before the run writes anything. Damage is a RecordError naming the file and the record."""
+    h = hashlib.sha256()
+    size, at, n = os.path.getsize(path), 0, 0
+    with open(path, "rb") as f:
+        while at < size:
+            f.seek(at)
+            head = f.read(12)
+            if len(head) < 12 or _masked_crc(head[:8]) != struct.unpack("<I", head[8:])[0]:
+                raise RecordError(f"{path}: record {n}: a damaged or cut header at byte {at}")
+            length = struct.unpack("<Q", head[:8])[0]
+            if verify:
+                data, tail = f.read(length), f.read(4)
+                if len(tail) < 4 or _masked_crc(data) != struct.unpack("<I", tail)[0]:
+                    raise RecordError(f"{path}: record {n}: its bytes no longer match their CRC (the file was "
+                                      f"changed or damaged)")
+            else:
+                f.seek(at + 12 + length)
+                tail = f.read(4)
+            h.update(head[:8] + tail)
+            at += 16 + length
+            n += 1
+    if at != size:
+        raise RecordError(f"{path}: record {n - 1}: cut short (the file ends at byte {size}, the record at {at})")
+    return h.hexdigest()
+
+
+def shard_digests(data_dir, spec, verify=False):
+    """{file: its digest} for every file ``spec`` lists, in its order."""
+    return {name: shard_digest(os.path.join(data_dir, name), verify)
+            for name in spec.train.files + spec.test.files}
+
+
+def fingerprint(spec, digests):
+    """What --resume compares first: the description and each file's content digest."""
     h = hashlib.sha256(spec.model_dump_json().encode())
-    for name in spec.train.files + spec.test.files:
-        h.update(f"{name}:{os.path.getsize(os.path.join(data_dir, name))}".encode())
+    for name, digest in digests.items():
+        h.update(f"{name}:{digest}".encode())
     return h.hexdigest()
 
 
@@ -262,6 +369,31 @@ def shard_name(split, i, n, layout="plain"):
     if layout == "imagenet":       # tf_cnn_benchmarks' names: train-00000-of-01024, validation-00000-of-00128
         return f"{'train' if split == 'train' else 'validation'}-{i:05d}-of-{n:05d}"
     return f"{split}-{i:05d}-of-{n:05d}.tfrecord"
+
+
+# What one record takes on disk beyond its feature bytes (TFRecord framing, the Example's fields), and an
+# encoded image's bytes per pixel value plus its header: noise, the synthetic sets' content, measured on
+# 224x224x3 images with Pillow (JPEG quality 90: 0.30; PNG: 1.00).
+RECORD_OVERHEAD = 64
+ENCODED = {"jpeg": (0.30, 700), "png": (1.00, 100)}
+
+
+def estimated_bytes(records, values, layout="plain", image_format="png", itemsize=4):
+    """About what ``records`` examples of ``values`` numbers each take as TFRecord shards: what the
+    free space is checked against before the first byte is written."""
+    if layout == "imagenet":
+        per_value, header = ENCODED[image_format]
+        return int(records * (values * per_value + header + RECORD_OVERHEAD))
+    return int(records * (values * itemsize + RECORD_OVERHEAD))
+
+
+def check_free_space(folder, need, where):
+    """Refuse, before the first byte, a set larger than the free space of ``folder``'s file system
+    (``where``: what the line names, the flag and the folder the user gave)."""
+    free = shutil.disk_usage(folder).free
+    if need > free:
+        raise UsageError(f"{where}: the data set takes about {need / 2 ** 30:,.1f} GiB, and its file "
+                         f"system has {free / 2 ** 30:,.1f} GiB free; write fewer examples or choose another disk")
 
 
 def encode_image(image, image_format):
@@ -438,6 +570,14 @@ def _check(tf, ok, files, index, what):
         [tf.gather(files, first), ": record ", tf.strings.as_string(tf.gather(index, first)), ": ", what])])
 
 
+def _png_size(tf, data):
+    """[height, width] from a PNG's IHDR (bytes 16-23, big-endian), as int64; zeros if it is shorter."""
+    head = tf.strings.substr(tf.strings.join([data, tf.constant(bytes(24))]), 16, 8)
+    b = tf.cast(tf.io.decode_raw(head, tf.uint8), tf.int64)
+    word = lambda i: ((b[i] * 256 + b[i + 1]) * 256 + b[i + 2]) * 256 + b[i + 3]
+    return tf.stack([word(4), word(0)])
+
+
 def _parser(spec):
     """(parse, per_record): the layout's parse function, and whether it takes one record (images,
     decoded one by one) or a batch (plain: one vectorized parse)."""
@@ -471,9 +611,17 @@ def _parser(spec):
         data = p[x_name]
         files, indices = tf.reshape(file, [1]), tf.reshape(index, [1])
         y, label_ok = label(p[y_name], files, indices)
-        is_image = tf.io.is_jpeg(data) | tf.equal(tf.strings.substr(data, 0, 8), PNG_MAGIC)
+        is_jpeg = tf.io.is_jpeg(data)
+        is_image = is_jpeg | tf.equal(tf.strings.substr(data, 0, 8), PNG_MAGIC)
         with tf.control_dependencies([label_ok, _check(tf, tf.reshape(is_image, [1]), files, indices,
                                                        "image/encoded is not a JPEG or PNG image")]):
+            # the size its header declares, before anything is decoded: a decompression bomb is refused
+            height_width = tf.cond(is_jpeg, lambda: tf.cast(tf.io.extract_jpeg_shape(data)[:2], tf.int64),
+                                   lambda: _png_size(tf, data))
+            fits = tf.reduce_prod(height_width) * channels <= MAX_DECODED_VALUES
+        with tf.control_dependencies([_check(tf, tf.reshape(fits, [1]), files, indices,
+                                             f"image/encoded declares more pixels than hvdps decodes "
+                                             f"({MAX_DECODED_VALUES:,} values an image): a damaged or crafted image")]):
             image = tf.io.decode_image(data, channels=channels, expand_animations=False)
         if spec.resize:
             image = tf.image.resize(image, [height, width])

@@ -4,6 +4,7 @@ Every backend evaluates with these two functions, so an accuracy means the same 
 """
 import numpy as np
 
+from common.base.errors import InputError
 from common.model.models import eval_batch_sums
 
 
@@ -17,6 +18,6 @@ def eval_sums(model, dataset):
 
 def finish_eval(sums):
     loss_sum, correct, count = (float(v) for v in sums)
-    if count == 0:
-        return float("nan"), float("nan")
+    if count == 0:          # an empty test split (a data set's, a plug-in pipeline's): no accuracy to report
+        raise InputError("the test split gave no example to evaluate: an empty test set or test pipeline")
     return loss_sum / count, correct / count

@@ -7,12 +7,14 @@ runs really trained the same model on the same data with the same batch.
 import argparse
 import dataclasses
 import json
+import math
 import os
 from typing import Optional, Tuple
 
 from common.base.errors import UsageError
 from common.base.flags import Parser, boolean, shape, check_finite
 from common.spec import builtins
+from common.spec.datasets import MAX_EXAMPLE_VALUES
 from common.spec.memory import check_memory
 from common.spec.plugins import is_plugin, load_callable
 from common.base.files import make_dirs, write_atomic
@@ -147,6 +149,9 @@ def validate(cfg):
         raise UsageError(f"--target_accuracy must be in (0, 1], got {cfg.target_accuracy}")
     if len(cfg.image_shape) != 3 or any(d <= 0 for d in cfg.image_shape):
         raise UsageError(f"--image_shape must be H,W,C with positive sizes, got {cfg.image_shape}")
+    if math.prod(cfg.image_shape) > MAX_EXAMPLE_VALUES:
+        raise UsageError(f"--image_shape {','.join(map(str, cfg.image_shape))}: {math.prod(cfg.image_shape):,} values "
+                         f"an example; hvdps takes at most {MAX_EXAMPLE_VALUES:,} (256 MiB of float32)")
     data, model = builtins.data_of(cfg), builtins.model_of(cfg)
     if data and data.needs and not cfg.data_dir:
         raise UsageError(data.needs)

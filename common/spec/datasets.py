@@ -3,6 +3,12 @@
 
 SYNTHETIC_TEST_SAMPLES = 256   # at most: a quarter of --synthetic_samples, at least 8
 CLICK_FEATURES = 4              # categorical features per example (user, item, context, ...)
+# Values in one example as trained (H*W*C): 256 MiB of float32. A shape past it (a typo, a crafted
+# dataset.json) is refused before a batch, a model or a buffer of that size is allocated.
+MAX_EXAMPLE_VALUES = 1 << 26
+# Values of one stored image decoded (H*W*C, before a resize): a decompression bomb (a few hundred
+# bytes that declare 30000x30000 pixels) is refused from its header, before it is decoded.
+MAX_DECODED_VALUES = 1 << 28
 
 
 from dataclasses import dataclass

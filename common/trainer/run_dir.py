@@ -11,7 +11,8 @@ from common.base.errors import UsageError
 from common.base.files import refuse_link, writable_dir, write_atomic
 from common.formats.schemas import read_checkpoint_index, read_config, read_weights
 from common.trainer.metrics import read_metrics
-from common.inputs.data import data_fingerprint
+from common.inputs.data import data_fingerprint, data_shards
+from common.inputs.records import RecordError
 
 
 # Every fixed name a run writes in its --train_dir (event and checkpoint files inside the two
@@ -78,10 +79,19 @@ def check_resume_compatible(cfg, train_dir, backend=None):
             raise UsageError(f"--resume: {train_dir} was trained with {names[key]} {getattr(first, key)}, this job has "
                              f"{value}; a checkpoint resumes only into the job that wrote it (start a new "
                              f"--train_dir, or launch the same job)")
-    recorded = first.data_fingerprint
-    if recorded and recorded != data_fingerprint(cfg):
+    try:
+        shards = data_shards(cfg, verify=True) if first.data_shards else None   # every record read and checked
+    except RecordError as exc:
+        raise UsageError(f"--resume: {exc}; {train_dir} was trained on other bytes: start a new --train_dir")
+    for name, digest in (first.data_shards or {}).items():
+        if name in shards and shards[name] != digest:
+            raise UsageError(f"--resume: {os.path.join(cfg.data_dir, name)} changed since {train_dir} was trained "
+                             f"on it (its records differ); a run resumes only on the data it was trained on: "
+                             f"start a new --train_dir")
+    recorded, now = first.data_fingerprint, data_fingerprint(cfg, shards)
+    if recorded and recorded != now:
         raise UsageError(f"--resume: the training data differ from those {train_dir} was trained on "
-                         f"(fingerprint {recorded[:12]}, now {data_fingerprint(cfg)[:12]})")
+                         f"(fingerprint {recorded[:12]}, now {now[:12]})")
 
 
 def refuse_finished(cfg, step, total):

@@ -3,6 +3,7 @@
 The last line of defence against gRPC and MPI calls that TensorFlow or Horovod would wait on forever,
 and against a diverged loss trained on for the rest of the run.
 """
+import faulthandler
 import os
 import select
 import signal
@@ -46,16 +47,23 @@ class Watchdog:
 
 
 class OutsideDeadline:
-    """Ends this process with one ``error:`` line if a block has not finished within ``seconds``,
-    from a forked watcher process: for waits inside TensorFlow that hold the GIL (a
-    MultiWorkerMirroredStrategy joining a peer that never starts), where no thread or signal
-    handler of this process can run. The watcher only waits on a pipe this process closes when
-    the block ends (or when it exits), so it calls nothing TensorFlow's threads may hold.
-    ``message``: called in the watcher, when the time is up, for the line's text."""
+    """Ends this process with one ``error:`` line and exit status 1 if a block has not finished within
+    ``seconds``: for waits inside TensorFlow that hold the GIL (a MultiWorkerMirroredStrategy joining
+    a peer that never starts), where no thread or signal handler of this process can run.
+
+    A forked watcher process writes the line: it only waits on a pipe this process closes when the
+    block ends (or when it exits), so it calls nothing TensorFlow's threads may hold. The exit is
+    faulthandler's: its watchdog is a C thread that needs no GIL, and ``exit=True`` ends the process
+    with ``_exit(1)`` once it has dumped the stacks (to nowhere: the line is the message), shortly
+    after the watcher's line. SIGKILL from the watcher is the backstop, should the process still
+    be there. ``message``: called in the watcher, when the time is up, for the line's text."""
+
+    EXIT_AFTER = 0.5       # seconds after the line that faulthandler ends the process
+    BACKSTOP = 10.0        # seconds after that the watcher kills it
 
     def __init__(self, seconds, message):
         self.seconds, self.message = seconds, message
-        self._w, self._pid = None, None
+        self._w, self._pid, self._sink = None, None, None
 
     def __enter__(self):
         if not self.seconds or self.seconds <= 0:
@@ -66,18 +74,24 @@ class OutsideDeadline:
             code = 0
             try:
                 os.close(w)
+                parent = os.getppid()
                 if not select.select([r], [], [], self.seconds)[0]:
                     os.write(2, f"error: {self.message()}\n".encode(errors="replace"))
-                    os.kill(os.getppid(), signal.SIGKILL)
                     code = 1
+                    if not select.select([r], [], [], self.EXIT_AFTER + self.BACKSTOP)[0]:
+                        os.kill(parent, signal.SIGKILL)
             finally:
                 os._exit(code)
         os.close(r)
         self._w, self._pid = w, pid
+        self._sink = open(os.devnull, "w")
+        faulthandler.dump_traceback_later(self.seconds + self.EXIT_AFTER, exit=True, file=self._sink)
         return self
 
     def __exit__(self, *exc):
         if self._w is not None:
+            faulthandler.cancel_dump_traceback_later()
+            self._sink.close()
             os.close(self._w)                          # in time: the watcher sees the pipe close and ends
             os.waitpid(self._pid, 0)
             self._w = None

@@ -510,12 +510,12 @@ def compare(args, parser):
     if args.resume:
         raise UsageError("--resume does not apply to hvdps compare: it starts fresh runs in --out; continue "
                          "one run with its trainer's command (the first line of runs/<name>.log) and --resume")
-    if not args.dry_run and not args.from_dirs:    # a plug-in's training step (Keras 3 under the classic PS)
+    if not args.from_dirs:                         # a plug-in's training step (Keras 3 under the classic PS)
         check_plugin(cfg, graph_mode=any(get_launcher(b).graph_mode for b, _ in parse_variants(args.backends)))
-    if not args.dry_run and not args.from_dirs:    # the same refusal every run would meet, once, before any starts
-        for n in sorted(set(parse_workers(args.workers)), reverse=True):   # the most workers first: the
-            check_input(cfg, n)                                            # tightest batch and file counts
-        if not args.hosts:                         # every task on this machine
+    if not args.from_dirs:                         # the same refusal every run would meet, once, before any
+        for n in sorted(set(parse_workers(args.workers)), reverse=True):   # starts (a dry run too): the most
+            check_input(cfg, n)                                            # workers first, the tightest counts
+        if not args.hosts and not args.dry_run:    # every task on this machine
             check_memory_fits(args, cfg, available_memory())
     if not args.dry_run:
         check_out(args.out, args.from_dirs)

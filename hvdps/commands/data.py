@@ -11,17 +11,24 @@
 The arrays are read and checked as training reads them (common/inputs/data.py), so the shards hold what
 the in-memory run would train on; each split is cut into files of sizes differing by one at most,
 with dataset.json beside them (common/inputs/records.py has the layouts). A synthetic set in the
-imagenet layout is generated one record at a time, so it can be far larger than memory. Nothing is overwritten: --out
-must not already hold a data set.
+imagenet layout is generated one record at a time, so it can be far larger than memory.
+
+A set is written as a database writes a table: into a folder beside --out, renamed into place when every
+shard and dataset.json are whole, under the lock a run folder takes. --out must be new or empty (nothing
+of yours is replaced), a second writer is refused, the free space is checked against the set's size
+before the first byte, and a writer killed midway leaves nothing a run would accept.
 """
+import math
 import os
 import sys
 
 from common.base.errors import UsageError, cli
+from common.base.files import staged_folder
 from common.base.flags import Parser, shape, size
 from common.spec import builtins
 from common.spec.config import Config, make_config
-from common.inputs.records import SPEC, write, write_synthetic_imagenet, describe_imagenet
+from common.inputs.records import (SPEC, check_free_space, describe_imagenet, estimated_bytes, write,
+                                   write_synthetic_imagenet)
 from common.spec.datasets import SYNTHETIC_TEST_SAMPLES
 from common.inputs.data import input_spec, load_arrays
 
@@ -29,6 +36,7 @@ from common.inputs.data import input_spec, load_arrays
 
 @cli
 def main(argv=None):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ start-up chatter stays out
     d = Config()
     p = Parser(prog="hvdps data", description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default=d.dataset,
@@ -72,8 +80,6 @@ def main(argv=None):
     if data and not data.writable:
         writes = ", ".join(d.name for d in builtins.DATA.values() if d.writable)
         raise UsageError(f"--dataset {args.dataset}: hvdps data writes {writes} or a plug-in's arrays")
-    if os.path.lexists(os.path.join(args.out, SPEC)):
-        raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
     extra = {"image_shape": args.image_shape} if args.image_shape else {}
     classes = d.num_classes if args.num_classes is None else args.num_classes
     streamed = args.layout == "imagenet" and bool(data and data.shape_from_flags)   # generated record by record
@@ -81,16 +87,23 @@ def main(argv=None):
     cfg = make_config(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, num_classes=classes,
                       synthetic_samples=min(args.synthetic_samples, 8) if streamed else args.synthetic_samples,
                       **extra)
-    if streamed:
-        n = args.synthetic_samples
-        train, test = n, min(SYNTHETIC_TEST_SAMPLES, max(8, n // 4))
-        path = write_synthetic_imagenet(args.out, cfg.image_shape, cfg.num_classes, train, test, args.shards,
-                                        args.test_shards, cfg.seed, args.image_format or "jpeg", args.resize)
-    else:
-        arrays = load_arrays(cfg)
-        train, test = len(arrays[0]), len(arrays[2])
-        path = write(args.out, arrays, input_spec(cfg)[1], args.shards, args.test_shards, args.layout,
-                     args.image_format or "png")
+    image_format = args.image_format or ("jpeg" if streamed else "png")
+    if os.path.lexists(os.path.join(args.out, SPEC)):
+        raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
+    with staged_folder(args.out, "--out", "a data set") as stage:   # renamed into place only when whole
+        if streamed:
+            train, test = args.synthetic_samples, min(SYNTHETIC_TEST_SAMPLES, max(8, args.synthetic_samples // 4))
+            check_free_space(stage, estimated_bytes(train + test, math.prod(cfg.image_shape), "imagenet",
+                                                    image_format), f"--out {args.out}")
+            write_synthetic_imagenet(stage, cfg.image_shape, cfg.num_classes, train, test, args.shards,
+                                     args.test_shards, cfg.seed, image_format, args.resize)
+        else:
+            arrays = load_arrays(cfg)
+            train, test = len(arrays[0]), len(arrays[2])
+            check_free_space(stage, estimated_bytes(train + test, math.prod(arrays[0].shape[1:]), args.layout,
+                                                    image_format), f"--out {args.out}")
+            write(stage, arrays, input_spec(cfg)[1], args.shards, args.test_shards, args.layout, image_format)
+    path = os.path.join(args.out, SPEC)
     print(f"{train} training and {test} test examples in {args.shards} + {args.test_shards} "
           f"TFRecord file(s), {args.layout} layout: {path}")
     print(f"train from them: hvdps compare --dataset tfrecord --data_dir {args.out} ...")

@@ -474,7 +474,8 @@ def run_projection(args):
         fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
         cross = crossover.analyse([load_run(d) for d in find_runs(args.from_dir)],
                                   lambda row, shard_bytes: projected_step(row, shard_bytes, layers, ring, ps, fusion, cycle,
-                                                                     nets)[0], layers=layers)
+                                                                     nets)[0], layers=layers,
+                                  contended=[name for name, _ in left_out])
         if cross:
             text += "\n".join(crossover_render.section(cross, left_out)) + "\n![crossover](crossover.png)\n\n"
     held = heldout_of(args.from_dir, layers, ring, ps, nets, args) if args.from_dir else ([], None)

@@ -32,6 +32,10 @@ class Series:
     k: Optional[int]
     measured: Tuple[Tuple[int, float], ...]
     projected: Tuple[Tuple[int, float], ...]
+    # the measured points whose run measured contention for the cores (shared, oversubscribed), and
+    # whether every run the line is projected from did: drawn apart, so no ranking rests on them unsaid
+    contended: Tuple[Tuple[int, float], ...] = ()
+    contended_line: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,12 +121,19 @@ def _shard_bytes(layers, grad, k):
     return {f"ps:{i}": b for i, b in enumerate(loads)}
 
 
-def analyse(rows, project, layers=None, grid=None):
+def analyse(rows, project, layers=None, grid=None, contended=()):
     """[Workload]: per model, the fastest ring at each n, each PS variant against it, and the lines to plot.
 
     ``project(shape, shard_bytes)`` gives the model's step for a run's shape (hvdps/cost/shape.py)
-    and, for PS, the bytes each PS task holds, or None."""
+    and, for PS, the bytes each PS task holds, or None. ``contended``: the names of the runs that
+    measured contention for the cores, marked in the series."""
     out = []
+    crowded = set(contended)
+
+    def marks(runs):
+        """(the contended points, whether every run is contended) of a series' runs."""
+        return (tuple(sorted((r.workers, r.step_s) for r in runs if r.name in crowded)),
+                bool(runs) and all(r.name in crowded for r in runs))
     pts = points(rows)
     for model in dict.fromkeys(r.model for r in pts):
         mine = [r for r in pts if r.model == model and r.workers >= 2]
@@ -152,7 +163,8 @@ def analyse(rows, project, layers=None, grid=None):
                      for n in ns if any(ring_lines[v][n] is not None for v in exact)}
         series = [Series(name=_name(v), ring=True, k=None,
                          measured=tuple(sorted((r.workers, r.step_s) for r in ring_runs[v])),
-                         projected=tuple((n, s) for n, s in ring_lines[v].items() if s is not None))
+                         projected=tuple((n, s) for n, s in ring_lines[v].items() if s is not None),
+                         contended=marks(ring_runs[v])[0], contended_line=marks(ring_runs[v])[1])
                   for v in ring_variants]
         variants = []
         for v in dict.fromkeys(_variant(r) for r in pss):
@@ -161,9 +173,12 @@ def analyse(rows, project, layers=None, grid=None):
             measured = {(r.workers, r.num_ps): r.step_s for r in runs}
             lines = {k: {n: projected(v, runs, n, k) for n in ns} for k in sorted(set(ks) | {1})}
             for k in ks:
+                mine_k = [r for r in runs if r.num_ps == k]
                 series.append(Series(name=f"{_name(v)}, {k} PS", ring=False, k=k,
                                      measured=tuple(sorted((n, s) for (n, kk), s in measured.items() if kk == k)),
-                                     projected=tuple((n, s) for n, s in lines[k].items() if s is not None)))
+                                     projected=tuple((n, s) for n, s in lines[k].items() if s is not None),
+                                     contended=marks(mine_k)[0],
+                                     contended_line=marks(runs)[1]))   # its compute: every k's runs
             by_n = []
             for n in measured_ns:
                 ring_s, ring_v = best_ring.get(n, (None, None))

@@ -68,7 +68,9 @@ def plot(result, path):
 def figure(result):
     """One panel per workload: step time against workers, measured points over the model's lines
     (a colour and marker of its own per method and shard count, as the report's plots; rings
-    solid, PS jobs dashed)."""
+    solid, PS jobs dashed). A point measured under contention for the cores is hollow, and a line
+    projected only from such runs dotted and pale, each said in the legend: the report's text leaves
+    them out of its check, and the picture must not rank methods on them unsaid."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -78,13 +80,25 @@ def figure(result):
     for w, ax in zip(result, axes[0]):
         looks = series_styles([s.name for s in w.series])
         handles = []
+        crowded = False
         for s in w.series:
             (c, mark), style = looks[s.name], "-" if s.ring else "--"
-            if s.projected:
-                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s.projected]), style, color=c, linewidth=1)
-            if s.measured:
-                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s.measured]), mark, color=c, markersize=5)
-            handles.append(Line2D([], [], color=c, linestyle=style, marker=mark, markersize=5, label=s.name))
+            if s.projected:        # a line projected only from contended runs: dotted and pale
+                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s.projected]), ":" if s.contended_line else style,
+                        color=c, linewidth=1, alpha=0.45 if s.contended_line else 1.0)
+            clean = [p for p in s.measured if p not in s.contended]
+            if clean:
+                ax.plot(*zip(*[(n, 1e3 * t) for n, t in clean]), mark, color=c, markersize=5)
+            if s.contended:        # measured under contention for the cores: hollow, not the method's
+                ax.plot(*zip(*[(n, 1e3 * t) for n, t in s.contended]), mark, color=c, markersize=7,
+                        markerfacecolor="none", alpha=0.6)
+                crowded = True
+            handles.append(Line2D([], [], color=c, linestyle=":" if s.contended_line else style, marker=mark,
+                                  markersize=5, label=s.name + (" (from contended runs)" if s.contended_line else "")))
+        if crowded:
+            handles.append(Line2D([], [], color="grey", linestyle="none", marker="o", markerfacecolor="none",
+                                  label="hollow: measured under contention for the cores\n(oversubscribed or "
+                                        "shared): the machine's, not the method's"))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ScalarFormatter())

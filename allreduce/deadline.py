@@ -1,0 +1,160 @@
+"""Every step of an MPI-launched rank is bounded, and a rank that waits past the bound names who it waits for.
+
+A collective (Horovod's ring, an ``MPI_Allreduce``) waits for every rank for as long as it takes: a
+rank that is stopped (SIGSTOP, as a preempted or swapping machine stops it) or whose input pipeline
+never yields leaves the others blocked for good, and ``mpirun`` prints nothing. So each rank arms a
+deadline when a step begins (``--step_timeout``; the first step also gets ``--startup_timeout`` for
+tracing and the first negotiation) and disarms it when the step ends. What a rank says when its
+deadline passes depends on where it is:
+
+- waiting for its next batch: its own pipeline stalled. It names itself, whichever rank it is, and
+  ends the job (it is the only one that knows).
+- inside the step (its compute and the exchange): it waits for a peer. After ``GRACE`` (a peer stalled
+  in its own pipeline started its step at about the same time, and speaks for itself) it looks at the
+  ranks of its host (the roster: each rank's host and pid): a rank the kernel holds stopped is named,
+  with its pid; one that is gone was already named by itself or by mpirun. Else the line says the
+  rank it waits for is on another host. The lowest waiting rank of a host speaks; every rank exits,
+  and Open MPI ends the rest of the job.
+
+The collectives between steps (the logged loss, an evaluation's sums) are bounded alike; a rank's own
+evaluation and rank 0's checkpoint are not, but the ranks waiting for them are: --step_timeout must
+cover a checkpoint's save. A stall shorter than the timeout is a slow step (``hvdps compare --stall``);
+a longer one is this line.
+"""
+import contextlib
+import os
+import sys
+import threading
+import time
+
+from allreduce.roster import alive
+from common.base.flags import MAX_TIMEOUT_S
+
+GRACE = 2.0            # seconds a rank inside its step waits past the deadline before it speaks
+FROZEN = 1.0           # a gap in the watcher's 0.25 s looks that says this process was stopped
+EXIT_TIMEOUT = 1
+
+
+def add_deadline_args(parser):
+    """--step_timeout and --startup_timeout, as the TF methods' trainers take them."""
+    g = parser.add_argument_group("liveness")
+    g.add_argument("--step_timeout", type=float, default=60.0,
+                   help="seconds a step may take, its input and its exchange included, before the rank ends the job "
+                        "naming the rank it waits for (a stopped or stalled peer, or its own input pipeline)")
+    g.add_argument("--startup_timeout", type=float, default=60.0,
+                   help="seconds the first step may take on top of --step_timeout (tracing, the first negotiation)")
+    for name in ("step_timeout", "startup_timeout"):
+        parser.bound(name, 0, MAX_TIMEOUT_S, positive=True)
+    return parser
+
+
+def state_of(pid):
+    """The kernel's one-letter state of ``pid`` ('R', 'S', 'T' stopped, 't' traced ...), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+class StepDeadline:
+    """One rank's bound on each step (``begin`` ... ``batch`` ... ``end``), watched by a thread that
+    ends the process with one line (``os._exit``: the main thread may be inside MPI or TensorFlow for
+    good, where nothing else runs)."""
+
+    def __init__(self, rank, step_timeout, startup_timeout, roster=None, out=None):
+        self.rank, self.step_timeout, self.startup_timeout = rank, step_timeout, startup_timeout
+        self.roster, self.out = roster, out
+        self._lock = threading.Lock()
+        self._armed = None              # (step, phase, started, limit)
+        self._first, self._step = True, 0
+        self._stop = threading.Event()
+        self._tick, self._thawed = time.monotonic(), -1e9
+        if roster is not None:
+            roster.frozen = self.frozen
+        threading.Thread(target=self._watch, name="hvdps-step-deadline", daemon=True).start()
+
+    def begin(self, step):
+        """Step ``step`` begins: its batch is asked for."""
+        limit = self.step_timeout + (self.startup_timeout if self._first else 0)
+        with self._lock:
+            self._armed, self._step = (step, "input", time.monotonic(), limit), step
+
+    def batch(self):
+        """The batch came: the rank is in its compute and the exchange."""
+        with self._lock:
+            if self._armed:
+                step, _, started, limit = self._armed
+                self._armed = (step, "step", started, limit)
+
+    def end(self):
+        with self._lock:
+            self._armed, self._first = None, False
+
+    @contextlib.contextmanager
+    def exchange(self):
+        """A collective after the step last begun (the logged loss, an evaluation's sums), bounded as a step."""
+        with self._lock:
+            self._armed = (self._step, "step", time.monotonic(), self.step_timeout)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._armed = None
+
+    def stop(self):
+        self._stop.set()
+
+    def frozen(self):
+        """This process was stopped (its watcher, which looks every 0.25 s, saw a gap of a second or more,
+        or has not looked for that long): once continued, it is the rank a peer named, and says nothing."""
+        now = time.monotonic()
+        return now - self._tick > FROZEN or now - self._thawed < 2 * FROZEN
+
+    def _watch(self):
+        while not self._stop.wait(0.25):
+            now = time.monotonic()
+            if now - self._tick > FROZEN:
+                self._thawed = now
+            self._tick = now
+            with self._lock:
+                armed = self._armed
+            if armed is None:
+                continue
+            step, phase, started, limit = armed
+            waited = time.monotonic() - started
+            if waited <= limit + (GRACE if phase == "step" else 0):
+                continue
+            with self._lock:
+                if self._armed != armed:        # the step ended as we looked
+                    continue
+            line, speaks = self.verdict(step, phase, limit)
+            if speaks and line and not self.frozen():
+                (self.out or sys.stderr).write(f"error: {line}\n")
+                (self.out or sys.stderr).flush()
+            sys.stdout.flush()
+            os._exit(EXIT_TIMEOUT)
+
+    def verdict(self, step, phase, limit):
+        """(the line, whether this rank prints it)."""
+        bound = f"{limit:.0f}s (--step_timeout{' + --startup_timeout' if limit > self.step_timeout else ''})"
+        if phase == "input":
+            return (f"rank {self.rank}: step {step}: no batch from the input pipeline for {bound}: its pipeline "
+                    f"stalled", True)
+        roster = self.roster
+        if roster is None:                      # no roster (one process, or MWMS's workers): rank 0 says it
+            return f"rank {self.rank}: step {step} did not finish within {bound}", self.rank == 0
+        here = [r for r, (host, _) in enumerate(roster.members) if host == roster.host and r != self.rank]
+        if any(not alive(roster.members[r][1]) for r in here):
+            return None, False          # a peer left: it said why, or mpirun names it
+        stopped = [r for r in here if state_of(roster.members[r][1]) in ("T", "t")]
+        waiting = [r for r in range(len(roster.members)) if roster.members[r][0] == roster.host and r not in stopped]
+        speaks = min(waiting) == self.rank
+        if stopped:
+            who = ", ".join(f"rank {r} (pid {roster.members[r][1]} on {roster.host})" for r in stopped)
+            return (f"rank {self.rank}: step {step} waited {bound} for {who}: stopped (SIGSTOP: a preempted, "
+                    f"suspended or swapping process)", speaks)
+        others = sorted({host for host, _ in roster.members if host != roster.host})
+        where = f"a rank on {', '.join(others)}" if others else "a rank that is running but did not arrive"
+        return (f"rank {self.rank}: step {step} waited {bound} for the exchange: {where} did not arrive",
+                speaks and self.rank == 0 or speaks and not others)

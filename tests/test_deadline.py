@@ -1,0 +1,112 @@
+"""Each step of an MPI-launched rank is bounded, and what the rank says when the bound passes
+(allreduce/deadline.py): the rank whose own pipeline stalled names itself; a rank waiting in its
+exchange names the peer of its host that the kernel holds stopped, says nothing of a peer that left,
+and points to the other hosts otherwise. The whole job, a stopped rank under mpirun, is in
+tests/test_mpi.py."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from allreduce.deadline import StepDeadline, state_of
+from allreduce.roster import Roster
+from tests.conftest import REPO, run
+from tests.test_roster import dead_pid
+
+HOST = socket.gethostname()
+
+
+@pytest.fixture(scope="module")
+def pids():
+    """A running process, a stopped one and a pid that is gone."""
+    running = subprocess.Popen(["sleep", "120"])
+    stopped = subprocess.Popen(["sleep", "120"])
+    os.kill(stopped.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while state_of(stopped.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield {"self": os.getpid(), "running": running.pid, "stopped": stopped.pid, "dead": dead_pid()}
+    for p in (running, stopped):
+        p.kill()
+        p.wait()
+
+
+STOPPED = "(SIGSTOP: a preempted, suspended or swapping process)"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rank, members, phase, first, line, speaks", [
+    # its own pipeline: the rank names itself, whichever rank it is
+    (1, [(HOST, "running"), (HOST, "self")], "input", False,
+     "rank 1: step 7: no batch from the input pipeline for 5s (--step_timeout): its pipeline stalled", True),
+    (0, [(HOST, "self")], "input", True,
+     "rank 0: step 7: no batch from the input pipeline for 8s (--step_timeout + --startup_timeout): its pipeline "
+     "stalled", True),
+    # in its exchange: a stopped peer of this host is named by the host's lowest waiting rank
+    (0, [(HOST, "self"), (HOST, "stopped")], "step", False,
+     "rank 0: step 7 waited 5s (--step_timeout) for rank 1 (pid {stopped} on {host}): stopped " + STOPPED, True),
+    (1, [(HOST, "stopped"), (HOST, "self"), (HOST, "running")], "step", False,
+     "rank 1: step 7 waited 5s (--step_timeout) for rank 0 (pid {stopped} on {host}): stopped " + STOPPED, True),
+    (2, [(HOST, "stopped"), (HOST, "running"), (HOST, "self")], "step", False,
+     "rank 2: step 7 waited 5s (--step_timeout) for rank 0 (pid {stopped} on {host}): stopped " + STOPPED, False),
+    # a peer that left said why (or mpirun does): nothing more
+    (0, [(HOST, "self"), (HOST, "dead")], "step", False, None, False),
+    # nobody stopped here: the rank it waits for is on another host; rank 0 says so
+    (0, [(HOST, "self"), ("n2", 1)], "step", False,
+     "rank 0: step 7 waited 5s (--step_timeout) for the exchange: a rank on n2 did not arrive", True),
+    (1, [("n1", 1), (HOST, "self")], "step", False,
+     "rank 1: step 7 waited 5s (--step_timeout) for the exchange: a rank on n1 did not arrive", False),
+])
+def test_who_a_rank_past_its_deadline_names(pids, rank, members, phase, first, line, speaks):
+    roster = Roster(rank, [(h, pids.get(p, p)) for h, p in members], host=HOST)
+    deadline = StepDeadline(rank, 5.0, 3.0, roster=roster)
+    deadline.stop()
+    limit = 8.0 if first else 5.0
+    got = deadline.verdict(7, phase, limit)
+    assert got == ((line.format(stopped=pids["stopped"], host=HOST) if line else None), speaks)
+
+
+@pytest.mark.unit
+def test_a_step_without_a_roster_names_the_step():
+    deadline = StepDeadline(0, 5.0, 3.0)
+    deadline.stop()
+    assert deadline.verdict(3, "step", 5.0) == ("rank 0: step 3 did not finish within 5s (--step_timeout)", True)
+
+
+NEVER_YIELDS = '''
+import time
+import numpy as np
+import tensorflow as tf
+
+def load(cfg):
+    def never():
+        while True:
+            time.sleep(3600)
+            yield np.zeros((2, 3, 1), np.float32), 0
+    def train(ctx):
+        return tf.data.Dataset.from_generator(never, output_signature=(
+            tf.TensorSpec((2, 3, 1), tf.float32), tf.TensorSpec((), tf.int64))).batch(ctx.batch_size)
+    def test(ctx):
+        return tf.data.Dataset.from_tensor_slices((np.zeros((8, 2, 3, 1), np.float32), np.zeros(8, np.int64))).batch(4)
+    return {"train": train, "test": test, "train_examples": 40, "input_shape": (2, 3, 1), "classes": 2}
+'''
+
+
+@pytest.mark.process
+def test_a_pipeline_that_never_yields_ends_the_run_naming_it(tmp_path):
+    """A plug-in's training pipeline that never gives a batch: the rank names its own pipeline within
+    --startup_timeout + --step_timeout and exits non-zero, instead of hanging."""
+    plugin = tmp_path / "never.py"
+    plugin.write_text(NEVER_YIELDS)
+    started = time.monotonic()
+    r = run([sys.executable, os.path.join(REPO, "mpi_train", "main.py"), "--dataset", f"{plugin}:load",
+             "--batch_size", "4", "--probe_steps", "0", "--step_timeout", "3", "--startup_timeout", "3",
+             "--train_dir", str(tmp_path / "run")], timeout=120)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 1 and errors == ["error: rank 0: step 1: no batch from the input pipeline for 6s "
+                                            "(--step_timeout + --startup_timeout): its pipeline stalled"], r.stderr[-3000:]
+    assert time.monotonic() - started < 60
