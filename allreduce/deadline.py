@@ -18,7 +18,7 @@ deadline passes depends on where it is:
 
 The collectives between steps (the logged loss, an evaluation's sums) are bounded alike; a rank's own
 evaluation and rank 0's checkpoint are not, but the ranks waiting for them are: --step_timeout must
-cover a checkpoint's save. A stall shorter than the timeout is a slow step (``hvdps compare --stall``);
+cover a checkpoint's save and the slowest rank's share of an evaluation. A stall shorter than the timeout is a slow step (``hvdps compare --stall``);
 a longer one is this line.
 """
 import contextlib
@@ -40,7 +40,8 @@ def add_deadline_args(parser):
     g = parser.add_argument_group("liveness")
     g.add_argument("--step_timeout", type=float, default=60.0,
                    help="seconds a step may take, its input and its exchange included, before the rank ends the job "
-                        "naming the rank it waits for (a stopped or stalled peer, or its own input pipeline)")
+                        "naming the rank it waits for (a stopped or stalled peer, or its own input pipeline); it must "
+                        "cover a checkpoint's save and the slowest rank's share of an evaluation")
     g.add_argument("--startup_timeout", type=float, default=60.0,
                    help="seconds the first step may take on top of --step_timeout (tracing, the first negotiation)")
     for name in ("step_timeout", "startup_timeout"):

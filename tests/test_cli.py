@@ -150,6 +150,9 @@ CASES = [
     (MWMS_LAUNCH, ["--dataset", "{tmp}/plug.py:swallows_everything", "--run_timeout", "3"], {},
      "error: --dataset {tmp}/plug.py:swallows_everything: the plug-in did not return within 3 s (--run_timeout)"),
     (LAUNCH, ["--num_ps", "100000"], {}, "error: --num_ps 100000 and --num_workers 2: 100002 tasks on this machine"),
+    # the dry run checks the input as the real run does: a TFRecord folder without its description
+    (COMPARE, ["--dataset", "tfrecord", "--data_dir", "{tmp}/empty", "--dry_run"], {},
+     "error: --data_dir {tmp}/empty: no dataset.json (write TFRecord shards with `hvdps data`)"),
     (COMPARE, ["--workers", "100000", "--dataset", "synthetic", "--synthetic_samples", "200000", "--batch_size", "1",
                "--dry_run"], {}, "error: run ps-async-w100000-ps1: 100001 tasks, more than the "
                                                           "1024 one machine runs"),

@@ -627,3 +627,16 @@ def test_a_description_of_examples_too_large_to_hold_is_refused_before_anything_
         spec_of(out)
     assert "\n" not in str(exc.value) and "432,000,000 values an example; hvdps takes at most 67,108,864" in str(
         exc.value), exc.value
+
+
+@pytest.mark.unit
+def test_describe_refuses_a_fifo_among_the_files_without_opening_it(tmp_path, capsys):
+    """Opening a FIFO blocks until something writes it: a train-* FIFO is refused in one line instead."""
+    from hvdps.cli import main
+    os.mkfifo(tmp_path / "train-00000-of-00001")
+    (tmp_path / "validation-00000-of-00001").write_bytes(b"")
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "--describe", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("error:") == 1, err
+    assert f"{tmp_path}/train-00000-of-00001: a TFRecord file is not a regular file" in err, err

@@ -302,33 +302,16 @@ def check_files(data_dir, spec):
 
 def shard_digest(path, verify=False):
     """A shard's content digest from the CRCs its TFRecord framing already carries: SHA-256 over each
-    record's length and its data's CRC-32C, 16 bytes read per record (not the records themselves), so
-    an ImageNet's 1,024 shards cost seconds. Any record rewritten (a label changed, the file's size
-    kept) changes it. ``verify``: every record's data is also read and checked against its CRC, so
+    record's length and its data's CRC-32C, 16 bytes read per record (not the records themselves).
+    Any record rewritten (a label changed, the file's size kept) changes it. ``verify``: every record's data is also read and checked against its CRC, so
     bytes changed in place, which leave the framing's CRCs as they were, are found too: --resume's
     check, before the run writes anything. Damage is a RecordError naming the file and the record."""
     h = hashlib.sha256()
-    size, at, n = os.path.getsize(path), 0, 0
-    with open(path, "rb") as f:
-        while at < size:
-            f.seek(at)
-            head = f.read(12)
-            if len(head) < 12 or _masked_crc(head[:8]) != struct.unpack("<I", head[8:])[0]:
-                raise RecordError(f"{path}: record {n}: a damaged or cut header at byte {at}")
-            length = struct.unpack("<Q", head[:8])[0]
-            if verify:
-                data, tail = f.read(length), f.read(4)
-                if len(tail) < 4 or _masked_crc(data) != struct.unpack("<I", tail)[0]:
-                    raise RecordError(f"{path}: record {n}: its bytes no longer match their CRC (the file was "
-                                      f"changed or damaged)")
-            else:
-                f.seek(at + 12 + length)
-                tail = f.read(4)
-            h.update(head[:8] + tail)
-            at += 16 + length
-            n += 1
-    if at != size:
-        raise RecordError(f"{path}: record {n - 1}: cut short (the file ends at byte {size}, the record at {at})")
+    for n, head, data, tail in framing(path, "data" if verify else "tail"):
+        if verify and (len(tail) < 4 or _masked_crc(data) != struct.unpack("<I", tail)[0]):
+            raise RecordError(f"{path}: record {n}: its bytes no longer match their CRC (the file was changed "
+                              f"or damaged)")
+        h.update(head[:8] + tail)
     return h.hexdigest()
 
 
@@ -453,9 +436,13 @@ def _write_split(out_dir, split, n, count, examples, layout):
     return {"files": files, "records": counts}
 
 
-def count_records(path):
-    """Records in a TFRecord file, from its framing alone: each 12-byte header read (its length CRC
-    checked), the data skipped. The file must end where its last record does."""
+def framing(path, read="none"):
+    """Each record of a TFRecord file as its framing gives it: (index, its 12-byte header, its data,
+    its data's 4-byte CRC), the header's own CRC checked. ``read``: "none" reads the headers alone
+    (data and CRC None), "tail" each data CRC too, "data" the data as well. The file must end where
+    its last record does: a damaged header or a cut record is a RecordError naming the record. A FIFO
+    or a device is refused before it is opened (opening a FIFO blocks until something writes it)."""
+    check_regular(path, "a TFRecord file", 1 << 50)
     size, at, n = os.path.getsize(path), 0, 0
     with open(path, "rb") as f:
         while at < size:
@@ -463,11 +450,23 @@ def count_records(path):
             head = f.read(12)
             if len(head) < 12 or _masked_crc(head[:8]) != struct.unpack("<I", head[8:])[0]:
                 raise RecordError(f"{path}: record {n}: a damaged or cut header at byte {at}")
-            at += 16 + struct.unpack("<Q", head[:8])[0]
+            length = struct.unpack("<Q", head[:8])[0]
+            data = tail = None
+            if read == "data":
+                data, tail = f.read(length), f.read(4)
+            elif read == "tail":
+                f.seek(at + 12 + length)
+                tail = f.read(4)
+            yield n, head, data, tail
+            at += 16 + length
             n += 1
     if at != size:
         raise RecordError(f"{path}: record {n - 1}: cut short (the file ends at byte {size}, the record at {at})")
-    return n
+
+
+def count_records(path):
+    """Records in a TFRecord file, from its framing alone (each 12-byte header read, the data skipped)."""
+    return sum(1 for _ in framing(path))
 
 
 def describe_imagenet(data_dir, shape, classes):
