@@ -13,8 +13,9 @@ deadline passes depends on where it is:
   in its own pipeline started its step at about the same time, and speaks for itself) it looks at the
   ranks of its host (the roster: each rank's host and pid): a rank the kernel holds stopped is named,
   with its pid; one that is gone was already named by itself or by mpirun. Else the line says the
-  rank it waits for is on another host. The lowest waiting rank of a host speaks; every rank exits,
-  and Open MPI ends the rest of the job.
+  rank it waits for is on another host. The lowest waiting rank of each host speaks (a host whose
+  only rank stopped has no one to speak for it, so the other hosts do); every rank exits, and Open
+  MPI ends the rest of the job.
 
 The collectives between steps (the logged loss, an evaluation's sums) are bounded alike; a rank's own
 evaluation and rank 0's checkpoint are not, but the ranks waiting for them are: --step_timeout must
@@ -158,4 +159,4 @@ class StepDeadline:
         others = sorted({host for host, _ in roster.members if host != roster.host})
         where = f"a rank on {', '.join(others)}" if others else "a rank that is running but did not arrive"
         return (f"rank {self.rank}: step {step} waited {bound} for the exchange: {where} did not arrive",
-                speaks and self.rank == 0 or speaks and not others)
+                speaks)                  # each host's lowest waiting rank: a host with no other rank is never silent

@@ -55,11 +55,13 @@ STOPPED = "(SIGSTOP: a preempted, suspended or swapping process)"
      "rank 2: step 7 waited 5s (--step_timeout) for rank 0 (pid {stopped} on {host}): stopped " + STOPPED, False),
     # a peer that left said why (or mpirun does): nothing more
     (0, [(HOST, "self"), (HOST, "dead")], "step", False, None, False),
-    # nobody stopped here: the rank it waits for is on another host; rank 0 says so
+    # nobody stopped here: the rank it waits for is on another host; each host's lowest waiting rank says so
     (0, [(HOST, "self"), ("n2", 1)], "step", False,
      "rank 0: step 7 waited 5s (--step_timeout) for the exchange: a rank on n2 did not arrive", True),
     (1, [("n1", 1), (HOST, "self")], "step", False,
-     "rank 1: step 7 waited 5s (--step_timeout) for the exchange: a rank on n1 did not arrive", False),
+     "rank 1: step 7 waited 5s (--step_timeout) for the exchange: a rank on n1 did not arrive", True),
+    (2, [("n1", 1), (HOST, "running"), (HOST, "self")], "step", False,
+     "rank 2: step 7 waited 5s (--step_timeout) for the exchange: a rank on n1 did not arrive", False),
 ])
 def test_who_a_rank_past_its_deadline_names(pids, rank, members, phase, first, line, speaks):
     roster = Roster(rank, [(h, pids.get(p, p)) for h, p in members], host=HOST)
