@@ -31,6 +31,7 @@ by themselves when the chief releases them (ps_train/stop.py): no
 ``server.join()`` that never returns.
 """
 import collections
+import gc
 import os
 import sys
 import time
@@ -125,8 +126,15 @@ class StrategyBackend(Backend):
         return ps_wire(sizes, plan, self.num_ps)
 
     def shutdown(self, code=0):
-        """The chief releases every PS and worker task (ps_train/stop.py)."""
+        """The chief releases every PS and worker task (ps_train/stop.py).
+
+        Python's cyclic collector is off from here to hard_exit: an eager object left in a cycle
+        (a per-worker iterator, a RemoteValue, an executor) is otherwise collected at a random
+        moment, and its ``__del__`` sends an RPC to a task that may be leaving, in a native
+        runtime whose channels to that task are failing. Nothing is allocated after this but the
+        release's few sessions."""
         if self.is_chief:
+            gc.disable()
             stop.signal_done([(job, i, addr) for job in ("ps", "worker")
                               for i, addr in enumerate(self.cluster[job])], code)
 

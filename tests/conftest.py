@@ -166,6 +166,43 @@ def pytest_collection_modifyitems(items):
                 item.add_marker(pytest.mark.xdist_group(shared[0]))
 
 
+CRASH_MARKS = ("Fatal Python error", "Segmentation fault", "Aborted")
+
+
+def crash_stacks(root, limit=6000):
+    """The tails of the logs under ``root`` that hold a native crash's stacks (every entry point
+    enables faulthandler, common/base/errors.py: cli): a failed test says where a rare crash was,
+    which the launcher's one line ("chief:0 killed by SIGSEGV") cannot."""
+    found = []
+    for folder, _, files in os.walk(root):
+        for name in sorted(files):
+            if not name.endswith((".log", ".txt", ".err")):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                with open(path, errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            at = min((text.find(m) for m in CRASH_MARKS if m in text), default=-1)
+            if at >= 0:
+                found.append(f"--- {path}\n{text[max(0, at - 1500):at + limit]}")
+    return "\n".join(found)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the stacks of any process that crashed in native code beneath
+    its tmp_path (the run folders' logs)."""
+    outcome = yield
+    report = outcome.get_result()
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.when == "call" and report.failed and tmp is not None:
+        stacks = crash_stacks(str(tmp))
+        if stacks:
+            report.sections.append(("native crash in the run's logs", stacks))
+
+
 @pytest.fixture(scope="session")
 def jobs(tmp_path_factory):
     """Each backend's run of the one small job (tests/jobs.py), launched once and shared."""
