@@ -10,8 +10,11 @@ hvdps knows of it:
 - its cost model: what each host's link carries per round (checked against the emulated
   cluster's counters), the exchange's alpha-beta time, and the step the projection expects;
 - the report's wording for its distribution overhead, alone and with peers, and its waits;
-- what it measures of a run beyond the records every trainer writes (``Method.measures``), and what
-  the report says of that: a clause per run (``Method.details``), sections of its own (``Method.sections``);
+- the fields its trainer adds to the shared records (``Method.records``: a Strict model per record
+  type, read with them by common/formats/schemas.py's ``read_metrics``);
+- what it measures of a run beyond the records every trainer writes (``Method.measures``, a frozen
+  ``Method.measured``: its results.csv columns), and what the report says of that: a clause per run
+  (``Method.details``), sections of its own (``Method.sections``);
 - its install step, if pip's dependencies are not enough: ``<name>_train/install.py`` with ``--install``
   and ``--verify``, which ``make setup`` runs (Horovod compiled against the stack: horovod_train/install.py).
 
@@ -31,6 +34,7 @@ from typing import Callable, Protocol, runtime_checkable
 from allreduce.backend import ring_share
 from common.base.errors import UsageError
 from common.base.procs import REPO
+from common.formats.schemas import RECORDS, Strict
 from hvdps.cost import fits, schedule
 from hvdps.launchers import Launcher
 
@@ -186,6 +190,12 @@ class Method:
     # report sections of its own: functions (its runs' rows -> Markdown lines), each written once over
     # the runs of every method that declares it (hvdps/render/report.py: methods_sections)
     sections: tuple = ()
+    # the fields its trainer adds to the shared records: {record type: a Strict model of them}
+    # (common/formats/schemas.py: ``with_fields``), validated and typed when a run is read back
+    records: dict = field(default_factory=dict)
+    # what ``measures`` returns: a frozen dataclass whose fields are results.csv's columns of its own
+    # (after the shared ones), None where it measures nothing more
+    measured: type = None
 
     @property
     def modes(self):
@@ -206,12 +216,19 @@ class Method:
             raise UsageError(f"backend {self.name} has no mode '{text}' (valid: {', '.join(self.modes)})")
         return text
 
-    def measures(self, run_dir, header, steps, interval):
-        """{RunRow field: value} of what this method measures beyond the records every trainer
-        writes (hvdps/measure/rows.py: ``load_run``), over the run's measured ``interval`` (Unix
-        time, or None). The all-reduce methods measure nothing more; the parameter servers' entry
-        reads its tasks' CPU and each worker's wait (ps_train/method.py)."""
-        return {}
+    def measures(self, run_dir, curves, interval):
+        """What this method measures beyond the figures every trainer's records give: an instance of
+        ``measured`` (the row's ``measured``), or None. From the run's records (``curves``: its
+        typed header, steps, evaluations and summary, with ``records``' fields) and its folder, over
+        the measured ``interval`` (Unix time, or None). The all-reduce methods measure nothing more;
+        the parameter servers' entry reads its tasks' CPU, each worker's wait and the dropped
+        gradients (ps_train/method.py)."""
+        return None
+
+    def shard_bytes(self, header):
+        """{server task: model bytes it holds} as the run recorded it, for a method with server
+        tasks whose cost model weighs each task's share (ps_train/method.py); None otherwise."""
+        return None
 
     def details(self, row):
         """A clause the report adds to a run's explanation (``"; ..."``), of what only this method
@@ -260,10 +277,29 @@ def check_entry(method, module):
         for mode in method.default_modes:
             if mode not in method.modes:
                 problems.append(f"default mode {mode!r} is not one of its modes")
+        problems += _record_problems(method.records)
+        if method.measured is not None and not (dataclasses.is_dataclass(method.measured)
+                                                and method.measured.__dataclass_params__.frozen):
+            problems.append("declares its measures as something other than a frozen dataclass")
     if problems:
         name = getattr(method, "name", repr(method))
         raise RuntimeError(f"{module}: method {name!r} " + "; ".join(problems))
     return method
+
+
+def _record_problems(records):
+    """What is wrong with a method's declared record fields: an unknown record type, a model that is
+    not a schemas.Strict, or a field the shared record has (a method may add fields, not redefine them)."""
+    problems = []
+    for kind, model in records.items():
+        if kind not in RECORDS:
+            problems.append(f"adds fields to {kind!r}, not a record type ({', '.join(RECORDS)})")
+        elif not (isinstance(model, type) and issubclass(model, Strict)):
+            problems.append(f"declares its {kind} fields as something other than a schemas.Strict model")
+        elif set(model.model_fields) & set(RECORDS[kind].model_fields):
+            problems.append(f"redefines the {kind} record's own field(s) "
+                            + ", ".join(sorted(set(model.model_fields) & set(RECORDS[kind].model_fields))))
+    return problems
 
 
 @functools.lru_cache(maxsize=None)
@@ -285,6 +321,22 @@ def __getattr__(name):
     if name == "METHODS":
         return _registry()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def record_fields():
+    """{method: {record type: its fields' model}}: what each method's trainer adds to the shared
+    records, for common/formats/schemas.py's ``read_metrics``."""
+    return {name: m.records for name, m in _registry().items() if m.records}
+
+
+def measured_columns():
+    """results.csv's columns of the methods' own measures, after the shared ones: each declared
+    field once, in the registry's order."""
+    out = []
+    for method in _registry().values():
+        if method.measured is not None:
+            out += [f.name for f in dataclasses.fields(method.measured) if f.name not in out]
+    return tuple(out)
 
 
 def networks_measured():

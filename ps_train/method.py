@@ -5,6 +5,8 @@ parameter servers, with the report's wording and the wait the sync trainer measu
 tasks spend (``PSMethod.measures``) and the report's section on how the tasks split the model
 (ps_train/report.py)."""
 import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 from common.base.errors import UsageError
 from common.formats.schemas import read_launch_record
@@ -13,7 +15,8 @@ from hvdps.launchers import TaskLauncher
 from hvdps.methods import Method, Network, combine
 from ps_train.cluster import BACKUP, backups, base_mode
 from ps_train.placement import place_ps
-from ps_train.report import ps_cpu_clause, shards_section
+from ps_train.records import RECORDS
+from ps_train.report import ps_details, shards_section
 
 
 class ParameterServers:
@@ -182,7 +185,17 @@ def wait_per_worker(steps):
     if not pairs or len({len(first.sync_wait_total_s), len(last.sync_wait_total_s), len(first.worker_steps),
                          len(last.worker_steps)}) != 1 or any(w1 < w0 or n1 <= n0 for w0, w1, n0, n1 in pairs):
         return None
-    return [(w1 - w0) / (n1 - n0) for w0, w1, n0, n1 in pairs]
+    return tuple((w1 - w0) / (n1 - n0) for w0, w1, n0, n1 in pairs)
+
+
+@dataclass(frozen=True)
+class PSMeasured:
+    """What a PS run measures beyond every trainer's figures (``PSMethod.measures``): results.csv's
+    PS columns, and what ps_train/report.py says of them."""
+    wait_per_worker_s: Optional[Tuple[float, ...]] = None   # sync: each worker's mean wait for its token
+    ps_cpu_s: Optional[float] = None            # CPU seconds the PS tasks spent in the measured interval
+    ps_cpu_share: Optional[float] = None        # the same, as a share of one core per PS task
+    dropped_gradients: Optional[int] = None     # sync: gradients pushed and never applied
 
 
 MAX_BACKUPS = 1 << 10          # ps:backupK's bound, as the trainer's other counts of workers
@@ -216,14 +229,19 @@ class PSMethod(Method):
     def overhead_parts(self, mode, alone, measured_wait):
         return super().overhead_parts(base_mode(mode), alone, measured_wait)
 
-    def measures(self, run_dir, header, steps, interval):
+    def measures(self, run_dir, curves, interval):
+        header, summary = curves.header, curves.summary
         cpu = ps_cpu_seconds(run_dir, interval)
         share = cpu / (max(1, (header.num_ps if header else None) or 1) * (interval[1] - interval[0])) \
             if cpu is not None else None
-        return {"wait_per_worker_s": wait_per_worker(steps), "ps_cpu_s": cpu, "ps_cpu_share": share}
+        return PSMeasured(wait_per_worker_s=wait_per_worker(curves.steps), ps_cpu_s=cpu, ps_cpu_share=share,
+                          dropped_gradients=getattr(summary, "dropped_gradients", None))
+
+    def shard_bytes(self, header):
+        return getattr(header, "ps_shard_bytes", None)
 
     def details(self, row):
-        return ps_cpu_clause(row)
+        return ps_details(row)
 
 
 METHODS = (
@@ -234,7 +252,8 @@ METHODS = (
                            "the PS round trip and the rest")},
            waits_alone=("the update on the PS before the token comes back (one worker: no one else to wait for)",
                         "the PS round trip and the rest"),
-             sections=(shards_section,)),
+             sections=(shards_section,), records=RECORDS, measured=PSMeasured),
     PSMethod("ps2", {"async": "PS v2 (TF2 strategy)"}, PS2Launcher, ParameterServers(),
-           overhead={"async": "the coordinator's dispatch and the PS round trip"}, sections=(shards_section,)),
+           overhead={"async": "the coordinator's dispatch and the PS round trip"}, sections=(shards_section,),
+             records=RECORDS, measured=PSMeasured),
 )

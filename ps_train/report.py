@@ -1,5 +1,6 @@
 """What the report says of the parameter-server runs alone (declared in ps_train/method.py, written
-by hvdps/render/report.py): how each run's PS tasks split the model, and what CPU they spent."""
+by hvdps/render/report.py): how each run's PS tasks split the model, each worker's wait, what CPU
+the PS tasks spent and the gradients they dropped."""
 from common.trainer.backend import MIN_SHARD_BYTES
 from hvdps.render.styles import name_of
 
@@ -28,13 +29,24 @@ def shards_section(rows):
             "| run | bytes per PS task | busiest / even | split variables |", "|---|---|---|---|"] + lines + [""]
 
 
-def ps_cpu_clause(r):
-    """The run's explanation, continued: the CPU its PS tasks spent (PSMethod.measures), and in sync
-    mode the gradients pushed and never applied (with backup workers, the late ones: lost work)."""
+def ps_details(r):
+    """The run's explanation, continued (PSMethod.measures): in sync mode each worker's wait for its
+    token (the one that waits least is the one the others wait for); the CPU its PS tasks spent;
+    and in sync mode the gradients pushed and never applied (with backup workers, the late ones:
+    lost work)."""
+    m = r.measured
+    if m is None:
+        return ""
     text = ""
-    if r.ps_cpu_share is not None:
-        text = (f"; the PS task(s) used {r.ps_cpu_s:.1f} CPU s in the measured interval, "
-                f"{100 * r.ps_cpu_share:.0f}% of a core each")
-    if r.dropped_gradients:
-        text += f"; {r.dropped_gradients:,} gradient(s) pushed and dropped as stale (computed, never applied)"
+    waits = m.wait_per_worker_s
+    if waits and len(waits) > 1:
+        name = lambda i: f"rank {i}" + (" (the chief)" if i == 0 else "")
+        each = ", ".join(f"{name(i)} {1e3 * w:.2f} ms" for i, w in enumerate(waits))
+        least = min(range(len(waits)), key=waits.__getitem__)
+        text += f"; wait per step: {each}; the one that waits least, {name(least)}, is the slowest"
+    if m.ps_cpu_share is not None:
+        text += (f"; the PS task(s) used {m.ps_cpu_s:.1f} CPU s in the measured interval, "
+                 f"{100 * m.ps_cpu_share:.0f}% of a core each")
+    if m.dropped_gradients:
+        text += f"; {m.dropped_gradients:,} gradient(s) pushed and dropped as stale (computed, never applied)"
     return text

@@ -720,14 +720,14 @@ def test_hvdps_compare_dry_run_is_the_console_scripts(tmp_path):
     assert code == 0 and a == b and "ps_train.launch --num_ps 1 --num_workers 2 --sync" in a
 
 
-def _recorded_run(folder):
+def _recorded_run(folder, backend="horovod"):
     """A small recorded run, as a trainer writes it (common.trainer.metrics.MetricsWriter), with a breakdown."""
     from common.spec.config import make_config
     from common.trainer.metrics import MetricsWriter, throughput_stats
     from common.spec.plan import make_plan
     w = MetricsWriter(str(folder))
     cfg = make_config()
-    w.header(cfg, "horovod", "sync", 2, 0, make_plan(cfg, 1000, 2, 2))
+    w.header(cfg, backend, "sync", 2, 1 if backend == "ps" else 0, make_plan(cfg, 1000, 2, 2))
     w.step(10, 640, 0.5, 100.0)
     w.eval(1, 10, 0.3, 0.95, target=0.9)
     w.summary("ok", 10, 1280, throughput_stats([100, 110, 90]), 0.3, 0.95, 1000,
@@ -742,7 +742,9 @@ def _recorded_run(folder):
     ("summary", "breakdown", {"step_s": 0.02, "compute_s": 0.01, "exchange_s": [1, 2]}, "exchange_s"),
     ("summary", "throughput", {"median": "100"}, "throughput.median"),
     ("summary", "gradient", {"dense_bytes": "1000"}, "gradient.dense_bytes"),
-    ("step", "sync_wait_total_s", ["1", "2"], "sync_wait_total_s[0]"),
+    ("step@ps", "sync_wait_total_s", ["1", "2"], "sync_wait_total_s[0]"),   # a method's own field (Method.records)
+    ("summary@ps", "dropped_gradients", -1, "dropped_gradients"),
+    ("step", "sync_wait_total_s", ["1", "2"], None),                  # ... in another method's run: kept as written
     ("step", "loss", None, None),                                        # a step without its loss: taken
     ("eval", "accuracy", None, None),                                    # an evaluation without one: taken
     ("step", "samples_seen", None, "samples_seen"),                      # what every trainer writes: refused
@@ -751,7 +753,7 @@ def _recorded_run(folder):
     ("header", "mode", None, "mode"),                                    # a run no table can place
     ("header", "world_size", None, "world_size"),
     ("header", "versions", "2.21", "versions"),
-    ("header", "ps_shard_bytes", {"ps:0": None}, "ps_shard_bytes.ps:0"),
+    ("header@ps", "ps_shard_bytes", {"ps:0": None}, "ps_shard_bytes.ps:0"),
     ("header", "config", {"target_accuracy": "0.9"}, "config.target_accuracy"),
     ("summary", "breakdown", {"step_s": 0.02, "compute_s": 0.01}, "come together"),   # no overhead: no split
     ("summary", "breakdown", {"step_s": 0.0, "compute_s": 0.0, "overhead_s": 0.0}, "step_s"),
@@ -760,7 +762,8 @@ def _recorded_run(folder):
 def test_a_crafted_record_is_one_line_or_taken_never_a_traceback(tmp_path, record, field, value, refused, command):
     """Recorded runs read back by ``--from``: a wrong-typed field is refused by the reader in one line,
     a missing optional one is taken (the report and the projection handle its absence)."""
-    path = _recorded_run(tmp_path / "run")
+    record, _, backend = record.partition("@")
+    path = _recorded_run(tmp_path / "run", backend or "horovod")
     lines = [json.loads(l) for l in path.read_text().splitlines()]
     for r in lines:
         if r["type"] == record:

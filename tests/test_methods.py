@@ -70,6 +70,14 @@ class _NoCost:
     collective = True
 
 
+class _Fields(methods.Strict):
+    rounds: int = 0
+
+
+class _Clash(methods.Strict):
+    loss: str = ""
+
+
 @pytest.mark.parametrize("entry, problem", [
     (lambda m: "not an entry", "is not a hvdps.methods.Method"),
     (lambda m: methods.dataclasses.replace(m, labels={}), "declares no mode"),
@@ -78,6 +86,11 @@ class _NoCost:
     (lambda m: methods.dataclasses.replace(m, overhead={}), "mode 'sync' does not parse back to itself or has no "
                                                             "overhead wording"),
     (lambda m: methods.dataclasses.replace(m, default_modes=("fast",)), "default mode 'fast' is not one of its modes"),
+    # the fields it adds to the shared records, and its own measures
+    (lambda m: methods.dataclasses.replace(m, records={"stats": _Fields}), "adds fields to 'stats', not a record type"),
+    (lambda m: methods.dataclasses.replace(m, records={"step": dict}), "its step fields as something other than"),
+    (lambda m: methods.dataclasses.replace(m, records={"step": _Clash}), "redefines the step record's own field(s) loss"),
+    (lambda m: methods.dataclasses.replace(m, measured=dict), "its measures as something other than a frozen"),
 ])
 def test_the_registry_refuses_an_incomplete_entry(entry, problem):
     """The contract is checked as the registry loads a package: an entry that lacks a part is named

@@ -177,19 +177,24 @@ def test_ps_cpu_over_the_measured_interval_only(tmp_path, launch, cpu):
             load_run(str(tmp_path))
         return
     row = load_run(str(tmp_path))
-    assert row.ps_cpu_s == (None if cpu is None else pytest.approx(cpu))
+    assert row.measured.ps_cpu_s == (None if cpu is None else pytest.approx(cpu))
     assert row.compute_s == 0.05 and row.overhead_share == 0.375
     if cpu is not None:   # 2 PS tasks over 4 s: 50% of a core each, not whole-process CPU over the run
-        assert row.ps_cpu_share == pytest.approx(cpu / (2 * 4.0))
+        assert row.measured.ps_cpu_share == pytest.approx(cpu / (2 * 4.0))
+        assert row.column("ps_cpu_s") == row.measured.ps_cpu_s        # results.csv's PS column
     with pytest.raises(dataclasses.FrozenInstanceError):     # built once: a figure added later is a new row
-        row.ps_cpu_s = 1.0
+        row.measured = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.measured.ps_cpu_s = 1.0
     # The PS figures are what the PS entry measures (ps_train/method.py: PSMethod.measures), not the
-    # reader: the same files recorded by an all-reduce method give none.
+    # reader: the same files recorded by an all-reduce method give none, and its PS columns are empty.
     records[0]["backend"], records[0]["mode"] = "horovod", "sync"
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     ring = load_run(str(tmp_path))
-    assert (ring.ps_cpu_s, ring.ps_cpu_share, ring.wait_per_worker_s) == (None, None, None)
+    assert ring.measured is None and ring.column("ps_cpu_s") is None
     assert ring.compute_s == 0.05
+    with pytest.raises(AttributeError):                       # a column no one declares: named, not None
+        ring.column("ps_cpu_seconds")
 
 
 def _rec(total, counts, rate, **extra):

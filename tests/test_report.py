@@ -101,11 +101,16 @@ def test_breakdown_plot_stacks_the_wait(tmp_path):
 
 
 def test_sentence_names_the_slowest_rank():
-    (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, wait_ms=2.2, wait_per_worker_s=[0.0005, 0.0039])])
+    """The PS entry's measures (ps_train/method.py: PSMeasured) are said by its own clause (ps_train/report.py)."""
+    from ps_train.method import PSMeasured
+    waits = lambda *w: PSMeasured(wait_per_worker_s=w)
+    (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, wait_ms=2.2, measured=waits(0.0005, 0.0039))])
     assert "; wait per step: rank 0 (the chief) 0.50 ms, rank 1 3.90 ms;" in sentence
     assert sentence.endswith("the one that waits least, rank 0 (the chief), is the slowest.")
-    (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, wait_ms=2.2, wait_per_worker_s=[0.004, 0.003, 0.0001])])
+    (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, wait_ms=2.2, measured=waits(0.004, 0.003, 0.0001))])
     assert "the one that waits least, rank 2, is the slowest" in sentence
+    (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, measured=PSMeasured(dropped_gradients=1234))])
+    assert "; 1,234 gradient(s) pushed and dropped as stale" in sentence
 
 
 def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=None, intervals=20):

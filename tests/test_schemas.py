@@ -145,9 +145,6 @@ def metrics_file(tmp_path, records, tail=""):
     (3, "breakdown", {"step_s": -0.5}, "breakdown.step_s: input should be greater than 0"),
     (3, "wire", {"bytes_per_step_per_worker": "many"}, "wire.bytes_per_step_per_worker: input should be a valid"),
     (3, "gradient", {"dense_bytes": None, "sparse_bytes": {}}, "gradient.sparse_bytes: input should be a valid"),
-    (3, "sync_wait_total_s", ["1.5", "2"], "sync_wait_total_s[0]: input should be a valid number"),
-    (1, "worker_steps", [3, -1], "worker_steps[1]: input should be greater than or equal to 0"),
-    (1, "lost_workers", "worker:1", "lost_workers: input should be a valid list"),
 ])
 def test_metrics_record_breaking_its_schema_is_refused_by_line(tmp_path, index, key, value, named):
     records = json.loads(json.dumps(METRIC))
@@ -156,6 +153,37 @@ def test_metrics_record_breaking_its_schema_is_refused_by_line(tmp_path, index, 
     with pytest.raises(UsageError) as exc:
         schemas.read_metrics(path)
     assert str(exc.value).startswith(f"{path}:{index + 1}: ") and named in str(exc.value), exc.value
+
+
+@pytest.mark.parametrize("index, key, value, named", [
+    (3, "sync_wait_total_s", ["1.5", "2"], "sync_wait_total_s[0]: input should be a valid number"),
+    (1, "worker_steps", [3, -1], "worker_steps[1]: input should be greater than or equal to 0"),
+    (1, "lost_workers", "worker:1", "lost_workers: input should be a valid list"),
+    (0, "ps_shard_bytes", {"ps:0": -8}, "ps_shard_bytes.ps:0: input should be greater than or equal to 0"),
+    (3, "dropped_gradients", 1.5, "dropped_gradients: input should be a valid integer"),
+    (3, "dropped_gradients", 7, None),                              # a good one: taken, typed
+])
+def test_a_methods_own_fields_are_typed_with_the_shared_records(tmp_path, index, key, value, named):
+    """The fields a method adds to the records (``Method.records``: ps_train/records.py) are checked
+    with them, after a header of that method; without the registry's fields (a trainer reading its
+    own file), or in another method's run, they are kept as written."""
+    from hvdps.methods import record_fields
+    records = json.loads(json.dumps(METRIC))
+    records[0].update(backend="ps", num_ps=1)
+    records[index][key] = value
+    path = metrics_file(tmp_path, records)
+    assert getattr(schemas.read_metrics(path)[index], key) == value       # no fields given: kept
+    if named is None:
+        got = schemas.read_metrics(path, record_fields())[index]
+        assert getattr(got, key) == value and type(got).__name__ == "PSSummarySummary"
+        assert isinstance(got, schemas.Summary)
+        return
+    with pytest.raises(UsageError) as exc:
+        schemas.read_metrics(path, record_fields())
+    assert str(exc.value).startswith(f"{path}:{index + 1}: ") and named in str(exc.value), exc.value
+    records[0]["backend"] = "horovod"                                     # another method's run: kept
+    path = metrics_file(tmp_path, records)
+    assert getattr(schemas.read_metrics(path, record_fields())[index], key) == value
 
 
 def test_metrics_torn_tail_and_foreign_lines_are_not_records(tmp_path):

@@ -72,7 +72,7 @@ M = 1_000_000       # gradient bytes per step
 
 def row(backend, mode, n=2, sps=1000.0, name=None, compute=0.01, num_ps=None):
     return SimpleNamespace(backend=backend, mode=mode, workers=n, compute_s=compute, grad_bytes_per_step=M,
-                           samples_per_sec_median=sps, name=name or f"{backend}-{mode}", ps_shard_bytes=None,
+                           samples_per_sec_median=sps, name=name or f"{backend}-{mode}", shard_bytes=None,
                            num_ps=num_ps, roles=None)
 
 

@@ -249,8 +249,6 @@ class Header(Strict):
     host: Optional[Text] = None
     versions: Dict[Text, Text] = {}
     keras: Optional[Text] = None                            # which Keras built the model (common/spec/keras3.py)
-    ps_shard_bytes: Optional[Dict[Text, Index]] = None      # PS: model bytes each PS task holds
-    placement: Optional[Dict[Text, List[Text]]] = None      # PS: variable -> the devices holding it
     data_fingerprint: Optional[Text] = None                 # the training data's digest: --resume refuses others
     data_shards: Optional[Dict[Text, Text]] = None          # TFRecord shards: file -> content digest
 
@@ -268,9 +266,6 @@ class Step(_AtStep):
     type: Literal["step"]
     samples_seen: Index
     samples_per_sec: Optional[NonNeg] = None
-    worker_steps: Optional[List[Index]] = None              # PS: every worker's applied batches
-    sync_wait_total_s: Optional[List[NonNeg]] = None        # sync PS: each worker's wait so far
-    lost_workers: Optional[List[Text]] = None
 
 
 class Eval(_AtStep):
@@ -339,15 +334,24 @@ class Summary(Strict):
     breakdown: Optional[Breakdown] = None
     wire: Optional[Wire] = None
     gradient: Optional[Gradient] = None
-    worker_steps: Optional[List[Index]] = None
-    sync_wait_total_s: Optional[List[NonNeg]] = None
-    lost_workers: Optional[List[Text]] = None
-    dropped_gradients: Optional[Index] = None               # sync PS: pushed, never applied (late: backups)
     max_weight_divergence: Optional[NonNeg] = None
     peak_rss_mib: Optional[NonNeg] = None
 
 
 RECORDS = {"header": Header, "step": Step, "eval": Eval, "summary": Summary}
+_WITH_FIELDS = {}
+
+
+def with_fields(record, fields):
+    """The record type ``record`` (Header, Step, ...) with a method's own ``fields`` (a Strict model
+    its package declares: ``Method.records``): both validated, one typed record. Made once per pair."""
+    if fields is None:
+        return record
+    key = (record, fields)
+    if key not in _WITH_FIELDS:
+        _WITH_FIELDS[key] = type(f"{fields.__name__}{record.__name__}", (record, fields),
+                                 {"__module__": fields.__module__, "__doc__": record.__doc__})
+    return _WITH_FIELDS[key]
 
 
 # ------------------------------------------------------------------ dataset.json (TFRecord shards)
@@ -597,15 +601,19 @@ def read_text(path, what, max_bytes=1 * MiB):
     return read_input(path, what, max_bytes=max_bytes, binary=False)
 
 
-def read_metrics(path):
+def read_metrics(path, fields=None):
     """All complete records of a metrics file, each checked against its type's schema and
     returned as its typed record (Header, Step, Eval, Summary).
+
+    ``fields``: {backend: {record type: model}}, the fields each method adds to the records its
+    trainer writes (hvdps/methods.py: ``record_fields``); the records after a header of that backend
+    are validated and typed with them too. Without it, such fields are kept as they were written.
 
     A torn last line (a crash mid-write) is not a record and is dropped; lines that are not hvdps
     records at all (not JSON, not an object, no known ``type``) are skipped, so a foreign tool
     appending to the file does not stop the report. A record of a known type that breaks its
     schema (an accuracy of 7.5, a world size of 0) is refused: it would decide a verdict."""
-    records = []
+    records, own = [], {}
     if not os.path.lexists(path):
         return records
     text = read_input(path, "a metrics file", max_bytes=MAX_METRICS, binary=False)
@@ -623,7 +631,10 @@ def read_metrics(path):
             continue
         if _depth(rec) > MAX_DEPTH:
             raise SchemaError(f"{path}:{lineno}: nested deeper than {MAX_DEPTH} levels")
-        records.append(validate(RECORDS[rec["type"]], rec, f"{path}:{lineno}"))
+        if rec["type"] == "header":         # the method that wrote what follows, and its fields
+            backend = validate(Header, rec, f"{path}:{lineno}").backend
+            own = (fields or {}).get(backend) or {}
+        records.append(validate(with_fields(RECORDS[rec["type"]], own.get(rec["type"])), rec, f"{path}:{lineno}"))
     return records
 
 

@@ -179,7 +179,7 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
         if record and record.oversubscribed:
             left_out.append((row.name, "oversubscribed: more processes than cores"))
             continue
-        projected, how = projected_step(row, row.ps_shard_bytes, layers, ring, ps, fusion_bytes, cycle_s,
+        projected, how = projected_step(row, row.shard_bytes, layers, ring, ps, fusion_bytes, cycle_s,
                                         nets)
         if projected is None:
             continue
@@ -203,7 +203,7 @@ def heldout_of(path, layers, ring, ps, nets, args):
     cores = max(shared) if shared else None
     def terms_of(row):
         method = methods.lookup(row.backend)
-        return method.cost.step_terms(row, row.ps_shard_bytes, layers, ring_of(method, ring, nets), ps, fusion, cycle)
+        return method.cost.step_terms(row, row.shard_bytes, layers, ring_of(method, ring, nets), ps, fusion, cycle)
 
     entries = heldout.analyse(rows, terms_of, cores)
     return entries, cores

@@ -189,7 +189,7 @@ TCP_GOODPUT = 1448 / 1514
 
 def projected_step(row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
     """(the step time the network model gives this run, how): its own compute, its gradient M, its
-    worker count n and, for PS, the bytes its busiest PS task holds (header ``ps_shard_bytes``), by
+    worker count n and, for a method with server tasks, the bytes each holds (``RunRow.shard_bytes``), by
     its method's step model (hvdps/methods.py); (None, None) for a method this version lacks."""
     method = methods.lookup(row.backend)
     if method is None:

@@ -256,9 +256,9 @@ def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, 
     the healthy cluster's network and its own; None where the method has no step model. ``rates``:
     (healthy, run) samples/s over the whole measured interval, taken for a stall."""
     base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
-                    fusion_bytes=fusion_bytes, cycle_s=cycle_s, shard_bytes=healthy.ps_shard_bytes)
+                    fusion_bytes=fusion_bytes, cycle_s=cycle_s, shard_bytes=healthy.shard_bytes)
     slow = job_step(run, paces, compute_s, nets, layers=layers, fusion_bytes=fusion_bytes, cycle_s=cycle_s,
-                    shard_bytes=run.ps_shard_bytes)
+                    shard_bytes=run.shard_bytes)
     # a steady rate (a slow CPU, a slow link) is the median logging interval's; a stall is in a few
     # intervals only, so its cost is in the samples over the whole measured interval
     h, m = healthy.samples_per_sec_median, run.samples_per_sec_median

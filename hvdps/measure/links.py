@@ -223,8 +223,7 @@ def link_rows(run, row, links, interval):
                             header.start_time or 0) if interval and header else None
     got = measured(links, interval, rounds)
     roles = (links.roles if links else None) or {}
-    want = predicted(row.backend, row.mode, roles, summary.gradient if summary else None,
-                     header.ps_shard_bytes if header else None)
+    want = predicted(row.backend, row.mode, roles, summary.gradient if summary else None, row.shard_bytes)
     if not got:
         return []
     out = []

@@ -1,7 +1,8 @@
 """A run as the application reads it back: its records (``Curves``) and the typed row the comparison's
 tables, verdicts and projections read (``RunRow``), built once by ``load_run`` from the records the
 trainers write (common/trainer/metrics.py) and the figures its method measures of its own
-(``Method.measures``: the parameter servers' CPU and per-worker waits, ps_train/method.py)."""
+(``Method.measures``: the parameter servers' CPU, per-worker waits and dropped gradients,
+ps_train/method.py), with the fields each method adds to the records (``Method.records``)."""
 import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
@@ -67,11 +68,9 @@ class RunRow:
     sparse_bytes: Optional[float] = None
     sparse_table_bytes: Optional[float] = None
     wire_rule: Optional[str] = None
-    wait_per_worker_s: Optional[List[float]] = None
-    ps_cpu_s: Optional[float] = None
-    ps_cpu_share: Optional[float] = None
-    dropped_gradients: Optional[int] = None       # sync PS: gradients pushed and never applied
     curves: Curves = Curves()
+    # what its method measures of its own (``Method.measures``: an instance of its ``measured``), or None
+    measured: Optional[Any] = None
     # what the comparison adds (hvdps/measure/runs.py)
     error: Optional[str] = None
     oversubscribed: bool = False
@@ -122,13 +121,23 @@ class RunRow:
         return self.curves.header
 
     @property
-    def ps_shard_bytes(self):
-        """PS: {task: model bytes it holds} as the run recorded it (header), or None."""
-        return self.curves.header.ps_shard_bytes if self.curves.header else None
+    def shard_bytes(self):
+        """{server task: model bytes it holds} as the run recorded it, where its method has server
+        tasks that hold shares of the model (``Method.shard_bytes``), or None."""
+        method = methods.lookup(self.backend) if self.header is not None else None
+        return method.shard_bytes(self.header) if method else None
 
     def column(self, key):
-        """A table column's value by name (results.csv, results.json)."""
-        return getattr(self, key)
+        """A table column's value by name (results.csv, results.json): the row's own, else its
+        method's measures' (None for a run of another method)."""
+        if key in _OWN:
+            return getattr(self, key)
+        if key not in methods.measured_columns():
+            raise AttributeError(f"RunRow has no column {key!r}")
+        return getattr(self.measured, key, None)
+
+
+_OWN = frozenset(f.name for f in dataclasses.fields(RunRow))
 
 
 def measured_interval(header, steps):
@@ -164,7 +173,7 @@ def interval_rate(row):
 
 def load_run(run_dir, name="metrics.jsonl"):
     """One run's typed row for tables, with its records (``row.curves``). What a run lacks is None."""
-    recs = read_metrics(os.path.join(run_dir, name))
+    recs = read_metrics(os.path.join(run_dir, name), methods.record_fields())
     header = next((r for r in recs if r.type == "header"), None)
     summary = next((r for r in reversed(recs) if r.type == "summary"), None)
     evals = tuple(r for r in recs if r.type == "eval")
@@ -181,10 +190,10 @@ def load_run(run_dir, name="metrics.jsonl"):
                    final_test_loss=last_eval.loss if last_eval else None)
     if summary is not None:
         figures.update(summary_figures(summary))
+    curves = Curves(header=header, steps=steps, evals=evals, summary=summary)
     method = methods.lookup(header.backend) if header is not None else None
-    if method is not None:
-        figures.update(method.measures(run_dir, header, steps, measured_interval(header, steps)))
-    return RunRow(run_dir=run_dir, curves=Curves(header=header, steps=steps, evals=evals, summary=summary), **figures)
+    measured = method.measures(run_dir, curves, measured_interval(header, steps)) if method else None
+    return RunRow(run_dir=run_dir, curves=curves, measured=measured, **figures)
 
 
 def summary_figures(summary):
@@ -192,7 +201,7 @@ def summary_figures(summary):
     target, final accuracy where the trainer gave one, and the step's breakdown (the wire's
     figures where the breakdown has none)."""
     figures = {"time_to_target": summary.time_to_target, "wall_time": summary.total_time, "steps": summary.steps,
-               "grad_bytes_per_step": summary.grad_bytes_per_step, "dropped_gradients": summary.dropped_gradients}
+               "grad_bytes_per_step": summary.grad_bytes_per_step}
     if summary.status:
         figures["status"] = summary.status
     tp = summary.throughput

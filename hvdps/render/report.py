@@ -24,11 +24,18 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
            "global_batch", "oversubscribed", "startup_s", "teardown_s", "warmup_s", "warmup_share", "step_s", "compute_s",
-           "overhead_s", "overhead_share", "exchange_s", "wait_s", "wait_per_worker_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
+           "overhead_s", "overhead_share", "exchange_s", "wait_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
            "sparse_bytes", "sparse_table_bytes", "wire_rule",
-           "ps_cpu_s", "ps_cpu_share", "dropped_gradients", "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
+           "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
            "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "others_cores", "job_cores", "machine_cores",
            "shared", "condition", "repeat", "error", "run_dir")
+
+
+def columns_of():
+    """results.csv's columns: the figures every run has, then each method's own measures (declared by
+    its package: ``Method.measured``) before the run's condition, error and folder."""
+    tail = COLUMNS.index("condition")
+    return COLUMNS[:tail] + methods.measured_columns() + COLUMNS[tail:]
 
 
 def links_section(rows):
@@ -128,11 +135,12 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
     """``rows``: one per configuration (its runs' medians with --repeat); ``every_run``: each run,
     repeats apart, for results.csv and results.json (default: ``rows``)."""
     make_dirs(out)
-    plain = [{k: r.column(k) for k in COLUMNS} for r in (rows if every_run is None else every_run)]
+    columns = columns_of()
+    plain = [{k: r.column(k) for k in columns} for r in (rows if every_run is None else every_run)]
     write_atomic(os.path.join(out, "results.json"),
                  json.dumps({"rows": plain, "config": cfg_dict, "environment": environment}, indent=2))
     buf = io.StringIO(newline="")
-    w = csv.DictWriter(buf, fieldnames=COLUMNS)
+    w = csv.DictWriter(buf, fieldnames=columns)
     w.writeheader()
     w.writerows(plain)
     write_atomic(os.path.join(out, "results.csv"), buf.getvalue())
@@ -418,12 +426,6 @@ INPUT_FLOOR_S = 1e-3  # when the wait is also longer than the iterator call itse
 
 def _details(r):
     text = ""
-    waits = r.wait_per_worker_s
-    if waits and len(waits) > 1:
-        name = lambda i: f"rank {i}" + (" (the chief)" if i == 0 else "")
-        each = ", ".join(f"{name(i)} {_ms(w)}" for i, w in enumerate(waits))
-        least = min(range(len(waits)), key=waits.__getitem__)
-        text += f"; wait per step: {each}; the one that waits least, {name(least)}, is the slowest"
     if r.exchange_s is not None:
         text += f"; measured inside MPI_Allreduce: {_ms(r.exchange_s)}"
     if r.input_s is not None and r.input_share is not None:
