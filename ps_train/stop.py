@@ -237,6 +237,12 @@ def never_close(session):
     return session
 
 
+def keep_until_exit(*objects):
+    """Keep ``objects`` referenced until hard_exit: nothing they hold on another task is released
+    by a ``__del__`` while the tasks are being told to leave."""
+    _KEEP.extend(objects)
+
+
 def hard_exit(code):
     """Leave without tearing down the gRPC server threads (TF cannot stop a Server cleanly)."""
     sys.stdout.flush()

@@ -210,6 +210,9 @@ def coordinate(cfg, backend, num_train):
     books.finish(plan.total_updates)
     for times in adapter.tasks.values():
         times.save(cfg.train_dir)
+    # PS: what holds resources on the workers and PS tasks is never destroyed: a destroyed one sends
+    # its task an RPC, which could still be in flight as the release makes that task leave
+    stop.keep_until_exit(iterators, train_step, model, optimizer, checkpoints, adapter)
     return [name.split(" ")[0] for name in adapter.lost]
 
 

@@ -182,16 +182,26 @@ def test_every_reader_takes_or_refuses_in_one_line(tmp_path_factory, reader, val
             assert str(exc).startswith(path), exc
 
 
-@given(index=st.integers(min_value=0, max_value=len(METRIC) - 1), data=st.data())
-def test_metrics_reader_takes_or_refuses_each_record(tmp_path_factory, index, data):
+# A PS run's records with the fields ps_train/records.py declares, read with the registry's fields
+PS_METRIC = [dict(METRIC[0], backend="ps", num_ps=1, ps_shard_bytes={"ps:0": 4000},
+                  placement={"dense/kernel": ["/job:ps/task:0"]}),
+             dict(METRIC[1], worker_steps=[5, 5], sync_wait_total_s=[0.1, 0.2], lost_workers=[]),
+             METRIC[2], dict(METRIC[3], dropped_gradients=3, worker_steps=[9, 10])]
+
+
+@pytest.mark.parametrize("metric, method_fields", [(METRIC, False), (PS_METRIC, True)], ids=["shared", "ps"])
+@given(data=st.data())
+def test_metrics_reader_takes_or_refuses_each_record(tmp_path_factory, metric, method_fields, data):
+    from hvdps.methods import record_fields
+    index = data.draw(st.integers(min_value=0, max_value=len(metric) - 1))
     folder = str(tmp_path_factory.mktemp("m"))
-    records = [json.dumps(r) for r in METRIC]
-    records[index] = data.draw(broken(METRIC[index]))
+    records = [json.dumps(r) for r in metric]
+    records[index] = data.draw(broken(metric[index]))
     records[index] = records[index].decode("latin-1") if isinstance(records[index], bytes) else records[index]
     path = write(folder, "metrics.jsonl", "\n".join(r.replace("\n", " ") for r in records) + "\n")
     with bounded():
         try:
-            got = schemas.read_metrics(path)
+            got = schemas.read_metrics(path, record_fields() if method_fields else None)
         except UsageError as exc:
             one_line(exc)
             return
@@ -199,6 +209,12 @@ def test_metrics_reader_takes_or_refuses_each_record(tmp_path_factory, index, da
         for key in ("accuracy", "final_test_accuracy"):
             assert rec.get(key) is None or 0 <= rec[key] <= 1
         assert all(not isinstance(v, float) or math.isfinite(v) for v in rec.values())
+    headers = [r for r in got if r.type == "header"]
+    if method_fields and headers and headers[-1].backend == "ps":     # the method's fields typed too
+        for r in got:
+            counts = getattr(r, "worker_steps", None) or []
+            assert all(type(c) is int and c >= 0 for c in counts), r
+            assert getattr(r, "dropped_gradients", None) is None or type(r.dropped_gradients) is int
 
 
 @given(data=st.data())
