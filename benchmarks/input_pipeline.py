@@ -60,8 +60,7 @@ def launch(variant, workers, flags, out, env, pin=True, measure_peak=False):
     for line in p.stdout.splitlines():
         if line.startswith("peak_rss_kib "):
             row["job_peak_rss_mib"] = round(int(line.split()[1]) / 1024, 1)
-    summary = r.curves.summary if r.curves is not None else None
-    row["chief_peak_rss_mib"] = summary.peak_rss_mib if summary is not None else None
+    row["chief_peak_rss_mib"] = r.peak_rss_mib
     return row
 
 

@@ -216,10 +216,10 @@ class Method:
             raise UsageError(f"backend {self.name} has no mode '{text}' (valid: {', '.join(self.modes)})")
         return text
 
-    def measures(self, run_dir, curves, interval):
+    def measures(self, run_dir, curves, summary, interval):
         """What this method measures beyond the figures every trainer's records give: an instance of
         ``measured`` (the row's ``measured``), or None. From the run's records (``curves``: its
-        typed header, steps, evaluations and summary, with ``records``' fields) and its folder, over
+        typed header, steps and evaluations; its ``summary``, or None; each with ``records``' fields) and its folder, over
         the measured ``interval`` (Unix time, or None). The all-reduce methods measure nothing more;
         the parameter servers' entry reads its tasks' CPU, each worker's wait and the dropped
         gradients (ps_train/method.py)."""

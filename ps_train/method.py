@@ -229,8 +229,8 @@ class PSMethod(Method):
     def overhead_parts(self, mode, alone, measured_wait):
         return super().overhead_parts(base_mode(mode), alone, measured_wait)
 
-    def measures(self, run_dir, curves, interval):
-        header, summary = curves.header, curves.summary
+    def measures(self, run_dir, curves, summary, interval):
+        header = curves.header
         cpu = ps_cpu_seconds(run_dir, interval)
         share = cpu / (max(1, (header.num_ps if header else None) or 1) * (interval[1] - interval[0])) \
             if cpu is not None else None

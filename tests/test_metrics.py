@@ -244,3 +244,20 @@ def test_tensorboard_scalars_also_against_samples_seen(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(10, 0.5), (20, 0.25)]
     assert [(e.step, e.value) for e in acc.Scalars("by_samples/loss")] == [(640, 0.5), (1280, 0.25)]
     assert "test_accuracy" not in acc.Tags()["scalars"]
+
+
+def test_a_row_holds_each_summary_figure_once(tmp_path):
+    """load_run keeps the header, steps and evaluations as records and the summary's figures as the
+    row's own fields, not the summary beside them: each figure in one place, typed (the gradient a
+    schemas.Gradient; its embedding sizes read from it, as results.csv's columns are)."""
+    from common.formats.schemas import Gradient
+    records = [{"type": "header", "backend": "horovod", "mode": "sync", "world_size": 2, "start_time": 1.7e9},
+               {"type": "step", "global_step": 5, "samples_seen": 160, "loss": 1.0, "wall_time": 1.0},
+               {"type": "summary", "status": "ok", "total_time": 9.0, "peak_rss_mib": 512.5,
+                "gradient": {"dense_bytes": 1000, "sparse_bytes": 300, "sparse_table_bytes": 90000}}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    row = load_run(str(tmp_path))
+    assert "summary" not in {f.name for f in dataclasses.fields(row.curves)}
+    assert isinstance(row.gradient, Gradient) and row.gradient.dense_bytes == 1000
+    assert (row.wall_time, row.peak_rss_mib, row.status) == (9.0, 512.5, "ok")
+    assert (row.column("sparse_bytes"), row.column("sparse_table_bytes")) == (300, 90000)

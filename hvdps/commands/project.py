@@ -279,9 +279,10 @@ def make_parser():
     p.add_argument("--from", dest="from_dir", default=None,
                    help="hvdps runs (a compare directory or one run): compute time, gradient, the model's "
                         "layers and the overlap each run achieved are taken from them")
-    p.add_argument("--run_timeout", type=float, default=300,
+    p.add_argument("--run_timeout", type=float, default=60,
                    help="--from: seconds the runs' model plug-ins may take to import and build, all together (a "
-                        "plug-in that never returns is named, and its gradient taken as one tensor)")
+                        "plug-in that never returns is named, and its gradient taken as one tensor; a recorded "
+                        "model builds in seconds)")
     p.add_argument("--comm_json", dest="comm_json", default=None,
                    help="measured latency/bandwidth (benchmarks/results/comm.json) to fit the model from")
     p.add_argument("--bandwidth_gbps", dest="bandwidth_gbps", type=float, default=None,

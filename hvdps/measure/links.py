@@ -218,12 +218,12 @@ class LinkRow:
 
 def link_rows(run, row, links, interval):
     """The run's per-link table rows (LinkRow): host, its tasks, measured and predicted bytes per round."""
-    header, summary = row.curves.header, row.curves.summary
+    header = row.curves.header
     rounds = rounds_between(row.curves.steps, interval, row.batch_per_worker, row.workers,
                             header.start_time or 0) if interval and header else None
     got = measured(links, interval, rounds)
     roles = (links.roles if links else None) or {}
-    want = predicted(row.backend, row.mode, roles, summary.gradient if summary else None, row.shard_bytes)
+    want = predicted(row.backend, row.mode, roles, row.gradient, row.shard_bytes)
     if not got:
         return []
     out = []

@@ -12,17 +12,17 @@ from common.trainer.metrics import BREAKDOWN_FIELDS
 from hvdps import methods
 
 if TYPE_CHECKING:
-    from common.formats.schemas import Eval, Header, Step, Summary
+    from common.formats.schemas import Eval, Gradient, Header, Step
 
 
 @dataclasses.dataclass(frozen=True)
 class Curves:
-    """A run's records as validated (common/formats/schemas.py): the header and the summary when the
-    run wrote them, every step and evaluation in order."""
+    """A run's records over time as validated (common/formats/schemas.py): the header when the run
+    wrote one, every step and evaluation in order. The summary is not kept: its figures are the
+    row's own fields (``summary_figures``), each held once."""
     header: Optional["Header"] = None
     steps: Tuple["Step", ...] = ()
     evals: Tuple["Eval", ...] = ()
-    summary: Optional["Summary"] = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,8 +65,8 @@ class RunRow:
     input_share: Optional[float] = None
     bytes_per_step_per_worker: Optional[float] = None
     bytes_per_update_per_ps: Optional[float] = None
-    sparse_bytes: Optional[float] = None
-    sparse_table_bytes: Optional[float] = None
+    gradient: Optional["Gradient"] = None         # one worker's gradient of one batch, as measured
+    peak_rss_mib: Optional[float] = None          # the chief's (rank 0's) peak resident memory
     wire_rule: Optional[str] = None
     curves: Curves = Curves()
     # what its method measures of its own (``Method.measures``: an instance of its ``measured``), or None
@@ -127,6 +127,16 @@ class RunRow:
         method = methods.lookup(self.backend) if self.header is not None else None
         return method.shard_bytes(self.header) if method else None
 
+    @property
+    def sparse_bytes(self):
+        """Bytes of an embedding gradient's looked-up rows and their ids, one batch (the gradient's)."""
+        return self.gradient.sparse_bytes if self.gradient else None
+
+    @property
+    def sparse_table_bytes(self):
+        """Bytes of the embedding tables those rows come from (the gradient's)."""
+        return self.gradient.sparse_table_bytes if self.gradient else None
+
     def column(self, key):
         """A table column's value by name (results.csv, results.json): the row's own, else its
         method's measures' (None for a run of another method)."""
@@ -137,7 +147,8 @@ class RunRow:
         return getattr(self.measured, key, None)
 
 
-_OWN = frozenset(f.name for f in dataclasses.fields(RunRow))
+# the row's columns: its fields, and the figures it reads from its gradient
+_OWN = frozenset(f.name for f in dataclasses.fields(RunRow)) | {"sparse_bytes", "sparse_table_bytes"}
 
 
 def measured_interval(header, steps):
@@ -190,9 +201,9 @@ def load_run(run_dir, name="metrics.jsonl"):
                    final_test_loss=last_eval.loss if last_eval else None)
     if summary is not None:
         figures.update(summary_figures(summary))
-    curves = Curves(header=header, steps=steps, evals=evals, summary=summary)
+    curves = Curves(header=header, steps=steps, evals=evals)
     method = methods.lookup(header.backend) if header is not None else None
-    measured = method.measures(run_dir, curves, measured_interval(header, steps)) if method else None
+    measured = method.measures(run_dir, curves, summary, measured_interval(header, steps)) if method else None
     return RunRow(run_dir=run_dir, curves=curves, measured=measured, **figures)
 
 
@@ -201,7 +212,8 @@ def summary_figures(summary):
     target, final accuracy where the trainer gave one, and the step's breakdown (the wire's
     figures where the breakdown has none)."""
     figures = {"time_to_target": summary.time_to_target, "wall_time": summary.total_time, "steps": summary.steps,
-               "grad_bytes_per_step": summary.grad_bytes_per_step}
+               "grad_bytes_per_step": summary.grad_bytes_per_step, "gradient": summary.gradient,
+               "peak_rss_mib": summary.peak_rss_mib}
     if summary.status:
         figures["status"] = summary.status
     tp = summary.throughput
@@ -215,7 +227,5 @@ def summary_figures(summary):
     for key in BREAKDOWN_FIELDS:
         value = getattr(split, key, None) if split is not None else None
         figures[key] = value if value is not None else getattr(wire, key, None)
-    if summary.gradient is not None:
-        figures.update(sparse_bytes=summary.gradient.sparse_bytes, sparse_table_bytes=summary.gradient.sparse_table_bytes)
     figures["wire_rule"] = (wire.wire_rule if wire else None) or (split.wire_rule if split else None)
     return figures

@@ -107,8 +107,8 @@ def startup_of(row, run_seconds, launched_at=None):
     costs before it trains at speed. Teardown = the trainer's end to the job's exit (releasing PS
     tasks, MPI finalisation); known when the launch time was recorded, else it is counted in
     start-up (runs recorded before launch times were)."""
-    steps, summary, header = row.curves.steps, row.curves.summary, row.curves.header
-    total = summary.total_time if summary else None
+    steps, header = row.curves.steps, row.curves.header
+    total = row.wall_time
     counted = [i for i, s in enumerate(steps) if s.samples_per_sec is not None]
     if not counted or not total:
         return {}
