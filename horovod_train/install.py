@@ -5,8 +5,8 @@ hvdps's patch, cached as a wheel, installed, and its build verified.
     python horovod_train/install.py --verify   # horovodrun --check-build: TensorFlow, MPI and Gloo built in
     python horovod_train/install.py            # prints the wheel's path (built now, or from the cache)
     python horovod_train/install.py --key      # prints the cache key only
-    python horovod_train/install.py --record   # after installing the wheel: note its key in the venv
-    python horovod_train/install.py --check    # exit 0 if the Horovod installed is the one --key names
+    python horovod_train/install.py --record   # after installing the wheel and its runner patch: note the key in the venv
+    python horovod_train/install.py --check    # exit 0 if the Horovod installed is the one --key names, runner patched
 
 A method package whose method needs more than pip's dependencies has an ``install.py`` taking
 ``--install`` and ``--verify``: ``make setup`` runs every ``<name>_train/install.py`` with the venv's
@@ -16,8 +16,11 @@ Horovod's last release predates TensorFlow 2.19 and Keras 3, so the sdist from P
 TensorFlow, MPI and Gloo (about 3 minutes on 2 cores here). The wheel is only valid for the TensorFlow,
 Python and MPI it was compiled against, and for the patch: those four name its cache folder
 (``$HVDPS_CACHE``, default ``~/.cache/hvdps`` as for the bind shim), so a later set-up on the same machine (another
-clone, CI) installs it in seconds, and a change of any of them builds again. Standard library only:
-it runs before the project is installed.
+clone, CI) installs it in seconds, and a change of any of them builds again.
+``patches/horovod-0.28.1-runner.patch`` changes only horovodrun's Python (a failed process's exit code
+instead of a traceback under ``--gloo``): it is applied to the installed package, so a change to it
+installs the cached wheel again and patches it, without compiling. Standard library only: it runs
+before the project is installed.
 """
 import hashlib
 import os
@@ -32,6 +35,7 @@ HOROVOD = "0.28.1"
 SDIST_SHA256 = "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 PATCH = os.path.join(os.path.dirname(HERE), "patches", f"horovod-{HOROVOD}.patch")
+RUNNER_PATCH = os.path.join(os.path.dirname(HERE), "patches", f"horovod-{HOROVOD}-runner.patch")
 BUILT_WITH = ("TensorFlow", "MPI", "Gloo")       # what horovodrun --check-build must list as built in
 BUILD_ENV = {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITH_MPI": "1", "HOROVOD_WITH_GLOO": "1",
              "HOROVOD_WITHOUT_PYTORCH": "1", "HOROVOD_WITHOUT_MXNET": "1", "MAKEFLAGS": "-j2"}
@@ -71,6 +75,11 @@ def cache_key():
     py = f"{sys.version_info[0]}{sys.version_info[1]}"
     return (f"horovod-{HOROVOD}-tf{tensorflow_version()}-py{py}-ompi{mpi_version()}"
             f"-patch{_sha256(PATCH)[:12]}")
+
+
+def installed_key():
+    """What the installed package depends on: the wheel's key and the runner patch applied on it."""
+    return f"{cache_key()}-runner{_sha256(RUNNER_PATCH)[:12]}"
 
 
 def cache_dir():
@@ -128,11 +137,12 @@ def _recorded():
 
 
 def installed_is_current():
-    """Horovod imports with its compiled ops and was installed from the wheel of this key: the same
-    TensorFlow, Python, MPI and patch (a changed patch means a new wheel, not a stale install)."""
+    """Horovod imports with its compiled ops and was installed from the wheel of this key, with this
+    runner patch: the same TensorFlow, Python, MPI and patches (a changed patch means a new wheel or
+    a new install, not a stale one)."""
     try:
         with open(_recorded()) as f:
-            if f.read().strip() != cache_key():
+            if f.read().strip() != installed_key():
                 return False
     except OSError:
         return False
@@ -168,9 +178,24 @@ def install():
     done = subprocess.run([*pip, "install", wheel], capture_output=True, text=True)
     if done.returncode != 0:
         raise BuildError(f"pip install {wheel}: {(done.stderr or done.stdout).strip()[-2000:]}")
+    patch_runner()
     with open(_recorded(), "w") as f:
-        f.write(cache_key() + "\n")
+        f.write(installed_key() + "\n")
     return 0
+
+
+def patch_runner():
+    """The runner patch applied to the installed package (its files sit under site-packages as
+    they do under the sdist's root)."""
+    out = subprocess.run([sys.executable, "-c", "import horovod, os; print(os.path.dirname(os.path.dirname("
+                          "horovod.__file__)))"], capture_output=True, text=True)
+    site = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
+    if not site:
+        raise BuildError("the installed horovod does not import: " + out.stderr.strip()[-2000:])
+    done = subprocess.run(["patch", "-p1", "--forward", "--batch", "-d", site, "-i", RUNNER_PATCH],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BuildError(f"patch -d {site} -i {os.path.relpath(RUNNER_PATCH)}: {(done.stdout + done.stderr).strip()[-2000:]}")
 
 
 def verify():
@@ -208,7 +233,7 @@ def main(argv):
             return 0 if installed_is_current() else 1
         if argv == ["--record"]:
             with open(_recorded(), "w") as f:
-                f.write(cache_key() + "\n")
+                f.write(installed_key() + "\n")
             return 0
         if argv:
             print("error: usage: python horovod_train/install.py [--install | --verify | --key | --check | --record]")

@@ -114,6 +114,27 @@ def test_horovod_patch_hunks_name_their_tensorflow_change():
         assert any("hvdps patch" in l and "TF" in l for l in added), hunk
 
 
+def test_horovod_runner_patch_is_applied_to_the_install_not_the_wheel(monkeypatch, tmp_path):
+    """horovodrun's Python changes without a compile: the wheel's key leaves the runner patch out,
+    the installed key holds both, and every hunk of the runner patch says why it is there."""
+    from horovod_train import install as hb
+    monkeypatch.setattr(hb, "tensorflow_version", lambda: "2.21.0")
+    monkeypatch.setattr(hb, "mpi_version", lambda: "4.1.4")
+    wheel_key, installed = hb.cache_key(), hb.installed_key()
+    assert installed.startswith(wheel_key + "-runner") and len(installed.rsplit("runner", 1)[1]) == 12
+    changed = tmp_path / "runner.patch"
+    changed.write_text(open(hb.RUNNER_PATCH).read() + "\n")
+    monkeypatch.setattr(hb, "RUNNER_PATCH", str(changed))
+    assert hb.cache_key() == wheel_key and hb.installed_key() != installed
+    text = open(hb.RUNNER_PATCH).read()
+    assert {l.split()[1] for l in text.splitlines() if l.startswith("+++ ")} == {
+        "b/horovod/runner/gloo_run.py", "b/horovod/runner/launch.py"}
+    for hunk in text.split("\n@@ ")[1:]:
+        added = [l for l in hunk.splitlines() if l.startswith("+") and not l.startswith("+++")]
+        assert any("JobFailedError" in l for l in added), hunk
+    assert text.count("hvdps patch") == 2
+
+
 def test_horovod_build_refuses_unknown_flags(capsys):
     from horovod_train.install import main
     assert main(["--bogus"]) == 2
