@@ -12,15 +12,20 @@ deadline passes depends on where it is:
 - inside the step (its compute and the exchange): it waits for a peer. After ``GRACE`` (a peer stalled
   in its own pipeline started its step at about the same time, and speaks for itself) it looks at the
   ranks of its host (the roster: each rank's host and pid): a rank the kernel holds stopped is named,
-  with its pid; one that is gone was already named by itself or by mpirun. Else the line says the
-  rank it waits for is on another host. The lowest waiting rank of each host speaks (a host whose
-  only rank stopped has no one to speak for it, so the other hosts do); every rank exits, and Open
-  MPI ends the rest of the job.
+  with its pid; one that is gone was already named by itself or by mpirun. Else every rank of its
+  host is here and waiting, so the one it waits for is among the other hosts' ranks: named by rank,
+  pid and host when it is the only one (the everyday two-host job), else the line lists them. The
+  kernel's state of a process on another host cannot be read from here, so the line says "did not
+  arrive", not "stopped". The lowest waiting rank of each host speaks (a host whose only rank
+  stopped has no one to speak for it, so the other hosts do); every rank exits, and Open MPI ends
+  the rest of the job.
 
-The collectives between steps (the logged loss, an evaluation's sums) are bounded alike; a rank's own
-evaluation and rank 0's checkpoint are not, but the ranks waiting for them are: --step_timeout must
-cover a checkpoint's save and the slowest rank's share of an evaluation. A stall shorter than the timeout is a slow step (``hvdps compare --stall``);
-a longer one is this line.
+The collectives between steps (the logged loss, an evaluation's sums) are bounded alike, and so is
+a rank's own work between them (its share of an evaluation, rank 0's checkpoint save): a rank whose
+own work passes the bound names itself and what it was doing (a checkpoint on a hung file system),
+before the ranks waiting for it would. The first time each is done it also gets
+``--startup_timeout`` (tracing). A stall shorter than the timeout is a slow step (``hvdps compare
+--stall``); a longer one is this line.
 """
 import contextlib
 import os
@@ -41,8 +46,8 @@ def add_deadline_args(parser):
     g = parser.add_argument_group("liveness")
     g.add_argument("--step_timeout", type=float, default=60.0,
                    help="seconds a step may take, its input and its exchange included, before the rank ends the job "
-                        "naming the rank it waits for (a stopped or stalled peer, or its own input pipeline); it must "
-                        "cover a checkpoint's save and the slowest rank's share of an evaluation")
+                        "naming the rank it waits for (a stopped or stalled peer, or its own input pipeline); a "
+                        "rank's share of an evaluation and a checkpoint's save are bounded alike, naming that rank")
     g.add_argument("--startup_timeout", type=float, default=60.0,
                    help="seconds the first step may take on top of --step_timeout (tracing, the first negotiation)")
     for name in ("step_timeout", "startup_timeout"):
@@ -70,6 +75,7 @@ class StepDeadline:
         self._lock = threading.Lock()
         self._armed = None              # (step, phase, started, limit)
         self._first, self._step = True, 0
+        self._done = set()              # the kinds of own work done once (the first also traces)
         self._stop = threading.Event()
         self._tick, self._thawed = time.monotonic(), -1e9
         if roster is not None:
@@ -101,6 +107,20 @@ class StepDeadline:
         try:
             yield
         finally:
+            with self._lock:
+                self._armed = None
+
+    @contextlib.contextmanager
+    def own(self, what):
+        """This rank's own work between steps (``what``: "its share of the evaluation", "its checkpoint's
+        save"), bounded as a step; the first of each kind gets --startup_timeout on top."""
+        limit = self.step_timeout + (0 if what in self._done else self.startup_timeout)
+        with self._lock:
+            self._armed = (self._step, what, time.monotonic(), limit)
+        try:
+            yield
+        finally:
+            self._done.add(what)
             with self._lock:
                 self._armed = None
 
@@ -143,6 +163,8 @@ class StepDeadline:
         if phase == "input":
             return (f"rank {self.rank}: step {step}: no batch from the input pipeline for {bound}: its pipeline "
                     f"stalled", True)
+        if phase != "step":                     # its own work: it names itself, whichever rank it is
+            return f"rank {self.rank}: after step {step}: {phase} did not finish within {bound}", True
         roster = self.roster
         if roster is None:                      # no roster (one process, or MWMS's workers): rank 0 says it
             return f"rank {self.rank}: step {step} did not finish within {bound}", self.rank == 0
@@ -156,7 +178,13 @@ class StepDeadline:
             who = ", ".join(f"rank {r} (pid {roster.members[r][1]} on {roster.host})" for r in stopped)
             return (f"rank {self.rank}: step {step} waited {bound} for {who}: stopped (SIGSTOP: a preempted, "
                     f"suspended or swapping process)", speaks)
-        others = sorted({host for host, _ in roster.members if host != roster.host})
-        where = f"a rank on {', '.join(others)}" if others else "a rank that is running but did not arrive"
-        return (f"rank {self.rank}: step {step} waited {bound} for the exchange: {where} did not arrive",
+        elsewhere = [f"rank {r} (pid {pid} on {host})" for r, (host, pid) in enumerate(roster.members)
+                     if host != roster.host]
+        if not elsewhere:
+            where = "a rank that is running but did not arrive"
+        elif len(elsewhere) == 1:
+            where = f"{elsewhere[0]} did not arrive"
+        else:
+            where = f"one of {', '.join(elsewhere)} did not arrive"
+        return (f"rank {self.rank}: step {step} waited {bound} for the exchange: {where}",
                 speaks)                  # each host's lowest waiting rank: a host with no other rank is never silent

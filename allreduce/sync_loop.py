@@ -37,6 +37,9 @@ class AllreduceAdapter(Adapter):
     def _exchange(self):
         return self.deadline.exchange() if self.deadline else contextlib.nullcontext()
 
+    def _own(self, what):
+        return self.deadline.own(what) if self.deadline else contextlib.nullcontext()
+
     def reduce_loss(self, losses):
         with self._exchange():
             return self.backend.allreduce(sum(losses) / len(losses), "loss")   # all-reduce: average
@@ -48,13 +51,17 @@ class AllreduceAdapter(Adapter):
         key = (self.backend.rank, self.backend.world_size)      # elastic: the world may have changed
         if key not in self._test:
             self._test = {key: make_dataset(self.cfg, *key, split="test")}
-        with self.backend.consensus(self.model):     # all-reduce: the weights the ranks agree on
-            sums = eval_sums(self.model, self._test[key])
+        with contextlib.ExitStack() as agreed:
+            with self._exchange():
+                agreed.enter_context(self.backend.consensus(self.model))   # all-reduce: the weights the ranks agree on
+            with self._own("its share of the evaluation"):
+                sums = eval_sums(self.model, self._test[key])
         with self._exchange():
             return finish_eval(self.backend.allreduce(sums, "eval", op="sum"))
 
     def save(self, step):
-        self.checkpoints.save(step)
+        with self._own("its checkpoint's save"):
+            self.checkpoints.save(step)
 
     def final_weights(self):
         return self.model.get_weights()

@@ -55,13 +55,17 @@ STOPPED = "(SIGSTOP: a preempted, suspended or swapping process)"
      "rank 2: step 7 waited 5s (--step_timeout) for rank 0 (pid {stopped} on {host}): stopped " + STOPPED, False),
     # a peer that left said why (or mpirun does): nothing more
     (0, [(HOST, "self"), (HOST, "dead")], "step", False, None, False),
-    # nobody stopped here: the rank it waits for is on another host; each host's lowest waiting rank says so
-    (0, [(HOST, "self"), ("n2", 1)], "step", False,
-     "rank 0: step 7 waited 5s (--step_timeout) for the exchange: a rank on n2 did not arrive", True),
-    (1, [("n1", 1), (HOST, "self")], "step", False,
-     "rank 1: step 7 waited 5s (--step_timeout) for the exchange: a rank on n1 did not arrive", True),
-    (2, [("n1", 1), (HOST, "running"), (HOST, "self")], "step", False,
-     "rank 2: step 7 waited 5s (--step_timeout) for the exchange: a rank on n1 did not arrive", False),
+    # nobody stopped here: the rank it waits for is on another host, named when it is the only one there,
+    # listed when there are several; each host's lowest waiting rank says so
+    (0, [(HOST, "self"), ("n2", 4242)], "step", False,
+     "rank 0: step 7 waited 5s (--step_timeout) for the exchange: rank 1 (pid 4242 on n2) did not arrive", True),
+    (1, [("n1", 4242), (HOST, "self")], "step", False,
+     "rank 1: step 7 waited 5s (--step_timeout) for the exchange: rank 0 (pid 4242 on n1) did not arrive", True),
+    (2, [("n1", 4242), (HOST, "running"), (HOST, "self")], "step", False,
+     "rank 2: step 7 waited 5s (--step_timeout) for the exchange: rank 0 (pid 4242 on n1) did not arrive", False),
+    (0, [(HOST, "self"), ("n2", 11), ("n3", 12)], "step", False,
+     "rank 0: step 7 waited 5s (--step_timeout) for the exchange: one of rank 1 (pid 11 on n2), "
+     "rank 2 (pid 12 on n3) did not arrive", True),
 ])
 def test_who_a_rank_past_its_deadline_names(pids, rank, members, phase, first, line, speaks):
     roster = Roster(rank, [(h, pids.get(p, p)) for h, p in members], host=HOST)
@@ -79,36 +83,63 @@ def test_a_step_without_a_roster_names_the_step():
     assert deadline.verdict(3, "step", 5.0) == ("rank 0: step 3 did not finish within 5s (--step_timeout)", True)
 
 
+@pytest.mark.unit
+def test_own_work_is_bounded_and_named_by_its_rank():
+    """A rank's own work between steps (a checkpoint's save) names the rank, whichever it is; the first
+    of each kind also gets --startup_timeout."""
+    deadline = StepDeadline(3, 5.0, 3.0)
+    deadline.stop()
+    deadline.begin(12)
+    deadline.end()
+    limits = []
+    for _ in range(2):
+        with deadline.own("its checkpoint's save"):
+            limits.append(deadline._armed[3])
+    assert limits == [8.0, 5.0] and deadline._armed is None
+    assert deadline.verdict(12, "its checkpoint's save", 5.0) == (
+        "rank 3: after step 12: its checkpoint's save did not finish within 5s (--step_timeout)", True)
+
+
 NEVER_YIELDS = '''
 import time
 import numpy as np
 import tensorflow as tf
+
+NEVER = "{split}"
 
 def load(cfg):
     def never():
         while True:
             time.sleep(3600)
             yield np.zeros((2, 3, 1), np.float32), 0
-    def train(ctx):
-        return tf.data.Dataset.from_generator(never, output_signature=(
-            tf.TensorSpec((2, 3, 1), tf.float32), tf.TensorSpec((), tf.int64))).batch(ctx.batch_size)
-    def test(ctx):
-        return tf.data.Dataset.from_tensor_slices((np.zeros((8, 2, 3, 1), np.float32), np.zeros(8, np.int64))).batch(4)
-    return {"train": train, "test": test, "train_examples": 40, "input_shape": (2, 3, 1), "classes": 2}
+    def split(name, size):
+        if name == NEVER:
+            return tf.data.Dataset.from_generator(never, output_signature=(
+                tf.TensorSpec((2, 3, 1), tf.float32), tf.TensorSpec((), tf.int64))).batch(4)
+        return tf.data.Dataset.from_tensor_slices((np.zeros((size, 2, 3, 1), np.float32),
+                                                   np.zeros(size, np.int64))).batch(4)
+    return {"train": lambda ctx: split("train", 40), "test": lambda ctx: split("test", 8),
+            "train_examples": 40, "input_shape": (2, 3, 1), "classes": 2}
 '''
 
 
 @pytest.mark.process
-def test_a_pipeline_that_never_yields_ends_the_run_naming_it(tmp_path):
-    """A plug-in's training pipeline that never gives a batch: the rank names its own pipeline within
-    --startup_timeout + --step_timeout and exits non-zero, instead of hanging."""
+@pytest.mark.parametrize("split, line", [
+    ("train", "error: rank 0: step 1: no batch from the input pipeline for 6s (--step_timeout + --startup_timeout): "
+              "its pipeline stalled"),
+    ("test", "error: rank 0: after step 10: its share of the evaluation did not finish within 6s (--step_timeout + "
+             "--startup_timeout)"),
+])
+def test_a_pipeline_that_never_yields_ends_the_run_naming_it(tmp_path, split, line):
+    """A plug-in's pipeline that never gives a batch, for training or for the rank's own share of an
+    evaluation: the rank names itself within --startup_timeout + --step_timeout and exits non-zero,
+    instead of hanging."""
     plugin = tmp_path / "never.py"
-    plugin.write_text(NEVER_YIELDS)
+    plugin.write_text(NEVER_YIELDS.replace("{split}", split))
     started = time.monotonic()
     r = run([sys.executable, os.path.join(REPO, "mpi_train", "main.py"), "--dataset", f"{plugin}:load",
              "--batch_size", "4", "--probe_steps", "0", "--step_timeout", "3", "--startup_timeout", "3",
              "--train_dir", str(tmp_path / "run")], timeout=120)
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert r.returncode == 1 and errors == ["error: rank 0: step 1: no batch from the input pipeline for 6s "
-                                            "(--step_timeout + --startup_timeout): its pipeline stalled"], r.stderr[-3000:]
+    assert r.returncode == 1 and errors == [line], r.stderr[-3000:]
     assert time.monotonic() - started < 60
