@@ -21,9 +21,9 @@ deadline passes depends on where it is:
   the rest of the job.
 
 The collectives between steps (the logged loss, an evaluation's sums) are bounded alike, and so is
-a rank's own work between them (its share of an evaluation, rank 0's checkpoint save): a rank whose
-own work passes the bound names itself and what it was doing (a checkpoint on a hung file system),
-before the ranks waiting for it would. The first time each is done it also gets
+a rank's own work between them (each batch of its share of an evaluation, rank 0's checkpoint
+save): a rank whose own work passes the bound names itself and what it was doing (a test pipeline
+that stopped, a checkpoint on a hung file system), before the ranks waiting for it would. The first time each is done it also gets
 ``--startup_timeout`` (tracing). A stall shorter than the timeout is a slow step (``hvdps compare
 --stall``); a longer one is this line.
 """
@@ -46,8 +46,8 @@ def add_deadline_args(parser):
     g = parser.add_argument_group("liveness")
     g.add_argument("--step_timeout", type=float, default=60.0,
                    help="seconds a step may take, its input and its exchange included, before the rank ends the job "
-                        "naming the rank it waits for (a stopped or stalled peer, or its own input pipeline); a "
-                        "rank's share of an evaluation and a checkpoint's save are bounded alike, naming that rank")
+                        "naming the rank it waits for (a stopped or stalled peer, or its own input pipeline); each "
+                        "batch of a rank's evaluation and a checkpoint's save are bounded alike, naming that rank")
     g.add_argument("--startup_timeout", type=float, default=60.0,
                    help="seconds the first step may take on top of --step_timeout (tracing, the first negotiation)")
     for name in ("step_timeout", "startup_timeout"):
@@ -113,12 +113,17 @@ class StepDeadline:
     @contextlib.contextmanager
     def own(self, what):
         """This rank's own work between steps (``what``: "its share of the evaluation", "its checkpoint's
-        save"), bounded as a step; the first of each kind gets --startup_timeout on top."""
+        save"), bounded as a step; the first of each kind gets --startup_timeout on top. Yields a
+        function that starts the bound again: an evaluation calls it after each batch, so its bound
+        is a batch's, however large the test set."""
         limit = self.step_timeout + (0 if what in self._done else self.startup_timeout)
-        with self._lock:
-            self._armed = (self._step, what, time.monotonic(), limit)
+
+        def progress():
+            with self._lock:
+                self._armed = (self._step, what, time.monotonic(), limit)
+        progress()
         try:
-            yield
+            yield progress
         finally:
             self._done.add(what)
             with self._lock:

@@ -38,7 +38,7 @@ class AllreduceAdapter(Adapter):
         return self.deadline.exchange() if self.deadline else contextlib.nullcontext()
 
     def _own(self, what):
-        return self.deadline.own(what) if self.deadline else contextlib.nullcontext()
+        return self.deadline.own(what) if self.deadline else contextlib.nullcontext(lambda: None)
 
     def reduce_loss(self, losses):
         with self._exchange():
@@ -54,8 +54,8 @@ class AllreduceAdapter(Adapter):
         with contextlib.ExitStack() as agreed:
             with self._exchange():
                 agreed.enter_context(self.backend.consensus(self.model))   # all-reduce: the weights the ranks agree on
-            with self._own("its share of the evaluation"):
-                sums = eval_sums(self.model, self._test[key])
+            with self._own("its share of the evaluation") as progress:     # bounded per batch
+                sums = eval_sums(self.model, self._test[key], progress=progress)
         with self._exchange():
             return finish_eval(self.backend.allreduce(sums, "eval", op="sum"))
 

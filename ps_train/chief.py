@@ -94,8 +94,9 @@ class WaitMeter:
         return statistics.median(self.means) if self.means else None
 
 
-def evaluate(read, graph):
-    """(test loss, test accuracy) of the current PS variables over the whole test set."""
+def evaluate(read, graph, progress=None):
+    """(test loss, test accuracy) of the current PS variables over the whole test set; ``progress``
+    called after each batch."""
     import tensorflow as tf
     read(graph.eval_init)
     total = [0.0, 0.0, 0.0]
@@ -105,4 +106,6 @@ def evaluate(read, graph):
         except tf.errors.OutOfRangeError:
             break
         total = [a + b for a, b in zip(total, part)]
+        if progress:
+            progress()
     return finish_eval(total)

@@ -228,7 +228,7 @@ def start_session(cfg, backend, plan, graph, start_log, dog):
     read(graph.data_init, {graph.data_skip: start})   # PS: resume the data stream where it was
     chief = books = None
     if backend.is_chief:
-        chief = ChiefAdapter(cfg, backend, graph, read, dog.kick)
+        chief = ChiefAdapter(cfg, backend, graph, read, dog)
         chief.sess = sess
         chief.first_checkpoint()         # start-up, not warm-up
     log = start_log()
@@ -362,8 +362,9 @@ class ChiefAdapter(Adapter):
     already fetches the global step with each step.
     """
 
-    def __init__(self, cfg, backend, graph, read, kick):
-        self.cfg, self.backend, self.graph, self.read, self.kick = cfg, backend, graph, read, kick
+    def __init__(self, cfg, backend, graph, read, dog):
+        self.cfg, self.backend, self.graph, self.read, self.dog = cfg, backend, graph, read, dog
+        self.kick = dog.kick
         self.model = graph.model
         self.dir = os.path.join(cfg.train_dir, "checkpoints")
         self.tracker = WorkerTracker(backend.task_names(), backend.sync, backend.step_timeout)
@@ -399,7 +400,11 @@ class ChiefAdapter(Adapter):
         return extra
 
     def evaluate(self, step):
-        return evaluate(self.read, self.graph)
+        with self.dog.doing(f"{self._who()}: its evaluation after update {step} did not finish"):
+            return evaluate(self.read, self.graph, progress=self.kick)   # bounded per batch
+
+    def _who(self):
+        return f"{self.backend.job}:{self.backend.index} (chief)"
 
     def save(self, step):
         import tensorflow as tf
@@ -409,7 +414,8 @@ class ChiefAdapter(Adapter):
             self.graph.saver.save(raw, os.path.join(self.dir, "model.ckpt"), global_step=update,
                                   write_meta_graph=False)
         try:
-            retried(self.sess, write, "chief: checkpoint")
+            with self.dog.doing(f"{self._who()}: its checkpoint's save at update {step} did not finish"):
+                retried(self.sess, write, "chief: checkpoint")
         except (tf.errors.OpError, OSError) as exc:       # a full disk, say: one line, the old files kept
             remove_partial_checkpoints(self.dir)
             raise RunError(f"chief: checkpoint: {describe(exc)}")

@@ -181,9 +181,9 @@ def coordinate(cfg, backend, num_train):
         "loss_source": "the logged step's own batch"})
     print(f"async mode (TF2 ParameterServerStrategy), {plan.workers} workers, {backend.num_ps} PS, chief "
           f"coordinates: {plan.global_step_meaning}; target {plan.total_updates} updates", flush=True)
-    adapter = CoordinatorAdapter(cfg, backend, model, optimizer, checkpoints)
-    books = Bookkeeper(cfg, plan, backend, log, adapter, start=start)
     dog = Watchdog(backend.step_timeout + backend.startup_timeout, "chief: the first step did not finish")
+    adapter = CoordinatorAdapter(cfg, backend, model, optimizer, checkpoints, dog)
+    books = Bookkeeper(cfg, plan, backend, log, adapter, start=start)
     first, recoveries = start + 1, 0
     try:
         while True:
@@ -205,9 +205,10 @@ def coordinate(cfg, backend, num_train):
                 recoveries += 1
                 first = settle(backend, optimizer) + 1
                 adapter.note_lost_workers()
+        dog.pause()                              # the end: its evaluation and save stay bounded
+        books.finish(plan.total_updates)
     finally:
         dog.stop()
-    books.finish(plan.total_updates)
     for times in adapter.tasks.values():
         times.save(cfg.train_dir)
     # PS: what holds resources on the workers and PS tasks is never destroyed: a destroyed one sends
@@ -284,8 +285,9 @@ class CoordinatorAdapter(Adapter):
     worker that ran it), lost workers from their ports, inline evaluation on the PS weights (as
     TensorFlow's guide does it), checkpoints of the chief's mirror of the PS variables."""
 
-    def __init__(self, cfg, backend, model, optimizer, checkpoints):
+    def __init__(self, cfg, backend, model, optimizer, checkpoints, dog):
         self.cfg, self.backend, self.model, self.optimizer, self.checkpoints = cfg, backend, model, optimizer, checkpoints
+        self.dog = dog
         self.test_ds = make_dataset(cfg, 0, 1, split="test")
         self.lost = []
         self.input_waits = []                    # the logged steps' waits for their batch, on their worker
@@ -314,10 +316,12 @@ class CoordinatorAdapter(Adapter):
                 print(f"chief: {name} is gone; its steps run on the other workers", flush=True)
 
     def evaluate(self, step):
-        return finish_eval(eval_sums(self.model, self.test_ds))
+        with self.dog.doing(f"chief: its evaluation after update {step} did not finish"):
+            return finish_eval(eval_sums(self.model, self.test_ds, progress=self.dog.kick))   # per batch
 
     def save(self, step):
-        self.checkpoints.save(step)
+        with self.dog.doing(f"chief: its checkpoint's save at update {step} did not finish"):
+            self.checkpoints.save(step)
 
     def final_weights(self):
         self.checkpoints.pull()                  # PS: the PS variables, read into the chief's copy

@@ -1,8 +1,9 @@
 """Each step of an MPI-launched rank is bounded, and what the rank says when the bound passes
-(allreduce/deadline.py): the rank whose own pipeline stalled names itself; a rank waiting in its
-exchange names the peer of its host that the kernel holds stopped, says nothing of a peer that left,
-and points to the other hosts otherwise. The whole job, a stopped rank under mpirun, is in
-tests/test_mpi.py."""
+(allreduce/deadline.py): the rank whose own pipeline stalled, or whose own work between steps hangs,
+names itself; a rank waiting in its exchange names the peer of its host that the kernel holds
+stopped, says nothing of a peer that left, and names the other hosts' ranks otherwise. A pipeline
+that never yields is also run under MWMS and both PS trainers (a PS chief's evaluation bounded by its
+watchdog). The whole job, a stopped rank under mpirun, is in tests/test_mpi.py."""
 import os
 import signal
 import socket
@@ -93,8 +94,12 @@ def test_own_work_is_bounded_and_named_by_its_rank():
     deadline.end()
     limits = []
     for _ in range(2):
-        with deadline.own("its checkpoint's save"):
+        with deadline.own("its checkpoint's save") as progress:
             limits.append(deadline._armed[3])
+            started = deadline._armed[2]
+            time.sleep(0.01)
+            progress()                           # a batch done: the bound starts again
+            assert deadline._armed[2] > started and deadline._armed[3] == limits[-1]
     assert limits == [8.0, 5.0] and deadline._armed is None
     assert deadline.verdict(12, "its checkpoint's save", 5.0) == (
         "rank 3: after step 12: its checkpoint's save did not finish within 5s (--step_timeout)", True)
@@ -124,22 +129,31 @@ def load(cfg):
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("split, line", [
-    ("train", "error: rank 0: step 1: no batch from the input pipeline for 6s (--step_timeout + --startup_timeout): "
-              "its pipeline stalled"),
-    ("test", "error: rank 0: after step 10: its share of the evaluation did not finish within 6s (--step_timeout + "
-             "--startup_timeout)"),
+@pytest.mark.parametrize("method, split, line", [
+    ("mpi", "train", "error: rank 0: step 1: no batch from the input pipeline for 12s (--step_timeout + "
+                     "--startup_timeout): its pipeline stalled"),
+    ("mpi", "test", "error: rank 0: after step 10: its share of the evaluation did not finish within 12s "
+                    "(--step_timeout + --startup_timeout)"),
+    ("mwms", "test", "error: rank 0: after step 10: its share of the evaluation did not finish within 12s "
+                     "(--step_timeout + --startup_timeout)"),
+    ("ps", "test", "error: worker:0 (chief): its evaluation after update 10 did not finish (no progress for 12s)"),
+    ("ps2", "test", "error: chief: its evaluation after update 10 did not finish (no progress for 12s)"),
 ])
-def test_a_pipeline_that_never_yields_ends_the_run_naming_it(tmp_path, split, line):
-    """A plug-in's pipeline that never gives a batch, for training or for the rank's own share of an
-    evaluation: the rank names itself within --startup_timeout + --step_timeout and exits non-zero,
-    instead of hanging."""
+def test_a_pipeline_that_never_yields_ends_the_run_naming_it(tmp_path, method, split, line):
+    """A plug-in's pipeline that never gives a batch, for training or for the process's own share of an
+    evaluation, under each method: the rank (the chief) names itself and what it was doing within
+    --startup_timeout + --step_timeout and the job exits non-zero, instead of hanging. Bare MPI's
+    trainer alone; the others as ``hvdps launch`` starts their tasks, one worker each."""
     plugin = tmp_path / "never.py"
     plugin.write_text(NEVER_YIELDS.replace("{split}", split))
+    flags = ["--dataset", f"{plugin}:load", "--batch_size", "4", "--probe_steps", "0", "--step_timeout", "4",
+             "--startup_timeout", "8", "--train_dir", str(tmp_path / "run")]
+    if method == "mpi":
+        argv = [sys.executable, os.path.join(REPO, "mpi_train", "main.py"), *flags]
+    else:
+        argv = [os.path.join(os.path.dirname(sys.executable), "hvdps"), "launch", method, "--num_workers", "1", *flags]
     started = time.monotonic()
-    r = run([sys.executable, os.path.join(REPO, "mpi_train", "main.py"), "--dataset", f"{plugin}:load",
-             "--batch_size", "4", "--probe_steps", "0", "--step_timeout", "3", "--startup_timeout", "3",
-             "--train_dir", str(tmp_path / "run")], timeout=120)
+    r = run(argv, timeout=120)
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode == 1 and errors == [line], r.stderr[-3000:]
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 90

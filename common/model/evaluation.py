@@ -8,11 +8,15 @@ from common.base.errors import InputError
 from common.model.models import eval_batch_sums
 
 
-def eval_sums(model, dataset):
-    """[loss sum, correct, examples] over a dataset (eager), for cross-worker reduction."""
+def eval_sums(model, dataset, progress=None):
+    """[loss sum, correct, examples] over a dataset (eager), for cross-worker reduction.
+    ``progress``: called after each batch (a liveness bound that is per batch, so a long test set
+    is not a hang, a pipeline that stops giving batches is)."""
     total = np.zeros(3, np.float64)
     for x, y in dataset:
         total += eval_batch_sums(model(x, training=False), y).numpy()
+        if progress:
+            progress()
     return total
 
 

@@ -3,6 +3,7 @@
 The last line of defence against gRPC and MPI calls that TensorFlow or Horovod would wait on forever,
 and against a diverged loss trained on for the rest of the run.
 """
+import contextlib
 import faulthandler
 import os
 import select
@@ -26,6 +27,7 @@ class Watchdog:
     def __init__(self, timeout, message, code=1):
         self.timeout, self.message, self.code = timeout, message, code
         self._last = time.monotonic()
+        self._paused = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="hvdps-watchdog")
         self._thread.start()
@@ -35,9 +37,28 @@ class Watchdog:
         if message:
             self.message = message
 
+    @contextlib.contextmanager
+    def doing(self, message):
+        """A block of the process's own work between steps (an evaluation, kicked per batch, a
+        checkpoint's save), bounded as a step and named by ``message`` should it hang; the loop's
+        line after it."""
+        before, paused = self.message, self._paused
+        self.kick(message)
+        self._paused = False
+        try:
+            yield
+        finally:
+            self._paused = paused
+            self.kick(before)
+
+    def pause(self):
+        """Unbounded from here (work whose length is not a step's: the probe's timing), but for
+        blocks in ``doing``."""
+        self._paused = True
+
     def _run(self):
         while not self._stop.wait(0.5):
-            if time.monotonic() - self._last > self.timeout:
+            if not self._paused and time.monotonic() - self._last > self.timeout:
                 print(f"error: {self.message} (no progress for {self.timeout:.0f}s)",
                       file=sys.stderr, flush=True)
                 os._exit(self.code)
