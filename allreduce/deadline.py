@@ -34,25 +34,10 @@ import threading
 import time
 
 from allreduce.roster import alive
-from common.base.flags import MAX_TIMEOUT_S
 
 GRACE = 2.0            # seconds a rank inside its step waits past the deadline before it speaks
 FROZEN = 1.0           # a gap in the watcher's 0.25 s looks that says this process was stopped
 EXIT_TIMEOUT = 1
-
-
-def add_deadline_args(parser):
-    """--step_timeout and --startup_timeout, as the TF methods' trainers take them."""
-    g = parser.add_argument_group("liveness")
-    g.add_argument("--step_timeout", type=float, default=60.0,
-                   help="seconds a step may take, its input and its exchange included, before the rank ends the job "
-                        "naming the rank it waits for (a stopped or stalled peer, or its own input pipeline); each "
-                        "batch of a rank's evaluation and a checkpoint's save are bounded alike, naming that rank")
-    g.add_argument("--startup_timeout", type=float, default=60.0,
-                   help="seconds the first step may take on top of --step_timeout (tracing, the first negotiation)")
-    for name in ("step_timeout", "startup_timeout"):
-        parser.bound(name, 0, MAX_TIMEOUT_S, positive=True)
-    return parser
 
 
 def state_of(pid):

@@ -25,7 +25,6 @@ from common.base.errors import cli
 from common.model.models import build_model, make_optimizer
 from common.trainer.run_dir import check_resume_compatible, check_train_dir
 from common.base.procs import launcher_rank
-from allreduce.deadline import add_deadline_args
 from allreduce.sync_loop import train_allreduce
 from horovod_train.backend import (HorovodBackend, add_horovod_args, joining_elastic_job, mark_elastic_job,
                                    tuning_env)
@@ -33,7 +32,7 @@ from horovod_train.elastic import train_elastic
 
 
 def make_parser():
-    return add_deadline_args(add_horovod_args(build_parser(__doc__.splitlines()[0], prog="horovod_train/main.py")))
+    return add_horovod_args(build_parser(__doc__.splitlines()[0], prog="horovod_train/main.py"))
 
 
 @cli

@@ -18,7 +18,6 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from allreduce.mpi import mpi_env_check
-from allreduce.deadline import add_deadline_args
 from allreduce.sync_loop import train_allreduce
 from common.spec.config import build_parser, from_args
 from common.inputs.data import num_examples
@@ -31,7 +30,7 @@ MAX_LOCAL_STEPS = 100_000
 
 
 def make_parser():
-    parser = add_deadline_args(build_parser(__doc__.splitlines()[0], prog="localsgd_train/main.py"))
+    parser = build_parser(__doc__.splitlines()[0], prog="localsgd_train/main.py")
     g = parser.add_argument_group("local SGD")
     g.add_argument("--local_steps", type=int, default=8,
                    help="k: the steps each rank takes on its own between two averagings of the weights "

@@ -19,7 +19,6 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from allreduce.mpi import mpi_env_check
-from allreduce.deadline import add_deadline_args
 from allreduce.sync_loop import train_allreduce
 from common.spec.config import build_parser, from_args
 from common.inputs.data import num_examples
@@ -30,7 +29,7 @@ from mpi_train.backend import MPIBackend
 
 
 def make_parser():
-    return add_deadline_args(build_parser(__doc__.splitlines()[0], prog="mpi_train/main.py"))
+    return build_parser(__doc__.splitlines()[0], prog="mpi_train/main.py")
 
 
 @cli(hard_exit=True)   # MPI: a failed rank leaves without MPI_Finalize, so mpirun ends the others

@@ -29,7 +29,7 @@ from common.launch.hosts import parse_address
 from tf_cluster.spec import parse_tf_config, tf_config_of, validate_cluster
 from common.spec.plan import make_plan
 from common.trainer.watchdog import OutsideDeadline
-from common.base.flags import MAX_TIMEOUT_S, check_finite
+from common.base.flags import check_finite
 from tf_cluster.listen import choose_address, restrict_listening
 from common.base.procs import wait_for_ports
 
@@ -260,25 +260,15 @@ def add_mwms_args(parser):
     g.add_argument("--pack_size_mb", type=float, default=0.0,
                    help="gradients are all-reduced in packs of this size (CommunicationOptions.bytes_per_pack; "
                         "0: TensorFlow decides)")
-    g.add_argument("--step_timeout", type=float, default=60.0,
-                   help="seconds a collective may wait for the other workers (a lost worker) before failing")
-    g.add_argument("--startup_timeout", type=float, default=60.0,
-                   help="seconds to wait for the other workers' servers at start")
     g.add_argument("--bind", default="auto",
                    help="address this task's gRPC server listens on: auto = its own cluster address when that is "
                         "an address of this machine, else every interface; an IP; or 0.0.0.0")
-    for name in ("startup_timeout", "step_timeout"):
-        parser.bound(name, 0, MAX_TIMEOUT_S, positive=True)
     parser.bound("pack_size_mb", 0, 1 << 20)
     return parser
 
 
 def check_mwms_flags(args):
     """The flags that do not depend on the cluster (the local launcher checks them once, too)."""
-    for name in ("step_timeout", "startup_timeout"):
-        check_finite(name, getattr(args, name))
-        if not 0 < getattr(args, name) <= MAX_TIMEOUT_S:
-            raise UsageError(f"--{name} must be in (0, {MAX_TIMEOUT_S}] seconds (a week), got {getattr(args, name)}")
     check_finite("pack_size_mb", args.pack_size_mb)
     if not 0 <= args.pack_size_mb <= 1 << 20:
         raise UsageError(f"--pack_size_mb must be in [0, {1 << 20}], got {args.pack_size_mb}")

@@ -6,7 +6,6 @@ waits forever for a peer at the wrong address.
 """
 import os
 
-from common.base.flags import MAX_TIMEOUT_S, check_finite
 from common.base.errors import UsageError
 from common.launch.hosts import parse_address
 from tf_cluster.spec import parse_cluster_spec, parse_tf_config, tf_config_of, validate_cluster
@@ -35,16 +34,10 @@ def add_ps_args(parser):
                    help="v1: TensorFlow 1's between-graph replication, async or --sync (default); v2: TensorFlow "
                         "2's ParameterServerStrategy + ClusterCoordinator, async only, needs a chief task "
                         "(the coordinator)")
-    g.add_argument("--startup_timeout", type=float, default=60.0,
-                   help="seconds to wait for PS tasks / the chief's initialisation")
-    g.add_argument("--step_timeout", type=float, default=60.0,
-                   help="seconds one training step may block (a lost sync peer) before failing")
     g.add_argument("--bind", default="auto",
                    help="address this task's gRPC server listens on: auto = its own cluster address when that "
                         "is an address of this machine (loopback for local runs), else every interface; an IP; "
                         "or 0.0.0.0 for every interface. TensorFlow's gRPC has no authentication: keep it narrow")
-    for name in ("startup_timeout", "step_timeout"):     # TF takes them in int64 milliseconds
-        parser.bound(name, 0, MAX_TIMEOUT_S, positive=True)
     return parser
 
 
@@ -80,10 +73,6 @@ def base_mode(mode):
 
 def check_ps_flags(args):
     """The PS flags that do not depend on the cluster (the launcher checks them once, too)."""
-    for name in ("startup_timeout", "step_timeout"):
-        check_finite(name, getattr(args, name))
-        if not 0 < getattr(args, name) <= MAX_TIMEOUT_S:     # TF takes it in int64 milliseconds
-            raise UsageError(f"--{name} must be in (0, {MAX_TIMEOUT_S}] seconds (a week), got {getattr(args, name)}")
     given = next((f for f in ("sync", "replicas_to_aggregate", "backup_workers") if getattr(args, f)), None)
     if args.ps_api == "v2" and given:
         raise UsageError(f"--{given} needs --ps_api v1: TensorFlow 2's ParameterServerStrategy is asynchronous only")

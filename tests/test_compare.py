@@ -85,7 +85,7 @@ def test_bad_variants(text, message):
 
 def test_dry_run_prints_real_commands(tmp_path):
     r = run([os.path.join(BIN, "hvdps"), "compare", "--dry-run", "--workers", "1,2", "--batch_size", "16",
-             "--out", str(tmp_path / "c")], timeout=60)
+             "--step_timeout", "30", "--out", str(tmp_path / "c")], timeout=60)
     assert r.returncode == 0, r.stderr
     out = r.stdout.strip().splitlines()
     assert out[:2] == ["# every line below runs in the repository with this environment:", f"cd {REPO}"]
@@ -95,7 +95,7 @@ def test_dry_run_prints_real_commands(tmp_path):
     assert sum("mpirun -np 2 -bind-to none -map-by slot --mca btl self,vader --mca oob_tcp_if_include lo"
                in l for l in lines) == 1
     assert sum("ps_train.launch --num_ps 1 --num_workers 2 --sync" in l for l in lines) == 1
-    assert all("--batch_size 16" in l for l in lines)
+    assert all("--batch_size 16" in l and "--step_timeout 30.0" in l for l in lines)   # every method's bound
 
 
 @pytest.mark.process

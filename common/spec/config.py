@@ -12,7 +12,7 @@ import os
 from typing import Optional, Tuple
 
 from common.base.errors import UsageError
-from common.base.flags import Parser, boolean, shape, check_finite
+from common.base.flags import MAX_TIMEOUT_S, Parser, boolean, shape, check_finite
 from common.spec import builtins
 from common.spec.datasets import MAX_EXAMPLE_VALUES
 from common.spec.memory import check_memory
@@ -241,8 +241,18 @@ def build_parser(description, prog=None):
                    help="after training, the chief times this many steps of the same model, batch, input "
                         "pipeline and threads with no exchange at all: the compute part of the per-step "
                         "breakdown (docs/metrics.md); 0: no breakdown")
+    g = p.add_argument_group("liveness (every method)")
+    g.add_argument("--step_timeout", type=float, default=60.0,
+                   help="seconds a step may take, its input and its exchange included, before the job ends naming "
+                        "who it waits for (a lost, stopped or stalled peer or PS task, or its own input pipeline); "
+                        "each batch of an evaluation and a checkpoint's save are bounded alike")
+    g.add_argument("--startup_timeout", type=float, default=60.0,
+                   help="seconds start-up may take (the other tasks' servers, the chief's initialisation), and the "
+                        "first step on top of --step_timeout (tracing, the first negotiation)")
     for name in POSITIVE:
         p.bound(name, positive=True)
+    for name in ("step_timeout", "startup_timeout"):     # TensorFlow takes them in int64 milliseconds
+        p.bound(name, 0, MAX_TIMEOUT_S, positive=True)
     p.bound("seed", 0, 2 ** 32 - 1)          # numpy's RandomState takes 32 bits
     p.bound("momentum", 0, 1)
     p.bound("target_accuracy", 0, 1, positive=True)
