@@ -24,8 +24,10 @@ The collectives between steps (the logged loss, an evaluation's sums) are bounde
 a rank's own work between them (each batch of its share of an evaluation, rank 0's checkpoint
 save): a rank whose own work passes the bound names itself and what it was doing (a test pipeline
 that stopped, a checkpoint on a hung file system), before the ranks waiting for it would. The first time each is done it also gets
-``--startup_timeout`` (tracing). A stall shorter than the timeout is a slow step (``hvdps compare
---stall``); a longer one is this line.
+``--startup_timeout`` (tracing). Each bound counts only the time this process ran: while it is
+stopped its watcher cannot look, and the gap moves the bound on, so a stall shorter than the timeout
+is a slow step on the stalled rank as well as on its peers (``hvdps compare --stall``); a longer one
+is this line, said by a peer.
 """
 import contextlib
 import os
@@ -37,6 +39,7 @@ from allreduce.roster import alive
 
 GRACE = 2.0            # seconds a rank inside its step waits past the deadline before it speaks
 FROZEN = 1.0           # a gap in the watcher's 0.25 s looks that says this process was stopped
+LOOK = 0.25            # seconds between the watcher's looks
 EXIT_TIMEOUT = 1
 
 
@@ -123,12 +126,24 @@ class StepDeadline:
         now = time.monotonic()
         return now - self._tick > FROZEN or now - self._thawed < 2 * FROZEN
 
+    def _gap(self, now):
+        """The watcher looks again at ``now``: time it could not look (this process stopped, or not
+        scheduled) is not this rank's, so the armed bound starts that much later. A hang inside
+        TensorFlow or MPI leaves the watcher running, and its bound runs on."""
+        gap = now - self._tick - LOOK
+        if gap > LOOK:
+            with self._lock:
+                if self._armed:
+                    step, phase, started, limit = self._armed
+                    self._armed = (step, phase, started + gap, limit)
+        if now - self._tick > FROZEN:
+            self._thawed = now
+        self._tick = now
+
     def _watch(self):
-        while not self._stop.wait(0.25):
+        while not self._stop.wait(LOOK):
             now = time.monotonic()
-            if now - self._tick > FROZEN:
-                self._thawed = now
-            self._tick = now
+            self._gap(now)
             with self._lock:
                 armed = self._armed
             if armed is None:

@@ -85,6 +85,26 @@ def test_a_step_without_a_roster_names_the_step():
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("gap, shifted", [
+    (0.25, 0.0),          # the watcher looked on time: the bound runs on (a hang leaves the watcher running)
+    (0.45, 0.0),          # late by less than a look: scheduling noise
+    (1.25, 1.0),          # it could not look for a second: this process was stopped or not scheduled
+    (30.25, 30.0),
+])
+def test_time_this_process_was_stopped_is_not_its_own(gap, shifted):
+    """A rank stopped (a stall, --stall) while its own work or input is bounded: the bound counts
+    only the time it ran, so a stall shorter than the bound is a slow step on the stalled rank too."""
+    deadline = StepDeadline(1, 5.0, 3.0)
+    deadline.stop()
+    deadline.begin(4)
+    started = deadline._armed[2]
+    deadline._tick = 100.0
+    deadline._gap(100.0 + gap)
+    assert deadline._armed[2] == pytest.approx(started + shifted) and deadline._tick == 100.0 + gap
+    assert (deadline._thawed == 100.0 + gap) == (gap > 1.0)     # a second or more: it was stopped
+
+
+@pytest.mark.unit
 def test_own_work_is_bounded_and_named_by_its_rank():
     """A rank's own work between steps (a checkpoint's save) names the rank, whichever it is; the first
     of each kind also gets --startup_timeout."""
