@@ -177,3 +177,41 @@ def test_a_pipeline_that_never_yields_ends_the_run_naming_it(tmp_path, method, s
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode == 1 and errors == [line], r.stderr[-3000:]
     assert time.monotonic() - started < 90
+
+
+WORKS_AND_KICKS = """
+import time
+from common.trainer.watchdog import Watchdog
+
+def work(n):                                     # CPU work, not a sleep: it resumes where it stopped
+    x = 0
+    for i in range(n):
+        x += i * i
+    return x
+
+t0, n = time.monotonic(), 200000
+work(n)
+per_second = int(n / max(time.monotonic() - t0, 1e-3))
+dog = Watchdog(5.0, "no progress")
+for _ in range(4):
+    dog.kick()
+    print("kicked", flush=True)
+    work(per_second)                             # about a second between two kicks: well within the 5 s
+"""
+
+
+@pytest.mark.process
+def test_a_watchdog_does_not_count_the_time_its_process_was_stopped(tmp_path):
+    """A PS task stopped for longer than its bound (a stall) and continued goes on: the bound is on
+    what it does, not on the time the kernel held it (common/trainer/watchdog.py)."""
+    p = subprocess.Popen([sys.executable, "-c", WORKS_AND_KICKS], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "kicked"
+        os.kill(p.pid, signal.SIGSTOP)               # just after a kick: a second of work still to do
+        time.sleep(8.0)                              # longer than the watchdog's 5 s
+        os.kill(p.pid, signal.SIGCONT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0 and "error:" not in err and out.count("kicked") == 3, (out, err)

@@ -22,7 +22,11 @@ class Watchdog:
 
     The last line of defence against gRPC/MPI calls that TensorFlow or Horovod
     would otherwise wait on forever (a dead peer during session creation, say).
+    Time the process spent stopped (SIGSTOP, ``--stall``) is not counted: the
+    watcher could not look then, and the gap moves the bound on.
     """
+
+    LOOK = 0.5             # seconds between the watcher's looks
 
     def __init__(self, timeout, message, code=1):
         self.timeout, self.message, self.code = timeout, message, code
@@ -57,7 +61,13 @@ class Watchdog:
         self._paused = True
 
     def _run(self):
-        while not self._stop.wait(0.5):
+        looked = time.monotonic()
+        while not self._stop.wait(self.LOOK):
+            now = time.monotonic()
+            gap = now - looked - self.LOOK
+            if gap > self.LOOK:      # this process was stopped (or not scheduled): not its own time
+                self._last += gap
+            looked = now
             if not self._paused and time.monotonic() - self._last > self.timeout:
                 print(f"error: {self.message} (no progress for {self.timeout:.0f}s)",
                       file=sys.stderr, flush=True)
