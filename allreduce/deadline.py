@@ -23,11 +23,11 @@ deadline passes depends on where it is:
 The collectives between steps (the logged loss, an evaluation's sums) are bounded alike, and so is
 a rank's own work between them (each batch of its share of an evaluation, rank 0's checkpoint
 save): a rank whose own work passes the bound names itself and what it was doing (a test pipeline
-that stopped, a checkpoint on a hung file system), before the ranks waiting for it would. The first time each is done it also gets
-``--startup_timeout`` (tracing). Each bound counts only the time this process ran: while it is
-stopped its watcher cannot look, and the gap moves the bound on, so a stall shorter than the timeout
-is a slow step on the stalled rank as well as on its peers (``hvdps compare --stall``); a longer one
-is this line, said by a peer.
+that stopped, a checkpoint on a hung file system), before the ranks waiting for it would. The
+first time each is done it also gets ``--startup_timeout`` (tracing). Each bound counts only the
+time this process ran: while it is stopped its watcher cannot look, and the gap moves the bound on,
+so a stall shorter than the timeout is a slow step on the stalled rank as well as on its peers
+(``hvdps compare --stall``); a longer one is this line, said by a peer.
 """
 import contextlib
 import os
