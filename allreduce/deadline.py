@@ -36,6 +36,7 @@ import threading
 import time
 
 from allreduce.roster import alive
+from common.trainer.watchdog import unseen
 
 GRACE = 2.0            # seconds a rank inside its step waits past the deadline before it speaks
 FROZEN = 1.0           # a gap in the watcher's 0.25 s looks that says this process was stopped
@@ -127,11 +128,10 @@ class StepDeadline:
         return now - self._tick > FROZEN or now - self._thawed < 2 * FROZEN
 
     def _gap(self, now):
-        """The watcher looks again at ``now``: time it could not look (this process stopped, or not
-        scheduled) is not this rank's, so the armed bound starts that much later. A hang inside
-        TensorFlow or MPI leaves the watcher running, and its bound runs on."""
-        gap = now - self._tick - LOOK
-        if gap > LOOK:
+        """The watcher looks again at ``now``: the armed bound starts later by the time it could not
+        look (``unseen``: this process stopped, or not scheduled)."""
+        gap = unseen(now, self._tick, LOOK)
+        if gap:
             with self._lock:
                 if self._armed:
                     step, phase, started, limit = self._armed

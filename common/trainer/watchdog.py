@@ -17,6 +17,15 @@ import numpy as np
 from common.base.errors import RunError
 
 
+def unseen(now, looked, look):
+    """Seconds a watcher that looks every ``look`` s could not look between ``looked`` and ``now``:
+    its process was stopped (SIGSTOP, ``--stall``) or not scheduled, so that time is not the
+    process's own and a liveness bound moves on by it. A hang inside TensorFlow or MPI leaves the
+    watcher looking: its bound runs on. Late by less than a look is scheduling noise: 0."""
+    gap = now - looked - look
+    return gap if gap > look else 0.0
+
+
 class Watchdog:
     """Ends the process with a one-line error if the training loop stops making progress.
 
@@ -64,9 +73,7 @@ class Watchdog:
         looked = time.monotonic()
         while not self._stop.wait(self.LOOK):
             now = time.monotonic()
-            gap = now - looked - self.LOOK
-            if gap > self.LOOK:      # this process was stopped (or not scheduled): not its own time
-                self._last += gap
+            self._last += unseen(now, looked, self.LOOK)
             looked = now
             if not self._paused and time.monotonic() - self._last > self.timeout:
                 print(f"error: {self.message} (no progress for {self.timeout:.0f}s)",
