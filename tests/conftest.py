@@ -146,24 +146,37 @@ SHARED_JOBS = {"jobs": "jobs", "runs": "resume-runs"}
 # beside it on the other: each emulated cluster is namespaces of its own (named by its pid, on a bridge
 # of its own), each SLURM of them daemons in those namespaces with their own state folder and socket.
 ROOT_GROUPS = {"test_readme": "readme"}
+# The groups are the suite's longest units of work (the walk-through about 10 minutes, the root tier 9,
+# the shared jobs 4), so they are handed out first and the single tests fill in around them: a group
+# handed out last would run on alone while the other worker idles.
+FIRST = ("readme", "root", "jobs", "resume-runs")
 
 
+def _group(item):
+    """The pytest-xdist group ``item`` belongs to, or None."""
+    if item.get_closest_marker("root"):
+        return ROOT_GROUPS.get(item.module.__name__.rsplit(".", 1)[-1], "root")
+    return next((SHARED_JOBS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_JOBS), None)
+
+
+# tryfirst: pytest-xdist reads the xdist_group marks in its own pytest_collection_modifyitems (it
+# appends "@group" to each node id there); marks added after it are not seen, and every group falls apart.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Tiers: a test that spawns processes is marked ``process`` (or ``root`` where it needs root:
     namespaces, mounts); every other test is ``unit``, so ``pytest -m unit`` is the in-process tier.
 
     Under pytest-xdist (``make test`` runs two at a time, ``--dist loadgroup``), the root tier runs on one
     worker, one test after another, and the README's walk-through (which brings up clusters of its own)
-    on the other."""
+    on the other; the groups come first in the order the tests are handed out (FIRST)."""
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("process", "root")):
             item.add_marker(pytest.mark.unit)
-        if item.get_closest_marker("root"):
-            item.add_marker(pytest.mark.xdist_group(ROOT_GROUPS.get(item.module.__name__.rsplit(".", 1)[-1], "root")))
-        else:
-            shared = [SHARED_JOBS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_JOBS]
-            if shared:
-                item.add_marker(pytest.mark.xdist_group(shared[0]))
+        group = _group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    rank = {g: i for i, g in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item), len(FIRST)))     # stable: each group keeps its order
 
 
 CRASH_MARKS = ("Fatal Python error", "Segmentation fault", "Aborted")
