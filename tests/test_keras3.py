@@ -126,8 +126,9 @@ def test_keras3_plugin_under_tf_all_reduce(tmp_path):
 def test_keras3_plugin_under_tf2_parameter_servers(tmp_path):
     """ParameterServerStrategy places the Keras 3 layers' variables on the PS tasks."""
     ok(py("-m", "ps_train.launch", "--ps_api", "v2", "--num_ps", "2", "--num_workers", "2", *PLUGIN,
-          "--epochs", "6", "--train_dir", str(tmp_path / "run"), timeout=300))
-    _trained(str(tmp_path / "run"), 2, final=0.80)        # async: as test_plugins' async bound
+          "--epochs", "3", "--train_dir", str(tmp_path / "run"), timeout=300))
+    # async: as test_plugins' async bound, which 3 epochs clear by a margin (0.93 on this machine)
+    _trained(str(tmp_path / "run"), 2, final=0.80)
     placement = _header(str(tmp_path / "run"))["placement"]
     assert {d for devices in placement.values() for d in devices} == {
         "/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"}

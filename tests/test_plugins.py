@@ -310,7 +310,7 @@ def test_a_plugins_pipelines_train_under_each_input_path(tmp_path):
     """examples/my_pipelines.py at 2 workers: the custom loop (Horovod), a worker's graph (classic
     sync PS) and the coordinator's per-worker datasets (TF2 PS) each reach the accuracy target."""
     r = run([os.path.join(BIN, "hvdps"), "compare", "--dataset", PIPES, "--backends", "horovod,ps:sync,ps2",
-             "--workers", "2", "--epochs", "5", "--no_progress", "--out", str(tmp_path / "cmp")], timeout=600)
+             "--workers", "2", "--epochs", "4", "--no_progress", "--out", str(tmp_path / "cmp")], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = json.load(open(tmp_path / "cmp" / "results.json"))["rows"]
     assert len(rows) == 3

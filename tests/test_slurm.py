@@ -3,7 +3,8 @@
 hvdps emulate --slurm starts Debian's slurm-wlm 22.05 (munged and slurmctld on the login node,
 ``slurmd -N hK`` in each host's namespace), submits each script with sbatch, then runs the
 comparison inside an allocation of every host (``salloc``, ``--hosts slurm``). Each job's final
-test accuracy is checked against the same training run locally. Needs root and the packages
+test accuracy is checked: sync PS's against the same training run locally, MWMS's against Horovod's
+(the same big-batch SGD), every one against the target. Needs root and the packages
 (``make setup`` installs them); skipped with the reason elsewhere.
 """
 import glob
@@ -53,16 +54,13 @@ def leftovers(pid):
 
 def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
     local = tmp_path / "local"
-    # The same training on this machine: the PS script's roles on the scripts' shape, 2 nodes x 2 tasks
-    # (sync: 1 PS + 3 workers; v2: the chief, 1 PS, 2 workers). Horovod's 4 ranks and MWMS's 4 workers
+    # The same training on this machine: sync PS's roles on the script's shape, 2 nodes x 2 tasks (1 PS +
+    # 3 workers: its updates are the same wherever its tasks run). Horovod's 4 ranks and MWMS's 4 workers
     # are both one process at 4x the batch (test_horovod.py, test_mwms.py): held to each other below.
-    refs = {"sync": [sys.executable, "-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "3", "--sync", *TRAIN,
-                     "--train_dir", str(local / "sync")],
-            "v2": [sys.executable, "-m", "ps_train.launch", "--ps_api", "v2", "--num_ps", "1", "--num_workers", "2",
-                   *TRAIN, "--train_dir", str(local / "v2")]}
-    for name, argv in refs.items():
-        r = run(argv, timeout=300)
-        assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-2000:])
+    # TF2's PS is asynchronous: a run elsewhere is another draw, and its job is held to the accuracy.
+    r = run([sys.executable, "-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "3", "--sync", *TRAIN,
+             "--train_dir", str(local / "sync")], timeout=300)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
 
     out = tmp_path / "emu"
     p = subprocess.Popen(
@@ -105,7 +103,7 @@ def test_sbatch_each_script_and_compare_inside_an_allocation(tmp_path):
         assert header["world_size"] == {"horovod": 4, "sync": 3, "v2": 2, "mwms": 4}[ref], (ref, header)
         got[ref] = final_accuracy(job["run_dir"])
         assert got[ref] >= 0.85, (ref, got[ref])
-    for ref, want, tolerance in (("sync", final_accuracy(local / "sync"), 0.02), ("v2", final_accuracy(local / "v2"), 0.05),
+    for ref, want, tolerance in (("sync", final_accuracy(local / "sync"), 0.02),
                                  ("mwms", got["horovod"], 0.02)):      # Horovod and MWMS: the same big-batch SGD
         assert abs(got[ref] - want) <= tolerance, (ref, got[ref], want)
 
