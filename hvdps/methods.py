@@ -43,10 +43,13 @@ from hvdps.launchers import Launcher
 @runtime_checkable
 class CostModel(Protocol):
     """What the application asks a method's cost model (``Ring`` here, for the all-reduce methods;
-    ps_train/method.py's ``ParameterServers``; a method may subclass either): whether it starts server tasks, the projection's
-    architecture and network, whether its ranks spin while they wait, whether its workers step in
-    lock-step and for how many of them a step waits, the bytes each host's link carries per round, the exchange's alpha-beta time, and the
-    step as terms (``combine``) and as one figure with how it was reached."""
+    ps_train/method.py's ``ParameterServers``; a method may subclass either): whether it starts
+    server tasks, the projection's architecture and network, whether its ranks spin while they wait,
+    whether its workers step in lock-step and for how many of them a step waits, how many steps one
+    exchange serves, how many times a step a worker waits for others' data and must then act on it
+    (hvdps/cost/stragglers.py: a spinning rank in a CPU quota pays its next period each time), the
+    bytes each host's link carries per round, the exchange's alpha-beta time, and the step as terms
+    (``combine``) and as one figure with how it was reached."""
     collective: bool
     arch: str
     network: str
@@ -56,6 +59,10 @@ class CostModel(Protocol):
     def lockstep(self, mode): ...
 
     def waits_for(self, mode, workers): ...
+
+    def steps_per_exchange(self, mode): ...
+
+    def wait_points(self, mode, workers): ...
 
     def predict_links(self, mode, roles, gradient, shard_bytes=None): ...
 
@@ -122,6 +129,15 @@ class Ring:
     def waits_for(self, mode, workers):
         """How many workers a step waits for (None: none, each at its own pace): a ring, every rank."""
         return workers
+
+    def steps_per_exchange(self, mode):
+        """How many steps one exchange serves: every step's gradient is all-reduced."""
+        return 1
+
+    def wait_points(self, mode, workers):
+        """How many times a step a rank waits for its neighbour's data and then must act on it: the
+        ring's 2(n - 1) transfers (reduce-scatter, then all-gather), once per exchange."""
+        return 2 * (workers - 1) / self.steps_per_exchange(mode)
 
     def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network=None, polls=False,
                  measured=None):
@@ -267,8 +283,9 @@ def check_entry(method, module):
             problems.append("has no hvdps.launchers.Launcher subclass as its launcher")
         if not isinstance(method.cost, CostModel):
             problems.append("has no cost model (hvdps.methods.CostModel: " + ", ".join(
-                n for n in ("collective", "arch", "network", "polls", "link_terms", "lockstep", "predict_links", "exchange_s",
-                            "step_terms", "projected_step") if not hasattr(method.cost, n)) + " missing)")
+                n for n in ("collective", "arch", "network", "polls", "link_terms", "lockstep", "waits_for",
+                            "steps_per_exchange", "wait_points", "predict_links", "exchange_s", "step_terms",
+                            "projected_step") if not hasattr(method.cost, n)) + " missing)")
         if method.cost is not None and getattr(method.cost, "collective", False) and not hasattr(method.cost, "exact"):
             problems.append("is collective without saying whether it is an exact ring (Ring.exact)")
         for mode in method.modes:

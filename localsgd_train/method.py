@@ -39,18 +39,22 @@ class LocalSGDRing(Ring):
 
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
         hosts = super().predict_links(mode, roles, gradient, shard_bytes)
-        k = local_steps(mode)
+        k = self.steps_per_exchange(mode)
         return None if hosts is None else {h: {d: b / k for d, b in io.items()} for h, io in hosts.items()}
 
     def exchange_s(self, row, ring, ps):
         t = super().exchange_s(row, ring, ps)
-        return None if t is None else t / local_steps(row.mode)
+        return None if t is None else t / self.steps_per_exchange(row.mode)
+
+    def steps_per_exchange(self, mode):
+        """k: the weights are averaged once every k steps."""
+        return local_steps(mode)
 
     def step_terms(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
         grad, n = row.grad_bytes_per_step, row.workers
         if not grad:
             return None
-        t = schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha) / local_steps(row.mode)
+        t = schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha) / self.steps_per_exchange(row.mode)
         return {"weight average": (True, t)}
 
 

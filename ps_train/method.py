@@ -47,6 +47,14 @@ class ParameterServers:
             return None
         return workers - backups(mode)
 
+    def steps_per_exchange(self, mode):
+        """Every step pushes its gradient and pulls the weights."""
+        return 1
+
+    def wait_points(self, mode, workers):
+        """A worker waits twice a step, for its push to be taken and for its pull."""
+        return 2
+
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
         dense, sparse = (getattr(gradient, k) or 0 for k in ("dense_bytes", "sparse_bytes"))
         hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}

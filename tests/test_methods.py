@@ -82,7 +82,7 @@ class _Clash(methods.Strict):
     (lambda m: "not an entry", "is not a hvdps.methods.Method"),
     (lambda m: methods.dataclasses.replace(m, labels={}), "declares no mode"),
     (lambda m: methods.dataclasses.replace(m, launcher=object), "has no hvdps.launchers.Launcher subclass"),
-    (lambda m: methods.dataclasses.replace(m, cost=_NoCost()), "arch, network, polls, link_terms, lockstep, predict_links"),
+    (lambda m: methods.dataclasses.replace(m, cost=_NoCost()), "arch, network, polls, link_terms, lockstep, waits_for, steps_per_exchange, wait_points, predict_links"),
     (lambda m: methods.dataclasses.replace(m, overhead={}), "mode 'sync' does not parse back to itself or has no "
                                                             "overhead wording"),
     (lambda m: methods.dataclasses.replace(m, default_modes=("fast",)), "default mode 'fast' is not one of its modes"),

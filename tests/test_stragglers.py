@@ -1,14 +1,15 @@
 """hvdps/cost/stragglers.py: order statistics of the workers' paces, what each method keeps, and a
 run on an unhealthy cluster predicted from its healthy twin."""
 import math
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from common.formats.schemas import StepQuantiles, Unhealthy
 from hvdps.cost import stragglers as s
+from hvdps.cost.projection import single_layer
 from hvdps.cost.schedule import AlphaBeta
+from hvdps.measure.rows import RunRow
 
 pytestmark = pytest.mark.unit
 
@@ -70,10 +71,10 @@ def test_order_statistics_are_ordered_and_bounded(values, data):
 M = 1_000_000       # gradient bytes per step
 
 
-def row(backend, mode, n=2, sps=1000.0, name=None, compute=0.01, num_ps=None):
-    return SimpleNamespace(backend=backend, mode=mode, workers=n, compute_s=compute, grad_bytes_per_step=M,
-                           samples_per_sec_median=sps, name=name or f"{backend}-{mode}", shard_bytes=None,
-                           num_ps=num_ps, roles=None)
+def row(backend, mode, n=2, sps=1000.0, name=None, compute=0.01, num_ps=None, step=None):
+    """A run's row as hvdps/measure/rows.py reads it (frozen: the model replaces, never sets)."""
+    return RunRow(run_dir=name or f"{backend}-{mode}", backend=backend, mode=mode, workers=n, compute_s=compute,
+                  grad_bytes_per_step=M, samples_per_sec_median=sps, num_ps=num_ps, step_s=step)
 
 
 def links(rates, roles, bps=8e6):
@@ -109,6 +110,65 @@ def test_a_slow_workers_compute_and_a_stalled_workers_whole_step():
     assert stalled.step_s == pytest.approx(2 * (0.5 + 1.0))          # half the time: its whole step
 
 
+# A rank in a CPU quota whose ranks spin while they wait (bare MPI, Horovod, local SGD) spends the
+# quota spinning and is throttled for the rest of the period; each time its neighbour's data arrives it
+# then waits, on average, (1 - duty)^2 x period / 2 before it can act on it: at a quarter of a core in
+# 10 ms periods, 2.8125 ms. A ring of n makes 2(n - 1) such transfers a step, local SGD once in k steps;
+# ranks that block (gRPC: TensorFlow's ring and every PS) pay nothing for it.
+QUARTER = s.Pace(mean=4.0, duty=0.25, period_s=0.010)
+WAIT = 0.75 ** 2 * 0.010 / 2
+
+
+@pytest.mark.parametrize("pace, expected", [(QUARTER, WAIT), (s.Pace(duty=0.5, period_s=0.1), 0.0125),
+                                            (s.Pace(), 0.0), (s.Pace(duty=1.0, period_s=0.1), 0.0)])
+def test_a_throttled_ranks_wait_for_its_next_period(pace, expected):
+    assert s.throttled_wait_s(pace) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("backend, mode, n, points", [
+    ("mpi", "sync", 2, 2), ("horovod", "sync", 2, 2), ("mpi", "sync", 4, 6),
+    ("localsgd", "8", 2, 2 / 8), ("localsgd", "1", 4, 6),
+    ("mwms", "sync", 2, 0), ("ps", "sync", 2, 0), ("ps", "async", 2, 0)])
+def test_a_rank_that_spins_while_it_waits_pays_its_quotas_periods(backend, mode, n, points):
+    nets = lambda kind, task: AlphaBeta(bandwidth=1e6, alpha=0.0)    # noqa: E731
+    slow = {1: 4.0}
+    plain = s.job_step(row(backend, mode, n=n), s.described(n, slow=slow), 0.5, nets, layers=single_layer(M))
+    paces = s.described(n, slow=slow)
+    paces[1] = QUARTER
+    throttled = s.job_step(row(backend, mode, n=n), paces, 0.5, nets, layers=single_layer(M))
+    assert throttled.workers[1] - plain.workers[1] == pytest.approx(points * WAIT)
+    assert throttled.workers[0] == plain.workers[0]
+
+
+def test_held_costs_the_run_with_its_twins_compute_not_its_own():
+    """A held-out run's own compute was measured with its condition, or not at all (a run that failed
+    before its probe): the prediction is the same whatever it recorded."""
+    nets = links({}, RING_ROLES)
+    healthy = row("horovod", "sync", sps=1000, name="horovod-sync-w2")
+    got = [s.held(row("horovod", "sync", sps=600, name="horovod-sync-w2-slow1x4", compute=c), healthy, "slow",
+                  s.described(2, slow={1: 4}), 0.01, nets, nets, single_layer(M), 64 << 20, 1e-3)
+           for c in (None, 0.01, 0.5)]
+    assert got[0] is not None and got[0].kept_model == got[1].kept_model == got[2].kept_model < 1
+
+
+@pytest.mark.parametrize("backend, healthy_step, kept", [
+    # bare MPI's ranks spin: the 0.1 s its healthy twin measured beyond the model's 1.01 s step (0.01 s
+    # compute, 1 MB at 1 MB/s) is its own work, four times as long in a quarter of the CPU
+    ("mpi", 1.11, 1.11 / (4 * 0.11 + 1.0)),
+    ("mpi", 1.01, 1.01 / (4 * 0.01 + 1.0)),
+    ("mpi", None, 1.01 / (4 * 0.01 + 1.0)),
+    # sync PS's workers block in gRPC: what the model leaves out may be waiting, and is not slowed
+    ("ps", 5.0, (0.01 + 4.0) / (4 * 0.01 + 4.0)),
+])
+def test_a_spinning_ranks_unmodelled_time_is_its_own_work(backend, healthy_step, kept):
+    roles = RING_ROLES if backend == "mpi" else PS_ROLES
+    nets = links({}, roles)
+    healthy = row(backend, "sync", sps=1000, name=f"{backend}-sync-w2", step=healthy_step)
+    got = s.held(row(backend, "sync", sps=500, name=f"{backend}-sync-w2-slow1x4"), healthy, "slow",
+                 s.described(2, slow={1: 4}), 0.01, nets, nets, single_layer(M), 64 << 20, 1e-3)
+    assert got.kept_model == pytest.approx(kept)
+
+
 @pytest.mark.parametrize("record, expected", [
     (None, [1, 1]),
     # 2,500 us of every 10,000 is a quarter of a core: the probe's 10 ms alone takes 40 ms, 4x the
@@ -119,6 +179,13 @@ def test_a_slow_workers_compute_and_a_stalled_workers_whole_step():
 ])
 def test_paces_of_what_a_comparison_did(record, expected):
     assert [p.mean for p in s.paces_of(record, 2, 0.01, 0.01)] == pytest.approx(expected)
+
+
+def test_a_quota_is_recorded_as_the_share_of_each_period_the_worker_runs():
+    record = Unhealthy(condition="slow1x4", what="w", rank=1, factor=4, quota_us=2500, period_us=10000)
+    paces = s.paces_of(record, 2, 0.01, 0.01)
+    assert [(p.duty, p.period_s) for p in paces] == [(1.0, 0.0), (0.25, 0.01)]
+    assert s.paces_of(Unhealthy(condition="slow1x4", what="w", rank=1, factor=4), 2, 0.01, 0.01)[1].duty == 1.0
 
 
 def test_contended_healthy_workers_narrow_the_quotas_effect():

@@ -38,6 +38,17 @@ class Pace:
     mean: float = 1.0
     sd: float = 0.0
     whole: bool = False
+    duty: float = 1.0            # the share of each CPU period its quota lets it run (1: no quota)
+    period_s: float = 0.0        # that period (cgroup cpu.cfs_period_us)
+
+
+def throttled_wait_s(pace):
+    """The expected time a rank in a CPU quota waits to run when its peers' data arrives, for a
+    rank that spins while it waits: the spinning spends its quota early in each period, so the
+    moment it must act falls in the throttled part (1 - duty) of the period with that probability,
+    and then waits half of it on average, (1 - duty)^2 x period / 2 (the kernel's CFS bandwidth
+    control, not a fit)."""
+    return (1.0 - pace.duty) ** 2 * pace.period_s / 2.0
 
 
 def described(n, slow=None, cv=0.0, stalled=None):
@@ -168,6 +179,9 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, fusion_bytes=
     method = methods.lookup(row.backend)
     cost = method.cost
     n = row.workers or 1
+    # every term is costed with the compute given, not the row's own: a held-out run's compute was
+    # measured with its condition (or not at all, in a run that failed before its probe)
+    row = dataclasses.replace(row, compute_s=compute_s)
     prefix = "worker" if not cost.collective else "rank"
     waits = cost.waits_for(row.mode, n)
     own, spread, shared = [], [], 0.0
@@ -184,6 +198,8 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, fusion_bytes=
         else:
             mine = terms
         t = methods.combine(compute, mine) * (pace.mean if pace.whole else 1.0)
+        if cost.polls and pace.duty < 1.0:
+            t += cost.wait_points(row.mode, n) * throttled_wait_s(pace)
         own.append(t)
         spread.append(compute_s * pace.sd)
     if waits is None:
@@ -226,7 +242,12 @@ def paces_of(unhealthy, workers, compute_alone_s, compute_s):
     factor = unhealthy.factor or 1.0
     if unhealthy.quota_us and unhealthy.period_us and compute_alone_s and compute_s:
         factor = max(1.0, compute_alone_s * unhealthy.period_us / unhealthy.quota_us / compute_s)
-    return described(workers, slow={unhealthy.rank: factor})
+    paces = described(workers, slow={unhealthy.rank: factor})
+    if unhealthy.quota_us and unhealthy.period_us and unhealthy.rank < workers:
+        paces[unhealthy.rank] = dataclasses.replace(paces[unhealthy.rank],
+                                                    duty=min(1.0, unhealthy.quota_us / unhealthy.period_us),
+                                                    period_s=unhealthy.period_us / 1e6)
+    return paces
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,15 +275,26 @@ class Held:
 def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, fusion_bytes, cycle_s, rates=None):
     """``Held`` for one unhealthy run (a RunRow with samples/s and a shape) and its healthy twin, on
     the healthy cluster's network and its own; None where the method has no step model. ``rates``:
-    (healthy, run) samples/s over the whole measured interval, taken for a stall."""
+    (healthy, run) samples/s over the whole measured interval, taken for a stall and for a method
+    that exchanges once in several steps."""
     base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
                     fusion_bytes=fusion_bytes, cycle_s=cycle_s, shard_bytes=healthy.shard_bytes)
+    if base is not None and healthy.step_s and methods.lookup(run.backend).cost.polls:
+        # a rank that spins while it waits is on the CPU for all of its step: what the model does not
+        # put on the network (the healthy twin's measured step less the model's: the training loop,
+        # the library's own bookkeeping) is its own work, slowed by a quota as its compute is
+        compute_s = compute_s + max(0.0, healthy.step_s - base.step_s)
+        base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
+                        fusion_bytes=fusion_bytes, cycle_s=cycle_s, shard_bytes=healthy.shard_bytes)
     slow = job_step(run, paces, compute_s, nets, layers=layers, fusion_bytes=fusion_bytes, cycle_s=cycle_s,
                     shard_bytes=run.shard_bytes)
     # a steady rate (a slow CPU, a slow link) is the median logging interval's; a stall is in a few
-    # intervals only, so its cost is in the samples over the whole measured interval
+    # intervals only, and so is an exchange made once in k steps (local SGD: the logging intervals
+    # alternate between those with an averaging and those without), so their cost is in the samples
+    # over the whole measured interval
     h, m = healthy.samples_per_sec_median, run.samples_per_sec_median
-    if any(p.whole for p in paces) and rates and all(rates):
+    periodic = methods.lookup(run.backend).cost.steps_per_exchange(run.mode) > 1
+    if (periodic or any(p.whole for p in paces)) and rates and all(rates):
         h, m = rates
     if base is None or slow is None or not h or not m:
         return None
