@@ -3,6 +3,8 @@ alike), common/ free of Horovod and tf.distribute, no method package reaching in
 application (hvdps/) split by job."""
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -247,3 +249,16 @@ def test_imports_are_at_module_top():
 def test_the_import_check_sees_one_inside_a_function():
     tree = ast.parse("def f():\n    import re\n    import tensorflow as tf\n    from common.base import procs\n")
     assert deferred_imports(tree) == [(2, "re"), (4, "common.base")]
+
+
+@pytest.mark.process
+def test_the_suites_groups_reach_pytest_xdist():
+    """tests/conftest.py's groups are what keep a shared job launched once and the root tier one test
+    after another; pytest-xdist sees them only if they are marked before it reads them (its node
+    ids then end in @group). A group it never saw costs the suite a copy of every shared job."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--dist", "loadgroup",
+                        "-rA", "tests/test_readme.py::test_readme_blocks_are_bash_where_they_are_commands"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "PASSED tests/test_readme.py::test_readme_blocks_are_bash_where_they_are_commands@readme" in r.stdout, \
+        r.stdout[-3000:]
