@@ -1,8 +1,9 @@
 """What hvdps knows of Horovod (the registry, hvdps/methods.py, collects this entry): its modes and
 labels, the mpirun line that starts it, its cost model (a ring whose exchange starts during
-back-propagation, Horovod's background thread and tensor fusion) and the report's wording."""
+back-propagation, Horovod's background thread and tensor fusion, with the projection's flags for
+Horovod's cycle time and fusion buffer) and the report's wording."""
 from hvdps.launchers import MPIRunLauncher
-from hvdps.methods import Method, Network, Ring
+from hvdps.methods import Method, Network, Option, Ring
 
 
 class HorovodLauncher(MPIRunLauncher):
@@ -12,13 +13,23 @@ class HorovodLauncher(MPIRunLauncher):
     dense_mode = "sparse_as_dense"
 
 
+# What the projection's wait-free schedule (hvdps/cost/schedule.py: ring_step) takes of Horovod: the
+# background thread's cycle and the fusion buffer, at Horovod's own defaults since 0.21.
+OPTIONS = (
+    Option("cycle_time_ms", float, 1.0, "Horovod's HOROVOD_CYCLE_TIME (default 1, Horovod >= 0.21; 5 before)",
+           field="cycle_s", scale=1e-3, says="Horovod cycle {:g} ms"),
+    Option("fusion_threshold_mb", float, 128.0,
+           "Horovod's fusion buffer in MiB (default 128, Horovod >= 0.21; 64 before)",
+           field="fusion_bytes", scale=1 << 20, cast=int, says="fusion {:g} MiB"),
+)
+
 _ALONE = "Horovod's machinery with no peer to exchange with (one worker: no all-reduce traffic, no slower rank)"
 
 METHODS = (
     Method("horovod", {"sync": "Horovod", "sparse_as_dense": "Horovod (sparse as dense)"}, HorovodLauncher,
            # comm.json's "horovod*" rows fit the ring all-reduce every ring method is costed with
            Ring(dense_modes=("sparse_as_dense",), wait_free=True, polls=True,
-                measured=Network("allreduce", "horovod", "ring all-reduce")),
+                measured=Network("allreduce", "horovod", "ring all-reduce"), options=OPTIONS),
            overhead={"sync": "Horovod's negotiation, fusion and ring all-reduce of the gradients, and "
                              "waiting for the slower rank",
                      "sparse_as_dense": "Horovod's negotiation, fusion and ring all-reduce of the gradients "

@@ -8,7 +8,8 @@ hvdps knows of it:
 - the names and labels: its modes, the ones the bare name runs, the report's label per mode;
 - its launcher (a subclass of hvdps/launchers.py's mpirun line or task launcher), locally and across hosts;
 - its cost model: what each host's link carries per round (checked against the emulated
-  cluster's counters), the exchange's alpha-beta time, and the step the projection expects;
+  cluster's counters), the exchange's alpha-beta time, and the step the projection expects, with
+  the knobs of its implementation the projection takes as flags (``Option``, read off ``Tuning``);
 - the report's wording for its distribution overhead, alone and with peers, and its waits;
 - the fields its trainer adds to the shared records (``Method.records``: a Strict model per record
   type, read with them by common/formats/schemas.py's ``read_metrics``);
@@ -29,7 +30,7 @@ import functools
 import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, Optional, Protocol, runtime_checkable
 
 from allreduce.backend import ring_share
 from common.base.errors import UsageError
@@ -40,6 +41,41 @@ from hvdps.launchers import Launcher
 
 
 # ------------------------------------------------------------------ cost models
+@dataclass(frozen=True)
+class Option:
+    """A flag of ``hvdps project`` that a method's cost model declares (``CostModel.options``): a knob
+    of that method's own implementation its schedule takes, such as Horovod's fusion buffer or the
+    parameter servers' variable placement. hvdps/commands/project.py adds each to its one parser and
+    the projection reads the values off one frozen ``Tuning``, so no application module names them.
+
+    ``flag``: the flag's name (underscores) and value's type, default and help; ``field``: the
+    ``Tuning`` field the cost code reads, the flag's value times ``scale`` (its unit: bytes, seconds,
+    bytes/s), as ``cast``; ``low``/``high``/``choices``: its range, which the parser holds it to;
+    ``says``: how the projection's text names the value (a format string, "" for not at all);
+    ``network``: the network whose bandwidth the value caps (a transport slower than the link);
+    ``check``: (value, the parsed flags) -> a usage error's text or None, for a rule between flags."""
+    flag: str
+    type: type
+    default: object
+    help: str
+    field: str
+    scale: float = 1
+    cast: Optional[Callable] = None
+    low: float = 0
+    high: Optional[float] = None
+    choices: tuple = ()
+    says: str = ""
+    network: Optional[str] = None
+    check: Optional[Callable] = None
+
+    def value(self, flag_value):
+        """The ``Tuning`` field's value for the flag's value (None stays None: not given)."""
+        if flag_value is None or not isinstance(flag_value, (int, float)) or isinstance(flag_value, bool):
+            return flag_value
+        scaled = flag_value * self.scale if self.scale != 1 else flag_value
+        return (self.cast or self.type)(scaled)
+
+
 @runtime_checkable
 class CostModel(Protocol):
     """What the application asks a method's cost model (``Ring`` here, for the all-reduce methods;
@@ -49,12 +85,14 @@ class CostModel(Protocol):
     exchange serves, how many times a step a worker waits for others' data and must then act on it
     (hvdps/cost/stragglers.py: a spinning rank in a CPU quota pays its next period each time), the
     bytes each host's link carries per round, the exchange's alpha-beta time, and the step as terms
-    (``combine``) and as one figure with how it was reached."""
+    (``combine``) and as one figure with how it was reached, on the knobs of its implementation it
+    declares (``options``, read off ``tuning``)."""
     collective: bool
     arch: str
     network: str
     polls: bool
     link_terms: dict
+    options: tuple
 
     def lockstep(self, mode): ...
 
@@ -68,9 +106,9 @@ class CostModel(Protocol):
 
     def exchange_s(self, row, ring, ps): ...
 
-    def step_terms(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s): ...
+    def step_terms(self, row, shard_bytes, layers, ring, ps, tuning): ...
 
-    def projected_step(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s): ...
+    def projected_step(self, row, shard_bytes, layers, ring, ps, tuning): ...
 
 
 def combine(compute, terms, factors=None, compute_with=None):
@@ -110,7 +148,9 @@ class Ring:
     where no flag or emulated cluster gives every method the same network; ``measured``: the
     ``Network`` comm.json's rows of this method fit (None: costed with another's). ``polls``: its ranks spin
     while they wait (Open MPI's progress loop, Horovod's background thread), so the busy share of the
-    cores measures their waiting, not their work (hvdps/cost/heldout.py fits no cores floor for it)."""
+    cores measures their waiting, not their work (hvdps/cost/heldout.py fits no cores floor for it).
+    ``options``: the knobs of the implementation it declares (``Option``); a wait-free ring reads its
+    fusion buffer and cycle off ``tuning`` (``fusion_bytes``, ``cycle_s``), which its method declares."""
     collective = True       # no server tasks; one worker alone exchanges nothing
     # the link each step term crosses (hvdps/cost/stragglers.py: "own", "server"); a ring's one term
     # moves at the pace of the slowest link among its ranks, the default for a term not named
@@ -140,9 +180,9 @@ class Ring:
         return 2 * (workers - 1) / self.steps_per_exchange(mode)
 
     def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network=None, polls=False,
-                 measured=None):
+                 measured=None, options=()):
         self.dense_modes, self.wait_free, self.network = tuple(dense_modes), wait_free, network or RING_NETWORK
-        self.polls, self.measured = polls, measured
+        self.polls, self.measured, self.options = polls, measured, tuple(options)
         self.how = how or ("ring, wait-free schedule of the layers" if wait_free
                            else "ring Allreduce after back-propagation")
 
@@ -172,17 +212,17 @@ class Ring:
             return None
         return schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha)
 
-    def projected_step(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
-        terms = self.step_terms(row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s)
+    def projected_step(self, row, shard_bytes, layers, ring, ps, tuning):
+        terms = self.step_terms(row, shard_bytes, layers, ring, ps, tuning)
         return (None, None) if terms is None else (combine(row.compute_s, terms), self.how)
 
-    def step_terms(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
+    def step_terms(self, row, shard_bytes, layers, ring, ps, tuning):
         """{term: (with compute, seconds)}: the step is the longest of compute (where counted) plus
         each term (``combine``). The ring has one: the exchange left after back-propagation."""
         n, compute, grad = row.workers, row.compute_s, row.grad_bytes_per_step
         if self.wait_free:
-            step = schedule.ring_step(layers, compute, n, ring.bandwidth, ring.alpha, fusion_bytes,
-                                      cycle_s).step_s
+            step = schedule.ring_step(layers, compute, n, ring.bandwidth, ring.alpha, tuning.fusion_bytes,
+                                      tuning.cycle_s).step_s
             return {"ring": (True, step - compute)}
         if not grad:
             return None
@@ -283,7 +323,7 @@ def check_entry(method, module):
             problems.append("has no hvdps.launchers.Launcher subclass as its launcher")
         if not isinstance(method.cost, CostModel):
             problems.append("has no cost model (hvdps.methods.CostModel: " + ", ".join(
-                n for n in ("collective", "arch", "network", "polls", "link_terms", "lockstep", "waits_for",
+                n for n in ("collective", "arch", "network", "polls", "link_terms", "options", "lockstep", "waits_for",
                             "steps_per_exchange", "wait_points", "predict_links", "exchange_s", "step_terms",
                             "projected_step") if not hasattr(method.cost, n)) + " missing)")
         if method.cost is not None and getattr(method.cost, "collective", False) and not hasattr(method.cost, "exact"):
@@ -294,6 +334,8 @@ def check_entry(method, module):
         for mode in method.default_modes:
             if mode not in method.modes:
                 problems.append(f"default mode {mode!r} is not one of its modes")
+        problems += [f"declares {o!r} as an option, not a hvdps.methods.Option"
+                     for o in getattr(method.cost, "options", ()) if not isinstance(o, Option)]
         problems += _record_problems(method.records)
         if method.measured is not None and not (dataclasses.is_dataclass(method.measured)
                                                 and method.measured.__dataclass_params__.frozen):
@@ -365,6 +407,49 @@ def networks_measured():
         if net is not None:
             out.setdefault(net.network, net)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def options():
+    """Every ``Option`` the methods' cost models declare, once each, in the registry's order; two
+    methods may share one (the parameter servers' two APIs), but not declare two under one name."""
+    out = {}
+    for method in _registry().values():
+        for option in method.cost.options:
+            for key in ("flag", "field"):
+                twin = next((o for o in out.values() if getattr(o, key) == getattr(option, key)), option)
+                if twin != option:
+                    raise RuntimeError(f"{method.package}: option {key} {getattr(option, key)!r} is "
+                                       f"declared twice, differently")
+            out[option.flag] = option
+    return tuple(out.values())
+
+
+@functools.lru_cache(maxsize=None)
+def _tuning_type():
+    """The frozen record of every declared option's value, one field each (``Option.field``)."""
+    return dataclasses.make_dataclass(
+        "Tuning", [(o.field, object, field(default=o.value(o.default))) for o in options()], frozen=True,
+        namespace={"__doc__": "The values of the methods' declared options (``options``), in their cost "
+                              "models' units: what a projection is tuned to."})
+
+
+def tuning(**values):
+    """A ``Tuning``: every option at its default, but for the fields in ``values`` (in their units)."""
+    return _tuning_type()(**values)
+
+
+def tuning_of(args):
+    """The ``Tuning`` the parsed flags ``args`` give (each option's flag, read off ``args``), or a usage
+    error where an option's rule between flags (``Option.check``) fails."""
+    values = {}
+    for option in options():
+        given = getattr(args, option.flag, option.default)
+        problem = option.check(given, args) if option.check and given is not None else None
+        if problem:
+            raise UsageError(problem)
+        values[option.field] = option.value(given)
+    return tuning(**values)
 
 
 def server_network():

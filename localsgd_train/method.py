@@ -50,7 +50,7 @@ class LocalSGDRing(Ring):
         """k: the weights are averaged once every k steps."""
         return local_steps(mode)
 
-    def step_terms(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
+    def step_terms(self, row, shard_bytes, layers, ring, ps, tuning):
         grad, n = row.grad_bytes_per_step, row.workers
         if not grad:
             return None

@@ -12,11 +12,39 @@ from common.base.errors import UsageError
 from common.formats.schemas import read_launch_record
 from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskLauncher
-from hvdps.methods import Method, Network, combine
+from hvdps.methods import Method, Network, Option, combine
 from ps_train.cluster import BACKUP, backups, base_mode
 from ps_train.placement import place_ps
 from ps_train.records import RECORDS
 from ps_train.report import ps_details, shards_section
+
+
+def _divides_gpus_per_server(towers, args):
+    """A PS worker task drives GPUs of one server: their number divides the server's."""
+    per_server = getattr(args, "gpus_per_server", 1)
+    if towers >= 1 and per_server % towers:
+        return f"--ps_gpus_per_worker must divide --gpus_per_server ({per_server}), got {towers}"
+    return None
+
+
+# What the projection's PS schedule (hvdps/cost/schedule.py: ps_step) takes of the PS implementation.
+OPTIONS = (
+    Option("ps_sharding", str, "split",
+           "how variables go to PS shards: split (hvdps' PS trainers: large variables cut into one piece "
+           "per shard, then round robin), round_robin (replica_device_setter's default, whole variables) "
+           "or greedy by bytes (tf_cnn_benchmarks)",
+           field="placement", choices=schedule.PLACEMENTS, says="PS placement {}"),
+    Option("ps_gpus_per_worker", int, 1,
+           "GPUs driven by one PS worker task, which sums their gradients before the push and reads each "
+           "variable once for them (tf_cnn_benchmarks' --num_gpus); default 1, one task per GPU as hvdps' "
+           "PS trainer runs",
+           field="towers", low=1, says="{} GPU(s) per PS worker task", check=_divides_gpus_per_server),
+    Option("ps_bandwidth_gbps", float, None,
+           "what the PS transport (TensorFlow's gRPC) really moves per process, in Gbit/s, when that is "
+           "below the link's --bandwidth_gbps",
+           field="ps_bandwidth", scale=1e9 / 8, low=1e-6, high=1e6, says="PS transport {:g} Gbit/s",
+           network="ps"),
+)
 
 
 class ParameterServers:
@@ -34,6 +62,7 @@ class ParameterServers:
     # its own pushes and pulls cross its own link; every worker's cross the PS hosts'
     link_terms = {"own link": "own", "PS link": "server"}
     lockstep_modes = ("sync",)   # the workers wait for each other's gradients before each update
+    options = OPTIONS
 
     def lockstep(self, mode):
         """Sync workers compute at the same moment each step (with backups: all but the late ones);
@@ -79,19 +108,19 @@ class ParameterServers:
             return None
         return schedule.ps_time(n, grad, ps.bandwidth, ps.alpha, row.num_ps or 1)
 
-    def projected_step(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
+    def projected_step(self, row, shard_bytes, layers, ring, ps, tuning):
         """PS tasks on hosts of their own (hvdps compare's ``--ps_placement own``). Sync: push all,
         then pull all, through the busiest PS link (n·S/B each way) or a worker's own (M/B),
         whichever is slower: compute + 2·(max(nS, M)/B + alpha). Async: a worker pushes and pulls
         on its own link while the others do the same; the busiest PS link carries n·S each way
         per round: max(compute + 2·(M/B + alpha), n·S/B + alpha)."""
-        terms = self.step_terms(row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s)
+        terms = self.step_terms(row, shard_bytes, layers, ring, ps, tuning)
         if terms is None:
             return None, None
         how = "push all, then pull all" if self.lockstep(row.mode) else "own link or busiest PS link"
         return combine(row.compute_s, terms), how
 
-    def step_terms(self, row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s):
+    def step_terms(self, row, shard_bytes, layers, ring, ps, tuning):
         """{term: (with compute, seconds)}, the step being the longest (``combine``): a worker's own
         link (push M, then pull M, after its compute) and the busiest PS link (sync: every worker's
         push, then every pull, after the compute; async: n·S each way while the workers compute)."""

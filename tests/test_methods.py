@@ -82,7 +82,9 @@ class _Clash(methods.Strict):
     (lambda m: "not an entry", "is not a hvdps.methods.Method"),
     (lambda m: methods.dataclasses.replace(m, labels={}), "declares no mode"),
     (lambda m: methods.dataclasses.replace(m, launcher=object), "has no hvdps.launchers.Launcher subclass"),
-    (lambda m: methods.dataclasses.replace(m, cost=_NoCost()), "arch, network, polls, link_terms, lockstep, waits_for, steps_per_exchange, wait_points, predict_links"),
+    (lambda m: methods.dataclasses.replace(m, cost=_NoCost()), "arch, network, polls, link_terms, options, lockstep, waits_for, steps_per_exchange, wait_points, predict_links"),
+    (lambda m: methods.dataclasses.replace(m, cost=methods.Ring(options=("--cycle_time_ms",))),
+     "declares '--cycle_time_ms' as an option, not a hvdps.methods.Option"),
     (lambda m: methods.dataclasses.replace(m, overhead={}), "mode 'sync' does not parse back to itself or has no "
                                                             "overhead wording"),
     (lambda m: methods.dataclasses.replace(m, default_modes=("fast",)), "default mode 'fast' is not one of its modes"),
@@ -118,6 +120,41 @@ def test_link_prediction_per_method(backend, mode, roles, expect):
 def test_unknown_method_in_a_report_keeps_its_own_name():
     """Runs recorded by a method this version does not know still get a row, under their own name."""
     assert methods.lookup("byteps") is None and methods.label("byteps", "sync") == "byteps sync"
+
+
+@pytest.mark.parametrize("argv, fields", [
+    ([], {"cycle_s": 1e-3, "fusion_bytes": 128 << 20, "placement": "split", "towers": 1, "ps_bandwidth": None}),
+    (["--cycle_time_ms", "5", "--fusion_threshold_mb", "64"], {"cycle_s": 5e-3, "fusion_bytes": 64 << 20}),
+    (["--ps_sharding", "greedy", "--ps_gpus_per_worker", "4", "--gpus_per_server", "8"],
+     {"placement": "greedy", "towers": 4}),
+    (["--ps_bandwidth_gbps", "6.4"], {"ps_bandwidth": 0.8e9}),
+])
+def test_a_methods_knobs_are_flags_of_the_projection_in_their_units(argv, fields):
+    """Each method's cost model declares its knobs (``Option``); hvdps project parses them with its one
+    parser, and the cost code reads them off one frozen ``Tuning`` in its own units."""
+    from hvdps.commands import project
+    tuning = methods.tuning_of(project.make_parser().parse_args(argv))
+    for name, value in fields.items():
+        assert getattr(tuning, name) == (pytest.approx(value) if isinstance(value, float) else value), name
+    with pytest.raises(methods.dataclasses.FrozenInstanceError):
+        tuning.towers = 2
+
+
+def test_every_knob_is_declared_by_its_method_and_named_nowhere_else():
+    """The projection's flags for one implementation (Horovod's cycle, the PS placement) live in that
+    method's package: no application module names them, and a rule between flags is the option's."""
+    from hvdps.commands import project
+    declared = {o.flag: m.package for m in methods.METHODS.values() for o in m.cost.options}
+    assert {"cycle_time_ms": "horovod_train", "ps_sharding": "ps_train"}.items() <= declared.items()
+    parser = project.make_parser()
+    assert {f"--{flag}" for flag in declared} <= set(parser._option_string_actions)
+    for path in glob.glob(os.path.join(REPO, "hvdps", "**", "*.py"), recursive=True):
+        with open(path) as f:
+            text = f.read()
+        assert not [flag for flag in declared if flag in text], path
+    args = parser.parse_args(["--ps_gpus_per_worker", "3", "--gpus_per_server", "4"])
+    with pytest.raises(UsageError, match=r"--ps_gpus_per_worker must divide --gpus_per_server \(4\), got 3"):
+        methods.tuning_of(args)
 
 
 def _names_compared(tree):

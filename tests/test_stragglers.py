@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from common.formats.schemas import StepQuantiles, Unhealthy
+from hvdps import methods
 from hvdps.cost import stragglers as s
 from hvdps.cost.projection import single_layer
 from hvdps.cost.schedule import AlphaBeta
@@ -146,7 +147,7 @@ def test_held_costs_the_run_with_its_twins_compute_not_its_own():
     nets = links({}, RING_ROLES)
     healthy = row("horovod", "sync", sps=1000, name="horovod-sync-w2")
     got = [s.held(row("horovod", "sync", sps=600, name="horovod-sync-w2-slow1x4", compute=c), healthy, "slow",
-                  s.described(2, slow={1: 4}), 0.01, nets, nets, single_layer(M), 64 << 20, 1e-3)
+                  s.described(2, slow={1: 4}), 0.01, nets, nets, single_layer(M), methods.tuning(fusion_bytes=64 << 20))
            for c in (None, 0.01, 0.5)]
     assert got[0] is not None and got[0].kept_model == got[1].kept_model == got[2].kept_model < 1
 
@@ -165,7 +166,7 @@ def test_a_spinning_ranks_unmodelled_time_is_its_own_work(backend, healthy_step,
     nets = links({}, roles)
     healthy = row(backend, "sync", sps=1000, name=f"{backend}-sync-w2", step=healthy_step)
     got = s.held(row(backend, "sync", sps=500, name=f"{backend}-sync-w2-slow1x4"), healthy, "slow",
-                 s.described(2, slow={1: 4}), 0.01, nets, nets, single_layer(M), 64 << 20, 1e-3)
+                 s.described(2, slow={1: 4}), 0.01, nets, nets, single_layer(M), methods.tuning(fusion_bytes=64 << 20))
     assert got.kept_model == pytest.approx(kept)
 
 
@@ -197,7 +198,7 @@ def test_held_predicts_from_the_twin_and_never_from_the_run_itself():
     roles = RING_ROLES
     healthy, slow = row("mpi", "sync", sps=1000, name="mpi-sync-w2"), row("mpi", "sync", sps=120, name="mpi-sync-w2")
     got = s.held(slow, healthy, "b's link at 0.8 Mbit/s", s.described(2), 0.01, links({}, roles),
-                 links({"b": 0.8e6}, roles), None, 0, 0)
+                 links({"b": 0.8e6}, roles), None, methods.tuning())
     kept = (0.01 + 1.0) / (0.01 + 10.0)
     assert got.kept_model == pytest.approx(kept)
     assert got.predicted_samples_per_sec == pytest.approx(1000 * kept)

@@ -14,7 +14,7 @@ from common.base.files import make_dirs, write_atomic
 from common.base.procs import REPO
 from common.formats.schemas import read_cluster_description, read_comm, read_config
 from hvdps import methods
-from hvdps.cost import crossover, heldout, schedule, stragglers
+from hvdps.cost import crossover, heldout, stragglers
 from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.measure.rows import interval_rate, load_run
 from hvdps.measure.runs import load_of, run_record
@@ -137,7 +137,7 @@ def own_rows(nets, ring, variants=()):
 
 # What a projection input may be: from a 1 kbit/s link to a 1 Pbit/s one, and so on. Outside
 # these the arithmetic overflows or underflows into infinities and zeros, not an answer.
-INPUT_RANGES = {"bandwidth_gbps": (1e-6, 1e6), "ps_bandwidth_gbps": (1e-6, 1e6), "latency_us": (1e-3, 1e9),
+INPUT_RANGES = {"bandwidth_gbps": (1e-6, 1e6), "latency_us": (1e-3, 1e9),
                 "step_compute_ms": (1e-6, 1e9), "model_params": (1, 1e13)}
 
 
@@ -158,7 +158,7 @@ def cluster_of(path):
     return None
 
 
-def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
+def check_runs(path, layers, ring, ps, tuning, nets=None):
     """(a row per multi-worker run under ``path``: measured step time beside the projected one,
     [(run, why)] of the runs left out: shared or oversubscribed, what they measured was contention
     for the cores, not the method the model projects)."""
@@ -179,8 +179,7 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
         if record and record.oversubscribed:
             left_out.append((row.name, "oversubscribed: more processes than cores"))
             continue
-        projected, how = projected_step(row, row.shard_bytes, layers, ring, ps, fusion_bytes, cycle_s,
-                                        nets)
+        projected, how = projected_step(row, row.shard_bytes, layers, ring, ps, tuning, nets)
         if projected is None:
             continue
         rows.append(Checked(run=row.name, backend=row.backend, mode=row.mode, workers=row.workers,
@@ -189,9 +188,8 @@ def check_runs(path, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
     return rows, left_out
 
 
-def heldout_of(path, layers, ring, ps, nets, args):
+def heldout_of(path, layers, ring, ps, nets, tuning):
     """(hvdps/cost/heldout.py's entries for the runs under ``path``, the cores they shared or None)."""
-    fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
     rows, shared = [], set()
     for d in find_runs(path):
         row = load_run(d)
@@ -203,7 +201,7 @@ def heldout_of(path, layers, ring, ps, nets, args):
     cores = max(shared) if shared else None
     def terms_of(row):
         method = methods.lookup(row.backend)
-        return method.cost.step_terms(row, row.shard_bytes, layers, ring_of(method, ring, nets), ps, fusion, cycle)
+        return method.cost.step_terms(row, row.shard_bytes, layers, ring_of(method, ring, nets), ps, tuning)
 
     entries = heldout.analyse(rows, terms_of, cores)
     return entries, cores
@@ -220,7 +218,7 @@ def slow_links(cluster, healthy):
     return ", ".join(f"{names.get(h, h)}'s link at {bps / 1e6:g} Mbit/s" for h, bps in slow) or None
 
 
-def unhealthy_check(path, healthy_path, layers, args):
+def unhealthy_check(path, healthy_path, layers, tuning):
     """(hvdps/cost/stragglers.py's ``Held`` per run under ``path`` on an unhealthy emulated cluster,
     [(run, why)] left out): a run with a slow or stalled worker against its healthy twin in the same
     comparison, and with ``healthy_path`` (the same comparison on the cluster without ``--link``)
@@ -234,7 +232,6 @@ def unhealthy_check(path, healthy_path, layers, args):
     if healthy_path and (base_cluster is None or base_cluster.latency_s is None):
         raise UsageError(f"--healthy {healthy_path}: no emulated cluster there (hvdps emulate's cluster.json)")
     linked = slow_links(cluster, base_cluster) if healthy_path else None
-    fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
 
     def loaded(where):
         out = {}
@@ -263,7 +260,7 @@ def unhealthy_check(path, healthy_path, layers, args):
             return stragglers.link_networks(c.latency_s, c.rates, r.roles, c.rate_bps, TCP_GOODPUT)
 
         entry = stragglers.held(row, healthy, what, paces, compute, nets_of(base_cluster, healthy),
-                                nets_of(cluster, row), layers, fusion, cycle,
+                                nets_of(cluster, row), layers, tuning,
                                 rates=(interval_rate(healthy), interval_rate(row)))
         if entry is None:
             left_out.append((name, "no throughput measured, or no step model for its method"))
@@ -296,10 +293,6 @@ def make_parser():
                    help="a model whose layers ship with hvdps: resnet50, resnet101, inception_v3, vgg16, "
                         "mobilenet_v2 (ImageNet shapes)")
     p.add_argument("--gpus_per_server", dest="gpus_per_server", type=int, default=1)
-    p.add_argument("--cycle_time_ms", dest="cycle_time_ms", type=float, default=1.0,
-                   help="Horovod's HOROVOD_CYCLE_TIME (default 1, Horovod >= 0.21; 5 before)")
-    p.add_argument("--fusion_threshold_mb", dest="fusion_threshold_mb", type=float, default=128.0,
-                   help="Horovod's fusion buffer in MiB (default 128, Horovod >= 0.21; 64 before)")
     p.add_argument("--straggler_cv", dest="straggler_cv", type=float, default=0.03,
                    help="per-step coefficient of variation of a worker's compute; synchronous training "
                         "waits for the slowest of n every step (default 0.03)")
@@ -310,18 +303,13 @@ def make_parser():
     p.add_argument("--healthy", dest="healthy_dir", default=None,
                    help="--from's runs on the cluster without its slow link (hvdps emulate without --link): "
                         "each run under --from is predicted from its namesake there")
-    p.add_argument("--ps_sharding", dest="ps_sharding", default="split", choices=schedule.PLACEMENTS,
-                   help="how variables go to PS shards: split (hvdps' PS trainers: large variables cut into "
-                        "one piece per shard, then round robin), round_robin (replica_device_setter's "
-                        "default, whole variables) or greedy by bytes (tf_cnn_benchmarks)")
-    p.add_argument("--ps_gpus_per_worker", dest="ps_gpus_per_worker", type=int, default=1,
-                   help="GPUs driven by one PS worker task, which sums their gradients before the push and "
-                        "reads each variable once for them (tf_cnn_benchmarks' --num_gpus); default 1, one "
-                        "task per GPU as hvdps' PS trainer runs")
-    p.add_argument("--ps_bandwidth_gbps", dest="ps_bandwidth_gbps", type=float, default=None,
-                   help="what the PS transport (TensorFlow's gRPC) really moves per process, in Gbit/s, "
-                        "when that is below the link's --bandwidth_gbps")
     p.add_argument("--max_workers", dest="max_workers", type=int, default=512)
+    g = p.add_argument_group("the methods' own knobs", "each declared by its method's cost model "
+                             "(<method>_train/method.py), at that implementation's defaults")
+    for option in methods.options():
+        g.add_argument(f"--{option.flag}", type=option.type, default=option.default,
+                       choices=option.choices or None, help=option.help)
+        p.bound(option.flag, option.low, option.high)
     for name, (low, high) in INPUT_RANGES.items():
         p.bound(name, low, high)
     p.bound("straggler_cv", 0, 1)
@@ -338,10 +326,11 @@ def slowest_link_bps(cluster):
     return min([cluster.rate_bps, *(cluster.rates or {}).values()])
 
 
-def network(args, fits, source="--comm_json", cluster=None):
+def network(args, fits, source="--comm_json", cluster=None, tuning=None):
     """(ring, ps) alpha/bandwidth: given flags win over an emulated cluster's links (their rate at
     TCP's goodput, their measured latency), which win over the measured fit; a fit that could
-    not be made is refused in one line when it would be used."""
+    not be made is refused in one line when it would be used. A method's declared transport rate
+    (``tuning``: an ``Option`` with a ``network``) caps its network's bandwidth."""
     ring, ps = fits.get(methods.RING_NETWORK), fits.get(methods.server_network())
     if cluster and cluster.latency_s is not None:
         ring = ps = AlphaBeta(bandwidth=slowest_link_bps(cluster) / 8 * TCP_GOODPUT, alpha=cluster.latency_s)
@@ -357,8 +346,13 @@ def network(args, fits, source="--comm_json", cluster=None):
         bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else ring.bandwidth
         lat = args.latency_us * 1e-6 if args.latency_us is not None else ring.alpha
         ring = ps = AlphaBeta(bandwidth=bw, alpha=lat)
-    if args.ps_bandwidth_gbps is not None and ps:
-        ps = dataclasses.replace(ps, bandwidth=args.ps_bandwidth_gbps * 1e9 / 8)
+    tuning = tuning or methods.tuning()
+    for option in methods.options():
+        rate = getattr(tuning, option.field) if option.network else None
+        if rate is not None and ring and option.network == methods.RING_NETWORK:
+            ring = dataclasses.replace(ring, bandwidth=rate)
+        if rate is not None and ps and option.network == methods.server_network():
+            ps = dataclasses.replace(ps, bandwidth=rate)
     return ring, ps
 
 
@@ -377,21 +371,18 @@ def networks(args, fits, ring, ps, cluster=None):
 
 def run_projection(args):
     """The projection from measurements and/or given hardware."""
-    for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "cycle_time_ms",
-                 "fusion_threshold_mb", "straggler_cv", "ps_bandwidth_gbps"):
+    for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "straggler_cv"):
         if getattr(args, name) is not None:
             check_finite(name.replace("_", "-"), getattr(args, name))
     for name, (low, high) in INPUT_RANGES.items():
         value = getattr(args, name)
         if value is not None and not low <= value <= high:
             raise UsageError(f"--{name.replace('_', '-')} must be in [{low:g}, {high:g}], got {value!r}")
-    if args.cycle_time_ms < 0 or args.fusion_threshold_mb < 0 or not 0 <= args.straggler_cv < 1:
-        raise UsageError("--cycle_time_ms and --fusion_threshold_mb must be >= 0, --straggler_cv in [0, 1)")
+    if not 0 <= args.straggler_cv < 1:
+        raise UsageError("--straggler_cv must be in [0, 1)")
     if not 1 <= args.gpus_per_server <= 1024 or not 1 <= args.max_workers <= MAX_WORKERS:
         raise UsageError(f"--gpus_per_server must be in [1, 1024] and --max_workers in [1, {MAX_WORKERS}]")
-    if args.ps_gpus_per_worker < 1 or args.gpus_per_server % args.ps_gpus_per_worker:
-        raise UsageError(f"--ps_gpus_per_worker must divide --gpus_per_server ({args.gpus_per_server}), "
-                         f"got {args.ps_gpus_per_worker}")
+    tuning = methods.tuning_of(args)
     slow = {s.rank: s.factor for s in parse_stragglers(args.straggler)} if args.straggler else {}
     if args.healthy_dir and (not args.from_dir or not os.path.isdir(args.healthy_dir)):
         raise UsageError(f"--healthy {args.healthy_dir}: " + ("no such directory" if args.from_dir else
@@ -407,7 +398,7 @@ def run_projection(args):
             not (cluster and cluster.latency_s is not None):
         comm = read_comm(comm_json)
         fits = fit_from_comm(comm.results, comm.np)
-    ring, ps = network(args, fits, comm_json, cluster)
+    ring, ps = network(args, fits, comm_json, cluster, tuning)
     if not ring or not ps:
         raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
                          f"and no --bandwidth_gbps/--latency_us given")
@@ -430,19 +421,16 @@ def run_projection(args):
     grad = sum(x.grad_bytes for x in layers)
     own = own_rows(nets, ring, variants)
     workers = powers_of_two(1, args.max_workers)
-    rows = project(layers, compute, workers, ring, ps,
-                   per_server=args.gpus_per_server, cycle_s=args.cycle_time_ms / 1e3,
-                   fusion_bytes=int(args.fusion_threshold_mb * (1 << 20)), straggler_cv=args.straggler_cv,
-                   placement=args.ps_sharding, measured=measured, ps_towers=args.ps_gpus_per_worker, own=own,
-                   slow=slow)
+    rows = project(layers, compute, workers, ring, ps, per_server=args.gpus_per_server, tuning=tuning,
+                   straggler_cv=args.straggler_cv, measured=measured, own=own, slow=slow)
+    knobs = [o.says.format(getattr(args, o.flag)) for o in methods.options()
+             if o.says and getattr(args, o.flag) is not None]
     make_dirs(args.out)
     text = (f"# Scaling projection\n\ngradient {_size(grad)} in {len(layers)} layer(s), compute "
             f"{compute * 1e3:.1f} ms/step, ring: {ring.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
             f"{ring.alpha * 1e6:.1f} us; PS: {ps.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
-            f"{ps.alpha * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server, "
-            f"{args.ps_gpus_per_worker} GPU(s) per PS worker task; Horovod cycle "
-            f"{args.cycle_time_ms:g} ms, fusion {args.fusion_threshold_mb:g} MiB; PS placement "
-            f"{args.ps_sharding}; straggler cv {args.straggler_cv:g}" +
+            f"{ps.alpha * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server; " +
+            "".join(f"{k}; " for k in knobs) + f"straggler cv {args.straggler_cv:g}" +
             "".join(f"; worker {r} at {f:g}x the others' compute" for r, f in slow.items()) + "\n\n")
     for label, (_, net, _) in own.items():
         if net == ring:
@@ -457,8 +445,7 @@ def run_projection(args):
                  f"TCP payload; latency {cluster.latency_s * 1e6:.0f} us, half the measured round trip).\n\n")
     if notes:
         text += "Measured in the runs:\n\n" + "\n".join(f"- {x}" for x in notes) + "\n\n"
-    checked, left_out = check_runs(args.from_dir, layers, ring, ps, int(args.fusion_threshold_mb * (1 << 20)),
-                                   args.cycle_time_ms / 1e3, nets) if args.from_dir else ([], [])
+    checked, left_out = check_runs(args.from_dir, layers, ring, ps, tuning, nets) if args.from_dir else ([], [])
     if checked or left_out:
         text += "## Projected against measured\n\n"
     if checked:
@@ -472,17 +459,16 @@ def run_projection(args):
                  "; ".join(f"{name} ({why})" for name, why in left_out) + ".\n\n")
     cross = []
     if args.from_dir:
-        fusion, cycle = int(args.fusion_threshold_mb * (1 << 20)), args.cycle_time_ms / 1e3
         cross = crossover.analyse([load_run(d) for d in find_runs(args.from_dir)],
-                                  lambda row, shard_bytes: projected_step(row, shard_bytes, layers, ring, ps, fusion, cycle,
-                                                                     nets)[0], layers=layers,
+                                  lambda row, shard_bytes: projected_step(row, shard_bytes, layers, ring, ps, tuning,
+                                                                          nets)[0], layers=layers,
                                   contended=[name for name, _ in left_out])
         if cross:
             text += "\n".join(crossover_render.section(cross, left_out)) + "\n![crossover](crossover.png)\n\n"
-    held = heldout_of(args.from_dir, layers, ring, ps, nets, args) if args.from_dir else ([], None)
+    held = heldout_of(args.from_dir, layers, ring, ps, nets, tuning) if args.from_dir else ([], None)
     if held[0]:
         text += "\n".join(heldout_render.section(*held)) + "\n"
-    sick = unhealthy_check(args.from_dir, args.healthy_dir, layers, args) if args.from_dir else ([], [])
+    sick = unhealthy_check(args.from_dir, args.healthy_dir, layers, tuning) if args.from_dir else ([], [])
     if sick[0] or sick[1]:
         text += "\n".join(heldout_render.unhealthy_section(*sick)) + "\n"
     text += table(rows) + "\n"
@@ -495,9 +481,8 @@ def run_projection(args):
     write_atomic(os.path.join(args.out, "projection.json"), dumps({
                        "grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": ps,
                        "own_fits": {label: net for label, (_, net, _) in own.items() if net != ring},
-                       "gpus_per_server": args.gpus_per_server, "cycle_time_ms": args.cycle_time_ms,
-                       "fusion_threshold_mb": args.fusion_threshold_mb, "straggler_cv": args.straggler_cv,
-                       "ps_sharding": args.ps_sharding, "ps_gpus_per_worker": args.ps_gpus_per_worker,
+                       "gpus_per_server": args.gpus_per_server, "straggler_cv": args.straggler_cv,
+                       **{o.flag: getattr(args, o.flag) for o in methods.options()},
                        "measured_overlap": {label: ov for label, (ov, _) in measured.items()}, "checked": checked,
                        "left_out": [{"run": name, "why": why} for name, why in left_out], "crossover": cross,
                        "heldout": {"entries": held[0], "cores": held[1]},

@@ -83,17 +83,18 @@ class Projected:
     efficiency: float
 
 
-def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, cycle_s=1e-3,
-            fusion_bytes=128 << 20, straggler_cv=0.0, placement="split", measured=None, ps_towers=1,
-            own=None, slow=None):
+def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, tuning=None,
+            straggler_cv=0.0, measured=None, own=None, slow=None):
     """Rows of projected step time and efficiency for each worker count and architecture.
 
     ``own``: {label: (method, fit, mode)} for collective methods measured with a network of their own
     (TensorFlow's ring) or with a step of their own (local SGD): each adds rows by its method's step
     model (hvdps/methods.py) in that mode, on that fit.
 
+    ``tuning``: the methods' declared knobs (hvdps/methods.py: ``Tuning``; their defaults if None):
+    the ring's fusion buffer and cycle, the PS variable placement and GPUs per worker task.
     PS rows: a fixed number of shards each (``shards``), and one PS per server
-    (k = n / per_server), the layout that grows with the cluster; ``ps_towers``
+    (k = n / per_server), the layout that grows with the cluster; ``tuning.towers``
     GPUs share one worker task (schedule.ps_step). ``workers`` counts GPUs.
     ``slow``: {rank: F}, workers whose compute is F times slower than the others' (where n has
     that rank); with ``straggler_cv``, the per-worker step distribution a synchronous step waits
@@ -105,6 +106,7 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
     """
     grad = sum(x.grad_bytes for x in layers)
     rows = []
+    tuning = tuning or methods.tuning()
 
     waits = {n: stragglers.wait_factor(stragglers.described(n, {r: f for r, f in (slow or {}).items() if r < n},
                                                             straggler_cv), n) for n in workers}
@@ -117,17 +119,17 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, c
 
     for n in workers:
         add(n, RING, schedule.ring_step(layers, compute_s, n, ring.bandwidth, ring.alpha,
-                                        fusion_bytes, cycle_s), RING)
+                                        tuning.fusion_bytes, tuning.cycle_s), RING)
         for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]:
             add(n, label, schedule.ps_step(layers, compute_s, n, ps.bandwidth, ps.alpha, k,
-                                           per_server, placement, towers=ps_towers), PS)
+                                           per_server, tuning.placement, towers=tuning.towers), PS)
         for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
             res = schedule.ring_step(layers, compute_s, n, ring.bandwidth * schedule.byteps_link_scale(n, k),
-                                     ring.alpha, fusion_bytes, cycle_s)
+                                     ring.alpha, tuning.fusion_bytes, tuning.cycle_s)
             add(n, label, res, PS)
         for label, (method, net, mode) in (own or {}).items():
             row = StepShape(workers=n, compute_s=compute_s, grad_bytes_per_step=grad, mode=mode)
-            step, _ = method.cost.projected_step(row, None, layers, net, ps, fusion_bytes, cycle_s)
+            step, _ = method.cost.projected_step(row, None, layers, net, ps, tuning)
             t = method.cost.exchange_s(row, net, ps) or 0.0
             add(n, label, Scheduled(step_s=step, comm_s=t, exposed_s=step - compute_s, buffers=0,
                                     overlap=max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0),
@@ -187,12 +189,12 @@ def measured_overlap(row, exchange_s):
 TCP_GOODPUT = 1448 / 1514
 
 
-def projected_step(row, shard_bytes, layers, ring, ps, fusion_bytes, cycle_s, nets=None):
+def projected_step(row, shard_bytes, layers, ring, ps, tuning, nets=None):
     """(the step time the network model gives this run, how): its own compute, its gradient M, its
     worker count n and, for a method with server tasks, the bytes each holds (``RunRow.shard_bytes``), by
     its method's step model (hvdps/methods.py); (None, None) for a method this version lacks."""
     method = methods.lookup(row.backend)
     if method is None:
         return None, None
-    return method.cost.projected_step(row, shard_bytes, layers, ring_of(method, ring, nets), ps, fusion_bytes, cycle_s)
+    return method.cost.projected_step(row, shard_bytes, layers, ring_of(method, ring, nets), ps, tuning)
 

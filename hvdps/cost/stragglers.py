@@ -142,7 +142,7 @@ def kept(paces, waits, healthy=None):
 
 
 # ------------------------------------------------------------------ a method's step
-def _terms(cost, row, nets, roles, task, layers, fusion_bytes, cycle_s, shard_bytes):
+def _terms(cost, row, nets, roles, task, layers, tuning, shard_bytes):
     """The method's step terms as worker ``task`` pays them: each term costed on the link it crosses
     (``cost.link_terms``): the worker's own, the servers' (the slowest PS host's), or the job's
     slowest (a ring's pace)."""
@@ -150,7 +150,7 @@ def _terms(cost, row, nets, roles, task, layers, fusion_bytes, cycle_s, shard_by
     out = {}
     for kind in dict.fromkeys([*kinds.values(), "slowest"]):
         net = nets(kind, task)
-        terms = cost.step_terms(row, shard_bytes, layers, net, net, fusion_bytes, cycle_s)
+        terms = cost.step_terms(row, shard_bytes, layers, net, net, tuning)
         if terms is None:
             return None
         for name, term in terms.items():
@@ -168,15 +168,16 @@ class Step:
     waits: Optional[int]
 
 
-def job_step(row, paces, compute_s, nets, roles=None, layers=None, fusion_bytes=128 << 20, cycle_s=1e-3,
-             shard_bytes=None):
+def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, shard_bytes=None):
     """The step of ``row``'s method (its backend, mode, workers, gradient) when its workers keep
     ``paces``: each worker's own step is its method's (``combine`` of its terms) with its compute
     at its pace (the whole step for a stalled one), and the job's as ``waits_for`` says.
 
     ``nets(kind, task)``: the alpha-beta network of a link kind ("own", "server", "slowest") for the
-    worker ``task``; ``roles``: {task: host}, for the worker names."""
+    worker ``task``; ``roles``: {task: host}, for the worker names; ``tuning``: the methods' declared
+    knobs (hvdps/methods.py: ``Tuning``; their defaults if None)."""
     method = methods.lookup(row.backend)
+    tuning = tuning or methods.tuning()
     cost = method.cost
     n = row.workers or 1
     # every term is costed with the compute given, not the row's own: a held-out run's compute was
@@ -186,7 +187,7 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, fusion_bytes=
     waits = cost.waits_for(row.mode, n)
     own, spread, shared = [], [], 0.0
     for i, pace in enumerate(paces):
-        terms = _terms(cost, row, nets, roles, f"{prefix}:{i}", layers, fusion_bytes, cycle_s, shard_bytes)
+        terms = _terms(cost, row, nets, roles, f"{prefix}:{i}", layers, tuning, shard_bytes)
         if terms is None:
             return None
         compute = compute_s * (1.0 if pace.whole else pace.mean)
@@ -272,21 +273,21 @@ class Held:
     ratio: float
 
 
-def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, fusion_bytes, cycle_s, rates=None):
+def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, tuning, rates=None):
     """``Held`` for one unhealthy run (a RunRow with samples/s and a shape) and its healthy twin, on
     the healthy cluster's network and its own; None where the method has no step model. ``rates``:
     (healthy, run) samples/s over the whole measured interval, taken for a stall and for a method
     that exchanges once in several steps."""
     base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
-                    fusion_bytes=fusion_bytes, cycle_s=cycle_s, shard_bytes=healthy.shard_bytes)
+                    tuning=tuning, shard_bytes=healthy.shard_bytes)
     if base is not None and healthy.step_s and methods.lookup(run.backend).cost.polls:
         # a rank that spins while it waits is on the CPU for all of its step: what the model does not
         # put on the network (the healthy twin's measured step less the model's: the training loop,
         # the library's own bookkeeping) is its own work, slowed by a quota as its compute is
         compute_s = compute_s + max(0.0, healthy.step_s - base.step_s)
         base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
-                        fusion_bytes=fusion_bytes, cycle_s=cycle_s, shard_bytes=healthy.shard_bytes)
-    slow = job_step(run, paces, compute_s, nets, layers=layers, fusion_bytes=fusion_bytes, cycle_s=cycle_s,
+                        tuning=tuning, shard_bytes=healthy.shard_bytes)
+    slow = job_step(run, paces, compute_s, nets, layers=layers, tuning=tuning,
                     shard_bytes=run.shard_bytes)
     # a steady rate (a slow CPU, a slow link) is the median logging interval's; a stall is in a few
     # intervals only, and so is an exchange made once in k steps (local SGD: the logging intervals
