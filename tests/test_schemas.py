@@ -19,6 +19,8 @@ LINKS = {"series": {"10.0.0.1": [[1.7e9, 10, 20], [1.7e9 + 1, 30, 40]]}, "roles"
          "rate_bps": 1e9}
 LOAD = {"hz": 100, "cores": 2, "samples": [[1.7e9, 500, 1000, 100, 3], [1.7e9 + 1, 680, 1200, 180, 4]]}
 RUN = {"seconds": 12.5, "launched_at": 1.7e9, "exit_code": 0, "command": ["python", "x.py"], "roles": None}
+STALLED = {**RUN, "unhealthy": {"condition": "stall1-1000-250", "what": "w", "rank": 1, "every_ms": 1000, "for_ms": 250,
+                                "stops": 2, "stopped_s": 0.5, "stopped_at": [[1.7e9, 1.7e9 + 0.25], [1.7e9 + 1, 1.7e9 + 1.25]]}}
 LAUNCH = {"cpu_seconds": {"ps:0": 1.5, "worker:0": 3.0}, "cpu_series": {"ps:0": [[1.7e9, 0.1], [1.7e9 + 1, 0.5]]},
           "exit_code": 0, "ended_by": "workers finished", "restarts": [], "pids": {"ps:0": 12}}
 PROFILES = {"tiny": {"layers": [{"name": "dense", "grad_bytes": 400, "flops": 1000}], "input_shape": [8, 8, 1],
@@ -46,6 +48,10 @@ CASES = [
     (schemas.read_run_record, RUN, ("oversubscribed", "yes"), "oversubscribed: input should be a valid boolean"),
     (schemas.read_run_record, RUN, ("seconds", -3), "seconds: input should be greater than or equal to 0"),
     (schemas.read_run_record, RUN, ("launched_at", 1e300), "launched_at: input should be less than or equal"),
+    (schemas.read_run_record, STALLED, ("unhealthy", "stopped_at", 0, [1.7e9, 1.7e9 - 1]), "stop 0 ends before it starts"),
+    (schemas.read_run_record, STALLED, ("unhealthy", "stopped_at", 1, [1.7e9 + 0.1, 1.7e9 + 0.2]),
+     "stop 1 ends before it starts or begins before stop 0 ended"),
+    (schemas.read_run_record, STALLED, ("unhealthy", "stopped_at", 0, [1.7e9]), "stopped_at[0]: list should have at least 2"),
     (schemas.read_launch_record, LAUNCH, ("cpu_series", "ps:0", 0, ["a", 1]), "cpu_series.ps:0[0][0]: input should be"),
     (schemas.read_profiles, PROFILES, ("tiny", "layers", 0, "grad_bytes", -4), "tiny: layers[0].grad_bytes"),
 ]

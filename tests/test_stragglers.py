@@ -218,3 +218,28 @@ def test_async_workers_share_the_ps_link_so_a_slow_one_leaves_it_to_the_others()
     fast = lambda kind, task: AlphaBeta(bandwidth=1e9, alpha=0.0)           # noqa: E731
     h, u = (s.job_step(job, s.described(4, slow=x), 0.5, fast).step_s for x in (None, {1: 3}))
     assert h / u == pytest.approx((3 + 1 / 3) / 4, rel=0.01)
+
+
+def _stalled(stopped_at):
+    return Unhealthy(condition="stall1-1000-250", what="w", rank=1, every_ms=1000, for_ms=250, stopped_at=stopped_at)
+
+
+STOPS = [[10.0, 10.25], [11.0, 11.25], [12.0, 12.25]]
+
+
+@pytest.mark.parametrize("stopped_at, interval, share", [
+    (STOPS, (10.0, 12.0), 0.25),          # whole periods: the nominal share
+    (STOPS, (10.5, 11.75), 0.2),          # one stop in 1.25 s
+    (STOPS, (10.3, 10.9), 0.0),           # between two stops: the stall never fell in it
+    (STOPS, (10.1, 10.2), 1.0),
+    ([], (10.0, 12.0), 0.0),              # a run that ended before the first stop
+    (None, (10.0, 12.0), None),           # stops not listed (too many to keep): the nominal share
+    (STOPS, None, None),                  # no measured interval
+])
+def test_a_stalls_share_is_what_it_stopped_in_the_measured_interval(stopped_at, interval, share):
+    got = s.stopped_share(_stalled(stopped_at), interval)
+    assert got == (pytest.approx(share) if share is not None else None)
+    paces = s.paces_of(_stalled(stopped_at), 2, 0.01, 0.01, interval)
+    nominal = 1000 / 750
+    want = nominal if share is None else 1 / (1 - min(share, 0.99))
+    assert paces[1].whole and paces[1].mean == pytest.approx(want) and paces[0].mean == 1.0

@@ -299,6 +299,10 @@ def test_a_stalled_worker_is_continued_whatever_ends_the_run():
                 raise RuntimeError("the run failed")
         assert stopped == [ranks[1].pid]
         assert inj.applied.pids == [ranks[1].pid] and inj.applied.stops >= 1
+        # each stop, in Unix time, as the projection's held-out check reads it (compare_run.json)
+        windows = inj.applied.stopped_at
+        assert len(windows) == inj.applied.stops and all(0 <= b - a <= 1.0 for a, b in windows), windows
+        assert Unhealthy(**inj.applied.to_dict()).stopped_at == windows
         assert _stopped([p.pid for p in ranks]) == []
     finally:
         for p in ranks:

@@ -163,7 +163,17 @@ class Unhealthy(Strict):
     pids: List[Index] = []                       # the worker's processes it acted on
     stops: Index = 0
     stopped_s: NonNeg = 0
+    # each stop's (SIGSTOP, SIGCONT) in Unix time, in order; None where there were too many to keep
+    stopped_at: Optional[List[Annotated[List[NonNeg], Field(min_length=2, max_length=2)]]] = None
     first_applied_s: Optional[NonNeg] = None     # from launch to the worker being slowed or stalled (training begun)
+
+    @model_validator(mode="after")
+    def _stops_in_order(self):
+        windows = self.stopped_at or []
+        for i, (start, end) in enumerate(windows):
+            if end < start or (i and start < windows[i - 1][1]):
+                raise ValueError(f"stopped_at: stop {i} ends before it starts or begins before stop {i - 1} ended")
+        return self
 
 
 class RunRecord(Strict):

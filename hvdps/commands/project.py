@@ -16,7 +16,7 @@ from common.formats.schemas import read_cluster_description, read_comm, read_con
 from hvdps import methods
 from hvdps.cost import crossover, heldout, stragglers
 from hvdps.cost.schedule import AlphaBeta, Unfitted
-from hvdps.measure.rows import interval_rate, load_run
+from hvdps.measure.rows import interval_rate, load_run, measured_interval
 from hvdps.measure.runs import load_of, run_record
 from hvdps.cost.projection import (RING, Checked, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
                                    project, projected_step, ring_of, run_exchange_s, single_layer)
@@ -253,7 +253,8 @@ def unhealthy_check(path, healthy_path, layers, tuning):
             continue
         healthy = twin[0]
         compute = heldout.contended_compute(healthy, cores)
-        paces = stragglers.paces_of(unhealthy, row.workers, healthy.compute_s, compute)
+        paces = stragglers.paces_of(unhealthy, row.workers, healthy.compute_s, compute,
+                                    measured_interval(row.curves.header, row.curves.steps))
         what = ", ".join(x for x in (unhealthy.what if unhealthy else None, linked) if x)
 
         def nets_of(c, r):

@@ -231,15 +231,33 @@ def link_networks(alpha, rates, roles, default_bps, goodput):
 
 
 # ------------------------------------------------------------------ held out: measured unhealthy runs
-def paces_of(unhealthy, workers, compute_alone_s, compute_s):
+def stopped_share(unhealthy, interval):
+    """The share of ``interval`` ((start, end), Unix time) the stalled worker spent stopped, from its
+    record's stops (``Unhealthy.stopped_at``), or None where the record lists none one by one. Over
+    an interval of a few periods that share is not FOR / EVERY: one stop more or less, by where the
+    interval falls in the period, moves it by up to FOR / the interval."""
+    if unhealthy is None or unhealthy.stopped_at is None or interval is None or interval[1] <= interval[0]:
+        return None
+    begin, end = interval
+    stopped = sum(max(0.0, min(end, b) - max(begin, a)) for a, b in unhealthy.stopped_at)
+    return stopped / (end - begin)
+
+
+def paces_of(unhealthy, workers, compute_alone_s, compute_s, interval=None):
     """The paces a comparison's record of what it did (common/formats/schemas.py: Unhealthy) describes:
     a worker in a CPU quota of q cores takes compute_alone / q for the compute the probe timed alone
     (the healthy workers' ``compute_s``, contended where they share cores, when that is longer); a
-    stalled one runs (every - for) / every of the time; None: a healthy run."""
+    stalled one runs the share of the run's measured ``interval`` it was not stopped in (its recorded
+    stops), else (every - for) / every of the time; None: a healthy run. What was done to the worker
+    and when is the condition, not a measurement of its effect: it may enter the prediction."""
     if unhealthy is None:
         return described(workers)
     if unhealthy.every_ms and unhealthy.for_ms:
-        return described(workers, stalled={unhealthy.rank: (unhealthy.every_ms, unhealthy.for_ms)})
+        paces = described(workers, stalled={unhealthy.rank: (unhealthy.every_ms, unhealthy.for_ms)})
+        share = stopped_share(unhealthy, interval)
+        if share is not None and unhealthy.rank < workers:
+            paces[unhealthy.rank] = dataclasses.replace(paces[unhealthy.rank], mean=1.0 / (1.0 - min(share, 0.99)))
+        return paces
     factor = unhealthy.factor or 1.0
     if unhealthy.quota_us and unhealthy.period_us and compute_alone_s and compute_s:
         factor = max(1.0, compute_alone_s * unhealthy.period_us / unhealthy.quota_us / compute_s)

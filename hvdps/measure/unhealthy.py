@@ -367,6 +367,11 @@ def process_identity(pid, proc="/proc"):
     return env, [a.decode(errors="replace") for a in argv_raw.split(b"\0") if a]
 
 
+# The stops a run's record lists one by one (an hour of a 1 s period; past it only their count
+# and total): compare_run.json stays a small file whatever the run's length.
+MAX_STOPS = 4000
+
+
 @dataclass
 class Applied:
     """What was done to a run: written beside it (compare_run.json's ``unhealthy``)."""
@@ -382,6 +387,9 @@ class Applied:
     pids: list = field(default_factory=list)
     stops: int = 0
     stopped_s: float = 0.0
+    # each stop as (SIGSTOP, SIGCONT) in Unix time: what the projection's held-out check counts of the
+    # stall inside a run's measured interval, wherever that falls in the period (None: past MAX_STOPS)
+    stopped_at: Optional[list] = field(default_factory=list)
     first_applied_s: Optional[float] = None     # seconds from launch to the worker being slowed or stalled
 
     def to_dict(self):
@@ -465,12 +473,16 @@ class Injector:
                 found = bool(self.pids)
             if not found:
                 continue
-            t0 = time.monotonic()
+            t0, wall = time.monotonic(), time.time()
             self._signal(signal.SIGSTOP)
             self.done.wait(stall.for_ms / 1000)
             self._signal(signal.SIGCONT)
             self.applied.stops += 1
             self.applied.stopped_s = round(self.applied.stopped_s + time.monotonic() - t0, 3)
+            if self.applied.stopped_at is not None:
+                self.applied.stopped_at.append([round(wall, 4), round(time.time(), 4)])
+                if len(self.applied.stopped_at) > MAX_STOPS:
+                    self.applied.stopped_at = None       # a record of bounded size: the count and total stay
 
     def __exit__(self, *exc):
         self.done.set()
