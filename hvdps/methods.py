@@ -83,8 +83,9 @@ class CostModel(Protocol):
     server tasks, the projection's architecture and network, whether its ranks spin while they wait,
     whether its workers step in lock-step and for how many of them a step waits, how many steps one
     exchange serves, how many times a step a worker waits for others' data and must then act on it
-    (hvdps/cost/stragglers.py: a spinning rank in a CPU quota pays its next period each time), the
-    bytes each host's link carries per round, the exchange's alpha-beta time, and the step as terms
+    (hvdps/cost/stragglers.py: a spinning rank in a CPU quota pays its next period each time), how
+    much of a step the other workers' exchange goes on while one worker is stopped, the bytes each
+    host's link carries per round, the exchange's alpha-beta time, and the step as terms
     (``combine``) and as one figure with how it was reached, on the knobs of its implementation it
     declares (``options``, read off ``tuning``)."""
     collective: bool
@@ -101,6 +102,8 @@ class CostModel(Protocol):
     def steps_per_exchange(self, mode): ...
 
     def wait_points(self, mode, workers): ...
+
+    def continues_without(self, mode, workers, terms): ...
 
     def predict_links(self, mode, roles, gradient, shard_bytes=None): ...
 
@@ -178,6 +181,11 @@ class Ring:
         """How many times a step a rank waits for its neighbour's data and then must act on it: the
         ring's 2(n - 1) transfers (reduce-scatter, then all-gather), once per exchange."""
         return 2 * (workers - 1) / self.steps_per_exchange(mode)
+
+    def continues_without(self, mode, workers, terms):
+        """Seconds of a step (``terms``: ``step_terms``) the other workers' exchange goes on while one
+        worker is stopped: none in a ring, whose every transfer needs every rank."""
+        return 0.0
 
     def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network=None, polls=False,
                  measured=None, options=()):
@@ -324,7 +332,8 @@ def check_entry(method, module):
         if not isinstance(method.cost, CostModel):
             problems.append("has no cost model (hvdps.methods.CostModel: " + ", ".join(
                 n for n in ("collective", "arch", "network", "polls", "link_terms", "options", "lockstep", "waits_for",
-                            "steps_per_exchange", "wait_points", "predict_links", "exchange_s", "step_terms",
+                            "steps_per_exchange", "wait_points", "continues_without", "predict_links",
+                            "exchange_s", "step_terms",
                             "projected_step") if not hasattr(method.cost, n)) + " missing)")
         if method.cost is not None and getattr(method.cost, "collective", False) and not hasattr(method.cost, "exact"):
             problems.append("is collective without saying whether it is an exact ring (Ring.exact)")

@@ -84,6 +84,15 @@ class ParameterServers:
         """A worker waits twice a step, for its push to be taken and for its pull."""
         return 2
 
+    def continues_without(self, mode, workers, terms):
+        """Seconds of a step the other workers' exchange goes on while one worker is stopped: their
+        pushes through the PS link, (n - 1)/n of its push half, which a lock-step update waits for
+        anyway; then the update waits for the stopped worker's push. Asynchronous workers never
+        wait for it (``waits_for``: None)."""
+        if workers < 2 or "PS link" not in terms:
+            return 0.0
+        return (workers - 1) / workers * terms["PS link"][1] / 2
+
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
         dense, sparse = (getattr(gradient, k) or 0 for k in ("dense_bytes", "sparse_bytes"))
         hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}

@@ -243,3 +243,21 @@ def test_a_stalls_share_is_what_it_stopped_in_the_measured_interval(stopped_at, 
     nominal = 1000 / 750
     want = nominal if share is None else 1 / (1 - min(share, 0.99))
     assert paces[1].whole and paces[1].mean == pytest.approx(want) and paces[0].mean == 1.0
+
+
+# Four workers on links of 1 MB/s with a 1 MB gradient and one PS: sync PS's step is its compute (0.5 s)
+# and the PS link's 8 s (four pushes, then four pulls), of which the other three workers' pushes (3 s)
+# go on while one worker is stopped. A ring's every transfer needs every rank: nothing goes on.
+@pytest.mark.parametrize("backend, mode, stall, factor", [
+    ("ps", "sync", (40_000, 10_000), 1 / (1 - 0.25 * (1 - 3 / 10))),     # each 10 s stop costs 7 s
+    ("ps", "sync", (8_000, 2_000), 1.0),                                  # a 2 s stop is covered by the others' 3 s
+    ("mpi", "sync", (40_000, 10_000), 40 / 30),                           # the whole stopped share
+    ("horovod", "sync", (8_000, 2_000), 8 / 6),
+])
+def test_a_stall_costs_a_lock_step_job_its_length_less_what_the_others_exchange_meanwhile(backend, mode, stall, factor):
+    nets = lambda kind, task: AlphaBeta(bandwidth=1e6, alpha=0.0)    # noqa: E731
+    job = row(backend, mode, n=4, num_ps=1 if backend == "ps" else None)
+    healthy = s.job_step(job, s.described(4), 0.5, nets, layers=single_layer(M))
+    stalled = s.job_step(job, s.described(4, stalled={1: stall}), 0.5, nets, layers=single_layer(M))
+    assert stalled.step_s == pytest.approx(healthy.step_s * factor, rel=1e-3)
+    assert stalled.workers[0] == pytest.approx(healthy.workers[0])

@@ -40,6 +40,7 @@ class Pace:
     whole: bool = False
     duty: float = 1.0            # the share of each CPU period its quota lets it run (1: no quota)
     period_s: float = 0.0        # that period (cgroup cpu.cfs_period_us)
+    stop_s: float = 0.0          # a stall's one stop (FOR), for a job whose other workers go on meanwhile
 
 
 def throttled_wait_s(pace):
@@ -49,6 +50,17 @@ def throttled_wait_s(pace):
     and then waits half of it on average, (1 - duty)^2 x period / 2 (the kernel's CFS bandwidth
     control, not a fit)."""
     return (1.0 - pace.duty) ** 2 * pace.period_s / 2.0
+
+
+def stalled_factor(pace, overlap_s):
+    """What a stalled worker's stops make of its step in a lock-step job: 1 / (1 - the share of the
+    time the job loses). A stop of ``pace.stop_s`` costs the job its length less ``overlap_s``, what
+    the other workers' exchange does meanwhile (``CostModel.continues_without``: nothing in a ring,
+    the others' pushes through a PS link); without a stop length, the whole stopped share."""
+    share = 1.0 - 1.0 / pace.mean
+    if pace.stop_s > 0:
+        share *= max(0.0, 1.0 - overlap_s / pace.stop_s)
+    return 1.0 / (1.0 - share)
 
 
 def described(n, slow=None, cv=0.0, stalled=None):
@@ -61,7 +73,7 @@ def described(n, slow=None, cv=0.0, stalled=None):
         if i in stalled:
             every, stop = stalled[i]
             mean = every / (every - stop)
-            out.append(Pace(mean, cv * mean, whole=True))
+            out.append(Pace(mean, cv * mean, whole=True, stop_s=stop / 1e3))
         else:
             mean = float(slow.get(i, 1.0))
             out.append(Pace(mean, cv * mean))
@@ -198,7 +210,10 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, 
             shared = max([shared, *(methods.combine(0.0, {k: v}) for k, v in terms.items() if not v[0])])
         else:
             mine = terms
-        t = methods.combine(compute, mine) * (pace.mean if pace.whole else 1.0)
+        t = methods.combine(compute, mine)
+        if pace.whole:
+            overlap = cost.continues_without(row.mode, n, mine) if waits is not None else 0.0
+            t *= stalled_factor(pace, overlap)
         if cost.polls and pace.duty < 1.0:
             t += cost.wait_points(row.mode, n) * throttled_wait_s(pace)
         own.append(t)
