@@ -250,7 +250,7 @@ def test_a_killed_comparison_leaves_no_group_and_no_process(tmp_path, flag, spec
     run still records what was done to it."""
     out = str(tmp_path / "cmp")
     p = subprocess.Popen([os.path.join(BIN, "hvdps"), "compare", "--workers", "2", "--backends", "mpi", flag, spec,
-                          "--train_steps", "1500", "--no_progress", "--out", out],
+                          "--train_steps", "200", "--no_progress", "--out", out],
                          cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
     group = os.path.join(V1, f"{unhealthy.GROUP_PREFIX}{p.pid}-{name}")
