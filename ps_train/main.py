@@ -35,7 +35,7 @@ if __package__ in (None, ""):   # run as a script: make the repo importable
 
 from common.spec.config import build_parser, from_args
 from common.inputs.data import input_failure, input_wait, num_examples
-from common.base.errors import InputError, RunError, UsageError, cli, describe, say_first
+from common.base.errors import RunError, UsageError, cli, describe, say_first
 from common.base.files import make_dirs
 from common.model.models import check_plugin
 from common.model.probe import compute_step_time
@@ -150,9 +150,8 @@ def run_worker(cfg, backend, num_train):
             print(f"{backend.mode} mode, {plan.workers} workers, {backend.num_ps} PS: global step = updates "
                   f"applied on the PS; {plan.global_step_meaning}; target {plan.total_updates} updates", flush=True)
         return train(cfg, backend, plan, graph, start_log, ps_watch)
-    except (tf.errors.OpError, RunError) as exc:   # PS: whatever call failed (a step's RegisterGraph
-        if not isinstance(exc, InputError):        # UnknownError, a read's Unavailable), a closed PS
-            ps_watch.exit_if_lost()                # port is the cause, and says so in its own line
+    except (tf.errors.OpError, RunError) as exc:
+        ps_watch.exit_if_lost(exc)               # PS: a closed PS port is the cause, in its own line
         raise
     finally:                                     # from here on, PS tasks leaving is expected
         ps_watch.stop()

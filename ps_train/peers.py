@@ -15,11 +15,23 @@ import sys
 import threading
 import time
 
-from common.base.errors import RunError
+from common.base.errors import InputError, RunError
 from common.base.procs import port_open
 
 PROBE_SECONDS = 0.5
 PS_LOST_PROBES = 3        # consecutive failed probes (about 1.5 s) before a PS counts as gone
+
+
+def blamed_ps(exc, ps_addresses):
+    """(index, address) of the PS to blame for a failed call, or None.
+
+    A call that fails while a PS's port is closed failed because that PS is gone, whatever
+    TensorFlow raised: a step can fail in graph registration as an UnknownError ("connection
+    reset"), which names no task. A damaged record (InputError) keeps its own line: the worker
+    that read it is the one that can name the file."""
+    if isinstance(exc, InputError):
+        return None
+    return next(((i, addr) for i, addr in enumerate(ps_addresses) if not port_open(addr)), None)
 
 
 class PSWatch:
@@ -39,11 +51,11 @@ class PSWatch:
                 if failures[addr] >= PS_LOST_PROBES and not self._stop.is_set():
                     self._leave(i, addr)
 
-    def exit_if_lost(self):
-        """After a failed step: if a PS's port is closed now, that is the cause; say so and leave."""
-        for i, addr in enumerate(self.backend.cluster["ps"]):
-            if not port_open(addr):
-                self._leave(i, addr)
+    def exit_if_lost(self, exc=None):
+        """After a failed call: if a PS's port is closed now, that is the cause; say so and leave."""
+        lost = blamed_ps(exc, self.backend.cluster["ps"])
+        if lost:
+            self._leave(*lost)
 
     def _leave(self, i, addr):
         print(f"error: {self.backend.job}:{self.backend.index}: parameter server ps:{i} ({addr}) "

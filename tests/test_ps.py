@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -9,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from common.base.errors import RunError
+from common.base.errors import InputError, RunError
 from tests.conftest import read_records
 from common.trainer.run_dir import load_weights_npz
 from common.base.procs import free_ports
@@ -384,6 +385,30 @@ def test_reads_survive_a_transient_grpc_error(error_name, capsys):
         fn, _ = _flaky(5, error)
         with pytest.raises(RunError, match=r"^reading the PS: Socket closed \(3 attempts\)$"):
             retried(sess, fn, "reading the PS", pause=0.01)
+
+
+@pytest.mark.parametrize("error, ports, blamed", [
+    (RunError("RegisterGraph: connection reset"), ["open", "closed"], 1),   # named by the PS gone, not the call
+    (RunError("no update for 60s"), ["closed", "closed"], 0),                # the first one gone
+    (RunError("RegisterGraph: connection reset"), ["open", "open"], None),  # every PS up: the call's own line
+    (InputError("worker:1: clicks-00001: record 7 is damaged"), ["closed"], None),   # the record names itself
+])
+def test_a_failed_call_is_blamed_on_a_ps_whose_port_is_closed(error, ports, blamed):
+    """ps_train.peers.blamed_ps: whatever a worker's call raised, a PS that no longer accepts
+    connections is the cause it reports; a damaged record keeps its own line."""
+    from ps_train.peers import blamed_ps
+    listening = []
+    try:
+        addresses = []
+        for state, port in zip(ports, free_ports(len(ports))):
+            if state == "open":
+                sock = socket.create_server(("127.0.0.1", port))
+                listening.append(sock)
+            addresses.append(f"127.0.0.1:{port}")
+        assert blamed_ps(error, addresses) == (None if blamed is None else (blamed, addresses[blamed]))
+    finally:
+        for sock in listening:
+            sock.close()
 
 
 @pytest.mark.parametrize("fetched, now, stops, asks", [
