@@ -4,8 +4,10 @@ Users launch these scripts under horovodrun/mpirun/Kubernetes, where a Python
 traceback from every rank buries the real cause. Everything a user can get wrong
 raises :class:`UsageError`; :func:`cli` turns it into one line and exit 2.
 """
+import atexit
 import faulthandler
 import functools
+import gc
 import os
 import re
 import sys
@@ -96,6 +98,20 @@ def whole_lines():
             pass        # replaced or closed streams (pytest's capture) keep their own buffering
 
 
+def quick_exit_teardown():
+    """At interpreter exit, after every atexit handler registered later (Horovod's shutdown, logging's
+    flush, which run first), move every object the cyclic collector tracks to its permanent generation.
+
+    Python's finalization collects cycles over every object still alive, and a process that imported
+    TensorFlow holds millions: about 1 s of CPU per process on this machine kind, after the run has
+    written everything. Frozen objects are still freed by reference count as the modules are cleared,
+    files and sockets included; only the search for cycles among them is skipped, as the operating
+    system reclaims the memory anyway. Registered once per process, first, so that it runs last."""
+    if not getattr(quick_exit_teardown, "registered", False):
+        atexit.register(gc.freeze)
+        quick_exit_teardown.registered = True
+
+
 def cli(fn=None, *, hard_exit=False):
     """Decorate a ``main()`` so user errors end as one line, not a traceback.
 
@@ -112,6 +128,7 @@ def cli(fn=None, *, hard_exit=False):
         # or stricter if the umask says so: never group- or world-writable on a shared file system.
         os.umask(os.umask(0) | 0o022)
         whole_lines()
+        quick_exit_teardown()
         # A crash in native code (TensorFlow's, MPI's) leaves the Python stack of every thread on
         # stderr, in the run's log, instead of only the launcher's "killed by SIGSEGV"
         try:
