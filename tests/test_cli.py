@@ -159,17 +159,12 @@ CASES = [
     (COMPARE, ["--workers", "8", "--hosts", "127.0.0.1:2,127.0.0.2:2", "--rsh", "/bin/true", "--dry_run"], {},
      "error: --hosts has 4 slot(s) in all, 8 workers asked for"),
     (COMPARE, ["--train_dir", ""], {}, "error: --train_dir must not be empty"),
-    # ---- a model plug-in that is not quite right: named in one line before training
+    # ---- a model plug-in that is not quite right: named in one line before training (one process per
+    # entry point here; every way it can be wrong, in process: test_a_model_plugin_that_cannot_train_...)
     (HVD, ["--model", "{tmp}/plug.py:int_logits"], {}, "error: --model {tmp}/plug.py:int_logits: the model outputs "
                                                        "int32 logits"),
     (MPI, ["--model", "{tmp}/plug.py:no_gradient"], {}, "error: --model {tmp}/plug.py:no_gradient: no gradient "
                                                         "reaches the model's weights"),
-    (HVD, ["--model", "{tmp}/plug.py:fails_in_training"], {}, "error: --model {tmp}/plug.py:fails_in_training: the "
-                                                              "model fails in training mode: RuntimeError: dropout"),
-    (HVD, ["--model", "{tmp}/plug.py:batch_dependent"], {}, "error: --model {tmp}/plug.py:batch_dependent: the model "
-                                                            "outputs shape (1, 10) for a batch of 2"),
-    (HVD, ["--model", "{tmp}/plug.py:two_outputs"], {}, "error: --model {tmp}/plug.py:two_outputs: the model returns "
-                                                        "2 outputs; expected one tensor of logits"),
     # ... the same check before any task starts under the strategies and the classic PS
     (MWMS_LAUNCH, ["--model", "{tmp}/plug.py:fails_in_training"], {}, "error: --model {tmp}/plug.py:fails_in_training: "
                                                                       "the model fails in training mode: RuntimeError"),
@@ -223,13 +218,6 @@ CASES = [
                                                       "attribute 'missing'"),
     (HVD, ["--dataset", "{tmp}/exits_on_import.py:load"], {}, "error: --dataset {tmp}/exits_on_import.py:load: "
                                                               "importing {tmp}/exits_on_import.py called sys.exit(3)"),
-    (HVD, ["--model", "{tmp}/plug.py:no_weights"], {}, "error: --model {tmp}/plug.py:no_weights: the model has no "
-                                                       "trainable weights"),
-    (HVD, ["--model", "{tmp}/plug.py:model_exits"], {}, "error: --model {tmp}/plug.py:model_exits: the plug-in called "
-                                                        "sys.exit(0)"),
-    (HVD, ["--model", "{tmp}/plug.py:three_logits"], {}, "error: --model {tmp}/plug.py:three_logits: the model outputs "
-                                                         "shape (1, 3) for one example; expected (1, 10) logits"),
-    (HVD, ["--model", "{tmp}/plug.py:not_a_model"], {}, "error: --model {tmp}/plug.py:not_a_model: returned dict"),
     (PS, [*PS_FLAGS, "--dataset", "{tmp}/plug.py:nan_data"], {}, "error: --dataset {tmp}/plug.py:nan_data: x_train "
                                                                  "has NaN"),
     (MPI, ["--dataset", "{tmp}/plug.py:wrapping_label"], {}, "error: --dataset {tmp}/plug.py:wrapping_label: y_train"),
@@ -610,6 +598,36 @@ def test_bad_input(files, entry, args, extra_env, message):
     assert "Traceback" not in out + err
     assert took < 30 and not leftover
     assert snapshot(files) == before, "a refused command changed or created files"
+
+
+MODEL_PLUGINS = [
+    ("int_logits", "the model outputs int32 logits"),
+    ("no_gradient", "no gradient reaches the model's weights"),
+    ("fails_in_training", "the model fails in training mode: RuntimeError: dropout"),
+    ("batch_dependent", "the model outputs shape (1, 10) for a batch of 2"),
+    ("two_outputs", "the model returns 2 outputs; expected one tensor of logits"),
+    ("no_weights", "the model has no trainable weights"),
+    ("model_exits", "the plug-in called sys.exit(0)"),
+    ("three_logits", "the model outputs shape (1, 3) for one example; expected (1, 10) logits"),
+    ("not_a_model", "returned dict"),
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name, message", MODEL_PLUGINS)
+def test_a_model_plugin_that_cannot_train_is_refused_before_training(files, name, message):
+    """Every entry point builds a plug-in's model through one check (common.spec.plugins.build_model,
+    with its training step on a batch of 2 where the loop is eager) before any process joins a job.
+    Each way a model can be wrong is that check's one UsageError; the table above runs it through a
+    real process once per entry point (the trainers, both launchers, compare)."""
+    from common.base.errors import UsageError
+    from common.model.models import build_model
+    from common.spec.config import make_config
+    spec = f"{files}/plug.py:{name}"
+    with pytest.raises(UsageError) as caught:
+        build_model(make_config(model=spec))
+    text = f"error: {caught.value}"
+    assert "\n" not in text and text.startswith(f"error: --model {spec}: {message}"), text
 
 
 @pytest.mark.process
