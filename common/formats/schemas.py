@@ -129,7 +129,9 @@ class LinksFile(Strict):
 
 
 # ------------------------------------------------------------------ load.json
-LoadSample = Annotated[List[NonNeg], Field(min_length=5, max_length=5)]   # [unix time, busy, total, job, own]
+# [unix time, busy, total, job, own, steal, kernel threads] (hvdps/measure/load.py); a file of 5 values a
+# sample, without the last two, is read too: those two shares are then unknown
+LoadSample = Annotated[List[NonNeg], Field(min_length=5, max_length=7)]
 
 
 class LoadFile(Strict):
@@ -141,8 +143,13 @@ class LoadFile(Strict):
     @model_validator(mode="after")
     def _ordered(self):
         _in_time_order(self.samples, "samples:")
-        for i in range(1, len(self.samples)):       # counters since boot only grow
-            if any(self.samples[i][k] < self.samples[i - 1][k] for k in (1, 2, 4)):
+        widths = {len(sample) for sample in self.samples}
+        if not widths <= {5} and widths != {7}:
+            raise ValueError(f"samples: expected 7 values in every sample (or 5 in every one); got {sorted(widths)}")
+        # counters since boot only grow; the job's and the kernel threads' sums lose an exited process's
+        growing = (1, 2, 4, 5) if 7 in widths else (1, 2, 4)
+        for i in range(1, len(self.samples)):
+            if any(self.samples[i][k] < self.samples[i - 1][k] for k in growing):
                 raise ValueError(f"samples: sample {i} has a counter below sample {i - 1}'s")
         return self
 

@@ -23,6 +23,7 @@ from hvdps.cost.projection import (RING, Checked, TCP_GOODPUT, fit_from_comm, kn
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
 from hvdps.measure.unhealthy import parse_stragglers
 from hvdps.render.projection import _size, check_table, dumps, plot, table
+from hvdps.render.report import contention_words
 from common.model.layer_profile import layer_profile
 from common.model.models import build_model
 from hvdps.measure.links import run_cores
@@ -173,8 +174,7 @@ def check_runs(path, layers, ring, ps, tuning, nets=None):
         row = dataclasses.replace(row, **load_of(row))
         record = run_record(d)
         if row.shared:
-            left_out.append((row.name, f"shared: the rest of the machine used {row.others_cores:.2f} of its "
-                                       f"{row.machine_cores} cores"))
+            left_out.append((row.name, f"shared: {contention_words(row)}"))
             continue
         if record and record.oversubscribed:
             left_out.append((row.name, "oversubscribed: more processes than cores"))

@@ -44,13 +44,19 @@ def read_cpu(path="/proc/stat"):
     """(busy, total) clock ticks of all the machine's cores since boot, from /proc/stat's ``cpu`` line:
     busy is user, nice, system, irq, softirq and steal; total adds idle and iowait. On the emulated
     cluster every host is this machine, so these are the cores all of a run's tasks share."""
+    return read_cpu_steal(path)[:2]
+
+
+def read_cpu_steal(path="/proc/stat"):
+    """(busy, total, steal): read_cpu's ticks and, of busy, the *steal*: ticks in which this virtual
+    machine's cores wanted to run and the hypervisor ran something else (another tenant)."""
     with open(path) as f:
         for line in f:
             if line.startswith("cpu "):
                 v = [int(x) for x in line.split()[1:9]]
                 v += [0] * (8 - len(v))
                 busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
-                return busy, busy + v[3] + v[4]
+                return busy, busy + v[3] + v[4], v[7]
     raise OSError(f"{path}: no cpu line")
 
 

@@ -68,7 +68,8 @@ def merge(rows):
             repeats=len(members), repeats_ok=len(ok), repeat_throughputs=throughputs, repeat_times=times,
             oversubscribed=any(r.oversubscribed for _, r in members),
             shared=_any(r.shared for _, r in members),
-            others_cores=max((r.others_cores for _, r in members if r.others_cores is not None), default=None))
+            others_cores=_most(r.others_cores for _, r in members),
+            hypervisor_cores=_most(r.hypervisor_cores for _, r in members))
         if failed:
             row = dataclasses.replace(row, error=f"{len(failed)} of {len(members)} runs did not end ok "
                                       f"({', '.join(failed)}): " + (next(r.error for _, r in members
@@ -81,6 +82,11 @@ def _any(flags):
     """True if any run says so, False if every sampled run says not, None if none was sampled."""
     flags = [f for f in flags if f is not None]
     return any(flags) if flags else None
+
+
+def _most(values):
+    """The largest of the runs' figures that were measured; None if none was."""
+    return max((v for v in values if v is not None), default=None)
 
 
 def _median(values):

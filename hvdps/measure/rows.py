@@ -98,9 +98,12 @@ class RunRow:
     unhealthy: Optional[Any] = None
     rank_steps: Optional[Dict[str, Any]] = None   # {task: its step times' n, p50, p95, max} (ranks/<task>.json)
     # the machine's other load over the measured interval (hvdps/measure/load.py): cores the rest of
-    # the machine used, cores the job used, the machine's cores, and whether that made the run shared
+    # the machine used, cores the job used, cores the hypervisor gave other tenants (steal), cores the
+    # kernel's own threads used, the machine's cores, and whether that made the run shared
     others_cores: Optional[float] = None
     job_cores: Optional[float] = None
+    hypervisor_cores: Optional[float] = None
+    kernel_cores: Optional[float] = None
     machine_cores: Optional[int] = None
     shared: Optional[bool] = None
     # repeated runs (hvdps compare --repeat; hvdps/measure/repeats.py): which run this is, and on a

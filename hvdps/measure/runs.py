@@ -89,8 +89,11 @@ def load_of(row):
     the run was shared (hvdps/measure/load.py); nothing where the run was not sampled."""
     if row.curves.header is None:
         return {}
-    others, job, cores, shared = contention(row.run_dir, row.curves.header, row.curves.steps)
-    return {"others_cores": others, "job_cores": job, "machine_cores": cores, "shared": shared}
+    used, cores, shared = contention(row.run_dir, row.curves.header, row.curves.steps)
+    if used is None:
+        return {"machine_cores": cores} if cores is not None else {}
+    return {"others_cores": used.others, "job_cores": used.job, "hypervisor_cores": used.hypervisor,
+            "kernel_cores": used.kernel, "machine_cores": cores, "shared": shared}
 
 
 def run_record(run_dir):

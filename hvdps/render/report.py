@@ -27,7 +27,8 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "overhead_s", "overhead_share", "exchange_s", "wait_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
            "sparse_bytes", "sparse_table_bytes", "wire_rule",
            "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
-           "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "others_cores", "job_cores", "machine_cores",
+           "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "others_cores", "job_cores", "hypervisor_cores", "kernel_cores",
+           "machine_cores",
            "shared", "condition", "repeat", "error", "run_dir")
 
 
@@ -161,7 +162,7 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
         if r.oversubscribed:             # what the figures measured besides the method, after the outcome
             status += " (oversubscribed)"
         if r.shared:
-            status += f" (shared: {_others(r)})"
+            status += f" (shared: {contention_words(r)})"
         startup = ((f"{r.startup_s:.1f}" if r.startup_s is not None else "-") +
                    (f" (warm-up {100 * r.warmup_share:.0f}%)" if r.warmup_share is not None else "") +
                    (f" + {r.teardown_s:.1f} teardown" if r.teardown_s is not None else ""))
@@ -276,8 +277,13 @@ def verdicts(rows):
     return out
 
 
-def _others(r):
-    return f"the rest of the machine used {r.others_cores:.2f} of its {r.machine_cores} cores"
+def contention_words(r):
+    """Who else took the cores of a shared run: the machine's other processes and, on a virtual
+    machine, the hypervisor's other tenants (steal), each with its share."""
+    text = f"the rest of the machine used {r.others_cores:.2f} of its {r.machine_cores} cores"
+    if r.hypervisor_cores is not None and r.hypervisor_cores >= 0.005:
+        text += f" and the hypervisor gave {r.hypervisor_cores:.2f} to other tenants (steal)"
+    return text
 
 
 def _caveats(runs):
@@ -287,7 +293,7 @@ def _caveats(runs):
     shared = [r for r in runs if r.shared]
     if shared:
         out += "; **on a shared machine**, measuring the other work too: " + ", ".join(
-            f"{name_of(r)} ({_others(r)})" for r in shared)
+            f"{name_of(r)} ({contention_words(r)})" for r in shared)
     crowded = [r for r in runs if r.oversubscribed]
     if crowded:
         out += "; **oversubscribed** (more processes than cores): " + ", ".join(name_of(r) for r in crowded)
