@@ -99,14 +99,16 @@ def whole_lines():
 
 
 def quick_exit_teardown():
-    """At interpreter exit, after every atexit handler registered later (Horovod's shutdown, logging's
-    flush, which run first), move every object the cyclic collector tracks to its permanent generation.
+    """At interpreter exit, after every atexit handler registered later (Horovod's shutdown, which runs
+    first), move every object the cyclic collector tracks to its permanent generation.
 
     Python's finalization collects cycles over every object still alive, and a process that imported
     TensorFlow holds millions: about 1 s of CPU per process on this machine kind, after the run has
     written everything. Frozen objects are still freed by reference count as the modules are cleared,
     files and sockets included; only the search for cycles among them is skipped, as the operating
-    system reclaims the memory anyway. Registered once per process, first, so that it runs last."""
+    system reclaims the memory anyway. Registered once per process as the entry point starts, before
+    the trainers import TensorFlow or Horovod, so it runs after their handlers (atexit runs the last
+    registered first); wherever it runs among them it only skips that search."""
     if not getattr(quick_exit_teardown, "registered", False):
         atexit.register(gc.freeze)
         quick_exit_teardown.registered = True

@@ -32,8 +32,8 @@ from hvdps.measure.rows import measured_interval
 from hvdps.measure.links import Periodic, _at, read_cpu_steal
 from common.formats.schemas import read_load
 
-# A run is *shared* when, over its measured interval, anything but its own processes and the
-# comparison used more than this share of the machine's cores.
+# A run is *shared* when, over its measured interval, other processes than its own and the
+# comparison's, and the hypervisor's other tenants, took more than this share of the machine's cores.
 SHARED_SHARE = 0.10
 
 LOAD_FILE = "load.json"
