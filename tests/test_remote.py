@@ -232,6 +232,7 @@ def test_read_cpu(tmp_path):
     path = tmp_path / "stat"
     path.write_text("cpu  100 5 20 800 10 1 2 3 0 0\ncpu0 50 2 10 400 5 0 1 1 0 0\n")
     assert links.read_cpu(str(path)) == (100 + 5 + 20 + 1 + 2 + 3, 100 + 5 + 20 + 1 + 2 + 3 + 800 + 10)
+    assert links.read_cpu_steal(str(path)) == (*links.read_cpu(str(path)), 3)     # steal: the 8th column
     path.write_text("intr 1 2 3\n")
     with pytest.raises(OSError):
         links.read_cpu(str(path))

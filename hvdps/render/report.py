@@ -27,9 +27,8 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "overhead_s", "overhead_share", "exchange_s", "wait_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
            "sparse_bytes", "sparse_table_bytes", "wire_rule",
            "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
-           "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "others_cores", "job_cores", "hypervisor_cores", "kernel_cores",
-           "machine_cores",
-           "shared", "condition", "repeat", "error", "run_dir")
+           "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "others_cores", "job_cores", "hypervisor_cores",
+           "kernel_cores", "machine_cores", "shared", "condition", "repeat", "error", "run_dir")
 
 
 def columns_of():
