@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hvdps.install.stack import STACKS, pick
-from tests.conftest import REPO
+from tests.conftest import REPO, run
 
 NEWEST = ["tensorflow==2.21.0", "tf-keras==2.21.0", "numpy>=2,<3"]
 NEW = ["tensorflow==2.18.1", "tf-keras==2.18.0", "numpy<2"]
@@ -128,11 +128,36 @@ def test_horovod_runner_patch_is_applied_to_the_install_not_the_wheel(monkeypatc
     assert hb.cache_key() == wheel_key and hb.installed_key() != installed
     text = open(hb.RUNNER_PATCH).read()
     assert {l.split()[1] for l in text.splitlines() if l.startswith("+++ ")} == {
-        "b/horovod/runner/gloo_run.py", "b/horovod/runner/launch.py"}
+        "b/horovod/runner/gloo_run.py", "b/horovod/runner/launch.py", "b/horovod/common/util.py"}
     for hunk in text.split("\n@@ ")[1:]:
         added = [l for l in hunk.splitlines() if l.startswith("+") and not l.startswith("+++")]
-        assert any("JobFailedError" in l for l in added), hunk
-    assert text.count("hvdps patch") == 2
+        assert any("JobFailedError" in l or "_built_flags" in l for l in added), hunk
+    assert text.count("hvdps patch") == 3
+
+
+FLAGS = ("mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built")
+READ_LIGHT = f"""
+import sys
+from horovod.common.util import _built_flags
+ext = _built_flags("tensorflow")
+print([bool(getattr(ext, f)()) for f in {FLAGS}], "tensorflow" in sys.modules)
+"""
+READ_BY_IMPORT = f"""
+import horovod.tensorflow as ext
+print([bool(getattr(ext, f)()) for f in {FLAGS}])
+"""
+
+
+@pytest.mark.process
+def test_horovodrun_reads_what_horovod_was_built_with_without_importing_tensorflow():
+    """The runner patch's _built_flags: horovodrun's controller check (MPI or Gloo, every launch) reads
+    the flags from Horovod's compiled TensorFlow library with TensorFlow's libraries loaded, not
+    TensorFlow's Python package (each in a process of its own: the two do not mix), and reads what
+    importing horovod.tensorflow reads."""
+    light, by_import = (run([sys.executable, "-c", code], timeout=120) for code in (READ_LIGHT, READ_BY_IMPORT))
+    assert light.returncode == by_import.returncode == 0, (light.stderr[-2000:], by_import.stderr[-2000:])
+    assert light.stdout.split("\n")[-2] == "[True, True, False, False, False] False", light.stdout
+    assert by_import.stdout.split("\n")[-2] == "[True, True, False, False, False]", by_import.stdout
 
 
 def test_horovod_build_refuses_unknown_flags(capsys):
