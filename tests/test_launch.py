@@ -121,7 +121,7 @@ def test_max_restarts_recovers_from_a_killed_ps(tmp_path, mode):
     the run finishes, and what the restart lost is at most one checkpoint interval."""
     interval = 20
     p, lines, pids = _start(tmp_path, "--num_ps", "1", "--num_workers", "2", mode, "--max_restarts", "2",
-                            "--checkpoint_steps", str(interval), "--epochs", "6", "--batch_size", "8",
+                            "--checkpoint_steps", str(interval), "--epochs", "4", "--batch_size", "8",
                             "--log_every", "5")
     ckpt = tmp_path / "r" / "checkpoints" / "checkpoint"
     try:

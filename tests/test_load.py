@@ -71,7 +71,7 @@ def test_a_process_trees_ticks_count_its_busy_child():
     assert 0.5 <= spun <= 1.1, spun
 
 
-COMPARE = ["--backends", "horovod", "--workers", "2", "--train_steps", "2500", "--log_every", "100",
+COMPARE = ["--backends", "horovod", "--workers", "2", "--train_steps", "1500", "--log_every", "100",
            "--warmup_steps", "200", "--probe_steps", "20", "--eval_every_epoch", "false",
            "--checkpoint_every_epoch", "false", "--no_progress"]
 

@@ -93,9 +93,9 @@ def test_one_worker_overhead_is_near_zero(tmp_path, main):
     section 4: -2% to 6% of the step on an idle machine). Per-epoch checkpoints are off: each save would
     land inside a measured interval, which the probe does not have."""
     out = str(tmp_path / "one")
-    ok(run([sys.executable, main, "--model", "cnn", "--batch_size", "64", "--train_steps", "400",
+    ok(run([sys.executable, main, "--model", "cnn", "--batch_size", "64", "--train_steps", "150",
             "--log_every", "10", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
-            "--probe_steps", "200", "--train_dir", out]))
+            "--probe_steps", "75", "--train_dir", out]))
     split = row_and_records(out)[1]["summary"]["breakdown"]
     assert split["bytes_per_step_per_worker"] == 0
     assert 1 / 2.5 < split["compute_s"] / split["step_s"] < 2.5, split
