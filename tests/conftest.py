@@ -141,7 +141,7 @@ def py(*args, **kw):
 
 # Tests that read one shared job (a fixture launched once per session or module) run on one pytest-xdist
 # worker, so the job is launched once, not once per worker.
-SHARED_JOBS = {"jobs": "jobs", "runs": "resume-runs"}
+SHARED_JOBS = {"jobs": "jobs", "runs": "resume-runs", "one_epoch": "one-epoch"}
 # The root tier runs one test after another on one worker, except the README's walk-through, which runs
 # beside it on the other: each emulated cluster is namespaces of its own (named by its pid, on a bridge
 # of its own), each SLURM of them daemons in those namespaces with their own state folder and socket.

@@ -1,6 +1,7 @@
 """The Horovod trainer, launched the ways users launch it (real ranks, real launchers)."""
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -68,15 +69,11 @@ def test_shared_job_reaches_accuracy(jobs, backend, np_):
     assert "samples/sec:" in r.stdout
 
 
-def test_two_ranks_reach_accuracy_with_fit(tmp_path):
-    """horovodrun's default controller (MPI, as Horovod is built with it) with Keras' fit. Plain
-    mpirun is the test below."""
-    row, curves = accuracy_run(tmp_path, horovodrun, 2, "--loop", "fit")
+def test_two_ranks_under_plain_mpirun_reach_accuracy_with_fit(tmp_path):
+    """The user's own mpirun line with Keras' fit. horovodrun's controllers: Gloo on the shared job
+    above, MPI (its default, as Horovod is built with it) in the big-batch test below."""
+    row, curves = accuracy_run(tmp_path, mpirun, 2, "--loop", "fit")
     assert curves["header"]["loop"] == "fit"
-
-
-def test_plain_mpirun(tmp_path):
-    accuracy_run(tmp_path, mpirun, 2)
 
 
 def test_two_ranks_equal_one_process_with_double_batch(tmp_path):
@@ -120,19 +117,31 @@ def test_existing_run_not_overwritten(tmp_path):
     assert (out / "metrics.jsonl").read_text() == "precious\n"
 
 
-def test_resume_continues_from_checkpoint(tmp_path):
-    out = str(tmp_path / "run")
-    ok(run([sys.executable, MAIN, "--train_steps", "44", "--batch_size", "32", "--train_dir", out]))
-    ok(run([sys.executable, MAIN, "--train_steps", "88", "--batch_size", "32", "--train_dir", out,
-            "--resume"]))
+RESUME = ["--batch_size", "32", "--log_every", "5", "--optimizer", "momentum", "--eval_every_epoch", "false"]
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """One process, one epoch (44 steps) with its checkpoint: each test below resumes a copy of it."""
+    out = str(tmp_path_factory.mktemp("one_epoch") / "run")
+    ok(run([sys.executable, MAIN, *RESUME, "--epochs", "1", "--train_dir", out]))
+    return out
+
+
+def copy_of(run_dir, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(run_dir, out)
+    return out
+
+
+def test_resume_continues_from_checkpoint(tmp_path, one_epoch):
+    out = str(copy_of(one_epoch, tmp_path))
+    ok(run([sys.executable, MAIN, *RESUME, "--epochs", "2", "--train_dir", out, "--resume"]))
     row, curves = row_and_records(out)
     headers = [r for r in read_records(out + "/metrics.jsonl")
                if r["type"] == "header"]
     assert [h["start_step"] for h in headers] == [0, 44]
     assert curves["steps"][-1]["global_step"] == 88
-
-
-RESUME = ["--batch_size", "32", "--log_every", "5", "--optimizer", "momentum", "--eval_every_epoch", "false"]
 
 
 @pytest.mark.parametrize("loop", ["custom", "fit"])
@@ -155,20 +164,18 @@ def test_resume_is_exact(tmp_path, loop):
     assert row_and_records(split)[1]["summary"]["steps"] == row_and_records(straight)[1]["summary"]["steps"]
 
 
-def test_resume_past_the_end_is_a_usage_error(tmp_path):
-    out = str(tmp_path / "run")
-    ok(run([sys.executable, MAIN, *RESUME, "--epochs", "2", "--train_dir", out]))
+def test_resume_past_the_end_is_a_usage_error(tmp_path, one_epoch):
+    out = str(copy_of(one_epoch, tmp_path))
     before = open(os.path.join(out, "metrics.jsonl")).read()
-    r = run([sys.executable, MAIN, *RESUME, "--epochs", "1", "--train_dir", out, "--resume"], timeout=120)
-    assert r.returncode == 2 and "is already at step 88 of 44" in r.stderr, r.stderr
+    r = run([sys.executable, MAIN, *RESUME, "--train_steps", "20", "--train_dir", out, "--resume"], timeout=120)
+    assert r.returncode == 2 and "is already at step 44 of 20" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert open(os.path.join(out, "metrics.jsonl")).read() == before     # nothing appended
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
-def test_resume_from_damaged_checkpoint(tmp_path, damage):
-    out = tmp_path / "run"
-    ok(run([sys.executable, MAIN, *RESUME, "--epochs", "1", "--train_dir", str(out)]))
+def test_resume_from_damaged_checkpoint(tmp_path, one_epoch, damage):
+    out = copy_of(one_epoch, tmp_path)
     data = sorted((out / "checkpoints").glob("*.data-*"))[-1]
     if damage == "truncate":
         data.write_bytes(data.read_bytes()[:100])
