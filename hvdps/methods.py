@@ -87,7 +87,11 @@ class CostModel(Protocol):
     much of a step the other workers' exchange goes on while one worker is stopped, the bytes each
     host's link carries per round, the exchange's alpha-beta time, and the step as terms
     (``combine``) and as one figure with how it was reached, on the knobs of its implementation it
-    declares (``options``, read off ``tuning``)."""
+    declares (``options``, read off ``tuning``).
+
+    A cost model that plays a step out layer by layer (``schedules``: a wait-free ring, parameter
+    servers) has ``schedule(layers, compute_s, n, net, tuning, **layout)``, a ``schedule.Scheduled``
+    with its knobs applied: the projection's generic rows of its architecture (``scheduler``)."""
     collective: bool
     arch: str
     network: str
@@ -198,6 +202,17 @@ class Ring:
         """Whether ``mode`` all-reduces embedding tables whole (else their slices are all-gathered)."""
         return mode in self.dense_modes
 
+    @property
+    def schedules(self):
+        """A wait-free ring's step is played out layer by layer (its fusion buffer and cycle)."""
+        return self.wait_free
+
+    def schedule(self, layers, compute_s, n, net, tuning, **layout):
+        """One step on ``net`` as the wait-free ring plays it out (schedule.ring_step): the layers'
+        gradients packed into fusion buffers each background cycle, with the fusion buffer and cycle
+        its method declares (``tuning.fusion_bytes``, ``tuning.cycle_s``)."""
+        return schedule.ring_step(layers, compute_s, n, net.bandwidth, net.alpha, tuning.fusion_bytes, tuning.cycle_s)
+
     def predict_links(self, mode, roles, gradient, shard_bytes=None):
         """{host: {"in", "out"}} bytes per round: each host with a rank carries the ring's share of
         the dense gradient (tables whole) both ways; a job on one host crosses no link."""
@@ -229,9 +244,7 @@ class Ring:
         each term (``combine``). The ring has one: the exchange left after back-propagation."""
         n, compute, grad = row.workers, row.compute_s, row.grad_bytes_per_step
         if self.wait_free:
-            step = schedule.ring_step(layers, compute, n, ring.bandwidth, ring.alpha, tuning.fusion_bytes,
-                                      tuning.cycle_s).step_s
-            return {"ring": (True, step - compute)}
+            return {"ring": (True, self.schedule(layers, compute, n, ring, tuning).step_s - compute)}
         if not grad:
             return None
         return {"ring": (True, schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha))}
@@ -459,6 +472,14 @@ def tuning_of(args):
             raise UsageError(problem)
         values[option.field] = option.value(given)
     return tuning(**values)
+
+
+def scheduler(collective):
+    """The cost model that plays out the projection's generic rows of an architecture, a ring
+    (``collective``) or parameter servers: the first method's, in the registry's order, that plays a
+    step out layer by layer (``schedules``); None if no method does."""
+    return next((m.cost for m in _registry().values()
+                 if m.cost.collective == collective and getattr(m.cost, "schedules", False)), None)
 
 
 def server_network():

@@ -117,6 +117,15 @@ class ParameterServers:
             return None
         return schedule.ps_time(n, grad, ps.bandwidth, ps.alpha, row.num_ps or 1)
 
+    schedules = True        # the projection's generic PS rows are this model's schedule
+
+    def schedule(self, layers, compute_s, n, net, tuning, shards=1, per_server=1):
+        """One step on ``net`` as the PS schedule plays it out (schedule.ps_step): ``shards`` PS tasks,
+        ``per_server`` GPUs a server, the variables placed and the GPUs grouped into worker tasks as
+        this implementation's knobs say (``tuning.placement``, ``tuning.towers``: OPTIONS)."""
+        return schedule.ps_step(layers, compute_s, n, net.bandwidth, net.alpha, shards, per_server, tuning.placement,
+                                towers=tuning.towers)
+
     def projected_step(self, row, shard_bytes, layers, ring, ps, tuning):
         """PS tasks on hosts of their own (hvdps compare's ``--ps_placement own``). Sync: push all,
         then pull all, through the busiest PS link (n·S/B each way) or a worker's own (M/B),

@@ -147,8 +147,10 @@ def test_six_workers_and_two_split_ps_tasks_on_eight_hosts(tmp_path):
     assert ring["status"] == ps["status"] == "ok", (ring, ps)
     assert ring["workers"] == ps["workers"] == 6 and ps["num_ps"] == 2
     model, n, k = ring["grad_bytes_per_step"], 6, 2
+    # Each link's bytes over the 20 measured rounds, from counters read every 0.25 s (a PS round here
+    # is about 0.3 s): a round's traffic either side of the interval is 5%, headers add 4-5%.
     for r in (ring, ps):
-        assert 0.95 <= r["link_bytes_ratio"] <= 1.10, r
+        assert 0.90 <= r["link_bytes_ratio"] <= 1.10, r
     assert ring["busiest_link_bytes"] / model == pytest.approx(2 * (n - 1) / n, rel=0.1)
     assert 0.95 * n * model / k <= ps["busiest_link_bytes"] <= 1.1 * n * model / k, (ps["busiest_link_bytes"], model)
     assert ps["round_s"] > ring["round_s"], (ps["round_s"], ring["round_s"])

@@ -157,6 +157,35 @@ def test_every_knob_is_declared_by_its_method_and_named_nowhere_else():
         methods.tuning_of(args)
 
 
+@pytest.mark.parametrize("collective, package, knob, changed", [
+    (True, "horovod_train", "cycle_s", 50e-3),          # a longer background cycle: the buffer leaves later
+    (True, "horovod_train", "fusion_bytes", 64 << 10),  # a smaller fusion buffer: 7 all-reduces, not 1
+    (False, "ps_train", "placement", "round_robin"),    # the 784 x 100 kernel whole on one of the 8 shards
+    (False, "ps_train", "towers", 4),                   # 4 GPUs a worker task: a quarter of the copies
+])
+def test_the_projections_generic_rows_are_the_declaring_methods_schedule(collective, package, knob, changed):
+    """The ring rows and the PS rows of hvdps project are the schedule of the method that plays each
+    architecture out layer by layer (Horovod's wait-free ring, the PS trainers' placement), with the
+    knobs that method declares: the projection names none of them (hvdps/cost/projection.py)."""
+    from hvdps.cost import projection
+    from hvdps.cost.schedule import AlphaBeta
+    from common.formats.schemas import Layer
+    cost = methods.scheduler(collective)
+    assert cost is methods.METHODS[next(n for n, m in methods.METHODS.items() if m.package == package)].cost
+    # a back-propagation of 0.1 ms: every gradient is ready by the ring's first cycle
+    layers = [Layer(name="dense/kernel", grad_bytes=4 * 784 * 100, flops=1)] + \
+        [Layer(name=f"dense_{i}/kernel", grad_bytes=4 * 100 * 100, flops=1) for i in range(1, 7)]
+    net = AlphaBeta(alpha=50e-6, bandwidth=1e8)
+    arch = projection.RING if collective else "PS k=8"
+    rows = lambda tuning: {r.arch: r for r in projection.project(layers, 1e-4, [16], net, net, shards=(8,),
+                                                                  per_server=4, tuning=tuning)}
+    default, tuned = methods.tuning(), methods.tuning(**{knob: changed})
+    layout = {} if collective else {"shards": 8, "per_server": 4}
+    assert rows(default)[arch].step_s == cost.schedule(layers, 1e-4, 16, net, default, **layout).step_s
+    assert rows(tuned)[arch].step_s == cost.schedule(layers, 1e-4, 16, net, tuned, **layout).step_s
+    assert rows(tuned)[arch].step_s != rows(default)[arch].step_s, knob
+
+
 def _names_compared(tree):
     """(line, constant) of every comparison against a method's name, or dict key naming one."""
     def named(node):

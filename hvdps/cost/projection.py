@@ -91,11 +91,12 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, t
     (TensorFlow's ring) or with a step of their own (local SGD): each adds rows by its method's step
     model (hvdps/methods.py) in that mode, on that fit.
 
-    ``tuning``: the methods' declared knobs (hvdps/methods.py: ``Tuning``; their defaults if None):
-    the ring's fusion buffer and cycle, the PS variable placement and GPUs per worker task.
-    PS rows: a fixed number of shards each (``shards``), and one PS per server
-    (k = n / per_server), the layout that grows with the cluster; ``tuning.towers``
-    GPUs share one worker task (schedule.ps_step). ``workers`` counts GPUs.
+    The generic rows of each architecture are the schedule of the method that plays it out
+    (hvdps/methods.py: ``scheduler``), with the knobs that method declares read off ``tuning`` (their
+    defaults if None): the ring's fusion buffer and cycle (Horovod's), the PS variable placement and
+    GPUs per worker task (the PS trainers'). PS rows: a fixed number of shards each (``shards``), and
+    one PS per server (k = n / per_server), the layout that grows with the cluster. ``workers``
+    counts GPUs.
     ``slow``: {rank: F}, workers whose compute is F times slower than the others' (where n has
     that rank); with ``straggler_cv``, the per-worker step distribution a synchronous step waits
     for the slowest of (hvdps/cost/stragglers.py).
@@ -117,16 +118,15 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, t
         rows.append(Projected(workers=n, arch=arch, family=family, comm_s=res.comm_s, overlap=res.overlap,
                               straggler_s=wait, step_s=step, efficiency=compute_s / step))
 
+    rings, servers = methods.scheduler(collective=True), methods.scheduler(collective=False)
     for n in workers:
-        add(n, RING, schedule.ring_step(layers, compute_s, n, ring.bandwidth, ring.alpha,
-                                        tuning.fusion_bytes, tuning.cycle_s), RING)
+        add(n, RING, rings.schedule(layers, compute_s, n, ring, tuning), RING)
         for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]:
-            add(n, label, schedule.ps_step(layers, compute_s, n, ps.bandwidth, ps.alpha, k,
-                                           per_server, tuning.placement, towers=tuning.towers), PS)
+            add(n, label, servers.schedule(layers, compute_s, n, ps, tuning, shards=k, per_server=per_server), PS)
         for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
-            res = schedule.ring_step(layers, compute_s, n, ring.bandwidth * schedule.byteps_link_scale(n, k),
-                                     ring.alpha, tuning.fusion_bytes, tuning.cycle_s)
-            add(n, label, res, PS)
+            # BytePS: the ring's schedule on the link its k servers leave each worker (OSDI'20, 3.1)
+            scaled = dataclasses.replace(ring, bandwidth=ring.bandwidth * schedule.byteps_link_scale(n, k))
+            add(n, label, rings.schedule(layers, compute_s, n, scaled, tuning), PS)
         for label, (method, net, mode) in (own or {}).items():
             row = StepShape(workers=n, compute_s=compute_s, grad_bytes_per_step=grad, mode=mode)
             step, _ = method.cost.projected_step(row, None, layers, net, ps, tuning)
