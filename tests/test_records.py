@@ -342,6 +342,22 @@ def test_a_label_past_the_classes_stops_the_stream_naming_it(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_bad_record_only_the_compute_probe_reads_ends_the_run_naming_it(tmp_path):
+    """The probe reads the training data from its start after training: a record the training never
+    reached (TF2 PS's coordinator may leave it to a worker that ran few steps) is named as training
+    names it, one line, not TensorFlow's error from the probe's iterator."""
+    from common.base.errors import InputError
+    from common.model.probe import compute_step_time
+    from common.spec.config import make_config
+    path, out = one_file_set(tmp_path, "plain")
+    replace_record(path, 3, example(x=bytes(4 * int(np.prod(SHAPE))), y=CLASSES))
+    cfg = make_config(dataset="tfrecord", data_dir=out, batch_size=4, probe_steps=2, shuffle=False)
+    with pytest.raises(InputError, match=rf"^the compute probe, after training: reading the training data: "
+                                         rf"{path}: record 3: a label outside 0..{CLASSES - 1}"):
+        compute_step_time(cfg)
+
+
+@pytest.mark.unit
 def test_hvdps_data_writes_once_and_never_over(tmp_path):
     from hvdps.cli import main
     out = str(tmp_path / "digits")
@@ -532,7 +548,9 @@ def test_hvdps_data_writes_whole_or_not_at_all_and_one_writer_at_a_time(tmp_path
 def test_a_bad_record_ends_the_run_naming_it_under_every_loop(tmp_path):
     """A label past the classes in the middle of a file, read by one worker: bare MPI (the custom
     loop; the failed rank ends the job, not a hang), classic sync PS (the worker's session) and TF2
-    PS (a worker's function, failed at the coordinator) each end with the file and record named."""
+    PS (a worker's function, failed at the coordinator; or, where the coordinator left that record to
+    a worker that ran too few steps to read it, the chief's compute probe after training) each end with
+    the file and record named."""
     data = str(tmp_path / "digits")
     r = run([os.path.join(BIN, "hvdps"), "data", "--dataset", "digits", "--shards", "4", "--out", data])
     assert r.returncode == 0, r.stderr[-2000:]

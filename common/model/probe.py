@@ -14,7 +14,7 @@ graph and session for the classic PS worker (graph mode, as its training is).
 import statistics
 import time
 
-from common.inputs.data import make_dataset
+from common.inputs.data import input_failure, make_dataset
 from common.model.models import build_model, make_optimizer, state_updates, total_loss, train_step_fn
 
 WARMUP = 5          # untimed probe steps: tracing, first allocations
@@ -29,7 +29,12 @@ def compute_step_time(cfg, session_config=None):
         return None
     import tensorflow as tf
     ds = make_dataset(cfg, 0, 1, num_steps=WARMUP + cfg.probe_steps) if tf.executing_eagerly() else None
-    times = (_eager(cfg, ds) if ds is not None else _graph(cfg, session_config))[WARMUP:]
+    try:
+        times = (_eager(cfg, ds) if ds is not None else _graph(cfg, session_config))[WARMUP:]
+    except tf.errors.OpError as exc:
+        # The probe reads the training data from its start: a record the training never reached (an
+        # asynchronous job's workers read what the coordinator gave them) ends the run as training's would.
+        raise input_failure(exc, "the compute probe, after training") or exc
     # Interval means, not single steps: the training figure is a median of interval rates, and a
     # mean over steps includes the occasional slow one (allocation, prefetch) that a median drops.
     chunks = [times[i:i + CHUNK] for i in range(0, len(times), CHUNK)]
