@@ -1,5 +1,4 @@
 """Starting a parameter-server job role by role, as a user would (both PS implementations)."""
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ MAIN = os.path.join(REPO, "ps_train", "main.py")
 FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5", "--startup_timeout", "60"]
 
 
-def _per_role(tmp_path, cluster, mode, extra=(), tf_config=False, role_env=None):
+def _per_role(tmp_path, cluster, mode, extra=(), role_env=None):
     """Start every role by hand, as a user would; returns {name: Popen}. ``role_env``:
     {"chief:0": {VAR: value}} added to that role's environment."""
     procs = {}
@@ -25,16 +24,11 @@ def _per_role(tmp_path, cluster, mode, extra=(), tf_config=False, role_env=None)
         hosts.append("--chief_host=" + cluster["chief"][0])
     for role in ("ps", "worker", "chief"):
         for i in range(len(cluster.get(role, []))):
-            if tf_config:
-                argv = [sys.executable, MAIN]
-                e = env(TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": i}}),
-                        **(role_env or {}).get(f"{role}:{i}", {}))
-            else:
-                argv = [sys.executable, MAIN, f"--job_name={role}", f"--task_index={i}", *hosts]
-                e = env(**(role_env or {}).get(f"{role}:{i}", {}))
-            argv += [*FAST, mode, "--train_dir", str(tmp_path / "run"), *extra]
-            procs[f"{role}:{i}"] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                    text=True, env=e, start_new_session=True)
+            argv = [sys.executable, MAIN, f"--job_name={role}", f"--task_index={i}", *hosts,
+                    *FAST, mode, "--train_dir", str(tmp_path / "run"), *extra]
+            procs[f"{role}:{i}"] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                    env=env(**(role_env or {}).get(f"{role}:{i}", {})),
+                                                    start_new_session=True)
     return procs
 
 

@@ -92,9 +92,10 @@ def test_one_worker_is_the_single_process_run(tmp_path):
     assert_same_weights(tmp_path / "v2", tmp_path / "one")
 
 
-@pytest.mark.parametrize("tf_config", [False, True])
-def test_per_role_launch_every_process_exits_zero(tmp_path, tf_config):
-    procs = _per_role(tmp_path, _cluster(1, 2, chief=True), "--async", extra=V2, tf_config=tf_config)
+def test_per_role_launch_every_process_exits_zero(tmp_path):
+    """Each role a process of its own, given the cluster by flags. By TF_CONFIG: the TF2 PS JobSet's
+    pods (tests/test_k8s_pods.py)."""
+    procs = _per_role(tmp_path, _cluster(1, 2, chief=True), "--async", extra=V2)
     outs = _finish(procs, 240)
     codes = {n: p.returncode for n, p in procs.items()}
     assert codes == {"ps:0": 0, "worker:0": 0, "worker:1": 0, "chief:0": 0}, outs

@@ -19,7 +19,7 @@ from tests.conftest import BIN, REPO, py, run, row_and_records
 
 ROWS, DIM, BATCH, HIDDEN = 20000, 8, 32, 32
 FLAGS = ["--model", "rec", "--dataset", "clicks", "--embedding_rows", str(ROWS), "--embedding_dim", str(DIM),
-         "--batch_size", str(BATCH), "--hidden_units", str(HIDDEN), "--epochs", "1", "--log_every", "20",
+         "--batch_size", str(BATCH), "--hidden_units", str(HIDDEN), "--train_steps", "200", "--log_every", "20",
          "--checkpoint_every_epoch", "false", "--target_accuracy", "0.7", "--probe_steps", "10"]
 SPARSE = BATCH * CLICK_FEATURES * (DIM * 4 + 8)              # looked-up rows (float32) and their int64 ids
 TABLE = 4 * CLICK_FEATURES * ROWS * DIM
