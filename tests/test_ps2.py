@@ -145,7 +145,7 @@ def test_killed_worker_steps_run_elsewhere(tmp_path, classified):
         (tmp_path / "inject" / "sitecustomize.py").write_text(UNCLASSIFIED)
         role_env["chief:0"] = {"PYTHONPATH": f"{tmp_path / 'inject'}{os.pathsep}{REPO}"}
     cluster = _cluster(1, 2, chief=True)
-    procs = _per_role(tmp_path, cluster, "--async", extra=[*V2, "--epochs", "12", "--log_every", "20"],
+    procs = _per_role(tmp_path, cluster, "--async", extra=[*V2, "--epochs", "30", "--log_every", "20"],
                       role_env=role_env)
     try:
         _wait_for_steps(tmp_path / "run", 3)
