@@ -31,7 +31,7 @@ def _elastic(folder, out):
         f.write("#!/bin/sh\necho localhost:2\n")
     os.chmod(script, 0o755)
     return run([os.path.join(BIN, "horovodrun"), "-np", "2", "--min-np", "2", "--max-np", "2",
-                "--host-discovery-script", script, "--network-interface", "lo", "--gloo-timeout-seconds", "10",
+                "--host-discovery-script", script, "--network-interface", "lo", "--gloo-timeout-seconds", "30",
                 sys.executable, HVD, "--elastic", "--commit_steps", "5", *FLAGS, "--train_dir", out], timeout=300)
 
 
