@@ -184,7 +184,7 @@ def coordinate(cfg, backend, num_train):
     dog = Watchdog(backend.step_timeout + backend.startup_timeout, "chief: the first step did not finish")
     adapter = CoordinatorAdapter(cfg, backend, model, optimizer, checkpoints, dog)
     books = Bookkeeper(cfg, plan, backend, log, adapter, start=start)
-    first, recoveries = start + 1, 0
+    first, recoveries, spent = start + 1, 0, []
     try:
         while True:
             try:
@@ -205,6 +205,11 @@ def coordinate(cfg, backend, num_train):
                 recoveries += 1
                 first = settle(backend, optimizer) + 1
                 adapter.note_lost_workers()
+                # The coordinator cancelled the steps in flight, and tf.data ends an iterator for good
+                # when a read of it is cancelled (its next read is "End of sequence"): every worker
+                # reads anew, from where the PS is, as a resumed run does.
+                spent.append(iterators)
+                iterators = shard_iterators(backend, cfg, plan, first - 1)
         dog.pause()                              # the end: its evaluation and save stay bounded
         books.finish(plan.total_updates)
     finally:
@@ -213,7 +218,7 @@ def coordinate(cfg, backend, num_train):
         times.save(cfg.train_dir)
     # PS: what holds resources on the workers and PS tasks is never destroyed: a destroyed one sends
     # its task an RPC, which could still be in flight as the release makes that task leave
-    stop.keep_until_exit(iterators, train_step, model, optimizer, checkpoints, adapter)
+    stop.keep_until_exit(iterators, spent, train_step, model, optimizer, checkpoints, adapter)
     return [name.split(" ")[0] for name in adapter.lost]
 
 
