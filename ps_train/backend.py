@@ -23,18 +23,16 @@ from ps_train.cluster import mode_name, replicas
 from ps_train import stop
 
 
-def ps_wire(sizes, plan, num_ps):
-    """Parameter servers: a worker pushes its gradient and pulls the weights every batch; a PS
-    task carries its share of that for every batch that makes an update (even sharding). An
-    embedding table moves only the rows a batch looks up, both ways: the ids and the gathered
+def ps_wire(sizes):
+    """Parameter servers: a worker pushes its gradient and pulls the weights every batch (a PS
+    task's share of an update is the PS method's own measure: ps_train/method.py, per_ps_bytes).
+    An embedding table moves only the rows a batch looks up, both ways: the ids and the gathered
     rows out, the ids and the rows' gradients in (tf.IndexedSlices, duplicates included)."""
     per_batch = 2 * (sizes["dense_bytes"] + sizes["sparse_bytes"])
     rule = "PS: push gradient + pull weights per worker batch; a PS task carries 1/num_ps of it per batch in an update"
     if sizes["sparse_table_bytes"]:
         rule += "; embedding tables: only the looked-up rows and their ids, both ways"
-    return {"bytes_per_step_per_worker": int(per_batch),
-            "bytes_per_update_per_ps": int(per_batch * plan.batches_per_update / max(1, num_ps)),
-            "wire_rule": rule}
+    return {"bytes_per_step_per_worker": int(per_batch), "wire_rule": rule}
 
 
 class PSBackend(Backend):
@@ -97,7 +95,7 @@ class PSBackend(Backend):
             total_num_replicas=self.world_size)
 
     def wire_bytes(self, sizes, plan):
-        return ps_wire(sizes, plan, self.num_ps)
+        return ps_wire(sizes)
 
     def shutdown(self, code=0):
         """The chief releases every PS task (ps_train/stop.py); other tasks just leave."""

@@ -243,6 +243,20 @@ def wait_per_worker(steps):
     return tuple((w1 - w0) / (n1 - n0) for w0, w1, n0, n1 in pairs)
 
 
+def per_ps_bytes(header, summary):
+    """Bytes one PS task carries per update: a worker's push and pull (the summary's wire bytes, by
+    ps_wire) for every batch that makes an update (the header's samples per update over its batch:
+    N, or N - K with K backups, in sync mode; 1 in async), split evenly over the PS tasks. None
+    where the run did not record the figures it comes from."""
+    if summary is None:
+        return None
+    figures = [getattr(r, "bytes_per_step_per_worker", None) for r in (summary.breakdown, summary.wire)]
+    per_worker = next((b for b in figures if b is not None), None)
+    if per_worker is None or header is None or not header.global_batch_size or not header.batch_size_per_worker:
+        return None
+    return int(per_worker * header.global_batch_size / header.batch_size_per_worker / max(1, header.num_ps or 1))
+
+
 @dataclass(frozen=True)
 class PSMeasured:
     """What a PS run measures beyond every trainer's figures (``PSMethod.measures``): results.csv's
@@ -251,6 +265,7 @@ class PSMeasured:
     ps_cpu_s: Optional[float] = None            # CPU seconds the PS tasks spent in the measured interval
     ps_cpu_share: Optional[float] = None        # the same, as a share of one core per PS task
     dropped_gradients: Optional[int] = None     # sync: gradients pushed and never applied
+    bytes_per_update_per_ps: Optional[int] = None   # what one PS task carries per update (per_ps_bytes)
 
 
 MAX_BACKUPS = 1 << 10          # ps:backupK's bound, as the trainer's other counts of workers
@@ -290,7 +305,8 @@ class PSMethod(Method):
         share = cpu / (max(1, (header.num_ps if header else None) or 1) * (interval[1] - interval[0])) \
             if cpu is not None else None
         return PSMeasured(wait_per_worker_s=wait_per_worker(curves.steps), ps_cpu_s=cpu, ps_cpu_share=share,
-                          dropped_gradients=getattr(summary, "dropped_gradients", None))
+                          dropped_gradients=getattr(summary, "dropped_gradients", None),
+                          bytes_per_update_per_ps=per_ps_bytes(header, summary))
 
     def shard_bytes(self, header):
         return getattr(header, "ps_shard_bytes", None)

@@ -123,7 +123,7 @@ class StrategyBackend(Backend):
         return optimizer
 
     def wire_bytes(self, sizes, plan):
-        return ps_wire(sizes, plan, self.num_ps)
+        return ps_wire(sizes)
 
     def shutdown(self, code=0):
         """The chief releases every PS and worker task (ps_train/stop.py).

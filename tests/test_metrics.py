@@ -127,13 +127,28 @@ def test_ring_wire(workers, grad, per_worker):
     assert ring_wire(sizes, workers)["bytes_per_step_per_worker"] == per_worker
 
 
-@pytest.mark.parametrize("batches_per_update, num_ps, per_ps", [(1, 1, 2000), (2, 1, 4000), (2, 2, 2000)])
-def test_ps_wire(batches_per_update, num_ps, per_ps):
-    from types import SimpleNamespace
+@pytest.mark.parametrize("global_batch, num_ps, where, per_ps", [
+    (32, 1, "wire", 2000),                 # async: one batch an update, one PS task
+    (64, 1, "wire", 4000),                 # sync, 2 workers: both batches make the update
+    (64, 2, "breakdown", 2000),            # split evenly over 2 PS tasks; the breakdown's figure
+    (96, 2, "both", 3000),                 # sync, 4 workers with 1 backup: 3 batches an update
+    (64, 1, None, None),                   # no wire figure recorded: none, not a guess
+])
+def test_a_ps_tasks_bytes_per_update_are_the_ps_methods_measure(global_batch, num_ps, where, per_ps):
+    """ps_wire gives a worker's bytes (the shared wire record); what one PS task carries per update
+    is the PS method's own figure, from the header's batches per update and PS count."""
+    from common.formats.schemas import Header, Summary
     from ps_train.backend import ps_wire
-    sizes = {"dense_bytes": 1000, "sparse_bytes": 0, "sparse_table_bytes": 0}
-    wire = ps_wire(sizes, SimpleNamespace(batches_per_update=batches_per_update), num_ps)
-    assert wire["bytes_per_step_per_worker"] == 2000 and wire["bytes_per_update_per_ps"] == per_ps
+    from ps_train.method import per_ps_bytes
+    wire = ps_wire({"dense_bytes": 1000, "sparse_bytes": 0, "sparse_table_bytes": 0})
+    assert wire["bytes_per_step_per_worker"] == 2000 and set(wire) == {"bytes_per_step_per_worker", "wire_rule"}
+    header = Header(type="header", backend="ps", mode="sync", world_size=4, num_ps=num_ps, batch_size_per_worker=32,
+                    global_batch_size=global_batch)
+    split = {"step_s": 0.1, "compute_s": 0.05, "overhead_s": 0.05, **wire}
+    records = {"wire": {"wire": wire}, "breakdown": {"breakdown": split}, "both": {"wire": wire, "breakdown": split},
+               None: {}}[where]
+    summary = Summary(type="summary", status="ok", **records)
+    assert per_ps_bytes(header, summary) == per_ps
 
 
 def test_probe_times_the_step_alone():

@@ -61,7 +61,7 @@ SIZES = {"dense_bytes": 1000, "sparse_bytes": 300, "sparse_table_bytes": 100000}
     (lambda n: ring_wire(SIZES, n, sparse="allgather"), 2, 1000 + 300),    # dense ring + (n-1) x slices
     (lambda n: ring_wire(SIZES, n, sparse="allgather"), 4, 1500 + 900),
     (lambda n: ring_wire(SIZES, n, sparse="allgather", scale=0.5), 4, 1200),
-    (lambda n: ps_wire(SIZES, make_plan_for(n), 1), 4, 2 * 1300),           # push + pull, rows only
+    (lambda n: ps_wire(SIZES), 4, 2 * 1300),                                # push + pull, rows only
 ])
 def test_wire_rules(rule, n, expected):
     assert rule(n)["bytes_per_step_per_worker"] == expected

@@ -301,7 +301,6 @@ class Throughput(Strict):
 class Wire(Strict):
     """What one step put on the network by the method's rule (allreduce.backend: ring_wire; ps_train.backend: ps_wire)."""
     bytes_per_step_per_worker: Optional[NonNeg] = None
-    bytes_per_update_per_ps: Optional[NonNeg] = None
     wire_rule: Optional[Text] = None
 
 

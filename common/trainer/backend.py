@@ -45,8 +45,8 @@ class Backend:
     def wire_bytes(self, sizes, plan):
         """What one step puts on the network, by this method's algorithm and the gradient's
         measured sizes (``common.model.models.gradient_sizes``): ``{"bytes_per_step_per_worker": ...,
-        "bytes_per_update_per_ps": ..., "wire_rule": "..."}``. One rule per method, in its own
-        package (the ring's in allreduce/backend.py, the parameter servers' in ps_train/backend.py)."""
+        "wire_rule": "..."}``. One rule per method, in its own package (the ring's in
+        allreduce/backend.py, the parameter servers' in ps_train/backend.py)."""
         return {}
 
     def gradient_bytes(self, model):

@@ -31,8 +31,7 @@ SUMMARY_FIELDS = ("status", "total_time", "steps", "samples_seen", "throughput",
                   "time_to_target", "final_test_accuracy", "final_test_loss",
                   "grad_bytes_per_step")
 BREAKDOWN_FIELDS = ("step_s", "compute_s", "overhead_s", "overhead_share", "exchange_s", "wait_s", "input_s",
-                    "input_share",
-                    "bytes_per_step_per_worker", "bytes_per_update_per_ps")
+                    "input_share", "bytes_per_step_per_worker")
 
 
 def library_versions():

@@ -64,7 +64,6 @@ class RunRow:
     input_s: Optional[float] = None
     input_share: Optional[float] = None
     bytes_per_step_per_worker: Optional[float] = None
-    bytes_per_update_per_ps: Optional[float] = None
     gradient: Optional["Gradient"] = None         # one worker's gradient of one batch, as measured
     peak_rss_mib: Optional[float] = None          # the chief's (rank 0's) peak resident memory
     wire_rule: Optional[str] = None

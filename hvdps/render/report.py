@@ -24,8 +24,8 @@ COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_p
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
            "global_batch", "oversubscribed", "startup_s", "teardown_s", "warmup_s", "warmup_share", "step_s", "compute_s",
-           "overhead_s", "overhead_share", "exchange_s", "wait_s", "bytes_per_step_per_worker", "bytes_per_update_per_ps",
-           "sparse_bytes", "sparse_table_bytes", "wire_rule",
+           "overhead_s", "overhead_share", "exchange_s", "wait_s", "bytes_per_step_per_worker", "sparse_bytes",
+           "sparse_table_bytes", "wire_rule",
            "busiest_link_bytes", "busiest_link_predicted", "link_bytes_ratio",
            "round_s", "link_utilisation", "link_rate_bps", "cores_busy", "others_cores", "job_cores", "hypervisor_cores",
            "kernel_cores", "machine_cores", "shared", "condition", "repeat", "error", "run_dir")
