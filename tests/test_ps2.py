@@ -102,65 +102,59 @@ def test_per_role_launch_every_process_exits_zero(tmp_path):
     assert row_and_records(str(tmp_path / "run"))[0].final_test_accuracy >= 0.9
 
 
-# Loaded by the chief's interpreter (sitecustomize): once TensorFlow's coordinator module is
-# imported, its first worker failure is reported as not one, as TF does with some of the errors a
-# dying worker leaves; the coordinator then raises it instead of retrying the step elsewhere.
-UNCLASSIFIED = """
+# The chief's sitecustomize: ``after_import(name, patch)`` runs ``patch(module)`` once the module
+# ``name`` is imported, before anything else can take names from it.
+AFTER_IMPORT = """
 import importlib.abc, importlib.machinery, sys
-NAME = "tensorflow.python.distribute.coordinator.cluster_coordinator"
 
-class Hook(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != NAME:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        run = spec.loader.exec_module
+def after_import(name, patch):
+    class Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            run = spec.loader.exec_module
 
-        def exec_module(module):
-            run(module)
-            real, seen = module._is_worker_failure, []
-
-            def first_one_unclassified(error):
-                if real(error) and not seen:
-                    seen.append(error)
-                    print("test: one worker failure left unclassified", flush=True)
-                    return False
-                return real(error)
-            module._is_worker_failure = first_one_unclassified
-        spec.loader.exec_module = exec_module
-        return spec
-
-sys.meta_path.insert(0, Hook())
+            def exec_module(module):
+                run(module)
+                patch(module)
+            spec.loader.exec_module = exec_module
+            return spec
+    sys.meta_path.insert(0, Hook())
 """
 
-# Loaded by the chief's interpreter too: each training batch the chief's datasets give is 40 ms late
-# (tf.data's own sleep transformation, run on the worker that reads), so a step the coordinator
-# cancels is most likely waiting for its batch, as on a busy host.
+# The coordinator's first worker failure is reported as not one, as TF does with some of the errors a
+# dying worker leaves: the coordinator then raises it instead of retrying the step elsewhere.
+UNCLASSIFIED = """
+def first_one_unclassified(module):
+    real, seen = module._is_worker_failure, []
+
+    def classify(error):
+        if real(error) and not seen:
+            seen.append(error)
+            print("test: one worker failure left unclassified", flush=True)
+            return False
+        return real(error)
+    module._is_worker_failure = classify
+
+after_import("tensorflow.python.distribute.coordinator.cluster_coordinator", first_one_unclassified)
+"""
+
+# Each training batch the chief's datasets give is 40 ms late (tf.data's own sleep transformation, run
+# on the worker that reads), so a step the coordinator cancels is most likely waiting for its batch,
+# as on a busy host.
 SLOW_INPUT = """
-import importlib.abc, importlib.machinery, sys
+def slow_batches(module):
+    real = module.make_dataset
 
-class Slow(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "common.inputs.data":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        run = spec.loader.exec_module
+    def slow(*args, **kwargs):
+        from tensorflow.python.data.experimental.ops import testing
+        ds = real(*args, **kwargs)
+        return ds if kwargs.get("split", "train") != "train" else ds.apply(testing.sleep(40000))
+    module.make_dataset = slow
 
-        def exec_module(module):
-            run(module)
-            real = module.make_dataset
-
-            def slow(*args, **kwargs):
-                from tensorflow.python.data.experimental.ops import testing
-                ds = real(*args, **kwargs)
-                return ds if kwargs.get("split", "train") != "train" else ds.apply(testing.sleep(40000))
-            module.make_dataset = slow
-        spec.loader.exec_module = exec_module
-        return spec
-
-sys.meta_path.insert(0, Slow())
+after_import("common.inputs.data", slow_batches)
 """
 
 
@@ -173,7 +167,7 @@ def test_killed_worker_steps_run_elsewhere(tmp_path, classified):
     waiting for a batch: tf.data then ends the surviving worker's iterator, and the chief has to
     read anew (at 40 ms a batch, 3 runs in 7 ended "End of sequence" when it did not)."""
     (tmp_path / "inject").mkdir()
-    (tmp_path / "inject" / "sitecustomize.py").write_text(SLOW_INPUT + ("" if classified else UNCLASSIFIED))
+    (tmp_path / "inject" / "sitecustomize.py").write_text(AFTER_IMPORT + SLOW_INPUT + ("" if classified else UNCLASSIFIED))
     role_env = {"chief:0": {"PYTHONPATH": f"{tmp_path / 'inject'}{os.pathsep}{REPO}"}}
     cluster = _cluster(1, 2, chief=True)
     procs = _per_role(tmp_path, cluster, "--async", extra=[*V2, "--epochs", "6", "--log_every", "20"],
