@@ -31,9 +31,9 @@ def shards_section(rows):
 
 def ps_details(r):
     """The run's explanation, continued (PSMethod.measures): in sync mode each worker's wait for its
-    token (the one that waits least is the one the others wait for); the CPU its PS tasks spent;
-    and in sync mode the gradients pushed and never applied (with backup workers, the late ones:
-    lost work)."""
+    token (the one that waits least is the one the others wait for); the bytes a PS task carries per
+    update; the CPU its PS tasks spent; and in sync mode the gradients pushed and never applied (with
+    backup workers, the late ones: lost work)."""
     m = r.measured
     if m is None:
         return ""
@@ -44,6 +44,8 @@ def ps_details(r):
         each = ", ".join(f"{name(i)} {1e3 * w:.2f} ms" for i, w in enumerate(waits))
         least = min(range(len(waits)), key=waits.__getitem__)
         text += f"; wait per step: {each}; the one that waits least, {name(least)}, is the slowest"
+    if m.bytes_per_update_per_ps is not None:
+        text += f"; {m.bytes_per_update_per_ps:,} bytes per update through each PS task"
     if m.ps_cpu_share is not None:
         text += (f"; the PS task(s) used {m.ps_cpu_s:.1f} CPU s in the measured interval, "
                  f"{100 * m.ps_cpu_share:.0f}% of a core each")

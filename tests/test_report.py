@@ -111,6 +111,8 @@ def test_sentence_names_the_slowest_rank():
     assert "the one that waits least, rank 2, is the slowest" in sentence
     (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, measured=PSMeasured(dropped_gradients=1234))])
     assert "; 1,234 gradient(s) pushed and dropped as stale" in sentence
+    (sentence,) = explanations([row("ps", "sync", 10.0, 3.0, measured=PSMeasured(bytes_per_update_per_ps=120160))])
+    assert "; 120,160 bytes per update through each PS task" in sentence
 
 
 def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=None, intervals=20):
