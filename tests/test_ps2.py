@@ -167,7 +167,8 @@ def test_killed_worker_steps_run_elsewhere(tmp_path, classified):
     waiting for a batch: tf.data then ends the surviving worker's iterator, and the chief has to
     read anew (at 40 ms a batch, 3 runs in 7 ended "End of sequence" when it did not)."""
     (tmp_path / "inject").mkdir()
-    (tmp_path / "inject" / "sitecustomize.py").write_text(AFTER_IMPORT + SLOW_INPUT + ("" if classified else UNCLASSIFIED))
+    injected = AFTER_IMPORT + SLOW_INPUT + ("" if classified else UNCLASSIFIED)
+    (tmp_path / "inject" / "sitecustomize.py").write_text(injected)
     role_env = {"chief:0": {"PYTHONPATH": f"{tmp_path / 'inject'}{os.pathsep}{REPO}"}}
     cluster = _cluster(1, 2, chief=True)
     procs = _per_role(tmp_path, cluster, "--async", extra=[*V2, "--epochs", "6", "--log_every", "20"],
