@@ -52,12 +52,11 @@ def build_graph(cfg, backend, plan):
         global_step = v1.train.get_or_create_global_step()
         model = build_model(cfg)
         refuse_graph_mode(cfg, model)            # a Keras 3 plug-in: one line (common/spec/keras3.py)
-        # An async worker may have to cover a lost peer's share, hence the longer stream.
         # Where this worker's data stream starts is known once the session runs (0, or the
         # restored position on --resume): fed to data_init as data_skip.
         data_skip = v1.placeholder_with_default(tf.constant(0, tf.int64), [], name="hvdps/data_skip")
         train_ds = make_dataset(cfg, backend.rank, plan.workers, start_step=data_skip,
-                                num_steps=plan.worker_steps * plan.workers)
+                                num_steps=stream_steps(plan, backend.sync))
         data_iterator = v1.data.make_initializable_iterator(train_ds)
         # The input's share, measured at the iterator as the other trainers' loops measure it: a stamp
         # with no inputs runs as the step starts, the other once the batch is out (both on this
@@ -275,6 +274,24 @@ def time_token_wait(tf, minimize, sync_wait, rank):
         arrived = tf.timestamp()
     # tf.timestamp reads the wall clock, which a time daemon may step back between the stamps.
     return tf.compat.v1.scatter_add(sync_wait, [rank], [tf.maximum(arrived - pushed, 0.0)])
+
+
+def stream_steps(plan, sync):
+    """Batches one worker's data stream holds: all the job may ask of that worker before it
+    reaches its target updates, so that no worker runs dry first and leaves the job short.
+
+    - Asynchronous: one batch an update, whoever pushes it, and a worker may cover a lost peer's
+      share: every update of the job (worker steps x N). Sync with every worker needs only its
+      own worker steps, and takes the same bound.
+    - Sync with backup workers: SyncReplicasOptimizer hands out N tokens an update and every
+      push takes one, applied or dropped as stale, a fast worker taking a slow one's tokens as
+      well. The job pushes N batches an update, at worst all of them one worker's: N x (the
+      target updates + 1, the chief's release). A stream sized to the applied batches runs dry
+      before the target once a slow worker's tokens are taken.
+    """
+    if sync and plan.batches_per_update < plan.workers:
+        return plan.workers * (plan.total_updates + 1)
+    return plan.worker_steps * plan.workers
 
 
 def data_position(plan, update, own_batches):

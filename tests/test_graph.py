@@ -98,6 +98,23 @@ def trace_step(tmp_path, num_ps, optimizer, mode):
     return json.loads(line[6:])
 
 
+@pytest.mark.parametrize("workers, per_update, sync, steps", [
+    (2, 2, True, 60 * 2),            # sync with every worker: one batch an update each (the shared bound)
+    (2, 1, False, 60 * 2),           # async: every update of the job, a lost peer's share included
+    (2, 1, True, 2 * (120 + 1)),     # 1 backup of 2: two pushes an update, at worst all one worker's
+    (4, 3, True, 4 * (80 + 1)),      # 1 backup of 4: 80 updates of 3 batches, four pushes each
+])
+def test_a_workers_stream_covers_every_push_the_job_may_ask_of_it(workers, per_update, sync, steps):
+    """With backups, SyncReplicasOptimizer's N tokens an update go to whoever asks, so a fast worker
+    pushes a slow one's share too, the dropped pushes included: its stream must not run dry before the
+    job's target (60 worker steps of the plan)."""
+    from common.spec.plan import RunPlan
+    from ps_train.graph import stream_steps
+    plan = RunPlan(workers=workers, batch_size=32, batches_per_update=per_update, steps_per_epoch=10,
+                   worker_steps=60, lr_scale=per_update)
+    assert stream_steps(plan, sync) == steps
+
+
 @pytest.mark.parametrize("num_ps, optimizer, variables", [
     (1, "adam", 4),
     (2, "adam", 5),             # the 64 x 16 kernel (4 KB, over MIN_SHARD_BYTES) in one piece per PS task
