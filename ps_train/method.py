@@ -65,16 +65,22 @@ class ParameterServers:
     options = OPTIONS
 
     def lockstep(self, mode):
-        """Sync workers compute at the same moment each step (with backups: all but the late ones);
-        async ones each at their own pace."""
-        return base_mode(mode) in self.lockstep_modes
+        """Sync workers compute at the same moment each step; async ones each at their own pace, and
+        so do sync workers with backups (``backupK``): TensorFlow's SyncReplicasOptimizer hands each
+        update's N tokens to whichever workers ask first, so a fast worker takes a late one's too.
+        Not the textbook backup worker (Chen et al. 2016), where every worker starts each update."""
+        return mode in self.lockstep_modes
 
     def waits_for(self, mode, workers):
-        """How many workers' gradients an update waits for: all of them in sync mode, all but the K
-        backups with ``backupK``, none (each applies its own) asynchronously."""
+        """How many workers' gradients an update waits for: all of them in sync mode; none
+        asynchronously, each applying its own; none with K backups either, since every push takes
+        one of the N tokens an update hands out, applied (N - K of them) or dropped as stale (K):
+        the job makes an update per N pushes at its workers' summed rate, as asynchronous workers
+        do, and a slow worker's share goes to the others. Measured: N pushes an update, healthy or
+        with a stalled worker (BENCHMARKS.md section 12)."""
         if not self.lockstep(mode):
             return None
-        return workers - backups(mode)
+        return workers
 
     def steps_per_exchange(self, mode):
         """Every step pushes its gradient and pulls the weights."""
@@ -245,16 +251,18 @@ def wait_per_worker(steps):
 
 def per_ps_bytes(header, summary):
     """Bytes one PS task carries per update: a worker's push and pull (the summary's wire bytes, by
-    ps_wire) for every batch that makes an update (the header's samples per update over its batch:
-    N, or N - K with K backups, in sync mode; 1 in async), split evenly over the PS tasks. None
-    where the run did not record the figures it comes from."""
+    ps_wire) for every push an update takes, split evenly over the PS tasks. Sync: every worker's,
+    N an update, with K backups too, since each of the update's N tokens takes a push, applied or
+    dropped as stale (SyncReplicasOptimizer: ``PSMethod.cost.waits_for``); async: one. None where
+    the run did not record the figures it comes from."""
     if summary is None:
         return None
     figures = [getattr(r, "bytes_per_step_per_worker", None) for r in (summary.breakdown, summary.wire)]
     per_worker = next((b for b in figures if b is not None), None)
-    if per_worker is None or header is None or not header.global_batch_size or not header.batch_size_per_worker:
+    if per_worker is None or header is None or not header.mode or not header.world_size:
         return None
-    return int(per_worker * header.global_batch_size / header.batch_size_per_worker / max(1, header.num_ps or 1))
+    pushes = header.world_size if base_mode(header.mode) == "sync" else 1
+    return int(per_worker * pushes / max(1, header.num_ps or 1))
 
 
 @dataclass(frozen=True)

@@ -127,23 +127,26 @@ def test_ring_wire(workers, grad, per_worker):
     assert ring_wire(sizes, workers)["bytes_per_step_per_worker"] == per_worker
 
 
-@pytest.mark.parametrize("global_batch, num_ps, where, per_ps", [
-    (32, 1, "wire", 2000),                 # async: one batch an update, one PS task
-    (64, 1, "wire", 4000),                 # sync, 2 workers: both batches make the update
-    (64, 2, "breakdown", 2000),            # split evenly over 2 PS tasks; the breakdown's figure
-    (96, 2, "both", 3000),                 # sync, 4 workers with 1 backup: 3 batches an update
-    (64, 1, None, None),                   # no wire figure recorded: none, not a guess
+@pytest.mark.parametrize("mode, workers, num_ps, where, per_ps", [
+    ("async", 2, 1, "wire", 2000),         # async: one push an update, one PS task
+    ("sync", 2, 1, "wire", 4000),          # sync, 2 workers: both pushes make the update
+    ("sync", 2, 2, "breakdown", 2000),     # split evenly over 2 PS tasks; the breakdown's figure
+    ("backup1", 4, 2, "both", 4000),       # 4 workers, 1 backup: 3 applied and 1 dropped, all 4 carried
+    ("sync", 2, 1, None, None),            # no wire figure recorded: none, not a guess
 ])
-def test_a_ps_tasks_bytes_per_update_are_the_ps_methods_measure(global_batch, num_ps, where, per_ps):
+def test_a_ps_tasks_bytes_per_update_are_the_ps_methods_measure(mode, workers, num_ps, where, per_ps):
     """ps_wire gives a worker's bytes (the shared wire record); what one PS task carries per update
-    is the PS method's own figure, from the header's batches per update and PS count."""
+    is the PS method's own figure, from the header's mode, workers and PS count: every push an update
+    takes crosses the PS link, a dropped one too."""
     from common.formats.schemas import Header, Summary
     from ps_train.backend import ps_wire
+    from ps_train.cluster import backups
     from ps_train.method import per_ps_bytes
     wire = ps_wire({"dense_bytes": 1000, "sparse_bytes": 0, "sparse_table_bytes": 0})
     assert wire["bytes_per_step_per_worker"] == 2000 and set(wire) == {"bytes_per_step_per_worker", "wire_rule"}
-    header = Header(type="header", backend="ps", mode="sync", world_size=4, num_ps=num_ps, batch_size_per_worker=32,
-                    global_batch_size=global_batch)
+    batches = 1 if mode == "async" else workers - backups(mode)
+    header = Header(type="header", backend="ps", mode=mode, world_size=workers, num_ps=num_ps,
+                    batch_size_per_worker=32, global_batch_size=32 * batches)
     split = {"step_s": 0.1, "compute_s": 0.05, "overhead_s": 0.05, **wire}
     records = {"wire": {"wire": wire}, "breakdown": {"breakdown": split}, "both": {"wire": wire, "breakdown": split},
                None: {}}[where]

@@ -95,8 +95,8 @@ PS_ROLES = {"ps:0": "p", "worker:0": "a", "worker:1": "b"}
     ("ps", "sync", PS_ROLES, {"b": 0.8e6}, 0.01 + 2 * M / 1e5),
     # async PS: the fast worker's rate plus the slow one's, each on its own link
     ("ps", "async", PS_ROLES, {"b": 0.8e6}, 2 / (1 / max(0.01 + 2.0, 2.0) + 1 / (0.01 + 20.0))),
-    # one backup: the fast worker alone (its own link; the PS link still carries both pushes)
-    ("ps", "backup1", PS_ROLES, {"b": 0.8e6}, 0.01 + 4.0),
+    # one backup: as async, the workers' summed rates (a fast worker takes the slow one's tokens)
+    ("ps", "backup1", PS_ROLES, {"b": 0.8e6}, 2 / (1 / max(0.01 + 2.0, 2.0) + 1 / (0.01 + 20.0))),
 ])
 def test_job_step_on_links_of_their_own(backend, mode, roles, rates, expected):
     step = s.job_step(row(backend, mode), s.described(2), 0.01, links(rates, roles), roles)

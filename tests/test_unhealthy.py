@@ -224,6 +224,10 @@ def test_a_slow_worker_costs_the_ring_more_than_async_ps(tmp_path):
     assert keep["async"] >= keep["sync"] + 0.25, keep       # async PS does not
     assert keep["backup1"] >= keep["sync"] + 0.25, keep     # nor does sync PS with a backup worker ...
     assert all(rows[("backup1", c)]["dropped_gradients"] > 0 for c in (None, "slow1x4"))   # ... which drops work
+    for name in ("ps-backup1-w2-ps1", "ps-backup1-w2-ps1-slow1x4"):   # and still makes its 600 updates
+        lines = [json.loads(line) for line in open(os.path.join(out, "runs", name, "metrics.jsonl"))]
+        updates = [x["steps"] for x in lines if x.get("type") == "summary"]   # the release's last token: 601
+        assert len(updates) == 1 and 600 <= updates[0] <= 601, (name, updates)
     for name in ("mpi-sync-w2-slow1x4", "ps-async-w2-ps1-slow1x4", "ps-backup1-w2-ps1-slow1x4"):
         applied = json.load(open(os.path.join(out, "runs", name, "compare_run.json")))["unhealthy"]
         assert len(applied["pids"]) == 1 and applied["quota_us"] > 0, (name, applied)
@@ -346,7 +350,7 @@ def test_the_verdict_opens_with_what_each_method_keeps_and_the_section_lays_it_b
     table = "\n".join(unhealthy_report.section(rows))
     assert "| mlp | bare MPI | 2 | worker 1 at 1/4 CPU | 6,000 | 0.15x | 0.25x | 4 | 4.00x | - | cgroup v1: 2,500 of 10,000" \
         in table
-    assert "| PS sync, 1 backup | 2 | worker 1 at 1/4 CPU | 4,800 | 0.96x | 1.00x |" in table     # backups outrun it
+    assert "| PS sync, 1 backup | 2 | worker 1 at 1/4 CPU | 4,800 | 0.96x | 0.62x |" in table     # summed rates
     assert "| PS async | 2 | worker 1 at 1/4 CPU | 10,000 | 0.83x | 0.62x |" in table
     assert "worker:0 2.00 / 3.00, worker:1 20.00 / 30.00" in table
     assert unhealthy_report.section(CURVE[:1]) == []

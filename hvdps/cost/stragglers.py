@@ -8,9 +8,10 @@ the workers' is each method's answer to how many workers a step waits for
 
 - a step that waits for w of the n workers lasts as long as the w-th fastest of them: the expected
   w-th order statistic of the n distributions. Every ring and sync PS wait for all n (the slowest);
-  sync PS with K backup workers for n - K;
 - asynchronous workers wait for nobody: each steps at its own pace, and the job's rate is the sum
-  of theirs, up to what the resources they share carry (the busiest PS link's round).
+  of theirs, up to what the resources they share carry (the busiest PS link's round). So do sync PS
+  workers with backups as TensorFlow runs them (an update per n pushes, its tokens to whoever asks:
+  ps_train/method.py), not the textbook backup worker's (n - K)-th order statistic.
 
 A slow link is the same question on the network: each term of a method's step crosses a link the
 method names (``CostModel.link_terms``: a worker's own, the servers', or the slowest of the job's,
