@@ -76,8 +76,8 @@ class ParameterServers:
         asynchronously, each applying its own; none with K backups either, since every push takes
         one of the N tokens an update hands out, applied (N - K of them) or dropped as stale (K):
         the job makes an update per N pushes at its workers' summed rate, as asynchronous workers
-        do, and a slow worker's share goes to the others. Measured: N pushes an update, healthy or
-        with a stalled worker (BENCHMARKS.md section 12)."""
+        do, and a slow worker's share goes to the others. Measured: N pushes an update, healthy, with
+        a slow or stalled worker and on a slow link (BENCHMARKS.md section 12e)."""
         if not self.lockstep(mode):
             return None
         return workers
@@ -253,7 +253,7 @@ def per_ps_bytes(header, summary):
     """Bytes one PS task carries per update: a worker's push and pull (the summary's wire bytes, by
     ps_wire) for every push an update takes, split evenly over the PS tasks. Sync: every worker's,
     N an update, with K backups too, since each of the update's N tokens takes a push, applied or
-    dropped as stale (SyncReplicasOptimizer: ``PSMethod.cost.waits_for``); async: one. None where
+    dropped as stale (SyncReplicasOptimizer: ``ParameterServers.waits_for``); async: one. None where
     the run did not record the figures it comes from."""
     if summary is None:
         return None

@@ -10,7 +10,8 @@ worker's pace (about 1/F of healthy throughput), asynchronous PS at the sum of i
 SyncReplicasOptimizer hands each update's N tokens to whichever workers ask first, so a fast worker
 takes a late one's and the job makes an update per N pushes (not the textbook backup worker, which
 keeps the (N - K)-th fastest worker's pace); a stalled worker runs (every - for) / every of the
-time. All of them come from one model, hvdps/cost/stragglers.py, which the projection uses too. The all-reduce methods have no backups: every step waits for every rank."""
+time. All of them come from one model, hvdps/cost/stragglers.py, which the projection uses too.
+The all-reduce methods have no backups: every step waits for every rank."""
 from hvdps import methods
 from hvdps.cost import stragglers
 from hvdps.render.plots import save_png
