@@ -103,6 +103,8 @@ class CostModel(Protocol):
 
     def waits_for(self, mode, workers): ...
 
+    def unwaited_step(self, mode, steps): ...
+
     def steps_per_exchange(self, mode): ...
 
     def wait_points(self, mode, workers): ...
@@ -116,6 +118,12 @@ class CostModel(Protocol):
     def step_terms(self, row, shard_bytes, layers, ring, ps, tuning): ...
 
     def projected_step(self, row, shard_bytes, layers, ring, ps, tuning): ...
+
+
+def summed_rates_step(steps):
+    """n workers that each step at their own pace, ``steps`` seconds: one round of n steps takes n over
+    the sum of their rates (asynchronous workers: the job's rate is theirs added)."""
+    return len(steps) / sum(1.0 / t for t in steps)
 
 
 def combine(compute, terms, factors=None, compute_with=None):
@@ -176,6 +184,12 @@ class Ring:
     def waits_for(self, mode, workers):
         """How many workers a step waits for (None: none, each at its own pace): a ring, every rank."""
         return workers
+
+    def unwaited_step(self, mode, steps):
+        """Seconds a round of the n workers' steps takes where no step waits for the others
+        (``waits_for`` None), each at its own ``steps``: n over their summed rates. A ring always
+        waits; this is the rule every unwaited method shares."""
+        return summed_rates_step(steps)
 
     def steps_per_exchange(self, mode):
         """How many steps one exchange serves: every step's gradient is all-reduced."""
@@ -344,7 +358,7 @@ def check_entry(method, module):
             problems.append("has no hvdps.launchers.Launcher subclass as its launcher")
         if not isinstance(method.cost, CostModel):
             problems.append("has no cost model (hvdps.methods.CostModel: " + ", ".join(
-                n for n in ("collective", "arch", "network", "polls", "link_terms", "options", "lockstep", "waits_for",
+                n for n in ("collective", "arch", "network", "polls", "link_terms", "options", "lockstep", "waits_for", "unwaited_step",
                             "steps_per_exchange", "wait_points", "continues_without", "predict_links",
                             "exchange_s", "step_terms",
                             "projected_step") if not hasattr(method.cost, n)) + " missing)")

@@ -12,10 +12,11 @@ from common.base.errors import UsageError
 from common.formats.schemas import read_launch_record
 from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskLauncher
-from hvdps.methods import Method, Network, Option, combine
+from hvdps.methods import Method, Network, Option, combine, summed_rates_step
 from ps_train.cluster import BACKUP, backups, base_mode
 from ps_train.placement import place_ps
 from ps_train.records import RECORDS
+from ps_train import tokens
 from ps_train.report import ps_details, shards_section
 
 
@@ -81,6 +82,16 @@ class ParameterServers:
         if not self.lockstep(mode):
             return None
         return workers
+
+    def unwaited_step(self, mode, steps):
+        """Seconds an update round takes for workers at their own ``steps``: asynchronous, n steps at
+        their summed rates; with K backups, the token queue played out (ps_train/tokens.py): the
+        summed rates at two workers, slower with more, where a fast worker that drew a stale token
+        waits at an empty queue for a slow one's push."""
+        k = backups(mode)
+        if k:
+            return tokens.update_interval(steps, len(steps) - k)
+        return summed_rates_step(steps)
 
     def steps_per_exchange(self, mode):
         """Every step pushes its gradient and pulls the weights."""

@@ -82,7 +82,7 @@ class _Clash(methods.Strict):
     (lambda m: "not an entry", "is not a hvdps.methods.Method"),
     (lambda m: methods.dataclasses.replace(m, labels={}), "declares no mode"),
     (lambda m: methods.dataclasses.replace(m, launcher=object), "has no hvdps.launchers.Launcher subclass"),
-    (lambda m: methods.dataclasses.replace(m, cost=_NoCost()), "arch, network, polls, link_terms, options, lockstep, waits_for, steps_per_exchange, wait_points, continues_without, predict_links"),
+    (lambda m: methods.dataclasses.replace(m, cost=_NoCost()), "arch, network, polls, link_terms, options, lockstep, waits_for, unwaited_step, steps_per_exchange, wait_points, continues_without, predict_links"),
     (lambda m: methods.dataclasses.replace(m, cost=methods.Ring(options=("--cycle_time_ms",))),
      "declares '--cycle_time_ms' as an option, not a hvdps.methods.Option"),
     (lambda m: methods.dataclasses.replace(m, overhead={}), "mode 'sync' does not parse back to itself or has no "

@@ -100,7 +100,7 @@ PS_ROLES = {"ps:0": "p", "worker:0": "a", "worker:1": "b"}
 ])
 def test_job_step_on_links_of_their_own(backend, mode, roles, rates, expected):
     step = s.job_step(row(backend, mode), s.described(2), 0.01, links(rates, roles), roles)
-    assert step.step_s == pytest.approx(expected, rel=1e-6)
+    assert step.step_s == pytest.approx(expected, rel=1e-3)     # the token queue, played out over 240 updates
 
 
 def test_a_slow_workers_compute_and_a_stalled_workers_whole_step():

@@ -9,9 +9,10 @@ the workers' is each method's answer to how many workers a step waits for
 - a step that waits for w of the n workers lasts as long as the w-th fastest of them: the expected
   w-th order statistic of the n distributions. Every ring and sync PS wait for all n (the slowest);
 - asynchronous workers wait for nobody: each steps at its own pace, and the job's rate is the sum
-  of theirs, up to what the resources they share carry (the busiest PS link's round). So do sync PS
-  workers with backups as TensorFlow runs them (an update per n pushes, its tokens to whoever asks:
-  ps_train/method.py), not the textbook backup worker's (n - K)-th order statistic.
+  of theirs, up to what the resources they share carry (the busiest PS link's round). Sync PS
+  workers with backups, as TensorFlow runs them, do not wait for all either: an update per n
+  pushes, its tokens to whoever asks (``CostModel.unwaited_step``: ps_train/tokens.py plays the
+  queue out), not the textbook backup worker's (n - K)-th order statistic.
 
 A slow link is the same question on the network: each term of a method's step crosses a link the
 method names (``CostModel.link_terms``: a worker's own, the servers', or the slowest of the job's,
@@ -139,18 +140,15 @@ def wait_factor(paces, waits):
     return order_statistic([(p.mean, p.sd) for p in paces], waits)
 
 
-def rate_factor(paces):
-    """What asynchronous workers keep of the healthy job's rate: the mean of their rates."""
-    return sum(1.0 / p.mean for p in paces) / len(paces)
-
-
-def kept(paces, waits, healthy=None):
+def kept(paces, waits, healthy=None, unwaited=methods.summed_rates_step):
     """The share of the healthy job's throughput a job of these workers keeps, where a step waits
-    for ``waits`` of them (None: none, asynchronous); ``healthy``: the healthy workers' paces
-    (their per-step noise is paid healthy too), all 1 by default."""
+    for ``waits`` of them (None: none, each at its own pace, the round of their steps as
+    ``unwaited`` plays it out: ``CostModel.unwaited_step``, the summed rates by default);
+    ``healthy``: the healthy workers' paces (their per-step noise is paid healthy too), all 1 by
+    default."""
     healthy = healthy or [Pace() for _ in paces]
     if waits is None:
-        return rate_factor(paces) / rate_factor(healthy)
+        return unwaited([p.mean for p in healthy]) / unwaited([p.mean for p in paces])
     return wait_factor(healthy, waits) / wait_factor(paces, waits)
 
 
@@ -175,7 +173,8 @@ def _terms(cost, row, nets, roles, task, layers, tuning, shard_bytes):
 @dataclasses.dataclass(frozen=True)
 class Step:
     """A job's step on a cluster: each worker's own step (seconds, its mean) and the job's (the
-    waited-for order statistic, or for asynchronous workers n over the sum of their rates)."""
+    waited-for order statistic, or for workers that do not wait the round their method plays out:
+    ``CostModel.unwaited_step``)."""
     workers: List[float]
     step_s: float
     waits: Optional[int]
@@ -220,7 +219,7 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, 
         own.append(t)
         spread.append(compute_s * pace.sd)
     if waits is None:
-        return Step(workers=own, step_s=max(n / sum(1.0 / t for t in own), shared), waits=None)
+        return Step(workers=own, step_s=max(cost.unwaited_step(row.mode, own), shared), waits=None)
     return Step(workers=own, step_s=order_statistic(list(zip(own, spread)), waits), waits=waits)
 
 

@@ -6,9 +6,9 @@ Every figure is a ratio to the same method, workers and workload on the healthy 
 same comparison, so the machine's own speed cancels: 0.25x is what a method keeps of itself. The
 simple models beside them are the textbook ones: a synchronous method runs at the slowest
 worker's pace (about 1/F of healthy throughput), asynchronous PS at the sum of its workers' rates
-((N - 1 + 1/F) / N), and sync PS with backup workers at the same summed rates: TensorFlow's
-SyncReplicasOptimizer hands each update's N tokens to whichever workers ask first, so a fast worker
-takes a late one's and the job makes an update per N pushes (not the textbook backup worker, which
+((N - 1 + 1/F) / N), and sync PS with backup workers as TensorFlow's SyncReplicasOptimizer plays
+out: it hands each update's N tokens to whichever workers ask first, so a fast worker takes a late
+one's, the summed rates at two workers and less with more (not the textbook backup worker, which
 keeps the (N - K)-th fastest worker's pace); a stalled worker runs (every - for) / every of the
 time. All of them come from one model, hvdps/cost/stragglers.py, which the projection uses too.
 The all-reduce methods have no backups: every step waits for every rank."""
@@ -46,7 +46,9 @@ def _simple(r):
         paces = stragglers.described(r.workers, stalled={u.rank: (u.every_ms, u.for_ms)})
     else:
         paces = stragglers.described(r.workers, slow={u.rank: u.factor})
-    return stragglers.kept(paces, methods.lookup(r.backend).cost.waits_for(r.mode, r.workers))
+    cost = methods.lookup(r.backend).cost
+    return stragglers.kept(paces, cost.waits_for(r.mode, r.workers),
+                           unwaited=lambda steps: cost.unwaited_step(r.mode, steps))
 
 
 def pairs(rows):
@@ -137,10 +139,11 @@ def section(rows):
              "gets when they share the machine evenly; a stalled one gets SIGSTOP and SIGCONT from the "
              "comparison. Both from the start of training (hvdps/measure/unhealthy.py). *Simple model*: a "
              "synchronous method at the slowest worker's pace (1/F of healthy throughput), asynchronous PS at "
-             "its workers' summed rates ((N - 1 + 1/F) / N), and sync PS with K backup workers (`ps:backupK`) at "
-             "the same summed rates: TensorFlow's SyncReplicasOptimizer hands each update's N tokens to whichever "
-             "workers ask first, so a fast worker takes a late one's, and of every N gradients pushed K are dropped "
-             f"as stale (lost work). {', '.join(_waits_for_all())} have no backup workers: "
+             "its workers' summed rates ((N - 1 + 1/F) / N), and sync PS with K backup workers (`ps:backupK`) as "
+             "TensorFlow's SyncReplicasOptimizer plays out: it hands each update's N tokens to whichever workers ask "
+             "first, so a fast worker takes a late one's and pushes stale gradients, dropped (lost work); the summed "
+             "rates at 2 workers, less with more, where a fast worker holding a stale token waits for the slow "
+             f"one's push (ps_train/tokens.py). {', '.join(_waits_for_all())} have no backup workers: "
              "every step waits for every rank. Throughput is the median logging interval's, so a stall shows in "
              "the time to target more than in it.", "",
              "| workload | method | workers | worker | samples/s | vs healthy | simple model | time to target (s) "
