@@ -81,7 +81,8 @@ class CostModel(Protocol):
     """What the application asks a method's cost model (``Ring`` here, for the all-reduce methods;
     ps_train/method.py's ``ParameterServers``; a method may subclass either): whether it starts
     server tasks, the projection's architecture and network, whether its ranks spin while they wait,
-    whether its workers step in lock-step and for how many of them a step waits, how many steps one
+    whether its workers step in lock-step and for how many of them a step waits (and where none
+    does, how long a round of their steps at their own paces takes: ``unwaited_step``), how many steps one
     exchange serves, how many times a step a worker waits for others' data and must then act on it
     (hvdps/cost/stragglers.py: a spinning rank in a CPU quota pays its next period each time), how
     much of a step the other workers' exchange goes on while one worker is stopped, the bytes each
@@ -358,8 +359,8 @@ def check_entry(method, module):
             problems.append("has no hvdps.launchers.Launcher subclass as its launcher")
         if not isinstance(method.cost, CostModel):
             problems.append("has no cost model (hvdps.methods.CostModel: " + ", ".join(
-                n for n in ("collective", "arch", "network", "polls", "link_terms", "options", "lockstep", "waits_for", "unwaited_step",
-                            "steps_per_exchange", "wait_points", "continues_without", "predict_links",
+                n for n in ("collective", "arch", "network", "polls", "link_terms", "options", "lockstep", "waits_for",
+                            "unwaited_step", "steps_per_exchange", "wait_points", "continues_without", "predict_links",
                             "exchange_s", "step_terms",
                             "projected_step") if not hasattr(method.cost, n)) + " missing)")
         if method.cost is not None and getattr(method.cost, "collective", False) and not hasattr(method.cost, "exact"):
