@@ -34,6 +34,34 @@ def test_steps_are_timed_with_their_input_and_the_backends_own_exchange(tmp_path
     times.save(str(tmp_path))
     rank = read_rank_file(str(tmp_path / "ranks" / "rank-1.json"))
     assert rank.task == "rank:1" and rank.step_s.n == 3 and len(rank.spans) == 2
+    assert rank.cpu_s_per_step is not None and rank.cpu_s_per_step < 0.002   # it slept: little CPU
+
+
+@pytest.mark.parametrize("spin_s, warmup, least, most", [
+    (0.0, 0, 0.0, 0.002),              # steps that do nothing cost next to nothing
+    (0.01, 0, 0.008, 0.02),            # a step that computes 10 ms costs 10 ms of CPU
+    (0.01, 2, 0.008, 0.02),            # the warm-up's steps are left out, as from the distribution
+])
+def test_a_ranks_cpu_per_step_is_its_process_time_over_its_timed_steps(spin_s, warmup, least, most):
+    """What a CPU quota stretches: the process's CPU between the first timed step's start and the last
+    one's end, per step (a sleeping step's wall time is not CPU)."""
+    times = StepTimes("rank:0", log_every=1, warmup_steps=warmup)
+    for step in range(1, 6):
+        times.begin()
+        until = time.process_time() + spin_s
+        while time.process_time() < until:
+            pass
+        times.end(step)
+    assert least <= times.cpu_per_step() <= most
+
+
+def test_steps_reported_from_elsewhere_count_no_cpu_here():
+    """TF2's PS: the coordinator records each worker's steps from the worker's clock; its own CPU is
+    not the worker's, so none is given."""
+    times = StepTimes("worker:0", log_every=1)
+    times.add(1, 10.0, 10.5)
+    times.add(2, 10.5, 11.0)
+    assert times.record()["cpu_s_per_step"] is None
 
 
 @pytest.mark.parametrize("spans, words", [

@@ -1,5 +1,6 @@
 """hvdps/cost/stragglers.py: order statistics of the workers' paces, what each method keeps, and a
 run on an unhealthy cluster predicted from its healthy twin."""
+import dataclasses
 import math
 
 import pytest
@@ -139,6 +140,33 @@ def test_a_rank_that_spins_while_it_waits_pays_its_quotas_periods(backend, mode,
     throttled = s.job_step(row(backend, mode, n=n), paces, 0.5, nets, layers=single_layer(M))
     assert throttled.workers[1] - plain.workers[1] == pytest.approx(points * WAIT)
     assert throttled.workers[0] == plain.workers[0]
+
+
+@pytest.mark.parametrize("backend, mode, cpu_s, floor", [
+    # TensorFlow's ring and a PS worker block while they wait: a step that needs 1 s of the process's
+    # CPU lasts at least 1 / 0.25 = 4 s in a quarter of a core, longer than the model's 0.5 x 4 s of
+    # compute and 1 s (the ring) or 4 s (the PS worker's push and pull) of exchange
+    ("mwms", "sync", 1.0, 4.0), ("ps", "sync", 2.0, 8.0), ("ps", "async", 2.0, 8.0),
+    # a CPU need under the modelled step changes nothing; unmeasured (0) is no floor
+    ("mwms", "sync", 0.5, None), ("mwms", "sync", 0.0, None),
+    # a rank that spins is on the CPU all its step whatever it needs: its quota's costs are the two above
+    ("mpi", "sync", 1.0, None), ("horovod", "sync", 1.0, None),
+])
+def test_a_blocking_ranks_quota_runs_the_cpu_its_step_needs_no_faster(backend, mode, cpu_s, floor):
+    nets = lambda kind, task: AlphaBeta(bandwidth=1e6, alpha=0.0)    # noqa: E731
+    job = row(backend, mode)
+    plain = s.job_step(job, [s.Pace(), dataclasses.replace(QUARTER)], 0.5, nets, layers=single_layer(M))
+    need = s.job_step(job, [s.Pace(), dataclasses.replace(QUARTER, cpu_s=cpu_s)], 0.5, nets, layers=single_layer(M))
+    assert need.workers[0] == plain.workers[0]
+    assert need.workers[1] == pytest.approx(floor if floor else plain.workers[1])
+    assert s.quota_floor_s(s.Pace(cpu_s=cpu_s)) == 0.0                 # no quota: no floor
+
+
+def test_the_slowed_workers_cpu_comes_from_its_healthy_twin():
+    record = Unhealthy(condition="slow1x4", what="w", rank=1, factor=4, quota_us=2500, period_us=10000)
+    paces = s.paces_of(record, 2, 0.01, 0.01, cpu_s={0: 0.03, 1: 0.02})
+    assert [p.cpu_s for p in paces] == [0.0, 0.02] and s.quota_floor_s(paces[1]) == pytest.approx(0.08)
+    assert s.paces_of(record, 2, 0.01, 0.01)[1].cpu_s == 0.0
 
 
 def test_held_costs_the_run_with_its_twins_compute_not_its_own():

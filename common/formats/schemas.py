@@ -215,6 +215,7 @@ class RankFile(Strict):
     host: Text
     step_s: Optional[StepQuantiles] = None
     spans: List[RankSpan] = []
+    cpu_s_per_step: Optional[NonNeg] = None     # its process's CPU (every thread) per step after the warm-up
 
     @model_validator(mode="after")
     def _ordered(self):

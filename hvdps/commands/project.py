@@ -27,6 +27,7 @@ from hvdps.render.report import contention_words
 from common.model.layer_profile import layer_profile
 from common.model.models import build_model
 from hvdps.measure.links import run_cores
+from hvdps.measure.timeline import rank_files
 from common.base.flags import Parser, check_finite
 from common.spec.plugins import plugins_bounded
 
@@ -218,6 +219,17 @@ def slow_links(cluster, healthy):
     return ", ".join(f"{names.get(h, h)}'s link at {bps / 1e6:g} Mbit/s" for h, bps in slow) or None
 
 
+def cpu_per_step(run_dir):
+    """{worker index: its process's CPU seconds a step} from the run's ranks/<task>.json (TF2's PS
+    workers, timed at the coordinator, give none)."""
+    out = {}
+    for task, rank in rank_files(run_dir).items():
+        kind, _, index = task.partition(":")
+        if kind in ("rank", "worker") and index.isdigit() and rank.cpu_s_per_step:
+            out[int(index)] = rank.cpu_s_per_step
+    return out
+
+
 def unhealthy_check(path, healthy_path, layers, tuning):
     """(hvdps/cost/stragglers.py's ``Held`` per run under ``path`` on an unhealthy emulated cluster,
     [(run, why)] left out): a run with a slow or stalled worker against its healthy twin in the same
@@ -254,7 +266,8 @@ def unhealthy_check(path, healthy_path, layers, tuning):
         healthy = twin[0]
         compute = heldout.contended_compute(healthy, cores)
         paces = stragglers.paces_of(unhealthy, row.workers, healthy.compute_s, compute,
-                                    measured_interval(row.curves.header, row.curves.steps))
+                                    measured_interval(row.curves.header, row.curves.steps),
+                                    cpu_s=cpu_per_step(healthy.run_dir))
         what = ", ".join(x for x in (unhealthy.what if unhealthy else None, linked) if x)
 
         def nets_of(c, r):

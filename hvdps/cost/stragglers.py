@@ -43,6 +43,17 @@ class Pace:
     duty: float = 1.0            # the share of each CPU period its quota lets it run (1: no quota)
     period_s: float = 0.0        # that period (cgroup cpu.cfs_period_us)
     stop_s: float = 0.0          # a stall's one stop (FOR), for a job whose other workers go on meanwhile
+    cpu_s: float = 0.0           # its process's CPU seconds per step, measured healthy (0: not measured)
+
+
+def quota_floor_s(pace):
+    """The shortest step a process that needs ``pace.cpu_s`` of CPU a step can make in a quota of
+    ``pace.duty`` cores: the kernel runs it no more than that (0 without a quota or a measure). For a
+    rank that blocks while it waits, the CPU a step needs is more than the compute: TensorFlow's gRPC
+    and collective threads serialise, send and reduce, and in a quota they wait for the CPU too."""
+    if pace.duty >= 1.0 or pace.cpu_s <= 0.0:
+        return 0.0
+    return pace.cpu_s / pace.duty
 
 
 def throttled_wait_s(pace):
@@ -216,6 +227,10 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, 
             t *= stalled_factor(pace, overlap)
         if cost.polls and pace.duty < 1.0:
             t += cost.wait_points(row.mode, n) * throttled_wait_s(pace)
+        elif not cost.polls:
+            # a rank that spins is on the CPU for all of its step whatever it needs (the two costs
+            # above); one that blocks needs its measured CPU, which the quota stretches
+            t = max(t, quota_floor_s(pace))
         own.append(t)
         spread.append(compute_s * pace.sd)
     if waits is None:
@@ -258,13 +273,15 @@ def stopped_share(unhealthy, interval):
     return stopped / (end - begin)
 
 
-def paces_of(unhealthy, workers, compute_alone_s, compute_s, interval=None):
+def paces_of(unhealthy, workers, compute_alone_s, compute_s, interval=None, cpu_s=None):
     """The paces a comparison's record of what it did (common/formats/schemas.py: Unhealthy) describes:
     a worker in a CPU quota of q cores takes compute_alone / q for the compute the probe timed alone
-    (the healthy workers' ``compute_s``, contended where they share cores, when that is longer); a
-    stalled one runs the share of the run's measured ``interval`` it was not stopped in (its recorded
-    stops), else (every - for) / every of the time; None: a healthy run. What was done to the worker
-    and when is the condition, not a measurement of its effect: it may enter the prediction."""
+    (the healthy workers' ``compute_s``, contended where they share cores, when that is longer), and
+    no less than the CPU its process needed a step on the healthy twin over q (``cpu_s``: {worker
+    index: seconds}, ranks/<task>.json); a stalled one runs the share of the run's measured
+    ``interval`` it was not stopped in (its recorded stops), else (every - for) / every of the time;
+    None: a healthy run. What was done to the worker and when is the condition, not a measurement of
+    its effect: it may enter the prediction."""
     if unhealthy is None:
         return described(workers)
     if unhealthy.every_ms and unhealthy.for_ms:
@@ -280,7 +297,8 @@ def paces_of(unhealthy, workers, compute_alone_s, compute_s, interval=None):
     if unhealthy.quota_us and unhealthy.period_us and unhealthy.rank < workers:
         paces[unhealthy.rank] = dataclasses.replace(paces[unhealthy.rank],
                                                     duty=min(1.0, unhealthy.quota_us / unhealthy.period_us),
-                                                    period_s=unhealthy.period_us / 1e6)
+                                                    period_s=unhealthy.period_us / 1e6,
+                                                    cpu_s=(cpu_s or {}).get(unhealthy.rank) or 0.0)
     return paces
 
 
