@@ -240,6 +240,26 @@ def test_wait_per_worker_over_the_measured_intervals(steps, expected):
     assert got == (None if expected is None else pytest.approx(expected))
 
 
+@pytest.mark.parametrize("counts_rates, median, expected", [
+    # worker 1 joins late: the intervals before it are the job's start-up, not its pace
+    ([([5, 0], None), ([15, 0], 400.0), ([25, 0], 400.0), ([35, 2], 400.0), ([45, 9], 700.0), ([55, 16], 720.0)],
+     400.0, 710.0),
+    # every worker in from the first record: the median of every counted interval
+    ([([5, 5], None), ([10, 10], 500.0), ([15, 15], 600.0), ([20, 20], 700.0)], 600.0, 600.0),
+    # a worker that never came (lost before its first step): no interval has everyone, the row's median
+    ([([5, 0], None), ([15, 0], 400.0), ([25, 0], 420.0)], 410.0, 410.0),
+    # a method whose records carry no worker_steps: every interval counts
+    ([(None, None), (None, 300.0), (None, 500.0), (None, 400.0)], 400.0, 400.0),
+])
+def test_steady_rate_counts_the_intervals_that_began_with_every_worker_in(counts_rates, median, expected):
+    from common.formats.schemas import Step
+    from hvdps.measure.rows import Curves, RunRow, steady_rate
+    steps = tuple(Step(type="step", global_step=i, samples_seen=32 * i, wall_time=float(i), samples_per_sec=rate,
+                       **({"worker_steps": counts} if counts else {})) for i, (counts, rate) in enumerate(counts_rates))
+    row = RunRow(run_dir="r", samples_per_sec_median=median, curves=Curves(steps=steps))
+    assert steady_rate(row) == pytest.approx(expected)
+
+
 def test_breakdown_keeps_a_measured_wait():
     from common.model.probe import breakdown
     b = breakdown(0.004, 1000.0, 2, 10, wait_s=0.005)          # step = 2 x 10 / 1000 = 20 ms

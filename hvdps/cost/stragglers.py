@@ -324,11 +324,12 @@ class Held:
     ratio: float
 
 
-def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, tuning, rates=None):
+def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, tuning, rates=None, medians=None):
     """``Held`` for one unhealthy run (a RunRow with samples/s and a shape) and its healthy twin, on
     the healthy cluster's network and its own; None where the method has no step model. ``rates``:
     (healthy, run) samples/s over the whole measured interval, taken for a stall and for a method
-    that exchanges once in several steps."""
+    that exchanges once in several steps; ``medians``: (healthy, run) samples/s of their steady
+    logging intervals (hvdps/measure/rows.py: steady_rate), else each row's median."""
     base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
                     tuning=tuning, shard_bytes=healthy.shard_bytes)
     if base is not None and healthy.step_s and methods.lookup(run.backend).cost.polls:
@@ -344,7 +345,7 @@ def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, 
     # intervals only, and so is an exchange made once in k steps (local SGD: the logging intervals
     # alternate between those with an averaging and those without), so their cost is in the samples
     # over the whole measured interval
-    h, m = healthy.samples_per_sec_median, run.samples_per_sec_median
+    h, m = medians if medians and all(medians) else (healthy.samples_per_sec_median, run.samples_per_sec_median)
     periodic = methods.lookup(run.backend).cost.steps_per_exchange(run.mode) > 1
     if (periodic or any(p.whole for p in paces)) and rates and all(rates):
         h, m = rates

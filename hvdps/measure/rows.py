@@ -5,6 +5,7 @@ trainers write (common/trainer/metrics.py) and the figures its method measures o
 ps_train/method.py), with the fields each method adds to the records (``Method.records``)."""
 import dataclasses
 import os
+import statistics
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from common.formats.schemas import read_metrics
@@ -168,6 +169,18 @@ def measured_interval(header, steps):
     first = steps[begin].wall_time if begin >= 0 else 0.0
     last = steps[counted[-1]].wall_time
     return (header.start_time + first, header.start_time + last) if last > first else None
+
+
+def steady_rate(row):
+    """Samples/s: the median of the logging intervals that began with every worker in (each had
+    applied a batch: a PS step record's ``worker_steps``; every interval of a method whose records
+    have none), else the row's median. A worker slowed by a CPU quota also starts slowly (its
+    TensorFlow import and graph at its quota) while asynchronous workers already train without it:
+    those first intervals are the job's start-up, not the pace it keeps."""
+    steps = row.curves.steps
+    joined = lambda s: all(n > 0 for n in (getattr(s, "worker_steps", None) or [1]))   # noqa: E731
+    rates = [s.samples_per_sec for before, s in zip(steps, steps[1:]) if s.samples_per_sec and joined(before)]
+    return statistics.median(rates) if rates else row.samples_per_sec_median
 
 
 def interval_rate(row):
