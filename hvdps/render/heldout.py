@@ -72,8 +72,8 @@ def unhealthy_section(entries, left_out=()):
                   "in a job whose step waits for it each stop costs its length less what the others' exchange "
                   "does meanwhile. "
                   "Predicted = the healthy twin's measured samples/s x the model's healthy step / its step on "
-                  "this cluster (hvdps/cost/stragglers.py, docs/projection.md); samples/s are the median "
-                  "logging interval's; for a stall, and for a method that exchanges once in several steps, "
+                  "this cluster (hvdps/cost/stragglers.py, docs/projection.md); samples/s are the median of the "
+                  "logging intervals that began with every worker in; for a stall, and for a method that exchanges once in several steps, "
                   "the samples over the whole measured interval by its time. "
                   f"**{ok} of {total} runs within measured / predicted {TOLERANCE[0]:.2f}-{TOLERANCE[1]:.2f}; "
                   f"mean |1 - measured / predicted| {mean:.1%}.**", "",
