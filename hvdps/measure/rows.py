@@ -177,8 +177,10 @@ def steady_rate(row):
     have none), else the row's median. A worker slowed by a CPU quota also starts slowly (its
     TensorFlow import and graph at its quota) while asynchronous workers already train without it:
     those first intervals are the job's start-up, not the pace it keeps."""
+    def joined(record):
+        return all(n > 0 for n in (getattr(record, "worker_steps", None) or [1]))
+
     steps = row.curves.steps
-    joined = lambda s: all(n > 0 for n in (getattr(s, "worker_steps", None) or [1]))   # noqa: E731
     rates = [s.samples_per_sec for before, s in zip(steps, steps[1:]) if s.samples_per_sec and joined(before)]
     return statistics.median(rates) if rates else row.samples_per_sec_median
 
