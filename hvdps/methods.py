@@ -15,7 +15,8 @@ hvdps knows of it:
   type, read with them by common/formats/schemas.py's ``read_metrics``);
 - what it measures of a run beyond the records every trainer writes (``Method.measures``, a frozen
   ``Method.measured``: its results.csv columns), and what the report says of that: a clause per run
-  (``Method.details``), sections of its own (``Method.sections``);
+  (``Method.details``), sections of its own (``Method.sections``); whether a logged step had every
+  worker in, where its records count each worker's steps (``Method.all_in``);
 - its install step, if pip's dependencies are not enough: ``<name>_train/install.py`` with ``--install``
   and ``--verify``, which ``make setup`` runs (Horovod compiled against the stack: horovod_train/install.py).
 
@@ -326,6 +327,12 @@ class Method:
         """A clause the report adds to a run's explanation (``"; ..."``), of what only this method
         measures; nothing by default."""
         return ""
+
+    def all_in(self, step):
+        """Whether every worker had made a step by this logged ``step`` record: True unless the
+        method's records count each worker's own (a late worker's first intervals are its job's
+        start-up, not its pace: hvdps/measure/rows.py, steady_rate)."""
+        return True
 
     def overhead_parts(self, mode, alone, measured_wait):
         """What the report calls the overhead: [name] or, where the run measured its wait for

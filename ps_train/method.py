@@ -333,6 +333,12 @@ class PSMethod(Method):
     def details(self, row):
         return ps_details(row)
 
+    def all_in(self, step):
+        """Each worker's applied batches, read from the PS at the logged update (``worker_steps``):
+        asynchronous workers train without a late one, and backups update without it."""
+        counts = getattr(step, "worker_steps", None)
+        return not counts or all(n > 0 for n in counts)
+
 
 METHODS = (
     PSMethod("ps", {"async": "PS async", "sync": "PS sync"}, PSLauncher, ParameterServers(),

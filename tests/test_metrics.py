@@ -248,7 +248,7 @@ def test_wait_per_worker_over_the_measured_intervals(steps, expected):
     ([([5, 5], None), ([10, 10], 500.0), ([15, 15], 600.0), ([20, 20], 700.0)], 600.0, 600.0),
     # a worker that never came (lost before its first step): no interval has everyone, the row's median
     ([([5, 0], None), ([15, 0], 400.0), ([25, 0], 420.0)], 410.0, 410.0),
-    # a method whose records carry no worker_steps: every interval counts
+    # records that carry no worker_steps: every interval counts
     ([(None, None), (None, 300.0), (None, 500.0), (None, 400.0)], 400.0, 400.0),
 ])
 def test_steady_rate_counts_the_intervals_that_began_with_every_worker_in(counts_rates, median, expected):
@@ -256,8 +256,17 @@ def test_steady_rate_counts_the_intervals_that_began_with_every_worker_in(counts
     from hvdps.measure.rows import Curves, RunRow, steady_rate
     steps = tuple(Step(type="step", global_step=i, samples_seen=32 * i, wall_time=float(i), samples_per_sec=rate,
                        **({"worker_steps": counts} if counts else {})) for i, (counts, rate) in enumerate(counts_rates))
-    row = RunRow(run_dir="r", samples_per_sec_median=median, curves=Curves(steps=steps))
+    row = RunRow(run_dir="r", backend="ps", samples_per_sec_median=median, curves=Curves(steps=steps))
     assert steady_rate(row) == pytest.approx(expected)
+
+
+def test_a_method_that_does_not_count_each_workers_steps_counts_every_interval():
+    from common.formats.schemas import Step
+    from hvdps.measure.rows import Curves, RunRow, steady_rate
+    steps = tuple(Step(type="step", global_step=i, samples_seen=32 * i, wall_time=float(i), samples_per_sec=r)
+                  for i, r in enumerate([None, 300.0, 500.0, 400.0]))
+    assert steady_rate(RunRow(run_dir="r", backend="horovod", samples_per_sec_median=1.0,
+                              curves=Curves(steps=steps))) == 400.0
 
 
 def test_breakdown_keeps_a_measured_wait():

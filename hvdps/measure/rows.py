@@ -172,16 +172,15 @@ def measured_interval(header, steps):
 
 
 def steady_rate(row):
-    """Samples/s: the median of the logging intervals that began with every worker in (each had
-    applied a batch: a PS step record's ``worker_steps``; every interval of a method whose records
-    have none), else the row's median. A worker slowed by a CPU quota also starts slowly (its
-    TensorFlow import and graph at its quota) while asynchronous workers already train without it:
-    those first intervals are the job's start-up, not the pace it keeps."""
-    def joined(record):
-        return all(n > 0 for n in (getattr(record, "worker_steps", None) or [1]))
-
+    """Samples/s: the median of the logging intervals that began with every worker in (its method's
+    ``Method.all_in``: every interval where its records do not count each worker's steps), else the
+    row's median. A worker slowed by a CPU quota also starts slowly (its TensorFlow import and graph
+    at its quota) while asynchronous workers already train without it: those first intervals are the
+    job's start-up, not the pace it keeps."""
+    method = methods.lookup(row.backend) if row.backend else None
     steps = row.curves.steps
-    rates = [s.samples_per_sec for before, s in zip(steps, steps[1:]) if s.samples_per_sec and joined(before)]
+    rates = [s.samples_per_sec for before, s in zip(steps, steps[1:])
+             if s.samples_per_sec and (method is None or method.all_in(before))]
     return statistics.median(rates) if rates else row.samples_per_sec_median
 
 
