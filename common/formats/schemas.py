@@ -63,7 +63,7 @@ Rate = Annotated[float, Field(ge=1e3, le=1e15, allow_inf_nan=False)]       # a l
 
 class Strict(BaseModel):
     """Strict types; keys a newer hvdps may add are kept (``extra="allow"``), not refused."""
-    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True, defer_build=True)
 
 
 # ------------------------------------------------------------------ comm.json
