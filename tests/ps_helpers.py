@@ -1,5 +1,6 @@
 """Starting a parameter-server job role by role, as a user would (both PS implementations)."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import numpy as np
 
 from common.base.procs import free_ports
 from common.trainer.run_dir import load_weights_npz
-from tests.conftest import REPO, env
+from tests.conftest import REPO, env, read_records
 
 MAIN = os.path.join(REPO, "ps_train", "main.py")
 FAST = ["--epochs", "4", "--batch_size", "32", "--log_every", "5", "--startup_timeout", "60"]
@@ -70,3 +71,27 @@ def assert_same_weights(run_a, run_b, rel=1e-5):
     assert len(a) == len(b)
     for x, y in zip(a, b):
         assert np.linalg.norm(x - y) <= rel * np.linalg.norm(y), np.linalg.norm(x - y)
+
+
+LOCKSTEP_ATTEMPTS = 3
+
+
+def lockstep(start, run_dir):
+    """Run ``start()`` (a sync PS job writing ``run_dir``) until every worker pushed one batch an
+    update, at most LOCKSTEP_ATTEMPTS times; returns the last result.
+
+    Only such a run is big-batch SGD, which the callers hold it to: SyncReplicasOptimizer hands an
+    update's tokens to whichever worker asks first, and a worker descheduled between its push and its
+    next token lets a faster peer push twice into one update (docs/ps.md). The run says so itself,
+    in the summary's worker_steps ([16, 14] in one of sixteen fresh-clone suites on this 2-core
+    machine), so a run that says so is started again rather than compared."""
+    seen = []
+    for _ in range(LOCKSTEP_ATTEMPTS):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        result = start()
+        assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-5000:]}\n{result.stderr[-3000:]}"
+        counts = [r for r in read_records(os.path.join(run_dir, "metrics.jsonl")) if r["type"] == "summary"][-1]["worker_steps"]
+        if len(set(counts)) == 1:
+            return result
+        seen.append(counts)
+    raise AssertionError(f"no run of {LOCKSTEP_ATTEMPTS} pushed one batch per worker an update: worker_steps {seen}")

@@ -15,7 +15,7 @@ from tests.conftest import read_records
 from common.trainer.run_dir import load_weights_npz
 from common.base.procs import free_ports
 from tests.conftest import REPO, env, py, run, row_and_records
-from tests.ps_helpers import MAIN, FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights
+from tests.ps_helpers import MAIN, FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights, lockstep
 
 pytestmark = pytest.mark.process
 
@@ -111,7 +111,8 @@ EQUIV = ["--optimizer", "sgd", "--scale_lr", "false", "--lr_warmup_epochs", "0",
 def test_sync_two_workers_equal_one_process_with_double_batch(tmp_path):
     """With 2 PS tasks, so the hidden kernel is split in two (ps_train.graph.split_variables): the
     split starts, steps and saves exactly as the whole variable does."""
-    ok(launch(2, 2, *EQUIV, "--sync", "--batch_size", "16", "--train_dir", str(tmp_path / "ps")))
+    lockstep(lambda: launch(2, 2, *EQUIV, "--sync", "--batch_size", "16", "--train_dir", str(tmp_path / "ps")),
+             str(tmp_path / "ps"))
     assert len(row_and_records(str(tmp_path / "ps"))[1]["header"]["placement"]["dense/kernel"]) == 2
     ok(run([sys.executable, os.path.join(REPO, "horovod_train", "main.py"), *EQUIV, "--batch_size", "32",
             "--train_dir", str(tmp_path / "one")]))
@@ -259,9 +260,10 @@ def test_sync_resume_is_exact(tmp_path):
     kernel's shards and their slots saved as slices of one tensor and restored). The straight run
     is also the 2-PS sync cluster held to the accuracy and the books of test_cluster_reaches_accuracy."""
     straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
-    reaches_accuracy(ok(launch(2, 2, *FAST, "--sync", "--train_dir", straight)), straight, 2, "--sync")
-    ok(launch(2, 2, *FAST, "--sync", "--epochs", "2", "--train_dir", split))
-    ok(launch(2, 2, *FAST, "--sync", "--epochs", "4", "--train_dir", split, "--resume"))
+    reaches_accuracy(lockstep(lambda: launch(2, 2, *FAST, "--sync", "--train_dir", straight), straight),
+                     straight, 2, "--sync")
+    lockstep(lambda: (ok(launch(2, 2, *FAST, "--sync", "--epochs", "2", "--train_dir", split)),
+                      launch(2, 2, *FAST, "--sync", "--epochs", "4", "--train_dir", split, "--resume"))[1], split)
     a = load_weights_npz(os.path.join(straight, "weights.npz"))
     b = load_weights_npz(os.path.join(split, "weights.npz"))
     assert max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) == 0.0
