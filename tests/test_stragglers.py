@@ -2,7 +2,9 @@
 run on an unhealthy cluster predicted from its healthy twin."""
 import dataclasses
 import math
+import warnings
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -67,6 +69,14 @@ def test_order_statistics_are_ordered_and_bounded(values, data):
     spread = max(sd for _, sd in values)
     assert min(m for m, _ in values) - 4 * spread - 1e-6 <= got[0]
     assert got[-1] <= max(m for m, _ in values) + 4 * spread + 1e-6
+
+
+@pytest.mark.parametrize("sd", [0.0, 5e-324, 1e-310])
+def test_a_point_or_a_subnormal_spread_is_a_step_without_a_warning(sd):
+    """Hypothesis drew an sd of 5e-324: x / sd overflowed to inf, which numpy warned of on stderr."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert s._normal_cdf(np.array([0.5, 2.0]), 1.0, sd).tolist() == [0.0, 1.0]
 
 
 # ------------------------------------------------------------------ a method's step on a cluster

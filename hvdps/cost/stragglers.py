@@ -102,7 +102,8 @@ def measured(quantiles, reference):
 def _normal_cdf(x, mean, sd):
     if sd <= 0:
         return (x >= mean).astype(float)
-    return 0.5 * (1.0 + np.vectorize(math.erf)((x - mean) / (sd * math.sqrt(2.0))))
+    with np.errstate(over="ignore"):          # a subnormal sd: +-inf, and erf's limit is the point's step
+        return 0.5 * (1.0 + np.vectorize(math.erf)((x - mean) / (sd * math.sqrt(2.0))))
 
 
 def _binomial(m, p):
