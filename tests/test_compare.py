@@ -141,11 +141,13 @@ def test_end_to_end_both_backends(tmp_path):
         assert x["global_batch"] == 16 * (x["workers"] if x["backend"] in ("horovod", "mpi") else 1)
         assert x["compute_s"] > 0 and x["compute_s"] + x["overhead_s"] == pytest.approx(x["step_s"])
         # every rank or task timed its own steps: a timeline with a track each, and each one's distribution
-        # (async PS: each worker at its own pace; one that came late may have logged no step of its own)
+        # (async PS: each worker at its own pace; one that came late may have logged no step of its own,
+        # the chief too: it writes the first checkpoint before its first step, and a peer then took 59 of
+        # this run's 61 updates; some worker always trained)
         tasks = [f"{'worker' if x['backend'] == 'ps' else 'rank'}:{i}" for i in range(x["workers"])]
         steps = _rank_steps(x["run_dir"])
         idle = [t for t in tasks if not steps[t]["spans"]] if x["mode"] == "async" else []
-        assert "worker:0" not in idle                       # the chief trains from the start
+        assert len(idle) < len(tasks), idle
         check_timeline(x["run_dir"], tasks, idle)
         assert all(0 < q["p50"] <= q["p95"] <= q["max"] for q in (steps[t]["step_s"] for t in tasks if t not in idle))
         # and its process's CPU a step, every thread counted: some, and at most both cores for the whole step
