@@ -180,7 +180,7 @@ def write_ranks_plot(rows, out):
     if not shown:
         return None
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(shown), 1, figsize=(9, 3.2 * len(shown)), squeeze=False)
+    fig, axes = plt.subplots(len(shown), 1, figsize=(11, 3.2 * len(shown)), squeeze=False)
     for (r, h), (ax,) in zip(shown, axes):
         tasks = list(r.rank_steps)
         width = 0.2
@@ -194,7 +194,8 @@ def write_ranks_plot(rows, out):
         ax.set_xticks(range(len(tasks)), tasks)
         ax.set(ylabel="ms per step (its own clock)", title=f"{r.model}, {name_of(r, healthy=True)}, {r.workers} workers")
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
+        # beside the panel, not on it: the last rank's bars reach the top of the panel they share
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_png(fig, out, "ranks.png")
 
 
