@@ -275,7 +275,7 @@ def test_data_arrays_beyond_float32_are_refused_at_load(value, at):
         out = check_arrays((x, y, x, y), "plugin")
     except UsageError as exc:
         one_line(exc)
-        assert not math.isfinite(value) or abs(value) > np.finfo(np.float32).max
+        assert not math.isfinite(value) or abs(value) > float(np.finfo(np.float32).max)
         return
     assert np.isfinite(out[0]).all()
 
