@@ -192,14 +192,15 @@ class Step:
     waits: Optional[int]
 
 
-def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, shard_bytes=None):
+def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, shard_bytes=None, factors=None):
     """The step of ``row``'s method (its backend, mode, workers, gradient) when its workers keep
     ``paces``: each worker's own step is its method's (``combine`` of its terms) with its compute
     at its pace (the whole step for a stalled one), and the job's as ``waits_for`` says.
 
     ``nets(kind, task)``: the alpha-beta network of a link kind ("own", "server", "slowest") for the
     worker ``task``; ``roles``: {task: host}, for the worker names; ``tuning``: the methods' declared
-    knobs (hvdps/methods.py: ``Tuning``; their defaults if None)."""
+    knobs (hvdps/methods.py: ``Tuning``; their defaults if None); ``factors``: {term: factor} each
+    such term's seconds are multiplied by, on every worker (``measured_term``)."""
     method = methods.lookup(row.backend)
     tuning = tuning or methods.tuning()
     cost = method.cost
@@ -214,6 +215,7 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, 
         terms = _terms(cost, row, nets, roles, f"{prefix}:{i}", layers, tuning, shard_bytes)
         if terms is None:
             return None
+        terms = {k: (w, s * (factors or {}).get(k, 1.0)) for k, (w, s) in terms.items()}
         compute = compute_s * (1.0 if pace.whole else pace.mean)
         if waits is None:
             # asynchronous: a term that does not wait for the compute is a resource the workers share
@@ -237,6 +239,27 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, 
     if waits is None:
         return Step(workers=own, step_s=max(cost.unwaited_step(row.mode, own), shared), waits=None)
     return Step(workers=own, step_s=order_statistic(list(zip(own, spread)), waits), waits=waits)
+
+
+def measured_term(row, compute_s, nets, measured_s, layers=None, tuning=None, shard_bytes=None):
+    """{term: factor} that makes a lock-step job's modelled healthy step its measured one
+    (``measured_s``), on the term that sets the step, or {} where no term can: the healthy twin
+    measures that term, the link or exchange every worker waits for. A condition that leaves the term
+    as it was (a slow link elsewhere: sync PS's PS link beside its slow worker's own) keeps the twin's
+    measure of it, and one that changes it (the ring on its slowest link) scales the measure."""
+    cost = methods.lookup(row.backend).cost
+    n = row.workers or 1
+    if not measured_s or cost.waits_for(row.mode, n) is None:
+        return {}
+    row = dataclasses.replace(row, compute_s=compute_s)
+    prefix = "worker" if not cost.collective else "rank"
+    terms = _terms(cost, row, nets, None, f"{prefix}:0", layers, tuning or methods.tuning(), shard_bytes)
+    if not terms:
+        return {}
+    name = max(terms, key=lambda k: methods.combine(compute_s, {k: terms[k]}))
+    waits, seconds = terms[name]
+    rest = measured_s - (compute_s if waits else 0.0)
+    return {name: rest / seconds} if seconds > 0 and rest > 0 else {}
 
 
 def link_networks(alpha, rates, roles, default_bps, goodput):
@@ -340,8 +363,17 @@ def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, 
         compute_s = compute_s + max(0.0, healthy.step_s - base.step_s)
         base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
                         tuning=tuning, shard_bytes=healthy.shard_bytes)
+        factors = {}
+    else:
+        # a rank that blocks (TensorFlow's gRPC) is not on the CPU while it waits: what the model
+        # misses of a lock-step twin is in the term every worker waited for, as the twin measured it
+        factors = measured_term(healthy, compute_s, nets_healthy, healthy.step_s, layers, tuning,
+                                healthy.shard_bytes) if base is not None else {}
+        if factors:
+            base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
+                            tuning=tuning, shard_bytes=healthy.shard_bytes, factors=factors)
     slow = job_step(run, paces, compute_s, nets, layers=layers, tuning=tuning,
-                    shard_bytes=run.shard_bytes)
+                    shard_bytes=run.shard_bytes, factors=factors)
     # a steady rate (a slow CPU, a slow link) is the median logging interval's; a stall is in a few
     # intervals only, and so is an exchange made once in k steps (local SGD: the logging intervals
     # alternate between those with an averaging and those without), so their cost is in the samples
