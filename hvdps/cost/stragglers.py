@@ -356,6 +356,7 @@ def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, 
     logging intervals (hvdps/measure/rows.py: steady_rate), else each row's median."""
     base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
                     tuning=tuning, shard_bytes=healthy.shard_bytes)
+    factors = {}
     if base is not None and healthy.step_s and methods.lookup(run.backend).cost.polls:
         # a rank that spins while it waits is on the CPU for all of its step: what the model does not
         # put on the network (the healthy twin's measured step less the model's: the training loop,
@@ -363,12 +364,11 @@ def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, 
         compute_s = compute_s + max(0.0, healthy.step_s - base.step_s)
         base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
                         tuning=tuning, shard_bytes=healthy.shard_bytes)
-        factors = {}
-    else:
+    elif base is not None:
         # a rank that blocks (TensorFlow's gRPC) is not on the CPU while it waits: what the model
         # misses of a lock-step twin is in the term every worker waited for, as the twin measured it
         factors = measured_term(healthy, compute_s, nets_healthy, healthy.step_s, layers, tuning,
-                                healthy.shard_bytes) if base is not None else {}
+                                healthy.shard_bytes)
         if factors:
             base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
                             tuning=tuning, shard_bytes=healthy.shard_bytes, factors=factors)
