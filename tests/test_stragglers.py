@@ -236,6 +236,26 @@ def test_the_measured_term_is_the_one_a_lockstep_twin_waited_for(backend, mode, 
     assert all(got[k] == pytest.approx(v) for k, v in expected.items())
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([("ps", "sync"), ("mwms", "sync")]), st.floats(1e-4, 100.0), st.floats(1e-4, 1.0),
+       st.integers(2, 16))
+def test_the_measured_term_brings_the_healthy_step_to_the_twins_or_to_the_next_term(method, measured, compute, n):
+    """Scaled to the twin, the healthy step is the twin's where the model was short of it; where the
+    model was long, the term comes down to the twin's or to the next longest term, never below both."""
+    backend, mode = method
+    roles = RING_ROLES if backend == "mwms" else PS_ROLES
+    job, nets = row(backend, mode, n=n, compute=compute), links({}, roles)
+    model = s.job_step(job, s.described(n), compute, nets, layers=single_layer(M)).step_s
+    factors = s.measured_term(job, compute, nets, measured, single_layer(M))
+    got = s.job_step(job, s.described(n), compute, nets, layers=single_layer(M), factors=factors).step_s
+    if measured <= compute:
+        assert factors == {} and got == model
+    elif measured >= model:
+        assert got == pytest.approx(measured)
+    else:
+        assert measured * (1 - 1e-9) <= got <= model * (1 + 1e-9)
+
+
 @pytest.mark.parametrize("record, expected", [
     (None, [1, 1]),
     # 2,500 us of every 10,000 is a quarter of a core: the probe's 10 ms alone takes 40 ms, 4x the
