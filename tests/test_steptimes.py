@@ -5,7 +5,7 @@ import time
 import pytest
 
 from common.formats.schemas import SchemaError, read_rank_file
-from common.trainer.steptimes import TICK_S, StepTimes, io_thread_cpu, quantiles
+from common.trainer.steptimes import StepTimes, quantiles
 
 
 @pytest.mark.parametrize("durations, want", [
@@ -55,44 +55,13 @@ def test_a_ranks_cpu_per_step_is_its_process_time_over_its_timed_steps(spin_s, w
     assert least <= times.cpu_per_step() <= most
 
 
-def stat_line(tid, name, utime, stime):
-    """A /proc/<pid>/task/<tid>/stat line: utime and stime are its 14th and 15th fields."""
-    return f"{tid} ({name}) S 1 1 1 0 -1 4194560 100 0 0 0 {utime} {stime} 0 0 20 0 40 0 100 0 0\n"
-
-
-@pytest.mark.parametrize("threads, ticks", [
-    ([], 0),
-    ([("python", 500, 20)], 0),                                          # the training loop: not gRPC's
-    ([("event_engine", 30, 12), ("event_engine", 5, 0), ("tf_Compute", 80, 1)], 47),
-    ([("grpc_global_tim", 1, 1), ("default-executo", 2, 0), ("resolver-execu", 0, 3)], 7),
-    ([("event_engine) x", 4, 4), ("collective_ops", 9, 9)], 8),          # a name with ") " in it
-])
-def test_grpcs_threads_cpu_is_read_from_each_threads_stat(tmp_path, threads, ticks):
-    for tid, (name, utime, stime) in enumerate(threads, start=100):
-        (tmp_path / str(tid)).mkdir()
-        (tmp_path / str(tid) / "stat").write_text(stat_line(tid, name, utime, stime))
-    (tmp_path / "999").mkdir()                                           # a thread that ended meanwhile
-    assert io_thread_cpu(str(tmp_path)) == pytest.approx(ticks * TICK_S)
-    assert io_thread_cpu(str(tmp_path / "absent")) is None
-
-
-def test_a_process_without_grpc_records_none_of_its_cpu_as_grpcs():
-    """Read at the logged steps of a live process: it has no gRPC threads, so none of its CPU."""
-    times = StepTimes("rank:0", log_every=2, warmup_steps=1)
-    for step in range(1, 8):
-        times.begin()
-        times.end(step)
-    assert times.record()["io_cpu_s_per_step"] == 0.0
-    assert StepTimes("rank:0", log_every=50).record()["io_cpu_s_per_step"] is None
-
-
 def test_steps_reported_from_elsewhere_count_no_cpu_here():
     """TF2's PS: the coordinator records each worker's steps from the worker's clock; its own CPU is
     not the worker's, so none is given."""
     times = StepTimes("worker:0", log_every=1)
     times.add(1, 10.0, 10.5)
     times.add(2, 10.5, 11.0)
-    assert times.record()["cpu_s_per_step"] is None and times.record()["io_cpu_s_per_step"] is None
+    assert times.record()["cpu_s_per_step"] is None
 
 
 @pytest.mark.parametrize("spans, words", [

@@ -216,7 +216,6 @@ class RankFile(Strict):
     step_s: Optional[StepQuantiles] = None
     spans: List[RankSpan] = []
     cpu_s_per_step: Optional[NonNeg] = None     # its process's CPU (every thread) per step after the warm-up
-    io_cpu_s_per_step: Optional[NonNeg] = None  # of which gRPC's threads' (common/trainer/steptimes.py)
 
     @model_validator(mode="after")
     def _ordered(self):

@@ -8,11 +8,8 @@ SGD's averaging). At the end each writes ``ranks/<task>.json``: its step-time di
 p95, max over every step after the warm-up), the spans of its logged steps (every
 ``--log_every``-th) and its process's CPU seconds per step over the same steps, every thread
 counted (TensorFlow's gRPC and collective threads too): what a CPU quota of q cores stretches to
-at least that / q, whether the rank spins or blocks while it waits. Of that CPU, the share gRPC's
-I/O threads took is counted apart (``io_cpu_s_per_step``, from each thread's /proc stat at the
-logged steps): theirs is the CPU a step that falls when the steps are longer (BENCHMARKS.md 12f), so
-a projection cannot take it as fixed. hvdps/measure/timeline.py turns a run's files into one Chrome
-trace.
+at least that / q, whether the rank spins or blocks while it waits. hvdps/measure/timeline.py turns
+a run's files into one Chrome trace.
 """
 import json
 import os
@@ -24,33 +21,6 @@ import numpy as np
 from common.base.files import make_dirs, write_atomic
 
 RANKS_DIR = "ranks"
-# gRPC's threads, by the names gRPC gives them (/proc's comm, 15 characters): its event engine's
-# workers and their lifeguard, its sync server's, executors' and timer's threads. TensorFlow's distributed runtime moves every tensor
-# through them; the training loop, TensorFlow's compute and collective threads are the rest.
-IO_THREADS = ("event_engine", "lifeguard", "grpc", "default-executo", "resolver-execu", "global-executo")
-TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
-
-
-def io_thread_cpu(task_dir="/proc/self/task"):
-    """CPU seconds gRPC's threads of this process have run so far (utime + stime of each live thread
-    whose name is one of ``IO_THREADS``'), or None where /proc cannot be read (not Linux)."""
-    try:
-        tids = os.listdir(task_dir)
-    except OSError:
-        return None
-    total = 0
-    for tid in tids:
-        try:
-            with open(os.path.join(task_dir, tid, "stat")) as f:
-                line = f.read()
-        except OSError:
-            continue                           # it ended meanwhile
-        head, _, rest = line.rpartition(")")
-        name = head.partition("(")[2]
-        fields = rest.split()
-        if name.startswith(IO_THREADS) and len(fields) > 12:
-            total += int(fields[11]) + int(fields[12])
-    return total * TICK_S
 
 
 def quantiles(durations):
@@ -72,8 +42,6 @@ class StepTimes:
         self.durations, self.spans = [], []
         self.started = self.seen = None
         self.cpu_started = self.cpu_first = self.cpu_last = None
-        self.io_first = self.io_last = None    # gRPC's threads' CPU then, and at the last logged step
-        self.io_steps = 0                      # the steps timed by then
 
     def begin(self):
         self.started = time.time()
@@ -89,10 +57,7 @@ class StepTimes:
             self.durations.append(ended - self.started)
             if self.cpu_first is None:
                 self.cpu_first = self.cpu_started
-                self.io_first = io_thread_cpu()
             self.cpu_last = time.process_time()
-            if step % self.log_every == 0 and self.io_first is not None:
-                self.io_last, self.io_steps = io_thread_cpu(), len(self.durations)
         if step % self.log_every == 0:
             self.spans.append([step, self.started, ended, input_s, exchange])
         self.started = None
@@ -104,14 +69,6 @@ class StepTimes:
             return None
         return max(0.0, self.cpu_last - self.cpu_first) / len(self.durations)
 
-    def io_cpu_per_step(self):
-        """gRPC's threads' CPU seconds per step, from the first timed step's end to the last logged
-        one's (their /proc figures count in clock ticks, so a few logged steps' worth is read, not
-        each step's); None where none was read."""
-        if self.io_first is None or self.io_last is None or self.io_steps < 2:
-            return None
-        return max(0.0, self.io_last - self.io_first) / (self.io_steps - 1)
-
     def add(self, step, started, ended, input_s=None):
         """A step timed where it ran and reported here (TF2's PS: the worker's own clock, read back by
         the coordinator with the step's result). Its CPU is the worker's, not this process's: none
@@ -122,8 +79,7 @@ class StepTimes:
 
     def record(self):
         return {"task": self.task, "pid": os.getpid(), "host": socket.gethostname(),
-                "step_s": quantiles(self.durations), "spans": self.spans, "cpu_s_per_step": self.cpu_per_step(),
-                "io_cpu_s_per_step": self.io_cpu_per_step()}
+                "step_s": quantiles(self.durations), "spans": self.spans, "cpu_s_per_step": self.cpu_per_step()}
 
     def save(self, train_dir):
         """Write ``ranks/<task>.json`` (``task``'s ':' made '-' for the file's name)."""

@@ -220,14 +220,13 @@ def slow_links(cluster, healthy):
 
 
 def cpu_per_step(run_dir):
-    """{worker index: what its process needed of the CPU a step} (``stragglers.CpuNeed``) from the
-    run's ranks/<task>.json (TF2's PS workers, timed at the coordinator, give none)."""
+    """{worker index: its process's CPU seconds a step} from the run's ranks/<task>.json (TF2's PS
+    workers, timed at the coordinator, give none)."""
     out = {}
     for task, rank in rank_files(run_dir).items():
         kind, _, index = task.partition(":")
         if kind in ("rank", "worker") and index.isdigit() and rank.cpu_s_per_step:
-            out[int(index)] = stragglers.CpuNeed(rank.cpu_s_per_step, rank.io_cpu_s_per_step or 0.0,
-                                                 rank.step_s.p50 if rank.step_s else 0.0)
+            out[int(index)] = rank.cpu_s_per_step
     return out
 
 
@@ -268,7 +267,7 @@ def unhealthy_check(path, healthy_path, layers, tuning):
         compute = heldout.contended_compute(healthy, cores)
         paces = stragglers.paces_of(unhealthy, row.workers, healthy.compute_s, compute,
                                     measured_interval(row.curves.header, row.curves.steps),
-                                    cpu=cpu_per_step(healthy.run_dir))
+                                    cpu_s=cpu_per_step(healthy.run_dir))
         what = ", ".join(x for x in (unhealthy.what if unhealthy else None, linked) if x)
 
         def nets_of(c, r):

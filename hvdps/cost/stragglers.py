@@ -44,36 +44,16 @@ class Pace:
     period_s: float = 0.0        # that period (cgroup cpu.cfs_period_us)
     stop_s: float = 0.0          # a stall's one stop (FOR), for a job whose other workers go on meanwhile
     cpu_s: float = 0.0           # its process's CPU seconds per step, measured healthy (0: not measured)
-    io_cpu_s: float = 0.0        # of which gRPC's I/O threads' (0: not measured)
-    cpu_step_s: float = 0.0      # the step (p50) those were measured at (0: not measured)
-
-
-@dataclasses.dataclass(frozen=True)
-class CpuNeed:
-    """What one rank's process needed of the CPU a step on a healthy run (ranks/<task>.json): every
-    thread's seconds, gRPC's I/O threads' of them, and the step (p50) it was measured at."""
-    cpu_s: float
-    io_cpu_s: float = 0.0
-    step_s: float = 0.0
 
 
 def quota_floor_s(pace):
     """The shortest step a process that needs ``pace.cpu_s`` of CPU a step can make in a quota of
     ``pace.duty`` cores: the kernel runs it no more than that (0 without a quota or a measure). For a
     rank that blocks while it waits, the CPU a step needs is more than the compute: TensorFlow's gRPC
-    and collective threads serialise, send and reduce, and in a quota they wait for the CPU too.
-
-    Of it, gRPC's I/O threads' share (``pace.io_cpu_s``, measured at a step of ``pace.cpu_step_s``)
-    is not fixed: their CPU a step falls as the step lengthens, about as the measured step over the
-    new one (BENCHMARKS.md 12f: 5.2 ms a step at 44 ms, 2.4-3.1 at 80, on every rank of the ring,
-    the others' threads much the same). The floor T is then where the quota gives what such a step
-    needs, duty x T = (cpu - io) + io x step / T: the larger root of that quadratic. It is the
-    measured step where the quota just fits the measure, and less than cpu / duty below that."""
+    and collective threads serialise, send and reduce, and in a quota they wait for the CPU too."""
     if pace.duty >= 1.0 or pace.cpu_s <= 0.0:
         return 0.0
-    io = min(pace.io_cpu_s, pace.cpu_s) if pace.cpu_step_s > 0 else 0.0
-    rest = pace.cpu_s - io
-    return (rest + math.sqrt(rest * rest + 4.0 * pace.duty * io * pace.cpu_step_s)) / (2.0 * pace.duty)
+    return pace.cpu_s / pace.duty
 
 
 def throttled_wait_s(pace):
@@ -317,12 +297,12 @@ def stopped_share(unhealthy, interval):
     return stopped / (end - begin)
 
 
-def paces_of(unhealthy, workers, compute_alone_s, compute_s, interval=None, cpu=None):
+def paces_of(unhealthy, workers, compute_alone_s, compute_s, interval=None, cpu_s=None):
     """The paces a comparison's record of what it did (common/formats/schemas.py: Unhealthy) describes:
     a worker in a CPU quota of q cores takes compute_alone / q for the compute the probe timed alone
     (the healthy workers' ``compute_s``, contended where they share cores, when that is longer), and
-    no less than the CPU its process needed a step on the healthy twin over q (``cpu``: {worker
-    index: CpuNeed}, ranks/<task>.json; ``quota_floor_s``); a stalled one runs the share of the run's measured
+    no less than the CPU its process needed a step on the healthy twin over q (``cpu_s``: {worker
+    index: seconds}, ranks/<task>.json); a stalled one runs the share of the run's measured
     ``interval`` it was not stopped in (its recorded stops), else (every - for) / every of the time;
     None: a healthy run. What was done to the worker and when is the condition, not a measurement of
     its effect: it may enter the prediction."""
@@ -339,11 +319,10 @@ def paces_of(unhealthy, workers, compute_alone_s, compute_s, interval=None, cpu=
         factor = max(1.0, compute_alone_s * unhealthy.period_us / unhealthy.quota_us / compute_s)
     paces = described(workers, slow={unhealthy.rank: factor})
     if unhealthy.quota_us and unhealthy.period_us and unhealthy.rank < workers:
-        need = (cpu or {}).get(unhealthy.rank) or CpuNeed(0.0)
         paces[unhealthy.rank] = dataclasses.replace(paces[unhealthy.rank],
                                                     duty=min(1.0, unhealthy.quota_us / unhealthy.period_us),
-                                                    period_s=unhealthy.period_us / 1e6, cpu_s=need.cpu_s,
-                                                    io_cpu_s=need.io_cpu_s, cpu_step_s=need.step_s)
+                                                    period_s=unhealthy.period_us / 1e6,
+                                                    cpu_s=(cpu_s or {}).get(unhealthy.rank) or 0.0)
     return paces
 
 
