@@ -105,7 +105,7 @@ class CostModel(Protocol):
 
     def waits_for(self, mode, workers): ...
 
-    def unwaited_step(self, mode, steps): ...
+    def unwaited_step(self, mode, steps, terms=None): ...
 
     def steps_per_exchange(self, mode): ...
 
@@ -187,10 +187,11 @@ class Ring:
         """How many workers a step waits for (None: none, each at its own pace): a ring, every rank."""
         return workers
 
-    def unwaited_step(self, mode, steps):
+    def unwaited_step(self, mode, steps, terms=None):
         """Seconds a round of the n workers' steps takes where no step waits for the others
-        (``waits_for`` None), each at its own ``steps``: n over their summed rates. A ring always
-        waits; this is the rule every unwaited method shares."""
+        (``waits_for`` None), each at its own ``steps`` (``terms``: each worker's step terms, for a
+        method whose round also depends on what crosses one worker's link): n over their summed
+        rates. A ring always waits; this is the rule every unwaited method shares."""
         return summed_rates_step(steps)
 
     def steps_per_exchange(self, mode):

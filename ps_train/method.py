@@ -83,14 +83,15 @@ class ParameterServers:
             return None
         return workers
 
-    def unwaited_step(self, mode, steps):
+    def unwaited_step(self, mode, steps, terms=None):
         """Seconds an update round takes for workers at their own ``steps``: asynchronous, n steps at
         their summed rates; with K backups, the token queue played out (ps_train/tokens.py): the
         summed rates at two workers, slower with more, where a fast worker that drew a stale token
-        waits at an empty queue for a slow one's push."""
+        waits at an empty queue for a slow one's push; and no faster than the chief's round trip
+        between two updates (``apply_round_trip``, from worker 0's ``terms``)."""
         k = backups(mode)
         if k:
-            return tokens.update_interval(steps, len(steps) - k)
+            return tokens.update_interval(steps, len(steps) - k, apply_round_trip(steps, terms))
         return summed_rates_step(steps)
 
     def steps_per_exchange(self, mode):
@@ -242,6 +243,21 @@ def ps_cpu_seconds(run_dir, interval):
             return None
         total += b - a
     return total if series else None
+
+
+def apply_round_trip(steps, terms):
+    """Seconds the chief (worker 0) needs between two updates with backup workers: its queue runner's
+    reply and next request cross its own link, each behind what of its own pull (the reply) or push
+    (the request) is queued there. A transfer of p seconds (its ``own link`` term, push then pull:
+    2p) busies each direction p of its step S, and a message that comes at a random moment of it
+    waits p / 2 on average: 2 x (p / S) x (p / 2) = p^2 / S. Next to nothing on a fast link (the
+    update's own pushes set the pace); on a slow one the round trip sets it (BENCHMARKS.md 12i).
+    0 without worker 0's terms."""
+    own = (terms or [{}])[0].get("own link") if terms else None
+    if not own or not steps or steps[0] <= 0:
+        return 0.0
+    p = own[1] / 2
+    return p * p / steps[0]
 
 
 def wait_per_worker(steps):

@@ -108,6 +108,8 @@ PS_ROLES = {"ps:0": "p", "worker:0": "a", "worker:1": "b"}
     ("ps", "async", PS_ROLES, {"b": 0.8e6}, 2 / (1 / max(0.01 + 2.0, 2.0) + 1 / (0.01 + 20.0))),
     # one backup: as async, the workers' summed rates (a fast worker takes the slow one's tokens)
     ("ps", "backup1", PS_ROLES, {"b": 0.8e6}, 2 / (1 / max(0.01 + 2.0, 2.0) + 1 / (0.01 + 20.0))),
+    # ... unless the slow link is the chief's: its round trip between updates, p^2 / S with p its push
+    ("ps", "backup1", PS_ROLES, {"a": 0.8e6}, 10.0 ** 2 / (0.01 + 20.0)),
 ])
 def test_job_step_on_links_of_their_own(backend, mode, roles, rates, expected):
     step = s.job_step(row(backend, mode), s.described(2), 0.01, links(rates, roles), roles)

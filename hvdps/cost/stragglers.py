@@ -12,7 +12,8 @@ the workers' is each method's answer to how many workers a step waits for
   of theirs, up to what the resources they share carry (the busiest PS link's round). Sync PS
   workers with backups, as TensorFlow runs them, do not wait for all either: an update per n
   pushes, its tokens to whoever asks (``CostModel.unwaited_step``: ps_train/tokens.py plays the
-  queue out), not the textbook backup worker's (n - K)-th order statistic.
+  queue out, its updates no closer than the chief's round trip over its own link), not the textbook
+  backup worker's (n - K)-th order statistic.
 
 A slow link is the same question on the network: each term of a method's step crosses a link the
 method names (``CostModel.link_terms``: a worker's own, the servers', or the slowest of the job's,
@@ -210,7 +211,7 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, 
     row = dataclasses.replace(row, compute_s=compute_s)
     prefix = "worker" if not cost.collective else "rank"
     waits = cost.waits_for(row.mode, n)
-    own, spread, shared = [], [], 0.0
+    own, spread, shared, costed = [], [], 0.0, []
     for i, pace in enumerate(paces):
         terms = _terms(cost, row, nets, roles, f"{prefix}:{i}", layers, tuning, shard_bytes)
         if terms is None:
@@ -236,8 +237,9 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, 
             t = max(t, quota_floor_s(pace))
         own.append(t)
         spread.append(compute_s * pace.sd)
+        costed.append(mine)
     if waits is None:
-        return Step(workers=own, step_s=max(cost.unwaited_step(row.mode, own), shared), waits=None)
+        return Step(workers=own, step_s=max(cost.unwaited_step(row.mode, own, terms=costed), shared), waits=None)
     return Step(workers=own, step_s=order_statistic(list(zip(own, spread)), waits), waits=waits)
 
 

@@ -63,8 +63,9 @@ def unhealthy_section(entries, left_out=()):
         ok, total, mean = unhealthy_summary(entries)
         lines += ["Each worker's own step is the method's model (its compute, at its pace, and its terms on its "
                   "own links); a step that waits for w workers takes the expected w-th fastest (order "
-                  "statistics), asynchronous workers add their rates. A worker in a CPU quota of q cores "
-                  "computes the probe's compute / q; one whose ranks spin while they wait also runs the rest "
+                  "statistics), asynchronous workers add their rates, and sync PS with backups plays its "
+                  "token queue out, its updates no closer than the chief's round trip over its own link. "
+                  "A worker in a CPU quota of q cores computes the probe's compute / q; one whose ranks spin while they wait also runs the rest "
                   "of its step that is not on the network at that pace, and waits for its quota's next period "
                   "each time its peers' data arrives, and one whose ranks block takes no less than its healthy "
                   "twin's CPU a step / q (ranks/<task>.json, where recorded); a stalled one runs the share of the run's measured interval it "
