@@ -203,6 +203,8 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
         read(graph.mark_done)
         times.save(cfg.train_dir)
         if not chief:                        # PS: nothing else to do; the chief ends the job
+            if session.release is not None:
+                read(session.release)        # PS: backups: a token for a worker still waiting
             ps_watch.stop()
             hard_exit(0)
         final = int(read(graph.global_step))
@@ -281,6 +283,10 @@ class Session:
                     # target is reached the chief gives every worker one more token: its step ends,
                     # it sees the last update and is done.
                     self.release = opt.get_init_tokens_op(plan.workers)
+            elif backend.replicas_to_aggregate < plan.workers:
+                # ... and the late worker may be the chief (a slow host): each other worker leaves a
+                # token as it finishes, so whoever still waits gets one and finishes in turn.
+                self.release = opt.get_init_tokens_op(1)
         steps = scaffold(graph, backend.is_chief)
         steps.finalize()                         # no op is added past this point (the graph is final)
         manager = v1.train.SessionManager(local_init_op=steps.local_init_op, ready_op=steps.ready_op,

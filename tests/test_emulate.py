@@ -291,6 +291,22 @@ def test_bad_input_one_line_and_nothing_left(argv, message):
                                                              text=True).stdout)
 
 
+@pytest.mark.process
+def test_backups_finish_when_the_late_worker_is_the_chief(tmp_path):
+    """Sync PS with 4 workers and a backup (3 gradients an update), the chief's host at a tenth of
+    the others' rate: its updates come no faster than its round trip, the fast three take the spare
+    tokens and reach the target while the chief is still in a step, at a token queue no update
+    refills (it alone is 1 gradient of 3). Each worker that finishes leaves a token, so the chief's
+    step ends, it sees the target, and the run ends cleanly with its updates made."""
+    out = tmp_path / "emu"
+    r = emulate("--hosts", "6", "--rate", "100mbit", "--link", "h2=10mbit", "--out", str(out), "--", "--workers",
+                "4", "--backends", "ps:backup1", "--model", "mlp", "--train_steps", "60", *FAST, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = [json.loads(line) for line in open(out / "runs" / "ps-backup1-w4-ps1" / "metrics.jsonl")]
+    updates = [x["steps"] for x in lines if x.get("type") == "summary"]
+    assert len(updates) == 1 and 80 <= updates[0] <= 82, updates     # 60 x 4 batches / 3 an update
+
+
 def test_one_host_gets_a_link_of_its_own():
     """--link h2=10mbit: host 2's link shaped to 10 Mbit/s at both ends (its eth0 and its switch port),
     the others to the cluster's rate, and the description says each host's own rate."""
