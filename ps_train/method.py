@@ -253,7 +253,7 @@ def apply_round_trip(steps, terms):
     waits p / 2 on average: 2 x (p / S) x (p / 2) = p^2 / S. Next to nothing on a fast link (the
     update's own pushes set the pace); on a slow one the round trip sets it (BENCHMARKS.md 12i).
     0 without worker 0's terms."""
-    own = (terms or [{}])[0].get("own link") if terms else None
+    own = terms[0].get("own link") if terms else None
     if not own or not steps or steps[0] <= 0:
         return 0.0
     p = own[1] / 2
