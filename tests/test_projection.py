@@ -446,3 +446,24 @@ def test_an_in_process_projection_leaves_no_plugin_deadline_behind(tmp_path):
     assert project.main(["--bandwidth_gbps", "10", "--latency_us", "10", "--model_params", "25",
                          "--step_compute_ms", "100", "--run_timeout", "5", "--out", str(tmp_path / "p")]) in (0, None)
     assert plugins._budget == before
+
+
+@pytest.mark.parametrize("repeat", [1, 2, 3])
+def test_a_run_is_held_to_the_healthy_run_of_its_own_repeat(tmp_path, repeat):
+    """The names hvdps compare gives its runs (plan_runs): each run with a slow or stalled worker is
+    predicted from the healthy run of the same shape and the same repeat, which ran beside it in
+    the alternating order (BENCHMARKS.md section 12j), never another repeat's."""
+    from hvdps.commands import compare
+    from hvdps.measure.repeats import split_name
+    args = compare.make_parser().parse_args(["--workers", "1,2", "--backends", "mpi,ps", "--straggler", "1:2,1:4",
+                                             "--stall", "1:1000:250", "--repeat", str(repeat)])
+    args.out = str(tmp_path)                      # as compare() sets it from the trainer's --train_dir
+    runs = compare.plan_runs(args, [], cores=2)
+    healthy = {r.name: r for r in runs if r.condition is None}
+    sick = [r for r in runs if r.condition is not None]
+    assert len(sick) == 3 * 3 * repeat            # mpi, ps async, ps sync at 2 workers: F = 2, F = 4, the stall
+    for r in sick:
+        twin = healthy[cmd.twin_name(r.name, r.condition.label)]
+        assert (twin.backend, twin.mode, twin.workers) == (r.backend, r.mode, r.workers), (r.name, twin.name)
+        assert split_name(twin.run_dir)[1] == split_name(r.run_dir)[1], (r.name, twin.name)
+    assert cmd.twin_name("mwms-sync-w4-r2", None) == "mwms-sync-w4-r2"     # a slow link's run: its namesake

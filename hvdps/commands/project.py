@@ -230,13 +230,23 @@ def cpu_per_step(run_dir):
     return out
 
 
+def twin_name(name, condition):
+    """The healthy run a run with ``condition`` (hvdps compare's label: slow1x4, stall1-1000-250) is
+    held to: its own name without the condition, the repeat kept (mwms-sync-w2-slow1x4-r2 ->
+    mwms-sync-w2-r2); a run on a cluster with a slow link, which has no condition, its namesake."""
+    return name.replace(f"-{condition}", "", 1) if condition else name
+
+
 def unhealthy_check(path, healthy_path, layers, tuning):
     """(hvdps/cost/stragglers.py's ``Held`` per run under ``path`` on an unhealthy emulated cluster,
     [(run, why)] left out): a run with a slow or stalled worker against its healthy twin in the same
     comparison, and with ``healthy_path`` (the same comparison on the cluster without ``--link``)
     every run on a cluster with a slow link against its namesake there. Each is predicted from its
     twin's measured throughput and the model's steps on both clusters, so nothing measured on the
-    unhealthy cluster goes into its own prediction."""
+    unhealthy cluster goes into its own prediction. With --repeat the twin is the healthy run of the
+    same repeat, not the shape's median repeat: it ran a few runs from the run in the alternating
+    order, and its samples/s and CPU a step carry what the machine was doing then (BENCHMARKS.md
+    section 12j: mean |1 - measured / predicted| 6.4% paired, 7.5% against the median repeat)."""
     cluster = cluster_of(path)
     if cluster is None or cluster.latency_s is None:
         return [], []
@@ -259,7 +269,7 @@ def unhealthy_check(path, healthy_path, layers, tuning):
     for name, (row, unhealthy, cores) in runs.items():
         if unhealthy is None and not linked or (row.workers or 1) < 2 or methods.lookup(row.backend) is None:
             continue
-        twin = twins.get(name.replace(f"-{unhealthy.condition}", "") if unhealthy else name)
+        twin = twins.get(twin_name(name, unhealthy.condition if unhealthy else None))
         if twin is None or twin[1] is not None or not twin[0].compute_s:
             left_out.append((name, "no healthy run of the same shape with a per-step breakdown"))
             continue
