@@ -1,4 +1,5 @@
 """Starting a parameter-server job role by role, as a user would (both PS implementations)."""
+import json
 import os
 import shutil
 import signal
@@ -53,6 +54,25 @@ def _wait_for_steps(run_dir, count, timeout=120):
     while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count('"step"') < count):
         time.sleep(0.5)
     assert metrics.exists(), "training never started"
+
+
+def _wait_for_every_worker(run_dir, timeout=120):
+    """Until the chief has logged a step record in which every worker has made a step of its own
+    (``worker_steps`` all above 0): every task is past its start-up and training. The chief's own
+    records come first; an asynchronous worker that is still starting when its PS is killed waits
+    for the PS as at start-up (``--startup_timeout``), which is not what a test of training checks."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in (metrics.read_text().splitlines() if metrics.exists() else []):
+            try:
+                record = json.loads(line)
+            except ValueError:                  # the line being written
+                continue
+            if record.get("type") == "step" and record.get("worker_steps") and min(record["worker_steps"]) > 0:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"not every worker stepped within {timeout}s: {metrics}")
 
 
 def _cluster(num_ps=1, num_workers=2, chief=False):

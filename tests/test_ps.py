@@ -15,7 +15,8 @@ from tests.conftest import read_records
 from common.trainer.run_dir import load_weights_npz
 from common.base.procs import free_ports
 from tests.conftest import REPO, env, py, run, row_and_records
-from tests.ps_helpers import MAIN, FAST, _cluster, _finish, _per_role, _wait_for_steps, assert_same_weights, lockstep
+from tests.ps_helpers import (MAIN, FAST, _cluster, _finish, _per_role, _wait_for_every_worker, _wait_for_steps,
+                               assert_same_weights, lockstep)
 
 pytestmark = pytest.mark.process
 
@@ -313,7 +314,7 @@ def test_killed_ps_ends_every_worker_promptly(tmp_path, mode):
     cluster = _cluster()
     procs = _per_role(tmp_path, cluster, mode, extra=["--epochs", "30", "--batch_size", "8"])
     try:
-        _wait_for_steps(tmp_path / "run", 2)
+        _wait_for_every_worker(tmp_path / "run")            # both workers training, not one still starting
         os.kill(procs["ps:0"].pid, signal.SIGKILL)
         t0 = time.monotonic()
         for name in ("worker:0", "worker:1"):
