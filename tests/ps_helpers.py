@@ -1,5 +1,4 @@
 """Starting a parameter-server job role by role, as a user would (both PS implementations)."""
-import json
 import os
 import shutil
 import signal
@@ -64,12 +63,9 @@ def _wait_for_every_worker(run_dir, timeout=120):
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for line in (metrics.read_text().splitlines() if metrics.exists() else []):
-            try:
-                record = json.loads(line)
-            except ValueError:                  # the line being written
-                continue
-            if record.get("type") == "step" and record.get("worker_steps") and min(record["worker_steps"]) > 0:
+        # the project's reader (a torn last line, the one being written, is not a record)
+        for record in (read_records(str(metrics)) if metrics.exists() else []):
+            if record["type"] == "step" and record.get("worker_steps") and min(record["worker_steps"]) > 0:
                 return
         time.sleep(0.5)
     raise AssertionError(f"not every worker stepped within {timeout}s: {metrics}")
