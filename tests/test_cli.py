@@ -90,6 +90,8 @@ CASES = [
     (COMPARE, ["--straggler", "1:0"], {}, "error: --straggler: the slowdown factor must be in [1, 1000], got '0'"),
     (COMPARE, ["--stall", "1:10"], {}, "error: --stall expects RANK:EVERY_MS:FOR_MS like 1:2000:500"),
     (COMPARE, ["--workers", "1", "--straggler", "1:4"], {}, "error: --straggler: worker 1 is in no run"),
+    (COMPARE, ["--slow_link", "h2=10mbit"], {}, "error: --slow_link shapes one host's link of hvdps emulate's cluster"),
+    (COMPARE, ["--slow_link", "h2"], {}, "error: --slow_link expects hN=RATE like h3=10mbit"),
     (PS, [*PS_FLAGS, "--bind", "999.1.1.1"], {}, "error: --bind 999.1.1.1: expected an IP address"),
     (PS, [*PS_FLAGS, "--bind", "10.255.255.254"], {}, "error: --bind 10.255.255.254: not an address of this machine"),
     (PS, ["--job_name=worker", "--task_index=5", "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2"], {},

@@ -15,6 +15,8 @@ import time
 import pytest
 
 from tests.conftest import REPO, env
+from common.formats.schemas import LinksSpec
+from hvdps.measure import unhealthy
 from hvdps.measure.cluster import EmulatedCluster
 
 pytestmark = pytest.mark.root
@@ -308,6 +310,37 @@ def test_backups_finish_when_the_late_worker_is_the_chief(tmp_path):
     assert len(updates) == 1 and 80 <= updates[0] <= 82, updates     # 60 x 4 batches / 3 an update
 
 
+@pytest.mark.process
+def test_a_slow_link_runs_beside_its_healthy_twin(tmp_path):
+    """--slow_link h2=20mbit after hvdps emulate's --: each shape runs on the healthy cluster and then
+    with host 2's link at 20 Mbit/s for that run only. The run records what was applied, its links.json
+    the rate it ran at, the report sets it beside its healthy run, and hvdps project predicts it from
+    that run (a ring of two at its slow link's pace: docs/projection.md, a slow link)."""
+    out = tmp_path / "emu"
+    r = emulate("--hosts", "3", "--rate", "100mbit", "--out", str(out), "--", "--workers", "2", "--backends", "mpi",
+                "--model", "mlp", "--train_steps", "40", "--slow_link", "h2=20mbit", *FAST, timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cluster = json.load(open(out / "cluster.json"))
+    h2 = next(a for a, port in cluster["ports"].items() if port == "h2")
+    runs = out / "runs"
+    record = json.load(open(runs / "mpi-sync-w2-link-h2-20mbit" / "compare_run.json"))["unhealthy"]
+    assert (record["link"], record["host"], record["rate_bps"], record.get("rank")) == ("h2", h2, 2e7, None)
+    assert json.load(open(runs / "mpi-sync-w2" / "compare_run.json"))["unhealthy"] is None
+    assert json.load(open(runs / "mpi-sync-w2-link-h2-20mbit" / "links.json"))["rates"][h2] == 2e7
+    assert json.load(open(runs / "mpi-sync-w2" / "links.json"))["rates"][h2] == 1e8
+    rows = {r["condition"]: r for r in json.load(open(out / "results.json"))["rows"]}
+    kept = rows["link-h2-20mbit"]["samples_per_sec_median"] / rows[None]["samples_per_sec_median"]
+    assert 0.1 < kept < 0.45, kept                      # a ring at its slowest link's pace: about 0.2-0.25
+    assert "h2's link at 20 Mbit/s" in open(out / "report.md").read()
+
+    proj = subprocess.run([sys.executable, "-m", "hvdps.commands.project", "--from", str(out), "--out",
+                           str(tmp_path / "proj")], capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
+    assert proj.returncode == 0, proj.stderr[-3000:]
+    held = json.load(open(tmp_path / "proj" / "projection.json"))["unhealthy"]["entries"]
+    assert [(e["run"], e["healthy_run"]) for e in held] == [("mpi-sync-w2-link-h2-20mbit", "mpi-sync-w2")]
+    assert 0.8 <= held[0]["ratio"] <= 1.25, held
+
+
 def test_one_host_gets_a_link_of_its_own():
     """--link h2=10mbit: host 2's link shaped to 10 Mbit/s at both ends (its eth0 and its switch port),
     the others to the cluster's rate, and the description says each host's own rate."""
@@ -319,6 +352,17 @@ def test_one_host_gets_a_link_of_its_own():
         assert "rate 10Mbit" in qdisc(cluster.hosts[1], "eth0") and "rate 10Mbit" in qdisc(cluster.sw, "h2")
         assert "rate 100Mbit" in qdisc(cluster.hosts[0], "eth0") and "rate 100Mbit" in qdisc(cluster.sw, "h3")
         assert cluster.describe()["rates"] == dict(zip(cluster.addrs, [1e8, 1e7, 1e8]))
+        # --slow_link, run by run: a host's link at the run's rate while it runs, both ends, then back at
+        # its own (the cluster's, or its --link); a run that fails inside it is undone the same way
+        spec = LinksSpec(**cluster.describe())
+        for port, own, ns in (("h3", "100Mbit", cluster.hosts[2]), ("h2", "10Mbit", cluster.hosts[1])):
+            with pytest.raises(RuntimeError, match="the run failed"):
+                with unhealthy.LinkShaper(unhealthy.SlowLink(port, "2mbit"), spec) as shaper:
+                    assert "rate 2Mbit" in qdisc(ns, "eth0") and "rate 2Mbit" in qdisc(cluster.sw, port)
+                    assert "rate 100Mbit" in qdisc(cluster.hosts[0], "eth0")
+                    assert (shaper.applied.host, shaper.applied.rate_bps) == (cluster.addrs[int(port[1]) - 1], 2e6)
+                    raise RuntimeError("the run failed")
+            assert f"rate {own}" in qdisc(ns, "eth0") and f"rate {own}" in qdisc(cluster.sw, port)
     finally:
         cluster.down()
     assert not [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()

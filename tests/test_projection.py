@@ -456,12 +456,14 @@ def test_a_run_is_held_to_the_healthy_run_of_its_own_repeat(tmp_path, repeat):
     from hvdps.commands import compare
     from hvdps.measure.repeats import split_name
     args = compare.make_parser().parse_args(["--workers", "1,2", "--backends", "mpi,ps", "--straggler", "1:2,1:4",
-                                             "--stall", "1:1000:250", "--repeat", str(repeat)])
+                                             "--stall", "1:1000:250", "--slow_link", "h2=10mbit",
+                                             "--repeat", str(repeat)])
     args.out = str(tmp_path)                      # as compare() sets it from the trainer's --train_dir
     runs = compare.plan_runs(args, [], cores=2)
     healthy = {r.name: r for r in runs if r.condition is None}
     sick = [r for r in runs if r.condition is not None]
-    assert len(sick) == 3 * 3 * repeat            # mpi, ps async, ps sync at 2 workers: F = 2, F = 4, the stall
+    # mpi, ps async, ps sync at 2 workers: F = 2, F = 4, the stall, the slow link; at 1 worker the slow link
+    assert len(sick) == (3 * 4 + 3) * repeat
     for r in sick:
         twin = healthy[cmd.twin_name(r.name, r.condition.label)]
         assert (twin.backend, twin.mode, twin.workers) == (r.backend, r.mode, r.workers), (r.name, twin.name)

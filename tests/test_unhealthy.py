@@ -4,6 +4,7 @@ worker (what each method keeps of itself, and nothing left behind, also when it 
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,13 +14,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from common.base.errors import UsageError
-from common.formats.schemas import StepQuantiles, Unhealthy
+from common.formats.schemas import LinksSpec, StepQuantiles, Unhealthy
 from conftest import BIN, REPO, check_timeline, env, run
 from hvdps.launchers import MPIRunLauncher, TaskLauncher
 from hvdps.measure import unhealthy
 from hvdps.measure.rows import RunRow
 from hvdps.render import unhealthy as unhealthy_report
-from hvdps.measure.unhealthy import CpuController, Stall, Straggler, parse_stall, parse_stragglers, quota_us
+from hvdps.measure.unhealthy import (CpuController, SlowLink, Stall, Straggler, parse_slow_links, parse_stall,
+                                     parse_stragglers, quota_us)
 from tf_cluster.spec import task_of
 
 V1 = "/sys/fs/cgroup/cpu"
@@ -63,7 +65,7 @@ def test_bad_stall_specs_are_refused_in_one_line(text, words):
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=30))
 def test_any_text_is_a_spec_or_one_usage_error(text):
-    for parse in (parse_stragglers, parse_stall):
+    for parse in (parse_stragglers, parse_stall, parse_slow_links):
         try:
             parse(text)
         except UsageError as exc:
@@ -73,8 +75,74 @@ def test_any_text_is_a_spec_or_one_usage_error(text):
 def test_conditions_run_healthy_first_and_factor_one_is_healthy():
     s = parse_stragglers("1:1,1:4")
     stall = parse_stall("1:1000:200")
-    assert unhealthy.conditions(s, stall) == [None, Straggler(1, 4.0), stall]
-    assert [c.label for c in unhealthy.conditions(s, stall)[1:]] == ["slow1x4", "stall1-1000-200"]
+    links = parse_slow_links("h3=10mbit")
+    assert unhealthy.conditions(s, stall, links) == [None, Straggler(1, 4.0), stall, SlowLink("h3", "10mbit")]
+    assert [c.label for c in unhealthy.conditions(s, stall, links)[1:]] == ["slow1x4", "stall1-1000-200",
+                                                                             "link-h3-10mbit"]
+    # a worker's condition is in the runs that have the worker; a host's link in every run
+    assert [c.applies_to(2) for c in (Straggler(1, 4.0), stall, links[0])] == [True, True, True]
+    assert [c.applies_to(1) for c in (Straggler(1, 4.0), stall, links[0])] == [False, False, True]
+
+
+@pytest.mark.parametrize("text, want", [
+    ("h3=10mbit", [SlowLink("h3", "10mbit")]),
+    ("h2=10Mbit, h2=500kbit,h2=10mbit", [SlowLink("h2", "10mbit"), SlowLink("h2", "500kbit")]),
+])
+def test_slow_link_specs(text, want):
+    got = parse_slow_links(text)
+    assert got == want
+    assert got[0].describe() == f"{want[0].port}'s link at 10 Mbit/s"
+
+
+@pytest.mark.parametrize("text, words", [
+    ("3=10mbit", "expects hN=RATE"), ("h3", "expects hN=RATE"), ("h0=10mbit", "expects hN=RATE"),
+    ("h3=", "expects hN=RATE"), ("h3=fast", "expected a rate like 100mbit"), ("h3=0.1bit", "from 1kbit"),
+])
+def test_bad_slow_link_specs_are_refused_in_one_line(text, words):
+    with pytest.raises(UsageError) as exc:
+        parse_slow_links(text)
+    assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+def links_spec(**changes):
+    """An hvdps emulate cluster description of 3 hosts, h2 on a link of its own (--link h2=10mbit)."""
+    desc = {"counters": "/proc/1/net/dev", "ports": {"10.9.0.1": "h1", "10.9.0.2": "h2", "10.9.0.3": "h3"},
+            "rate": "100mbit", "rate_bps": 1e8, "rates": {"10.9.0.1": 1e8, "10.9.0.2": 1e7, "10.9.0.3": 1e8},
+            "namespaces": {"10.9.0.1": "hvdps-7-h1", "10.9.0.2": "hvdps-7-h2", "10.9.0.3": "hvdps-7-h3"},
+            "switch": "hvdps-7-sw", "queue_ms": 200}
+    desc.update(changes)
+    return LinksSpec(**{k: v for k, v in desc.items() if v is not None})
+
+
+@pytest.mark.parametrize("link, spec, want", [
+    (SlowLink("h3", "1mbit"), links_spec(), ("hvdps-7-h3", "hvdps-7-sw", 200, "10.9.0.3", 1e8)),
+    (SlowLink("h2", "1mbit"), links_spec(), ("hvdps-7-h2", "hvdps-7-sw", 200, "10.9.0.2", 1e7)),   # back to its own
+    (SlowLink("h4", "1mbit"), links_spec(), "the cluster has no host h4 (it has h1, h2, h3)"),
+    (SlowLink("h3", "1mbit"), None, "run the comparison under hvdps emulate"),
+    (SlowLink("h3", "1mbit"), links_spec(switch=None), "run the comparison under hvdps emulate"),
+])
+def test_a_slow_link_is_found_in_the_clusters_description(link, spec, want):
+    if isinstance(want, str):
+        with pytest.raises(UsageError, match=re.escape(want)):
+            unhealthy.link_of(link, spec)
+    else:
+        assert unhealthy.link_of(link, spec) == want
+
+
+@pytest.mark.parametrize("fields, ok", [
+    ({"rank": 1, "factor": 4}, True),
+    ({"link": "h3", "host": "10.9.0.3", "rate": "10mbit", "rate_bps": 1e7}, True),
+    ({}, False),                                                       # whose?
+    ({"rank": 1, "host": "10.9.0.3", "rate_bps": 1e7}, False),         # a worker's and a host's
+    ({"link": "h3", "rate_bps": 1e7}, False),                          # a link without its host
+])
+def test_a_record_names_a_worker_or_a_link(fields, ok):
+    make = lambda: Unhealthy(condition="c", what="w", **fields)        # noqa: E731
+    if ok:
+        make()
+    else:
+        with pytest.raises(ValueError):
+            make()
 
 
 @pytest.mark.parametrize("factor, cores, tasks, want", [

@@ -91,6 +91,8 @@ class ClusterDescription(Strict):
     subnet: Optional[Text] = None
     namespaces: Optional[Dict[str, Text]] = None
     rates: Optional[Dict[str, Rate]] = None       # each host's own link rate (hvdps emulate --link)
+    switch: Optional[Text] = None                 # the switch's namespace: where each host's port is
+    queue_ms: Optional[Positive] = None           # each link's tbf queue (hvdps compare --slow_link keeps it)
 
 
 class LinksSpec(ClusterDescription):
@@ -157,10 +159,11 @@ class LoadFile(Strict):
 # ------------------------------------------------------------------ compare_run.json
 class Unhealthy(Strict):
     """What a comparison did to one run's worker (hvdps/measure/unhealthy.py: a slow worker by a CPU
-    cgroup's quota, or a stalled one by SIGSTOP/SIGCONT), and whom it found to do it to."""
-    condition: Text                              # the run's folder suffix: slow1x4, stall1-2000-500
+    cgroup's quota, or a stalled one by SIGSTOP/SIGCONT), and whom it found to do it to; or to one
+    host's link on hvdps emulate's cluster (a tbf rate, run by run)."""
+    condition: Text                              # the run's folder suffix: slow1x4, stall1-2000-500, link-h3-10mbit
     what: Text                                   # in words: worker 1 at 1/4 CPU
-    rank: Index
+    rank: Optional[Index] = None                 # the worker's (None: a slow link, a host's)
     factor: Optional[Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)]] = None
     quota_us: Optional[Index] = None
     period_us: Optional[Index] = None
@@ -173,6 +176,18 @@ class Unhealthy(Strict):
     # each stop's (SIGSTOP, SIGCONT) in Unix time, in order; None where there were too many to keep
     stopped_at: Optional[List[Annotated[List[NonNeg], Field(min_length=2, max_length=2)]]] = None
     first_applied_s: Optional[NonNeg] = None     # from launch to the worker being slowed or stalled (training begun)
+    link: Optional[Text] = None                  # a slow link: the host's port (h3), its key in cluster.json's
+    host: Optional[Text] = None                  # rates and the runs' roles (address or SLURM node name),
+    rate: Optional[Text] = None                  # and the rate it ran at
+    rate_bps: Optional[Rate] = None
+
+    @model_validator(mode="after")
+    def _whose(self):
+        if (self.rank is None) == (self.rate_bps is None):
+            raise ValueError("a condition names a worker (rank) or a slow link (rate_bps), one of them")
+        if self.rate_bps is not None and not self.host:
+            raise ValueError("a slow link names its host")
+        return self
 
     @model_validator(mode="after")
     def _stops_in_order(self):

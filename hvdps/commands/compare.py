@@ -35,7 +35,7 @@ from common.spec.config import argv_of, build_parser, from_args
 from common.base.flags import check_finite, command_line, interface_or_cidr
 from common.spec.memory import TF_PROCESS_BYTES, memory_estimate
 from common.inputs.data import check_input
-from common.base.errors import UsageError, cli
+from common.base.errors import RunError, UsageError, cli
 from common.base.files import make_dirs, open_new, take_folder, writable_dir, write_atomic
 from common.trainer.metrics import read_metrics
 from common.spec.plugins import plugins_bounded
@@ -104,15 +104,17 @@ def run_shapes(args):
 
 
 def cluster_conditions(args):
-    """The clusters the shapes run on: healthy, then each --straggler factor, then --stall
-    (hvdps/measure/unhealthy.py). A slow or stalled worker applies to the runs that have it (worker 1
-    is not in a run of one); one that no run has is refused."""
+    """The clusters the shapes run on: healthy, then each --straggler factor, then --stall, then each
+    --slow_link (hvdps/measure/unhealthy.py). A slow or stalled worker applies to the runs that have
+    it (worker 1 is not in a run of one); one that no run has is refused. A slow link applies to
+    every run."""
     stragglers = unhealthy.parse_stragglers(args.straggler) if getattr(args, "straggler", None) else []
     stall = unhealthy.parse_stall(args.stall) if getattr(args, "stall", None) else None
-    found = unhealthy.conditions(stragglers, stall)
+    links = unhealthy.parse_slow_links(args.slow_link) if getattr(args, "slow_link", None) else []
+    found = unhealthy.conditions(stragglers, stall, links)
     most = max(parse_workers(args.workers))
     for c in found[1:]:
-        if c.rank >= most:
+        if not c.applies_to(most):
             flag = "--stall" if c is stall else "--straggler"
             raise UsageError(f"{flag}: worker {c.rank} is in no run: the largest has {most} worker(s), "
                              f"numbered from 0 (--workers {args.workers})")
@@ -126,7 +128,7 @@ def plan_runs(args, trainer_args, cores, remote=None):
     runs = []
     repeats = getattr(args, "repeat", 1)
     shapes = [(shape, c) for shape in run_shapes(args) for c in cluster_conditions(args)
-              if c is None or c.rank < shape[4]]
+              if c is None or c.applies_to(shape[4])]
     for k, ((base, backend, mode, num_ps, n, procs), condition) in alternating(shapes, repeats):
         name = repeat_name(base + (f"-{condition.label}" if condition else ""), k, repeats)
         launcher = get_launcher(backend)
@@ -248,10 +250,13 @@ def dry_run_preamble():
     return "\n".join(lines)
 
 
-def acting_on(run, pid, cores, controller):
-    """What slows or stalls the run's worker while its job ``pid`` runs (nothing for a healthy run)."""
+def acting_on(run, pid, cores, controller, links=None):
+    """What slows or stalls the run's worker, or slows its host's link (on hvdps emulate's cluster,
+    ``links``), while its job ``pid`` runs (nothing for a healthy run)."""
     if run.condition is None:
         return contextlib.nullcontext()
+    if isinstance(run.condition, unhealthy.SlowLink):
+        return unhealthy.LinkShaper(run.condition, links)
     metrics = os.path.join(run.run_dir, "metrics.jsonl")     # the run's header: training has begun
     return unhealthy.Injector(run.condition, pid, get_launcher(run.backend).worker_of, cores, run.tasks,
                               run.name, controller, ready=lambda: os.path.exists(metrics))
@@ -283,7 +288,7 @@ def execute(runs, timeout, done, progress=True, links=None, controller=None):
             acting = None
             try:
                 with contextlib.ExitStack() as sampling:
-                    acting = sampling.enter_context(acting_on(run, p.pid, os.cpu_count() or 1, controller))
+                    acting = sampling.enter_context(acting_on(run, p.pid, os.cpu_count() or 1, controller, links))
                     for each in (sampler, load):
                         if each:
                             sampling.enter_context(each)
@@ -291,6 +296,9 @@ def execute(runs, timeout, done, progress=True, links=None, controller=None):
             except Interrupted as exc:
                 stopped_by = exc
                 code = stop_job(p)
+            except RunError:              # a condition that could not be applied or undone: no job left behind
+                stop_job(p)
+                raise
         seconds = time.monotonic() - started
         if os.path.isdir(run.run_dir):     # so a report rebuilt with --from still knows the start-up cost
             write_atomic(os.path.join(run.run_dir, RUN_RECORD),
@@ -299,8 +307,11 @@ def execute(runs, timeout, done, progress=True, links=None, controller=None):
                                      "oversubscribed": bool(run.oversubscribed),
                                      "unhealthy": acting.applied.to_dict() if acting else None}, indent=2))
             if sampler:
+                rates = dict(links.rates or {})
+                if acting and acting.applied.rate_bps:          # a slow link: this run's rate on that host
+                    rates[acting.applied.host] = acting.applied.rate_bps
                 sampler.save(run.run_dir, {"roles": dict(run.roles) if run.roles else None, "rate_bps": links.rate_bps,
-                                           "rates": links.rates})
+                                           "rates": rates or None})
             if load:
                 load.save(run.run_dir)
         error = None
@@ -413,6 +424,9 @@ def make_parser():
     u.add_argument("--stall", default=None,
                    help="RANK:EVERY_MS:FOR_MS: worker RANK stopped (SIGSTOP) for FOR_MS every EVERY_MS, as a "
                         "preempted machine")
+    u.add_argument("--slow_link", default=None,
+                   help="hN=RATE[,hN=RATE...]: under hvdps emulate, host N's link at RATE (tc's syntax) both ways, "
+                        "run by run; h3=10mbit,h3=20mbit runs every shape at each rate")
     g.add_argument("--dry_run", dest="dry_run", action="store_true", help="print the commands, run nothing")
     g.add_argument("--from", dest="from_dirs", nargs="+", default=None,
                    help="rebuild the report from existing run directories")
@@ -439,7 +453,7 @@ def make_parser():
 
 COMPARE_FLAGS = ("workers", "backends", "num_ps", "run_timeout", "repeat", "dry_run", "from_dirs", "progress",
                  "train_dir", "resume", "hosts", "rsh", "network_interface", "ps_placement", "port", "links",
-                 "straggler", "stall")
+                 "straggler", "stall", "slow_link")
 
 
 def absolute_paths(args):
@@ -503,7 +517,9 @@ def compare(args, parser):
     cfg = from_args(args)
     args.out = cfg.train_dir
     parse_workers(args.num_ps, "--num_ps")
-    cluster_conditions(args)                 # --straggler and --stall refused before --out is taken
+    for c in cluster_conditions(args):       # --straggler, --stall, --slow_link refused before --out is taken
+        if isinstance(c, unhealthy.SlowLink) and not args.from_dirs:
+            unhealthy.link_of(c, load_links(args.links) if args.links else None)
     check_finite("run_timeout", args.run_timeout)
     if args.run_timeout <= 0:
         raise UsageError(f"--run_timeout must be positive, got {args.run_timeout}")

@@ -1,6 +1,7 @@
 """hvdps emulate: an emulated cluster on this machine, and the comparison run across it.
 
     sudo hvdps emulate --hosts 4 --rate 100mbit -- --workers 2,3 --backends horovod,ps
+    sudo hvdps emulate --hosts 3 -- --workers 2 --backends mpi,ps --slow_link h2=10mbit   # healthy, then h2 slow
     sudo hvdps emulate --cleanup          # remove what a killed run left behind
     sudo hvdps emulate --slurm --hosts 3 --sbatch hostfiles/slurm/ps.sbatch -- --workers 2 --backends horovod,ps
 

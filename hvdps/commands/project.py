@@ -231,7 +231,8 @@ def cpu_per_step(run_dir):
 
 
 def twin_name(name, condition):
-    """The healthy run a run with ``condition`` (hvdps compare's label: slow1x4, stall1-1000-250) is
+    """The healthy run a run with ``condition`` (hvdps compare's label: slow1x4, stall1-1000-250,
+    link-h3-10mbit) is
     held to: its own name without the condition, the repeat kept (mwms-sync-w2-slow1x4-r2 ->
     mwms-sync-w2-r2); a run on a cluster with a slow link, which has no condition, its namesake."""
     return name.replace(f"-{condition}", "", 1) if condition else name
@@ -239,8 +240,8 @@ def twin_name(name, condition):
 
 def unhealthy_check(path, healthy_path, layers, tuning):
     """(hvdps/cost/stragglers.py's ``Held`` per run under ``path`` on an unhealthy emulated cluster,
-    [(run, why)] left out): a run with a slow or stalled worker against its healthy twin in the same
-    comparison, and with ``healthy_path`` (the same comparison on the cluster without ``--link``)
+    [(run, why)] left out): a run with a slow or stalled worker, or a slow link (--slow_link), against
+    its healthy twin in the same comparison, and with ``healthy_path`` (the same comparison on the cluster without ``--link``)
     every run on a cluster with a slow link against its namesake there. Each is predicted from its
     twin's measured throughput and the model's steps on both clusters, so nothing measured on the
     unhealthy cluster goes into its own prediction. With --repeat the twin is the healthy run of the
@@ -283,8 +284,11 @@ def unhealthy_check(path, healthy_path, layers, tuning):
         def nets_of(c, r):
             return stragglers.link_networks(c.latency_s, c.rates, r.roles, c.rate_bps, TCP_GOODPUT)
 
+        own = cluster
+        if unhealthy is not None and unhealthy.rate_bps:       # a slow link, run by run (--slow_link)
+            own = cluster.model_copy(update={"rates": {**(cluster.rates or {}), unhealthy.host: unhealthy.rate_bps}})
         entry = stragglers.held(row, healthy, what, paces, compute, nets_of(base_cluster, healthy),
-                                nets_of(cluster, row), layers, tuning,
+                                nets_of(own, row), layers, tuning,
                                 rates=(interval_rate(healthy), interval_rate(row)),
                                 medians=(steady_rate(healthy), steady_rate(row)))
         if entry is None:

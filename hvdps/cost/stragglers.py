@@ -306,9 +306,10 @@ def paces_of(unhealthy, workers, compute_alone_s, compute_s, interval=None, cpu_
     no less than the CPU its process needed a step on the healthy twin over q (``cpu_s``: {worker
     index: seconds}, ranks/<task>.json); a stalled one runs the share of the run's measured
     ``interval`` it was not stopped in (its recorded stops), else (every - for) / every of the time;
-    None: a healthy run. What was done to the worker and when is the condition, not a measurement of
-    its effect: it may enter the prediction."""
-    if unhealthy is None:
+    None: a healthy run, or a slow link (every worker at its pace; the link is in the network).
+    What was done to the worker and when is the condition, not a measurement of its effect: it may
+    enter the prediction."""
+    if unhealthy is None or unhealthy.rate_bps:
         return described(workers)
     if unhealthy.every_ms and unhealthy.for_ms:
         paces = described(workers, stalled={unhealthy.rank: (unhealthy.every_ms, unhealthy.for_ms)})

@@ -64,6 +64,18 @@ def parse_rate(text, flag="--rate"):
     return bps
 
 
+def shape_link(host_ns, switch_ns, port, rate, queue_ms, verb="add"):
+    """A token bucket on both ends of one host's link: the host's eth0 shapes what it sends, its
+    switch port (``port``: h1, h2, ...) what it receives. Burst: 5 ms at the rate (at least 16 kB, a
+    few frames); a queue of ``queue_ms``, so TCP sees delay rather than drops and no retransmission
+    is counted. ``verb`` "change" sets a link already shaped to another rate (hvdps compare
+    --slow_link, run by run); RuntimeError with tc's own line if tc refuses."""
+    burst = max(16 * 1024, int(parse_rate(rate) / 8 * 0.005))
+    for ns, device in ((host_ns, "eth0"), (switch_ns, port)):
+        sh("tc", "-n", ns, "qdisc", verb, "dev", device, "root", "tbf", "rate", rate,
+           "burst", str(burst), "latency", f"{queue_ms}ms")
+
+
 def sh(*argv, timeout=30):
     """Run one ip/tc command; its own error line if it fails."""
     r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
@@ -245,20 +257,14 @@ class EmulatedCluster:
         return self
 
     def shape(self):
-        """A token bucket on both ends of each host's link: the host's eth0 shapes what it sends,
-        the switch port what it receives. Burst: 5 ms at the rate (at least 16 kB, a few frames);
-        a queue of 200 ms, so TCP sees delay rather than drops and no retransmission is counted."""
+        """Each host's link at its rate (``shape_link``)."""
         for i, ns in enumerate(self.hosts):
             rate = self.rate_of(i)
-            burst = max(16 * 1024, int(parse_rate(rate) / 8 * 0.005))
-            for where, dev in (("-n", ns), ("-n", self.sw)):
-                device = "eth0" if dev == ns else f"h{i + 1}"
-                try:
-                    sh("tc", where, dev, "qdisc", "add", "dev", device, "root", "tbf", "rate", rate,
-                       "burst", str(burst), "latency", f"{self.queue_ms}ms")
-                except RuntimeError as exc:
-                    flag = f"--link h{i + 1}={rate}" if i in self.links else f"--rate {rate}"
-                    raise UsageError(f"{flag}: tc refused it: {exc}")
+            try:
+                shape_link(ns, self.sw, f"h{i + 1}", rate, self.queue_ms)
+            except RuntimeError as exc:
+                flag = f"--link h{i + 1}={rate}" if i in self.links else f"--rate {rate}"
+                raise UsageError(f"{flag}: tc refused it: {exc}")
 
     def rate_of(self, i):
         """Host ``i``'s (from 0) link rate in tc's syntax: its own (--link), else the cluster's."""
@@ -293,7 +299,8 @@ class EmulatedCluster:
                 "ports": {(names[i] if names else a): f"h{i + 1}" for i, a in enumerate(self.addrs)},
                 "rate": self.rate, "rate_bps": self.rate_bps, "subnet": f"{self.subnet}.0/24",
                 "rates": {(names[i] if names else a): parse_rate(self.rate_of(i)) for i, a in enumerate(self.addrs)},
-                "namespaces": dict(zip(self.addrs, self.hosts)), **self.latency}
+                "namespaces": dict(zip(self.addrs, self.hosts)), "switch": self.sw, "queue_ms": self.queue_ms,
+                **self.latency}
 
     def netns_map(self):
         return ",".join(f"{a}={n}" for a, n in zip(self.addrs, self.hosts))

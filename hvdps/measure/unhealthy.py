@@ -1,5 +1,6 @@
-"""An unhealthy cluster on purpose: one slow worker (``--straggler R:F``) or one stalled worker
-(``--stall R:EVERY:FOR``), applied to a running job from the launcher's side, the same for every method.
+"""An unhealthy cluster on purpose: one slow worker (``--straggler R:F``), one stalled worker
+(``--stall R:EVERY:FOR``) or, on hvdps emulate's cluster, one host's slow link (``--slow_link hN=RATE``),
+applied to a running job from the launcher's side, the same for every method.
 
 Synchronous methods (the ring all-reduces, MWMS, sync PS) wait for their slowest worker at every
 step; asynchronous PS does not. To measure that, worker ``R`` of a job is made slow by the kernel,
@@ -11,6 +12,11 @@ not by a sleep in hvdps's loop:
   mounted writable, else cgroup v2's ``cpu.max``; where neither can be written, the flag is refused.
 - **stalled**: the worker's processes get SIGSTOP for FOR ms every EVERY ms, then SIGCONT, as a
   preempted VM or a swapping machine would stop it.
+
+- **a slow link**: host N's link, both directions, at RATE by the token bucket that shapes it
+  (``tc qdisc change ... tbf``, hvdps/measure/cluster.py: ``shape_link``) for the run, and back to
+  the cluster's rate after it. Run by run, so each slow-link run sits beside its healthy twin in the
+  alternating order as a slow worker's does, not on a cluster of its own built at another time.
 
 Which process is worker R is the method's own answer (``Launcher.worker_of``: an MPI rank's
 launcher environment, a TensorFlow task's TF_CONFIG or ``--job_name``/``--task_index``); the
@@ -30,8 +36,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from common.base.errors import UsageError
+from common.base.errors import RunError, UsageError
 from common.base.procs import exists
+from hvdps.measure.cluster import parse_rate, shape_link
 
 # CFS bandwidth control runs a group for its quota, then holds it to the period's end: with the default
 # 100 ms period a worker at 1/4 runs 25 ms and stops 75 ms, a stall more than a slow CPU. 10 ms keeps
@@ -58,6 +65,9 @@ class Straggler:
     def describe(self):
         return f"worker {self.rank} at 1/{self.factor:g} CPU"
 
+    def applies_to(self, workers):
+        return self.rank < workers
+
 
 @dataclass(frozen=True)
 class Stall:
@@ -72,6 +82,32 @@ class Stall:
 
     def describe(self):
         return f"worker {self.rank} stopped {self.for_ms:g} ms every {self.every_ms:g} ms"
+
+    def applies_to(self, workers):
+        return self.rank < workers
+
+
+@dataclass(frozen=True)
+class SlowLink:
+    """Host ``port``'s (h1, h2, ...) link at ``rate`` (tc's syntax) in both directions."""
+    port: str
+    rate: str
+
+    rank = None                     # a host's, not a worker's: every run has it
+
+    @property
+    def label(self):
+        return f"link-{self.port}-{self.rate}"
+
+    @property
+    def rate_bps(self):
+        return parse_rate(self.rate)
+
+    def describe(self):
+        return f"{self.port}'s link at {self.rate_bps / 1e6:g} Mbit/s"
+
+    def applies_to(self, workers):
+        return True
 
 
 def _number(text, flag, what, lo, hi, whole=False):
@@ -112,13 +148,31 @@ def parse_stall(text):
     return Stall(rank, every, stop)
 
 
-def conditions(stragglers=None, stall=None):
+def parse_slow_links(text):
+    """``hN=RATE[,hN=RATE...]`` -> [SlowLink], in order, without repeats: each a run of every shape
+    with host N's link at RATE (one slow link at a time; several rates draw a curve)."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        host, sep, rate = part.partition("=")
+        m = re.fullmatch(r"h([1-9]\d{0,2})", host.strip())
+        if not sep or not m or not rate.strip():
+            raise UsageError(f"--slow_link expects hN=RATE like h3=10mbit (host 3's link at 10 Mbit/s), got {part!r}")
+        parse_rate(rate.strip(), "--slow_link")
+        link = SlowLink(f"h{int(m.group(1))}", rate.strip().lower())
+        if link not in out:
+            out.append(link)
+    return out
+
+
+def conditions(stragglers=None, stall=None, slow_links=None):
     """Every cluster a comparison runs each shape on: healthy first (None), then each straggler
-    factor (F = 1 is the healthy run itself), then the stall."""
+    factor (F = 1 is the healthy run itself), then the stall, then each slow link."""
     out = [None]
     out += [s for s in (stragglers or []) if s.factor != 1]
     if stall is not None:
         out.append(stall)
+    out += list(slow_links or [])
     return out
 
 
@@ -377,7 +431,7 @@ class Applied:
     """What was done to a run: written beside it (compare_run.json's ``unhealthy``)."""
     condition: str
     what: str
-    rank: int
+    rank: Optional[int] = None
     factor: Optional[float] = None
     quota_us: Optional[int] = None
     period_us: Optional[int] = None
@@ -391,6 +445,10 @@ class Applied:
     # stall inside a run's measured interval, wherever that falls in the period (None: past MAX_STOPS)
     stopped_at: Optional[list] = field(default_factory=list)
     first_applied_s: Optional[float] = None     # seconds from launch to the worker being slowed or stalled
+    link: Optional[str] = None                  # a slow link: the host's port (h3), its name in the links'
+    host: Optional[str] = None                  # records (address or SLURM node) and the rate it ran at
+    rate: Optional[str] = None
+    rate_bps: Optional[float] = None
 
     def to_dict(self):
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -492,3 +550,55 @@ class Injector:
         if self.group:
             self.controller.remove(self.group)
         return False
+
+
+class LinkShaper:
+    """While a job runs: host ``condition.port``'s link at ``condition.rate``, both directions; on
+    exit, back at the cluster's rate for that host. A context manager like ``Injector``, with the
+    same ``applied`` record. From the launch, not from training's start: a link is the host's, the
+    same for a job's start-up as for its steps, and the start-up's few small messages do not fill it.
+
+    ``links``: hvdps emulate's cluster description (common/formats/schemas.py: LinksSpec), which
+    names each host's namespace, the switch's, and the queue every link was shaped with."""
+
+    def __init__(self, condition, links):
+        self.condition = condition
+        self.host_ns, self.switch, self.queue_ms, self.key, self.normal = link_of(condition, links)
+        self.applied = Applied(condition.label, condition.describe(), link=condition.port, host=self.key,
+                               rate=condition.rate, rate_bps=condition.rate_bps, stopped_at=None)
+        self.shaped = False
+
+    def __enter__(self):
+        try:
+            shape_link(self.host_ns, self.switch, self.condition.port, self.condition.rate, self.queue_ms, "change")
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            raise RunError(f"--slow_link {self.condition.port}={self.condition.rate}: tc refused it: {exc}")
+        self.shaped = True
+        self.applied.first_applied_s = 0.0
+        return self
+
+    def __exit__(self, *exc):
+        if self.shaped:
+            try:
+                shape_link(self.host_ns, self.switch, self.condition.port, f"{int(self.normal)}bit",
+                           self.queue_ms, "change")
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+                raise RunError(f"could not set {self.condition.port}'s link back to {self.normal / 1e6:g} Mbit/s "
+                               f"({err}); the runs after this one would be on the slow link")
+        return False
+
+
+def link_of(condition, links):
+    """(host namespace, switch namespace, queue ms, the host's key in the cluster's records, its
+    own rate in bits/s) of the host a slow link names; UsageError where the description cannot
+    say (a cluster that is not hvdps emulate's, or a host it does not have)."""
+    if links is None or not links.namespaces or not links.switch or not links.queue_ms:
+        raise UsageError("--slow_link shapes one host's link of hvdps emulate's cluster (tc in the host's "
+                         "namespace): run the comparison under hvdps emulate")
+    keys = [k for k, port in links.ports.items() if port == condition.port]
+    names = [ns for ns in links.namespaces.values() if ns.endswith(f"-{condition.port}")]
+    if not keys or len(names) != 1:
+        raise UsageError(f"--slow_link {condition.port}={condition.rate}: the cluster has no host "
+                         f"{condition.port} (it has {', '.join(sorted(links.ports.values()))})")
+    key = keys[0]
+    return names[0], links.switch, links.queue_ms, key, (links.rates or {}).get(key, links.rate_bps)

@@ -134,10 +134,12 @@ def section(rows):
     if not found:
         return []
     lines = ["## An unhealthy cluster", "",
-             "Each run with a slow or stalled worker beside the same method's healthy run in this comparison. "
+             "Each run with a slow or stalled worker, or a slow link, beside the same method's healthy run in this "
+             "comparison. "
              "A slow worker runs in a CPU cgroup of its own whose quota is 1/F of the CPU each of the job's tasks "
              "gets when they share the machine evenly; a stalled one gets SIGSTOP and SIGCONT from the "
-             "comparison. Both from the start of training (hvdps/measure/unhealthy.py). *Simple model*: a "
+             "comparison. Both from the start of training; a slow link is its host's token bucket at the rate, from the "
+             "launch (hvdps/measure/unhealthy.py), and `hvdps project --from` costs it held out. *Simple model*: a "
              "synchronous method at the slowest worker's pace (1/F of healthy throughput), asynchronous PS at "
              "its workers' summed rates ((N - 1 + 1/F) / N), and sync PS with K backup workers (`ps:backupK`) as "
              "TensorFlow's SyncReplicasOptimizer plays out: it hands each update's N tokens to whichever workers ask "
@@ -146,13 +148,15 @@ def section(rows):
              f"one's push (ps_train/tokens.py). {', '.join(_waits_for_all())} have no backup workers: "
              "every step waits for every rank. Throughput is the median logging interval's, so a stall shows in "
              "the time to target more than in it.", "",
-             "| workload | method | workers | worker | samples/s | vs healthy | simple model | time to target (s) "
+             "| workload | method | workers | condition | samples/s | vs healthy | simple model | time to target (s) "
              "| vs healthy | step p50 / p95 by rank (ms) | applied |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r, h in found:
         u = r.unhealthy
         applied = "-"
-        if u is not None and u.quota_us:
+        if u is not None and u.rate_bps:
+            applied = f"tc tbf: {u.link}'s link ({u.host}) at {u.rate}, both directions, for the run"
+        elif u is not None and u.quota_us:
             applied = (f"{u.controller}: {u.quota_us:,} of {u.period_us:,} us per period, "
                        f"pid {', '.join(map(str, u.pids)) or 'not found'}")
         elif u is not None:
