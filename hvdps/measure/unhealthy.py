@@ -52,8 +52,15 @@ MAX_FACTOR = 1000.0
 MAX_MS = 3_600_000
 
 
+class OnWorker:
+    """A condition of worker ``rank``: only the runs that have that worker run with it."""
+
+    def applies_to(self, workers):
+        return self.rank < workers
+
+
 @dataclass(frozen=True)
-class Straggler:
+class Straggler(OnWorker):
     """Worker ``rank`` at 1/``factor`` of the CPU the others get (1: healthy)."""
     rank: int
     factor: float
@@ -65,12 +72,9 @@ class Straggler:
     def describe(self):
         return f"worker {self.rank} at 1/{self.factor:g} CPU"
 
-    def applies_to(self, workers):
-        return self.rank < workers
-
 
 @dataclass(frozen=True)
-class Stall:
+class Stall(OnWorker):
     """Worker ``rank`` stopped for ``for_ms`` every ``every_ms``."""
     rank: int
     every_ms: float
@@ -82,9 +86,6 @@ class Stall:
 
     def describe(self):
         return f"worker {self.rank} stopped {self.for_ms:g} ms every {self.every_ms:g} ms"
-
-    def applies_to(self, workers):
-        return self.rank < workers
 
 
 @dataclass(frozen=True)
