@@ -137,6 +137,21 @@ def test_dry_run_shows_each_host_and_its_command(capsys):
         assert f"/bin/true {host} " in line and "-m common.launch.tether" in line and "--ps_hosts=h1:2222" in line
 
 
+@pytest.mark.parametrize("environ, want", [
+    ({}, ["--mca", "btl_tcp_eager_limit", "4194304"]),      # the ring's blocks without a handshake
+    ({"OMPI_MCA_btl_tcp_eager_limit": "65536"}, []),        # the user's own limit reaches every rank
+])
+def test_remote_mpi_flags_eager_limit(environ, want):
+    """The ring's blocks above TCP's eager limit wait for the receiver's answer (BENCHMARKS.md 12g);
+    a --mca flag beats an OMPI_MCA_ variable, so hvdps sets the limit only where the user has not."""
+    from hvdps.launchers import Remote, remote_mpi_flags
+    where = Remote("h1,h2", (("h1", 1), ("h2", 1)), ("ssh",), False, "10.9.0.0/24")
+    flags = remote_mpi_flags(where, environ)
+    got = [flags[i:i + 3] for i, f in enumerate(flags) if f == "--mca" and flags[i + 1] == "btl_tcp_eager_limit"]
+    assert got == ([want] if want else [])
+    assert "btl_tcp_links" in flags and "plm_rsh_agent" not in flags
+
+
 def test_dry_run_shows_each_mwms_worker_on_its_slot(capsys):
     """TF's all-reduce across hosts: workers fill the slots in order (as mpirun's ranks), ports count
     up on a host, and every worker's line names the whole cluster and its own index."""
