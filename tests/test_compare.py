@@ -149,9 +149,13 @@ def test_end_to_end_both_backends(tmp_path):
         idle = [t for t in tasks if not steps[t]["spans"]] if x["mode"] == "async" else []
         assert len(idle) < len(tasks), idle
         check_timeline(x["run_dir"], tasks, idle)
-        assert all(0 < q["p50"] <= q["p95"] <= q["max"] for q in (steps[t]["step_s"] for t in tasks if t not in idle))
+        # the distribution is over the steps after the warm-up; an async worker's steps are global steps,
+        # and one that came late may have taken only warm-up steps (its spans logged, no distribution)
+        timed = [t for t in tasks if steps[t]["step_s"] is not None]
+        assert timed == tasks if x["mode"] != "async" else timed, (tasks, timed)
+        assert all(0 < q["p50"] <= q["p95"] <= q["max"] for q in (steps[t]["step_s"] for t in timed))
         # and its process's CPU a step, every thread counted: some, and at most both cores for the whole step
-        assert all(0 < steps[t]["cpu_s_per_step"] <= 2 * steps[t]["step_s"]["max"] + 0.01 for t in tasks if t not in idle)
+        assert all(0 < steps[t]["cpu_s_per_step"] <= 2 * steps[t]["step_s"]["max"] + 0.01 for t in timed)
     report = (out / "report.md").read_text()
     assert "Where each step's time goes" in report and "![breakdown.png](breakdown.png)" in report
     assert report.count(" worker(s): ") >= 6 and "2 worker(s), one run each" in report   # a sentence per run, and the verdict

@@ -121,6 +121,18 @@ def _binomial(m, p):
     return pmf
 
 
+def _convolve_rows(a, b):
+    """Row i is ``np.convolve(a[i], b[i])``: at each point of the grid, the distribution of how many
+    workers are at or below it, two independent groups summed. One pass per column of the narrower
+    array, not one call per grid point: the projection asks for many order statistics."""
+    if a.shape[1] > b.shape[1]:
+        a, b = b, a
+    out = np.zeros((a.shape[0], a.shape[1] + b.shape[1] - 1))
+    for i in range(a.shape[1]):
+        out[:, i:i + b.shape[1]] += a[:, i:i + 1] * b
+    return out
+
+
 def order_statistic(values, k):
     """E[X_(k)], the expected k-th smallest of independent normals ``values`` ((mean, sd) each; an sd
     of 0 is a point), k from 1 (the fastest) to n (the slowest). Workers with the same distribution
@@ -139,8 +151,7 @@ def order_statistic(values, k):
     count = np.zeros((GRID, 1))
     count[:, 0] = 1.0                      # P(none of the workers so far is <= x)
     for (mean, sd), m in groups.items():
-        pmf = _binomial(m, _normal_cdf(x, mean, sd))
-        count = np.stack([np.convolve(a, b) for a, b in zip(count, pmf)])
+        count = _convolve_rows(count, _binomial(m, _normal_cdf(x, mean, sd)))
     at_least_k = count[:, k:].sum(axis=1)   # P(X_(k) <= x)
     # E[X] = lo + integral of P(X > x) from lo, where P(X <= lo) is nil
     integrate = getattr(np, "trapezoid", None) or np.trapz      # numpy 2, or 1 (TF 2.15's stack)
