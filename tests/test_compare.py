@@ -152,7 +152,7 @@ def test_end_to_end_both_backends(tmp_path):
         # the distribution is over the steps after the warm-up; an async worker's steps are global steps,
         # and one that came late may have taken only warm-up steps (its spans logged, no distribution)
         timed = [t for t in tasks if steps[t]["step_s"] is not None]
-        assert timed == tasks if x["mode"] != "async" else timed, (tasks, timed)
+        assert (timed == tasks) if x["mode"] != "async" else timed, (tasks, timed)
         assert all(0 < q["p50"] <= q["p95"] <= q["max"] for q in (steps[t]["step_s"] for t in timed))
         # and its process's CPU a step, every thread counted: some, and at most both cores for the whole step
         assert all(0 < steps[t]["cpu_s_per_step"] <= 2 * steps[t]["step_s"]["max"] + 0.01 for t in timed)
