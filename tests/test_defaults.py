@@ -1,6 +1,7 @@
 """Defaults that train: every built-in small model, with its default optimizer and learning rate
-(common.spec.config.MODEL_DEFAULTS), reaches >= 0.90 test accuracy on MNIST-format 28x28 files within
-EPOCHS epochs at 1 and 4 workers under Horovod, and at 4 workers under PS async (ASYNC_EPOCHS).
+(common.spec.config.MODEL_DEFAULTS), reaches >= 0.90 test accuracy within EPOCHS epochs at 1 and 4
+workers under Horovod, and at 4 workers under PS async (ASYNC_EPOCHS): the CNN on MNIST-format 28x28
+files, the MLP on them at 1 worker and on its default input, the 8x8 digits, at 4.
 
 Horovod stands for every synchronous method. What a method can do to the defaults is the learning
 rate it scales by the workers and the gradients it averages, and the sync methods share both: each
@@ -84,7 +85,9 @@ def _launch(backend, workers, flags, timeout=420):
 
 
 BACKENDS = ["horovod", "ps:async"]
-MNIST = [(m, b, w) for m in ("mlp", "cnn") for b in BACKENDS for w in (1, 4) if w == 4 or b == "horovod"]
+# The CNN at both ends under both; the MLP's 4-worker ends are held on its own input, the 8x8 digits
+# (DIGITS): the rate as given is the 1-worker run here, and 28x28 files change only its input layer.
+MNIST = [("mlp", "horovod", 1)] + [("cnn", b, w) for b in BACKENDS for w in (1, 4) if w == 4 or b == "horovod"]
 # 8x8 digits: the MLP (the default workload) at 4 workers; at 1 and 2 it is already held to 0.90 by
 # test_horovod/test_ps. The CNN's workloads are the 28x28 ones above and the demo's.
 DIGITS = [("mlp", b, 4) for b in BACKENDS]

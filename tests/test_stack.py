@@ -10,7 +10,7 @@ import pytest
 from hvdps.install.stack import STACKS, pick
 from tests.conftest import REPO, run
 
-NEWEST = ["tensorflow==2.21.0", "tf-keras==2.21.0", "numpy>=2,<3"]
+NEWEST = ["tensorflow==2.21.0", "tf-keras==2.21.0", "numpy>=2,<3", "ml_dtypes<0.7"]
 NEW = ["tensorflow==2.18.1", "tf-keras==2.18.0", "numpy<2"]
 OLD = ["tensorflow==2.15.1", "numpy<2"]
 

@@ -14,11 +14,14 @@ the two in one environment overwrite each other's files. The full wheel runs on 
 """
 import sys
 
-# name -> (pip requirements, the Pythons its wheels exist for, inclusive)
+# name -> (pip requirements, the Pythons its wheels exist for, inclusive). ml_dtypes, which TensorFlow
+# imports first thing in every process, is held below 0.7: its 0.7.0 takes 0.9 s of CPU to import
+# against 0.02 s for 0.6.0, a quarter of TensorFlow's start-up, paid by every rank and task
+# (BENCHMARKS.md, "Process start-up"). 2.21 accepts 0.5.1 to 1.0; 2.18 and 2.15 require older ones.
 STACKS = {
     "2.15": (["tensorflow==2.15.1", "numpy<2"], (3, 9), (3, 11)),
     "2.18": (["tensorflow==2.18.1", "tf-keras==2.18.0", "numpy<2"], (3, 9), (3, 12)),
-    "2.21": (["tensorflow==2.21.0", "tf-keras==2.21.0", "numpy>=2,<3"], (3, 10), (3, 13)),
+    "2.21": (["tensorflow==2.21.0", "tf-keras==2.21.0", "numpy>=2,<3", "ml_dtypes<0.7"], (3, 10), (3, 13)),
 }
 # auto: the newest stack with wheels for the Python (BENCHMARKS.md, "The TensorFlow stack")
 DEFAULT = {(3, 9): "2.18", (3, 10): "2.21", (3, 11): "2.21", (3, 12): "2.21", (3, 13): "2.21"}
