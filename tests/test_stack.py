@@ -45,6 +45,19 @@ def test_every_stack_names_tensorflow_first():
         assert not any(p.startswith("tensorflow-cpu") for p in pins)
 
 
+def test_the_environment_holds_its_stacks_pins():
+    """Set-up installs the stack's pins, then hvdps and the test tools: nothing installed after them
+    may move one (ml_dtypes 0.7 would add 0.8 s of CPU to every process's start: BENCHMARKS.md,
+    section 16)."""
+    from importlib.metadata import version
+    from packaging.requirements import Requirement
+    tf = version("tensorflow")
+    (pins,) = [pins for pins, _, _ in STACKS.values() if pins[0] == f"tensorflow=={tf}"]
+    for pin in pins:
+        req = Requirement(pin)
+        assert req.specifier.contains(version(req.name), prereleases=True), (pin, version(req.name))
+
+
 def _make_setup(tmp_path, python, tf="auto"):
     return subprocess.run(["make", "--no-print-directory", "setup", f"PYTHON={python}", f"TF={tf}",
                            f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True, text=True, timeout=60)
