@@ -128,9 +128,11 @@ def describe_exit(name, rc):
     return f"{name} exited with code {rc}"
 
 
-def supervise(cluster, sync, timeout=None, chief_name="worker:0"):
+def supervise(cluster, sync, timeout=None, chief_name="worker:0", interrupted=lambda: False):
     """Wait for the chief (worker:0, or chief:0 with TF2's strategy); decide what other roles'
-    deaths mean.
+    deaths mean. ``interrupted()`` true ends the wait with KeyboardInterrupt: the signal handler's own
+    KeyboardInterrupt is lost when it lands in a finalizer (Python prints and drops an exception
+    raised in ``__del__`` or a weakref callback), the flag it set is not.
 
     Returns (exit code, what ended the job, the role that ended it).
     """
@@ -138,6 +140,8 @@ def supervise(cluster, sync, timeout=None, chief_name="worker:0"):
     started = time.monotonic()
     reported = set()
     while True:
+        if interrupted():
+            raise KeyboardInterrupt
         cluster.sample_cpu()
         code = chief.poll()
         others = [(name, p.poll()) for name, p in cluster.procs.items() if name != chief_name and name not in reported]
@@ -183,7 +187,10 @@ def run_cluster(cluster, sync, timeout=None, chief_name="worker:0"):
     launchers (mwms_train/launch.py) run their tasks through it."""
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
+    signals = []
+
     def on_signal(signum, frame):
+        signals.append(signum)
         raise KeyboardInterrupt
 
     # Both explicitly: a launcher started in the background by a non-interactive shell inherits
@@ -193,7 +200,7 @@ def run_cluster(cluster, sync, timeout=None, chief_name="worker:0"):
     try:
         cluster.start()
         cluster.say("started " + ", ".join(f"{n} (pid {pid})" for n, pid in cluster.pids().items()))
-        return supervise(cluster, sync, timeout, chief_name=chief_name)
+        return supervise(cluster, sync, timeout, chief_name=chief_name, interrupted=lambda: bool(signals))
     except KeyboardInterrupt:
         cluster.say("interrupted: stopping the cluster")
         return 130, "interrupted", None
