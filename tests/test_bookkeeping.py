@@ -16,13 +16,19 @@ from tests.jobs import CKPT_STEPS, EPOCHS, LAUNCH, LOG_EVERY
 # ---------------------------------------------------------------- the rule, in process
 class FakeLog:
     def __init__(self):
-        self.steps, self.evals = [], []
+        self.steps, self.evals, self.pauses, self.resumes = [], [], 0, []
 
     def step(self, step, loss, **extra):
         self.steps.append(step)
 
     def eval(self, epoch, step, loss, accuracy, **extra):
         self.evals.append((epoch, step))
+
+    def paused(self):
+        self.pauses += 1
+
+    def resumed(self, step, samples_seen=None):
+        self.resumes.append(step)
 
     def finish(self, steps, grad_bytes, **extra):
         self.summary = extra
@@ -85,6 +91,23 @@ def test_finish_evaluates_and_checkpoints_only_what_is_missing(final):
     assert log.evals == [(1, 31), (2, final)]             # the overshoot is still the last epoch
     assert log.steps[-2:] == [60, final]                  # a step record at the end, as in every loop
     assert b.at("checkpoint") == [31, final] and log.summary["checkpoints_at"] == [31, final]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("cfg, seen, paused_at, resumed_at", [
+    # each evaluation and each checkpoint, and the interval begins again at the next update
+    ({"checkpoint_steps": 20}, range(1, 62), [20, 31, 40, 60], [21, 32, 41, 61]),
+    ({"checkpoint_steps": 20}, [3, 25, 33, 52, 61], [25, 33, 52, 61], [33, 52, 61]),   # an async chief's jumps
+    ({"eval_every_epoch": False, "checkpoint_every_epoch": False}, range(1, 62), [], []),   # logs alone
+])
+def test_the_throughput_meter_is_paused_after_each_evaluation_and_checkpoint(cfg, seen, paused_at, resumed_at):
+    b, log, _, _ = books(**cfg)
+    got = []
+    for s in seen:
+        before = log.pauses
+        b.after_update(s, 1.0)
+        got += [s] * (log.pauses - before)
+    assert got == paused_at and log.resumes == resumed_at
 
 
 @pytest.mark.unit

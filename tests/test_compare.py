@@ -30,10 +30,10 @@ def fake_run(d, backend, mode, workers, rates, accs, num_ps=0):
 
 @pytest.mark.process
 def test_report_values(tmp_path):
-    runs = [fake_run(tmp_path / "a", "horovod", "sync", 1, [100, 100, 100], [0.5, 0.95]),
-            fake_run(tmp_path / "b", "horovod", "sync", 2, [180, 180, 180], [0.6, 0.96]),
-            fake_run(tmp_path / "c", "ps", "async", 1, [90, 90], [0.4, 0.92], num_ps=1),
-            fake_run(tmp_path / "d", "ps", "async", 2, [90, 90], [0.4, 0.92], num_ps=1),
+    runs = [fake_run(tmp_path / "a", "horovod", "sync", 1, [1000, 1000, 1000], [0.5, 0.95]),
+            fake_run(tmp_path / "b", "horovod", "sync", 2, [1800, 1800, 1800], [0.6, 0.96]),
+            fake_run(tmp_path / "c", "ps", "async", 1, [900, 900], [0.4, 0.92], num_ps=1),
+            fake_run(tmp_path / "d", "ps", "async", 2, [900, 900], [0.4, 0.92], num_ps=1),
             PlannedRun("ps", "sync", 2, str(tmp_path / "missing"), outcome=Outcome(1, error="error: boom"))]
     rows = collect(runs)
     by = {(r.backend, r.mode, r.workers): r for r in rows}
@@ -55,9 +55,9 @@ def test_report_values(tmp_path):
     report = (out / "report.md").read_text()
     assert report.startswith("# hvdps comparison\n\n## Verdict\n\n- **mlp**, 2 worker(s), one run each:")   # the answer first
     assert report.index("## Verdict") < report.index("## Runs") < report.index("| workload |")
-    assert "| mlp | horovod | sync | 2 | - | 180 | 180 ± 0 | 90% |" in report
+    assert "| mlp | horovod | sync | 2 | - | 1,800 | 1,800 ± 0 | 90% |" in report   # one format for every figure
     assert "reaches the target accuracy 0.9 first, in" in report        # both did: ranked by time first
-    assert "Throughput: Horovod 180 samples/s: 2.00x PS async (90)." in report
+    assert "Throughput: Horovod 1,800 samples/s: 2.00x PS async (900)." in report
     assert "Verdicts rank the runs at each workload's largest worker count by time to the target" in report
     assert "error: boom" in report
     for png in ("throughput.png", "accuracy_vs_time.png"):

@@ -76,6 +76,24 @@ def test_an_async_interval_spans_at_least_one_round():
     assert m.stats()["n"] == 2
 
 
+def test_a_pause_is_in_no_interval():
+    # an evaluation after update 4, logged every 4: the interval begins at the first update after it
+    m = ThroughputMeter(warmup_steps=2)
+    assert m.update(2, 20, now=1.0) is None       # first mark
+    assert m.update(4, 40, now=2.0) == 20.0
+    m.pause()                                     # evaluated from 2.0 to 12.0
+    m.resume(5, 50, now=12.5)                     # update 5, the first after it
+    assert m.update(8, 80, now=14.0) == 20.0      # (80 - 50) / (14.0 - 12.5), not (80 - 40) / 12.0
+    m.pause()
+    assert m.update(12, 120, now=30.0) is None    # no update told since the pause: a new mark here
+    assert m.update(16, 160, now=32.0) == 20.0
+    assert m.stats()["n"] == 3 and m.stats()["median"] == 20.0
+    m = ThroughputMeter(warmup_steps=10)
+    m.pause()
+    m.resume(5, 50, now=1.0)                      # still in the warm-up: no mark
+    assert m.update(10, 100, now=2.0) is None and m.update(12, 120, now=3.0) == 20.0
+
+
 @pytest.mark.parametrize("workers, batches_per_update, per_round", [(4, 4, 1), (4, 1, 4), (3, 2, 1), (1, 1, 1)])
 def test_updates_per_round(workers, batches_per_update, per_round):
     cfg = make_config(batch_size=8)
@@ -308,3 +326,45 @@ def test_a_row_holds_each_summary_figure_once(tmp_path):
     assert isinstance(row.gradient, Gradient) and row.gradient.dense_bytes == 1000
     assert (row.wall_time, row.peak_rss_mib, row.status) == (9.0, 512.5, "ok")
     assert (row.column("sparse_bytes"), row.column("sparse_table_bytes")) == (300, 90000)
+
+
+def _timed_row(name, times, evals=(), unhealthy=None, backend="mpi"):
+    """A 2-worker run logged every 10 updates of 64 samples at ``times`` (seconds since its start),
+    warm-up 10, evaluated at ``evals``."""
+    from common.formats.schemas import Eval, Header, RunConfig, Step
+    from hvdps.measure.rows import Curves, RunRow
+    header = Header(type="header", backend=backend, mode="sync", world_size=2, start_time=100.0,
+                    config=RunConfig(warmup_steps=10), start_step=0)
+    steps = [Step(type="step", global_step=10 * (i + 1), samples_seen=640 * (i + 1), wall_time=t,
+                  samples_per_sec=None if i == 0 else 640 / (t - times[i - 1]))
+             for i, t in enumerate(times)]
+    rates = sorted(s.samples_per_sec for s in steps if s.samples_per_sec)
+    return RunRow(run_dir=name, status="ok", backend=backend, mode="sync", workers=2,
+                  samples_per_sec_median=rates[len(rates) // 2], unhealthy=unhealthy,
+                  condition=unhealthy and unhealthy.condition,
+                  curves=Curves(header=header, steps=tuple(steps),
+                                evals=tuple(Eval(type="eval", epoch=1, global_step=20, split="test", loss=1.0,
+                                                 accuracy=0.5, wall_time=t) for t in evals)))
+
+
+@pytest.mark.parametrize("stalled, expected", [
+    # a stall: a few intervals hold its stops (3 s of 7), the median none; held over the whole interval
+    (True, (6400 / 10.0, 6400 / 13.0)),
+    # a slow CPU: the steady intervals' medians
+    (False, (640.0, 640.0)),
+])
+def test_what_a_run_keeps_is_taken_one_way_for_the_report_and_the_projection(stalled, expected):
+    from common.formats.schemas import Unhealthy
+    from hvdps.measure.rows import kept_rates
+    healthy = _timed_row("h", [float(t) for t in range(1, 12)])
+    stall = Unhealthy(condition="stall1-1000-250", what="w", rank=1, every_ms=1000, for_ms=250) if stalled else \
+        Unhealthy(condition="slow1x4", what="w", rank=1, factor=4)
+    run = _timed_row("s", [1.0, 2.0, 3.0, 5.0, 6.0, 7.0, 9.0, 10.0, 11.0, 12.0, 14.0], unhealthy=stall)
+    assert kept_rates(run, healthy, stalled=stall.stalled) == pytest.approx(expected)
+
+
+def test_an_evaluation_pause_is_in_no_whole_interval_rate():
+    from hvdps.measure.rows import interval_rate
+    plain = _timed_row("p", [1.0, 2.0, 3.0, 4.0, 5.0])
+    paused = _timed_row("e", [1.0, 2.0, 13.0, 14.0, 15.0], evals=[12.0])     # 10 s evaluating between 20 and 30
+    assert interval_rate(plain) == interval_rate(paused) == pytest.approx(640.0)

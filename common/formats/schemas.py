@@ -181,6 +181,11 @@ class Unhealthy(Strict):
     rate: Optional[Text] = None                  # and the rate it ran at
     rate_bps: Optional[Rate] = None
 
+    @property
+    def stalled(self):
+        """A stall (--stall), whose cost falls in the few logging intervals a stop lands in."""
+        return self.every_ms is not None and self.for_ms is not None
+
     @model_validator(mode="after")
     def _whose(self):
         if (self.rank is None) == (self.rate_bps is None):

@@ -83,6 +83,7 @@ class Bookkeeper:
         self.evaluated_at = self.saved_at = None
         self.label = max(1, plan.epoch_of(start))
         self.events = []                          # (update, what): what the run did
+        self.paused = False                       # an evaluation or a checkpoint since the last update
 
     def due(self, prev, step, epoch=None):
         """What is due when the global step goes from ``prev`` to ``step``."""
@@ -119,6 +120,9 @@ class Bookkeeper:
         if loss is not None:
             self.losses.append(loss)
             self.last_loss = loss
+        if self.paused:                           # the next throughput interval begins here, past the pause
+            self.log.resumed(step, extra.get("samples_seen"))
+            self.paused = False
         due = self.due(self.last, step, epoch)
         self.last = step
         if epoch:
@@ -131,6 +135,9 @@ class Bookkeeper:
             self.evaluate(step, **extra)
         if "checkpoint" in due:
             self.save(step)
+        if "eval" in due or "checkpoint" in due:
+            self.log.paused()                     # the pause is no part of any throughput interval
+            self.paused = True
         return due
 
     def write_log(self, step, **extra):

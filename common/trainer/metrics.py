@@ -106,6 +106,20 @@ class ThroughputMeter:
         self.rates.append(rate)
         return rate
 
+    def pause(self):
+        """An evaluation or a checkpoint has just ended: the interval it fell in is dropped, and the
+        next one begins at the first update after it (``resume``). Counted, a pause would be throughput
+        in one run and not in another: a synchronous job stops for its evaluation, an asynchronous
+        chief's peers keep training through it, and with an evaluation every epoch of a small set half
+        the intervals held one, enough to move the median."""
+        self._mark = None
+
+    def resume(self, step, samples_seen, now=None):
+        """The first update after a pause: the next interval begins here (an asynchronous chief's
+        step already counts what its peers made meanwhile), not at the next logged update."""
+        if self._mark is None and step >= self.warmup_steps:
+            self._mark = (step, samples_seen, time.perf_counter() if now is None else now)
+
     def stats(self):
         return throughput_stats(self.rates)
 

@@ -159,6 +159,16 @@ class RunLog:
         self.tb.scalars(step, samples, loss=loss, samples_per_sec=rate, learning_rate=lr)
         self.progress.update(step, loss=float(loss), **({"samples/s": rate} if rate else {}))
 
+    def paused(self):
+        """An evaluation or a checkpoint has just ended: it is in no throughput interval (ThroughputMeter.pause)."""
+        if self.enabled:
+            self.meter.pause()
+
+    def resumed(self, step, samples_seen=None):
+        """Update ``step`` is the first since the pause: the next interval begins at it."""
+        if self.enabled:
+            self.meter.resume(step, samples_seen if samples_seen is not None else step * self.plan.samples_per_update)
+
     def eval(self, epoch, step, loss, accuracy, **extra):
         if not self.enabled:
             return

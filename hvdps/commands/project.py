@@ -16,7 +16,7 @@ from common.formats.schemas import read_cluster_description, read_comm, read_con
 from hvdps import methods
 from hvdps.cost import crossover, heldout, stragglers
 from hvdps.cost.schedule import AlphaBeta, Unfitted
-from hvdps.measure.rows import interval_rate, load_run, measured_interval, steady_rate
+from hvdps.measure.rows import kept_rates, load_run, measured_interval
 from hvdps.measure.runs import load_of, run_record
 from hvdps.cost.projection import (RING, Checked, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
                                    project, projected_step, ring_of, run_exchange_s, single_layer)
@@ -289,8 +289,7 @@ def unhealthy_check(path, healthy_path, layers, tuning):
             own = cluster.model_copy(update={"rates": {**(cluster.rates or {}), unhealthy.host: unhealthy.rate_bps}})
         entry = stragglers.held(row, healthy, what, paces, compute, nets_of(base_cluster, healthy),
                                 nets_of(own, row), layers, tuning,
-                                rates=(interval_rate(healthy), interval_rate(row)),
-                                medians=(steady_rate(healthy), steady_rate(row)))
+                                kept=kept_rates(row, healthy, stalled=bool(unhealthy and unhealthy.stalled)))
         if entry is None:
             left_out.append((name, "no throughput measured, or no step model for its method"))
         else:

@@ -362,12 +362,11 @@ class Held:
     ratio: float
 
 
-def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, tuning, rates=None, medians=None):
+def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, tuning, kept=None):
     """``Held`` for one unhealthy run (a RunRow with samples/s and a shape) and its healthy twin, on
-    the healthy cluster's network and its own; None where the method has no step model. ``rates``:
-    (healthy, run) samples/s over the whole measured interval, taken for a stall and for a method
-    that exchanges once in several steps; ``medians``: (healthy, run) samples/s of their steady
-    logging intervals (hvdps/measure/rows.py: steady_rate), else each row's median."""
+    the healthy cluster's network and its own; None where the method has no step model. ``kept``:
+    (healthy, run) samples/s as hvdps/measure/rows.py's kept_rates takes them (the report's "keeps"
+    too), else each row's median."""
     base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
                     tuning=tuning, shard_bytes=healthy.shard_bytes)
     factors = {}
@@ -388,14 +387,7 @@ def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, 
                             tuning=tuning, shard_bytes=healthy.shard_bytes, factors=factors)
     slow = job_step(run, paces, compute_s, nets, layers=layers, tuning=tuning,
                     shard_bytes=run.shard_bytes, factors=factors)
-    # a steady rate (a slow CPU, a slow link) is the median logging interval's; a stall is in a few
-    # intervals only, and so is an exchange made once in k steps (local SGD: the logging intervals
-    # alternate between those with an averaging and those without), so their cost is in the samples
-    # over the whole measured interval
-    h, m = medians if medians and all(medians) else (healthy.samples_per_sec_median, run.samples_per_sec_median)
-    periodic = methods.lookup(run.backend).cost.steps_per_exchange(run.mode) > 1
-    if (periodic or any(p.whole for p in paces)) and rates and all(rates):
-        h, m = rates
+    h, m = kept if kept else (healthy.samples_per_sec_median, run.samples_per_sec_median)
     if base is None or slow is None or not h or not m:
         return None
     kept_model = base.step_s / slow.step_s

@@ -187,15 +187,39 @@ def steady_rate(row):
 def interval_rate(row):
     """Samples/s over the whole measured interval (the samples it saw over its wall time), or None:
     what a run kept where a few intervals were slow (a stalled worker), which the median and the mean of
-    the intervals' rates (each interval one vote) leave out."""
+    the intervals' rates (each interval one vote) leave out. A logging interval an evaluation fell in
+    (and the epoch's checkpoint after it) is left out, as the trainer's own rates leave it out
+    (common/trainer/metrics.py: ThroughputMeter.pause)."""
     steps, header = row.curves.steps, row.curves.header
     span = measured_interval(header, steps)
     if span is None:
         return None
     inside = [s for s in steps if span[0] <= header.start_time + s.wall_time <= span[1]]
-    if len(inside) < 2 or inside[-1].wall_time <= inside[0].wall_time:
-        return None
-    return (inside[-1].samples_seen - inside[0].samples_seen) / (inside[-1].wall_time - inside[0].wall_time)
+    paused = [e.wall_time for e in row.curves.evals]
+    samples = seconds = 0.0
+    for a, b in zip(inside, inside[1:]):
+        if b.wall_time > a.wall_time and not any(a.wall_time < t <= b.wall_time for t in paused):
+            samples += b.samples_seen - a.samples_seen
+            seconds += b.wall_time - a.wall_time
+    return samples / seconds if seconds > 0 and samples > 0 else None
+
+
+def kept_rates(run, healthy, stalled):
+    """(healthy, run) samples/s, taken one way wherever a run is held to its healthy twin: the report's
+    "keeps", straggler.png and the projection's measured share. The median of the steady logging
+    intervals (steady_rate), except where the cost falls in a few intervals only, a stalled worker's
+    stops or a method that exchanges once in several steps (local SGD's intervals alternate between
+    those with an averaging and those without): there the samples over the whole measured interval
+    (interval_rate), where both runs have one. A median would call a stalled ring faster than its
+    healthy twin."""
+    method = methods.lookup(run.backend) if run.backend else None
+    periodic = method is not None and method.cost.steps_per_exchange(run.mode) > 1
+    if stalled or periodic:
+        rates = (interval_rate(healthy), interval_rate(run))
+        if all(rates):
+            return rates
+    return steady_rate(healthy), steady_rate(run)
+
 
 
 def load_run(run_dir, name="metrics.jsonl"):

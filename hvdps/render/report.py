@@ -152,8 +152,8 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tp = ("-" if r.samples_per_sec_mean is None else
-              f"{r.samples_per_sec_mean:.0f} (one interval)" if r.samples_per_sec_error is None else
-              f"{r.samples_per_sec_mean:.0f} ± {r.samples_per_sec_error:.0f}")
+              f"{r.samples_per_sec_mean:,.0f} (one interval)" if r.samples_per_sec_error is None else
+              f"{r.samples_per_sec_mean:,.0f} ± {r.samples_per_sec_error:,.0f}")
         eff = f"{100 * r.scaling_efficiency:.0f}%" if r.scaling_efficiency is not None else "-"
         status = r.status or "-"
         if r.error:
@@ -190,7 +190,8 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
                   "the job's exit (releasing PS tasks, MPI finalisation). None of these is in the "
                   "throughput columns."]
     lines += [""] + unhealthy.section(rows) + links_section(rows) + methods_sections(rows)
-    lines += ["Throughput excludes the first `--warmup_steps` steps; ± is the 95% half-width over "
+    lines += ["Throughput excludes the first `--warmup_steps` steps and the logging intervals an evaluation or a "
+              "checkpoint fell in; ± is the 95% half-width over "
               "logging intervals (with --repeat, of the configuration's median run). Scaling efficiency = "
               "throughput(n) / (n × throughput(1)) for the same backend and mode. A run is *oversubscribed* "
               "when it starts more processes than this machine has cores: its scaling figures measure "

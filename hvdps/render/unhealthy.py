@@ -14,6 +14,7 @@ time. All of them come from one model, hvdps/cost/stragglers.py, which the proje
 The all-reduce methods have no backups: every step waits for every rank."""
 from hvdps import methods
 from hvdps.cost import stragglers
+from hvdps.measure.rows import kept_rates
 from hvdps.render.plots import save_png
 from hvdps.render.styles import name_of, series_styles
 
@@ -29,6 +30,20 @@ def _key(r):
 
 def _ratio(a, b):
     return a / b if a is not None and b else None
+
+
+def _kept(r, h):
+    """(healthy, run) samples/s as every figure here and the projection's measured share take them
+    (hvdps/measure/rows.py: kept_rates): a stall's stops are in the samples over the whole interval."""
+    return kept_rates(r, h, stalled=bool(r.unhealthy and r.unhealthy.stalled))
+
+
+def _keep(r, h):
+    """What ``r`` keeps of its healthy twin ``h``'s throughput, or None."""
+    if h is None:
+        return None
+    healthy, run = _kept(r, h)
+    return _ratio(run, healthy)
 
 
 def _x(v):
@@ -67,13 +82,12 @@ def verdicts(rows):
         groups.setdefault((r.model, r.workers, what), []).append((r, h))
     for (model, n, what), members in groups.items():
         parts = []
-        for r, h in sorted(members, key=lambda m: -(_ratio(m[0].samples_per_sec_median,
-                                                          m[1] and m[1].samples_per_sec_median) or 0)):
+        for r, h in sorted(members, key=lambda m: -(_keep(*m) or 0)):
             if r.status != "ok" or h is None:
                 parts.append(f"{name_of(r, healthy=True)}: " + (f"no healthy run to compare with" if h is None
                                                                  else f"{r.status}" + (f" ({r.error})" if r.error else "")))
                 continue
-            keep = _ratio(r.samples_per_sec_median, h.samples_per_sec_median)
+            keep = _keep(r, h)
             slower = _ratio(r.time_to_target, h.time_to_target)
             text = f"{name_of(r, healthy=True)} keeps {_x(keep)} of its healthy throughput"
             text += (f" and takes {_x(slower)} as long to the target" if slower is not None else
@@ -91,6 +105,11 @@ def overtakes(rows):
     sync PS with backups) overtakes one that does, by throughput, as one worker is slowed by F:
     ["PS async overtakes bare MPI at F = 2 (..)", ...]; "stays behind" up to the largest F run."""
     out = []
+    healthy = healthy_of(rows)
+
+    def own_rate(r):                             # as the run is held to its twin (the section's samples/s)
+        return _kept(r, healthy.get(_key(r), r))[1]
+
     curves = {}                                  # (model, workers) -> {method: {F: samples/s}}
     for r in rows:
         if r.status != "ok" or not r.samples_per_sec_median:
@@ -108,7 +127,7 @@ def overtakes(rows):
         for m in sorted(set(by_method) - waits_all):
             for other in sorted(waits_all):
                 shared = [f for f in factors if f in by_method[m] and f in by_method[other]]
-                rate = lambda who, f: by_method[who][f].samples_per_sec_median  # noqa: E731
+                rate = lambda who, f: own_rate(by_method[who][f])  # noqa: E731
                 ahead = [f for f in shared if rate(m, f) > rate(other, f)]
                 if not shared or (ahead and ahead[0] == shared[0]):
                     continue                     # ahead already when healthy: nothing to overtake
@@ -146,8 +165,11 @@ def section(rows):
              "first, so a fast worker takes a late one's and pushes stale gradients, dropped (lost work); the summed "
              "rates at 2 workers, less with more, where a fast worker holding a stale token waits for the slow "
              f"one's push (ps_train/tokens.py). {', '.join(_waits_for_all())} have no backup workers: "
-             "every step waits for every rank. Throughput is the median logging interval's, so a stall shows in "
-             "the time to target more than in it.", "",
+             "every step waits for every rank. *samples/s*: the median of the logging intervals with every worker in "
+             "(the Runs table's median takes them all); under a stall, and for a method that exchanges once in several steps (local SGD), "
+             "the samples over the whole measured interval, since the cost falls in the few intervals a stop or an "
+             "exchange lands in (the healthy run beside it taken the same way; `hvdps project` takes the same "
+             "figures).", "",
              "| workload | method | workers | condition | samples/s | vs healthy | simple model | time to target (s) "
              "| vs healthy | step p50 / p95 by rank (ms) | applied |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -163,8 +185,7 @@ def section(rows):
             applied = f"{u.stops} stops, {u.stopped_s:.1f} s stopped, pid {', '.join(map(str, u.pids)) or 'not found'}"
         simple = _simple(r)
         lines.append(f"| {r.model or '-'} | {name_of(r, healthy=True)} | {r.workers} | "
-                     f"{u.what if u else r.condition} | {_fmt(r.samples_per_sec_median)} | "
-                     f"{_x(_ratio(r.samples_per_sec_median, h and h.samples_per_sec_median))} | "
+                     f"{u.what if u else r.condition} | {_fmt(_kept(r, h or r)[1])} | {_x(_keep(r, h))} | "
                      f"{_x(simple)} | {_fmt(r.time_to_target)} | "
                      f"{_x(_ratio(r.time_to_target, h and h.time_to_target))} | {_by_rank(r)} | {applied} |")
     return lines + [""]
@@ -224,7 +245,7 @@ def write_straggler_plot(rows, out):
             if (r.model or "-", r.workers) == (model, n):
                 lines.setdefault(name_of(r, healthy=True), [(1.0, 1.0, 1.0)]).append(
                     (r.unhealthy.factor, _ratio(r.time_to_target, h.time_to_target),
-                     _ratio(r.samples_per_sec_median, h.samples_per_sec_median)))
+                     _keep(r, h)))
         for label, points in sorted(lines.items()):
             points.sort()
             colour, marker = styles[label]
