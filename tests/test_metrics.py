@@ -348,7 +348,7 @@ def _timed_row(name, times, evals=(), unhealthy=None, backend="mpi"):
 
 
 @pytest.mark.parametrize("stalled, expected", [
-    # a stall: a few intervals hold its stops (3 s of 7), the median none; held over the whole interval
+    # a stall: 3 of its 10 intervals hold its stops (3 s in all), its median none; held over the whole interval
     (True, (6400 / 10.0, 6400 / 13.0)),
     # a slow CPU: the steady intervals' medians
     (False, (640.0, 640.0)),
