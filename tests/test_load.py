@@ -122,10 +122,10 @@ def test_a_cpu_hog_beside_a_comparison_marks_it_shared_and_alone_it_is_not(tmp_p
 @pytest.mark.unit
 @pytest.mark.parametrize("shared, others, hypervisor, oversubscribed, says, never", [
     (True, 0.93, 0.0, False, "2 worker(s), one run each; **on a shared machine**, measuring the other work too: "
-     "Horovod (the rest of the machine used 0.93 of its 2 cores): ", "oversubscribed"),
+     "Horovod (the rest of the machine used 0.93 of its 2 cores). No backend reaches", "oversubscribed"),
     (True, 0.02, 0.44, False, "**on a shared machine**, measuring the other work too: Horovod (the rest of the "
-     "machine used 0.02 of its 2 cores and the hypervisor gave 0.44 to other tenants (steal)): ", "oversubscribed"),
-    (False, 0.01, None, True, "2 worker(s), one run each; **oversubscribed** (more processes than cores): PS async: ",
+     "machine used 0.02 of its 2 cores and the hypervisor gave 0.44 to other tenants (steal)). ", "oversubscribed"),
+    (False, 0.01, None, True, "2 worker(s), one run each; **oversubscribed** (more processes than cores): PS async. No backend reaches",
      "shared"),
     (None, None, None, False, "2 worker(s), one run each: ", "shared"),      # not sampled: nothing said either way
     (False, 0.01, 0.01, False, "2 worker(s), one run each: ", "shared"),

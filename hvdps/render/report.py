@@ -253,10 +253,13 @@ def verdicts(rows):
         counts = sorted({r.repeats or 1 for r in at_n})
         runs = "one run each" if counts == [1] else \
             f"{counts[0]} runs each" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} runs each"
-        head = f"- **{model}**, {n} worker(s), {runs}{_caveats(at_n)}: "
+        caveats = _caveats(at_n)
+        # a caveat ends in a list of runs: the ranking after it is a sentence of its own
+        head = f"- **{model}**, {n} worker(s), {runs}" + (f"{caveats}. " if caveats else ": ")
+        opening = (lambda words: words[:1].upper() + words[1:]) if caveats else (lambda words: words)
         if reached:
             best = reached[0]
-            text = head + f"{name_of(best)} reaches {goal} first, in {best.time_to_target:.1f} s"
+            text = head + opening(f"{name_of(best)} reaches {goal} first, in {best.time_to_target:.1f} s")
             if not any(_evaluates_each_epoch(r) for r in reached):
                 text += " (evaluated only at the end: each time is the whole run)"
             if reached[1:]:
@@ -264,7 +267,7 @@ def verdicts(rows):
                     f"{name_of(r)} in {r.time_to_target:.1f} s ({r.time_to_target / best.time_to_target:.2f}x"
                     f"{_across_runs(best, r, higher_is_better=False)})" for r in reached[1:])
         else:
-            text = head + f"no backend reaches {goal}"
+            text = head + opening(f"no backend reaches {goal}")
         if never:
             text += ("; never reached it: " if reached else ": ") + ", ".join(
                 f"{name_of(r)} (ended at {_fmt(r.final_test_accuracy)})" for r in never)
