@@ -275,6 +275,20 @@ def test_project_from_runs(tmp_path):
     assert [(e["workers"], e["held_out"]) for e in held["entries"]] == [(2, False), (4, False), (8, True)]
 
 
+def test_a_run_with_a_slow_worker_is_neither_checked_nor_called_contended(tmp_path):
+    # its own section holds it to its healthy twin; the healthy model's check and the crossover's
+    # note on contention (shared, oversubscribed runs) are about other runs
+    fake_sync_run(tmp_path / "runs" / "mpi-sync-w2", "mpi", 2, 0.010, 0.012, exchange_s=0.004)
+    slow = tmp_path / "runs" / "mpi-sync-w2-slow1x4"
+    fake_sync_run(slow, "mpi", 2, 0.010, 0.040, exchange_s=0.030)
+    (slow / "compare_run.json").write_text(json.dumps({"seconds": 9.0, "unhealthy": {
+        "condition": "slow1x4", "what": "worker 1 at 1/4 CPU", "rank": 1, "factor": 4.0}}))
+    (tmp_path / "runs" / "mpi-sync-w2" / "compare_run.json").write_text(json.dumps({"seconds": 8.0}))
+    net = AlphaBeta(bandwidth=10e9 / 8, alpha=20e-6)
+    checked, left_out = cmd.check_runs(str(tmp_path / "runs"), None, net, net, methods.tuning())
+    assert [r.run for r in checked] == ["mpi-sync-w2"] and left_out == []
+
+
 @pytest.mark.parametrize("args, message", [
     (["--bandwidth_gbps", "-3", "--latency_us", "10"], "--bandwidth_gbps must be in [1e-06, 1e+06], got -3.0"),
     (["--comm_json", "{bad}"], "bad.json: not valid JSON"),

@@ -163,14 +163,12 @@ def cluster_of(path):
 def check_runs(path, layers, ring, ps, tuning, nets=None):
     """(a row per multi-worker run under ``path``: measured step time beside the projected one,
     [(run, why)] of the runs left out: shared or oversubscribed, what they measured was contention
-    for the cores, not the method the model projects)."""
+    for the cores, not the method the model projects). A run with a slow or stalled worker or a
+    slow link is in neither: it is held to its healthy twin (``unhealthy_check``)."""
     rows, left_out = [], []
-    for d in find_runs(path, unhealthy=True):
+    for d in find_runs(path):
         row = load_run(d)
         if (row.workers or 1) < 2 or not row.step_s or not row.compute_s:
-            continue
-        if unhealthy_of(d):
-            left_out.append((row.name, f"{unhealthy_of(d).what}: the projection models a healthy cluster"))
             continue
         row = dataclasses.replace(row, **load_of(row))
         record = run_record(d)
