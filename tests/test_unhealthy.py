@@ -401,7 +401,8 @@ CURVE = [_row("sync", 40_000, backend="mpi"), _row("sync", 14_000, 2, 2.0, "mpi"
 def test_where_a_method_that_does_not_wait_overtakes_one_that_does():
     """Judged by throughput at each slowdown factor, against the methods that wait for every worker."""
     assert unhealthy_report.overtakes(CURVE) == [
-        "PS async overtakes bare MPI at F = 4 (10,000 against 6,000 samples/s; healthy, 0.30x of it) (mlp, 2 workers)",
+        "PS async overtakes bare MPI at F = 4 (mlp, 2 workers): 10,000 against 6,000 samples/s, where healthy it ran "
+        "at 0.30x of bare MPI's",
         "PS sync, 1 backup stays behind bare MPI up to F = 4 (mlp, 2 workers)"]
     assert unhealthy_report.overtakes(CURVE[:2]) == []               # one method: nothing to overtake
 

@@ -134,8 +134,9 @@ def overtakes(rows):
                 where = f"{model}, {n} workers"
                 if ahead:
                     f = ahead[0]
-                    out.append(f"{m} overtakes {other} at F = {f:g} ({rate(m, f):,.0f} against {rate(other, f):,.0f} "
-                               f"samples/s; healthy, {rate(m, shared[0]) / rate(other, shared[0]):.2f}x of it) ({where})")
+                    out.append(f"{m} overtakes {other} at F = {f:g} ({where}): {rate(m, f):,.0f} against "
+                               f"{rate(other, f):,.0f} samples/s, where healthy it ran at "
+                               f"{rate(m, shared[0]) / rate(other, shared[0]):.2f}x of {other}'s")
                 else:
                     out.append(f"{m} stays behind {other} up to F = {shared[-1]:g} ({where})")
     return out
