@@ -142,14 +142,14 @@ def py(*args, **kw):
 # Tests that read one shared job (a fixture launched once per session or module) run on one pytest-xdist
 # worker, so the job is launched once, not once per worker.
 SHARED_JOBS = {"jobs": "jobs", "runs": "resume-runs", "one_epoch": "one-epoch"}
-# The root tier runs one test after another on one worker, except the README's walk-through, which runs
-# beside it on the other: each emulated cluster is namespaces of its own (named by its pid, on a bridge
+# The root tier runs one test after another on one worker, except the README's and the docs' walk-throughs,
+# each a group of its own that runs beside it on the other: each emulated cluster is namespaces of its own (named by its pid, on a bridge
 # of its own), each SLURM of them daemons in those namespaces with their own state folder and socket.
-ROOT_GROUPS = {"test_readme": "readme"}
-# The groups are the suite's longest units of work (the walk-through about 10 minutes, the root tier 9,
+ROOT_GROUPS = {"test_readme": "readme", "test_docs": "docs"}
+# The groups are the suite's longest units of work (the walk-throughs and the root tier several minutes each,
 # the shared jobs 4), so they are handed out first and the single tests fill in around them: a group
 # handed out last would run on alone while the other worker idles.
-FIRST = ("readme", "root", "jobs", "resume-runs")
+FIRST = ("readme", "docs", "root", "jobs", "resume-runs")
 
 
 def _group(item):
@@ -167,7 +167,7 @@ def pytest_collection_modifyitems(items):
     namespaces, mounts); every other test is ``unit``, so ``pytest -m unit`` is the in-process tier.
 
     Under pytest-xdist (``make test`` runs two at a time, ``--dist loadgroup``), the root tier runs on one
-    worker, one test after another, and the README's walk-through (which brings up clusters of its own)
+    worker, one test after another, and the README's and the docs' walk-throughs (which bring up clusters of their own)
     on the other; the groups come first in the order the tests are handed out (FIRST)."""
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("process", "root")):

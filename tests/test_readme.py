@@ -20,6 +20,10 @@ Needs root (the README's emulated-cluster and SLURM lines); skipped with the rea
 root on a machine without sudo, ``sudo`` is a shim that runs its command, which is what sudo does
 for root.
 """
+import argparse
+import contextlib
+import importlib
+import io
 import json
 import os
 import re
@@ -32,8 +36,6 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.root
-
 FENCE = re.compile(r"^( *)```(\w*)\s*$")
 # Where a line that trains takes its first flag: a trainer's script or module, the comparison, or the
 # comparison's flags after hvdps emulate's "--".
@@ -42,6 +44,12 @@ TRAINS = re.compile(r"(?:(?<=horovod_train/main\.py)|(?<=mpi_train/main\.py)|(?<
                     r"|(?:(?<=^hvdps compare)|(?<= --))(?= --workers)", re.M)
 STEPS = " --train_steps 20 --probe_steps 5"
 COMMANDS = ("make ", "hvdps ", "python ", "horovodrun ", "mpirun ", "sudo ", "TF_CONFIG=")
+# The pages whose blocks tests/test_docs.py walks, in this order, in one shell (the first activates the venv);
+# DOCS, the other pages, whose links are checked.
+PAGES = ("docs/methods.md", "docs/faults.md", "docs/unhealthy.md", "docs/clusters.md", "docs/kubernetes.md",
+         "docs/reference.md", "tests/README.md")
+DOCS = ("docs/install.md", "docs/layout.md", "docs/metrics.md", "docs/projection.md", "docs/ps.md",
+        "docs/localsgd.md", "docs/plugins.md", "docs/data.md", "hostfiles/README.md")
 SIZES = {
     "DEMO_ARGS": "--train_steps 12 --probe_steps 5 --backends horovod", "DEMO_WORKERS": "1",
     "PYTEST_ARGS": "-m unit tests/test_config.py", "FUZZ_EXAMPLES": "5",
@@ -104,34 +112,73 @@ def copy_venv(src, dst):
             os.chmod(path, mode)
 
 
-def test_readme_blocks_are_bash_where_they_are_commands():
-    """A command in a block not marked bash would escape the run below."""
-    found = blocks(open(os.path.join(REPO, "README.md")).read())
-    assert sum(info == "bash" for info, _ in found) >= 5
+@pytest.mark.parametrize("page", ["README.md", *PAGES])
+def test_blocks_are_bash_where_they_are_commands(page):
+    """A command in a block not marked bash would escape the walk-throughs below."""
+    found = blocks(open(os.path.join(REPO, page)).read())
+    assert any(info == "bash" for info, _ in found), page
     for info, lines in found:
         if info != "bash":
             assert not any(l.startswith(COMMANDS) for l in lines), lines
 
 
-@pytest.mark.timeout(1800)
-def test_every_readme_command_block_runs_in_order_on_a_fresh_checkout(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("README.md's emulated-cluster and SLURM lines need root")
+def test_the_readme_is_a_page_a_newcomer_reads():
+    """At most 200 lines, every method named, and every local link pointing at a file that exists."""
+    text = open(os.path.join(REPO, "README.md")).read()
+    assert len(text.splitlines()) <= 200
+    for name in ("Horovod", "MultiWorkerMirroredStrategy", "bare-MPI", "local SGD", "ParameterServerStrategy",
+                 "SyncReplicasOptimizer"):
+        assert name in text, name
+    for page in ["README.md", *PAGES, *DOCS]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", open(os.path.join(REPO, page)).read()):
+            if not re.match(r"\w+://", target):
+                assert os.path.exists(os.path.join(REPO, os.path.dirname(page), target)), (page, target)
+
+
+class _Parsed(Exception):
+    """Raised in place of parsing, carrying the parser a command built."""
+
+
+@pytest.mark.parametrize("command", ["compare", "project", "emulate", "hosts", "data", "k8s"])
+def test_the_reference_names_every_flag_of_every_command(command, monkeypatch):
+    """docs/reference.md is the reference of every command: a flag added to a parser without a line
+    there is named here. The parser is the command's own, taken as its main() is about to parse."""
+    def grab(self, *args, **kwargs):
+        raise _Parsed(self)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", grab)
+    with pytest.raises(_Parsed) as got, contextlib.redirect_stdout(io.StringIO()):
+        importlib.import_module(f"hvdps.commands.{command}").main(["--help"])
+    text = open(os.path.join(REPO, "docs", "reference.md")).read()
+    section = text[text.index(f"## `hvdps {command}`"):]
+    section = section[:section.find("\n## ", 1)]
+    flags = [a.option_strings[0] for a in got.value.args[0]._actions if a.option_strings and a.dest != "help"]
+    assert len(flags) >= 2
+    shared = text[text.index("## `hvdps compare`"):] if command == "k8s" else ""
+    missing = [f for f in flags if f"`{f}`" not in section and f"`{f}`" not in shared]
+    assert not missing, missing
+
+
+def walk(pages, tmp_path, timeout):
+    """Run every bash block of ``pages`` (paths in the repository), page after page in one shell, on a fresh
+    checkout with a copy of this suite's venv; the checkout's path and the walk's log. Fails the test on a
+    non-zero exit or on the bound, with the log's tail."""
     checkout = str(tmp_path / "hvdps")
     fresh_checkout(checkout)
     copy_venv(os.path.join(REPO, ".venv"), os.path.join(checkout, ".venv"))
 
     script = ["set -euo pipefail", "PS4='+ $(date +%T) '", "set -x"]     # each command's start time in the log
     ports = {}
-    for n, (info, lines) in enumerate(blocks(open(os.path.join(checkout, "README.md")).read())):
-        if info != "bash":
-            continue
-        text = "\n".join(lines)
-        text = re.sub(r"localhost:(22\d\d)\b", lambda m: f"localhost:{ports.setdefault(m.group(1), free_port())}",
-                      text)
-        text = TRAINS.sub(STEPS, re.sub(r" --train_steps \d+", "", text))
-        script += [f": README block {n}", text]
-    (tmp_path / "readme.sh").write_text("\n".join(script) + "\n")
+    for page in pages:
+        for n, (info, lines) in enumerate(blocks(open(os.path.join(checkout, page)).read())):
+            if info != "bash":
+                continue
+            text = "\n".join(lines)
+            text = re.sub(r"localhost:(22\d\d)\b",
+                          lambda m: f"localhost:{ports.setdefault(m.group(1), free_port())}", text)
+            text = TRAINS.sub(STEPS, re.sub(r" --train_steps \d+", "", text))
+            script += [f": {page} block {n}", text]
+    (tmp_path / "walk.sh").write_text("\n".join(script) + "\n")
 
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -144,12 +191,12 @@ def test_every_readme_command_block_runs_in_order_on_a_fresh_checkout(tmp_path):
         if keep in os.environ:
             env[keep] = os.environ[keep]
 
-    log = tmp_path / "readme.log"
+    log = tmp_path / "walk.log"
     with open(log, "w") as out:
-        p = subprocess.Popen(["bash", str(tmp_path / "readme.sh")], cwd=checkout, env=env, stdout=out,
+        p = subprocess.Popen(["bash", str(tmp_path / "walk.sh")], cwd=checkout, env=env, stdout=out,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            rc = p.wait(timeout=1500)
+            rc = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = None
         finally:
@@ -159,6 +206,25 @@ def test_every_readme_command_block_runs_in_order_on_a_fresh_checkout(tmp_path):
                 pass
     text = log.read_text()
     assert rc == 0, f"exit {rc}\n" + text[-6000:]
+    return checkout, text
+
+
+def assert_nothing_left(checkout):
+    """Nothing the walk started is left: namespaces (an emulation names its own hvdps-<pid>-*; one still
+    running, another test's, is not the walk's), SLURM daemons, trainers from the checkout."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    owners = {int(m.group(1)) for m in (re.match(r"^hvdps-(\d+)-", n) for n in names) if m}
+    assert not [pid for pid in owners if not os.path.exists(f"/proc/{pid}")], names
+    left = subprocess.run(["pgrep", "-f", checkout], capture_output=True, text=True).stdout.split()
+    assert not left, left
+
+
+@pytest.mark.root
+@pytest.mark.timeout(1200)
+def test_every_readme_command_block_runs_in_order_on_a_fresh_checkout(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("make demo's slow-worker comparison needs root (the kernel's CPU cgroup)")
+    checkout, text = walk(["README.md"], tmp_path, timeout=1000)
     assert re.search(r"^\d+ passed", text, re.M), "make test ran no test\n" + text[-3000:]
 
     # make demo's compare lines may fail one workload and still merge the rest: every run must be ok
@@ -168,10 +234,11 @@ def test_every_readme_command_block_runs_in_order_on_a_fresh_checkout(tmp_path):
     rows = json.load(open(os.path.join(runs, demo[0], "results.json")))
     rows = rows["rows"] if isinstance(rows, dict) else rows
     assert sorted({r["model"] for r in rows}) == ["cnn", "mlp", "rec"] and all(r["status"] == "ok" for r in rows), rows
-    # nothing the README started is left: namespaces (an emulation names its own hvdps-<pid>-*; one still
-    # running, another test's, is not the README's), SLURM daemons, trainers from the checkout
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    owners = {int(m.group(1)) for m in (re.match(r"^hvdps-(\d+)-", n) for n in names) if m}
-    assert not [pid for pid in owners if not os.path.exists(f"/proc/{pid}")], names
-    left = subprocess.run(["pgrep", "-f", checkout], capture_output=True, text=True).stdout.split()
-    assert not left, left
+    # the README's own comparison ran every method it names, and its rebuild has the same rows
+    cmp = json.load(open(os.path.join(runs, "cmp", "results.json")))
+    again = json.load(open(os.path.join(runs, "cmp-again", "results.json")))
+    cmp, again = (r["rows"] if isinstance(r, dict) else r for r in (cmp, again))
+    assert len(cmp) == 12 and all(r["status"] == "ok" for r in cmp), cmp
+    shape = lambda rows: sorted((r["backend"], r["mode"], r["workers"]) for r in rows)
+    assert shape(again) == shape(cmp) and len({r["backend"] for r in cmp}) == 5, shape(cmp)
+    assert_nothing_left(checkout)

@@ -100,7 +100,7 @@ def loopback_only_env():
 
     For the local runs this project starts itself (mpirun's PMIx tool listener,
     for one, binds every interface whatever its interface settings say).
-    Empty when the shim cannot be had (then the README's caveat applies).
+    Empty when the shim cannot be had (then docs/clusters.md's caveat, "What listens on the network", applies).
     """
     lib = shim_library()
     if lib is None:

@@ -1,6 +1,6 @@
-"""hvdps compare: run Horovod and parameter servers on one config and report side by side.
+"""hvdps compare: train one model several ways (Horovod, TF's all-reduce, bare MPI, local SGD, PS) and report side by side.
 
-    hvdps compare --workers 1,2 --backends horovod,ps --out runs/compare [trainer flags]
+    hvdps compare --workers 1,2 --backends horovod,mwms,mpi,localsgd:8,ps --out runs/compare [trainer flags]
     hvdps compare --from runs/compare              # rebuild the report, no training
     hvdps compare --dry_run --workers 1,2,4         # print the exact commands
     hvdps project --from runs/compare/runs ...      # those runs projected to other networks and sizes

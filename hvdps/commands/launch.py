@@ -8,7 +8,7 @@ the line hvdps compare starts it with, on this machine, run in this process's pl
 Every flag after the launcher's own goes to the trainer as it is (``hvdps train NAME --help`` lists
 them), checked first by the trainer's own parser and config (its package's ``main.make_parser``), so
 a bad flag is one line before any rank starts. Across hosts the launch line is the user's own
-(``mpirun -H``, ``horovodrun -H``, ``srun``: README) or ``hvdps compare --hosts``.
+(``mpirun -H``, ``horovodrun -H``, ``srun``: docs/methods.md) or ``hvdps compare --hosts``.
 """
 import importlib
 import os
@@ -41,7 +41,7 @@ def main(argv=None):
     args, trainer_argv = p.parse_known_args(rest)
     if args.hosts is not None:
         raise UsageError(f"hvdps launch {name} starts its ranks on this machine; across hosts run mpirun -H "
-                         f"{args.hosts} ... (README) or hvdps compare --hosts {args.hosts}")
+                         f"{args.hosts} ... (docs/methods.md) or hvdps compare --hosts {args.hosts}")
     trainer = importlib.import_module(f"{launcher.main[0]}.main")
     from_args(trainer.make_parser().parse_args(trainer_argv))   # the trainer's own refusals, before any rank
     cmd = launcher.command(args.num_workers, trainer_argv, pin_cores=args.pin_workers)
