@@ -17,7 +17,7 @@ def yield_when_idle():
     """Open MPI's default for a job with no more ranks than cores is to spin while a rank waits
     in MPI. A training rank is not one thread: TensorFlow's threads compute while Horovod's
     background thread (or a blocking Allreduce) waits, so the spin takes the core the rank's own
-    compute needs. Measured here (BENCHMARKS.md section 4a, CNN batch 64, 2 ranks on 2 cores):
+    compute needs. Measured here (BENCHMARKS.md section 2, CNN batch 64, 2 ranks on 2 cores):
     Horovod 0.52x the bare-MPI reference spinning, 0.86x yielding. Called before MPI_Init; an
     explicit ``--mca mpi_yield_when_idle 0`` (or OMPI_MCA_mpi_yield_when_idle=0) still wins."""
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")

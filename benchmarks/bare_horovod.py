@@ -39,7 +39,7 @@ def bare_worker(args):
     """One rank of the bare loop; rank 0 writes its interval timings to ``args.result``."""
     import tensorflow as tf
     import horovod.tensorflow as hvd
-    # The same MPI setting the trainer uses (BENCHMARKS.md 4a); without it this loop measures
+    # The same MPI setting the trainer uses (BENCHMARKS.md section 2); without it this loop measures
     # Open MPI spinning on the cores the ranks compute on, not Horovod.
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     hvd.init()

@@ -9,7 +9,7 @@ stay unset: 2.15 reads it too and then fails to find ``tf_keras``. A value the u
 Full garbage collections a tenth as often as Python's default: one after 100 young ones, not 10.
 A full pass walks every object the collector tracks, and importing TensorFlow leaves over 250,000 of
 them; at the default a trainer ran five such passes before its first step, about 0.45 s of CPU in
-every process of every run (BENCHMARKS.md, section 15). Young collections are as before, and a
+every process of every run (BENCHMARKS.md, section 21). Young collections are as before, and a
 2,000-step run made no full pass after its start-up at either setting: a step's garbage is freed as it was.
 """
 import gc

@@ -19,7 +19,7 @@ Python and MPI it was compiled against, and for the patch: those four name its c
 clone, CI) installs it in seconds, and a change of any of them builds again.
 ``patches/horovod-0.28.1-runner.patch`` changes only horovodrun's Python (a failed process's exit code
 instead of a traceback under ``--gloo``; what Horovod was built with read from its compiled library instead
-of by importing TensorFlow, BENCHMARKS.md 14): it is applied to the installed package, so a change to it
+of by importing TensorFlow, BENCHMARKS.md section 20): it is applied to the installed package, so a change to it
 installs the cached wheel again and patches it, without compiling. Standard library only: it runs
 before the project is installed.
 """

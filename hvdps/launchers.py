@@ -54,13 +54,13 @@ class Remote:
 # they are first used; when the first traffic is MPI_Comm_dup's small messages (Horovod duplicates
 # COMM_WORLD in hvd.init), later large messages between those two ranks use one link only: a 2-rank
 # Horovod ring then moved 0.48-0.65x of the link's rate, 0.91-0.93x with this flag
-# (BENCHMARKS.md section 8a). Its cost is the connections to every rank at start-up, not only the
+# (BENCHMARKS.md section 10). Its cost is the connections to every rank at start-up, not only the
 # ring's neighbours: (n-1) x 4 sockets per rank.
 # btl_tcp_eager_limit 4 MB: the ring's blocks (the gradient's bytes / ranks) go without a handshake up to
 # 4 MB. Above the limit (64 kB by default) ob1 sends a first fragment and the rest only once the receiver
 # has answered; on a slow link that answer queues behind the data coming the other way, and a ring of
 # four on a 10 Mbit/s link kept 0.73-0.79 of the link's pace under 64 kB, 0.85-0.94 under 4 MB, and the
-# healthy ring of four ran 1.04-1.26x faster (BENCHMARKS.md section 12g). Its cost: a message that
+# healthy ring of four ran 1.04-1.26x faster (BENCHMARKS.md section 15). Its cost: a message that
 # arrives before its receive is posted is buffered whole, up to the limit. OMPI_MCA_btl_tcp_eager_limit
 # in the environment is the user's choice and is left to reach every rank (a --mca flag would override it).
 EAGER_LIMIT = 4 * 1024 * 1024

@@ -93,7 +93,7 @@ def build_graph(cfg, backend, plan):
         # step), and its constants on the PS (else two more tensors sent per step). With the
         # update's own constants on the PS (apply_on_each_ps), a 1-PS MLP step moves 9 tensors
         # between worker and PS (5 reads, 4 gradients); the classic program of benchmarks/bare_ps.py
-        # moves 13 (its Adam constants too). Measured: BENCHMARKS.md, section 5.
+        # moves 13 (its Adam constants too). Measured: BENCHMARKS.md, section 7.
         # The sync wait is timed on the same PS and grouped there with the counter: no tensor
         # crosses for either, and no control signal (train_op below).
         with v1.device(global_step.device):

@@ -78,7 +78,7 @@ class ParameterServers:
         one of the N tokens an update hands out, applied (N - K of them) or dropped as stale (K):
         the job makes an update per N pushes at its workers' summed rate, as asynchronous workers
         do, and a slow worker's share goes to the others. Measured: N pushes an update, healthy, with
-        a slow or stalled worker and on a slow link (BENCHMARKS.md section 12e)."""
+        a slow or stalled worker and on a slow link (BENCHMARKS.md section 18)."""
         if not self.lockstep(mode):
             return None
         return workers
@@ -251,7 +251,7 @@ def apply_round_trip(steps, terms):
     (the request) is queued there. A transfer of p seconds (its ``own link`` term, push then pull:
     2p) busies each direction p of its step S, and a message that comes at a random moment of it
     waits p / 2 on average: 2 x (p / S) x (p / 2) = p^2 / S. Next to nothing on a fast link (the
-    update's own pushes set the pace); on a slow one the round trip sets it (BENCHMARKS.md 12i).
+    update's own pushes set the pace); on a slow one the round trip sets it (BENCHMARKS.md section 16).
     0 without worker 0's terms."""
     own = terms[0].get("own link") if terms else None
     if not own or not steps or steps[0] <= 0:

@@ -90,7 +90,7 @@ def test_one_worker_overhead_is_near_zero(tmp_path, main):
     on the machine moves one and not the other (seen here: a probe 27% below the step with the cores
     free, 44% above it with other jobs beside); a probe of the wrong model or batch is off by several
     times. So this checks the computation within 2.5x, and the figure itself is a benchmark (BENCHMARKS.md
-    section 4: -2% to 6% of the step on an idle machine). Per-epoch checkpoints are off: each save would
+    section 2: -2% to 6% of the step on an idle machine). Per-epoch checkpoints are off: each save would
     land inside a measured interval, which the probe does not have."""
     out = str(tmp_path / "one")
     ok(run([sys.executable, main, "--model", "cnn", "--batch_size", "64", "--train_steps", "150",
@@ -150,7 +150,7 @@ def _cmdline(pid):
 @pytest.mark.parametrize("mca, expected", [([], "1"), (["--mca", "mpi_yield_when_idle", "0"], "0"),
                                            (["--mca", "mpi_yield_when_idle", "1"], "1")])
 def test_ranks_yield_when_idle_unless_told_otherwise(mca, expected):
-    """Both MPI trainers ask Open MPI to yield a waiting rank's core (BENCHMARKS.md section 4:
+    """Both MPI trainers ask Open MPI to yield a waiting rank's core (BENCHMARKS.md section 2:
     Horovod 0.52x -> 0.86x of bare MPI here); a user's explicit --mca still decides."""
     probe = ("import os; from allreduce.backend import yield_when_idle; yield_when_idle(); "
              "from mpi4py import MPI; print('yield=' + os.environ['OMPI_MCA_mpi_yield_when_idle'])")

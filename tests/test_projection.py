@@ -466,7 +466,7 @@ def test_an_in_process_projection_leaves_no_plugin_deadline_behind(tmp_path):
 def test_a_run_is_held_to_the_healthy_run_of_its_own_repeat(tmp_path, repeat):
     """The names hvdps compare gives its runs (plan_runs): each run with a slow or stalled worker is
     predicted from the healthy run of the same shape and the same repeat, which ran beside it in
-    the alternating order (BENCHMARKS.md section 12j), never another repeat's."""
+    the alternating order (BENCHMARKS.md section 18), never another repeat's."""
     from hvdps.commands import compare
     from hvdps.measure.repeats import split_name
     args = compare.make_parser().parse_args(["--workers", "1,2", "--backends", "mpi,ps", "--straggler", "1:2,1:4",

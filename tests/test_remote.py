@@ -142,7 +142,7 @@ def test_dry_run_shows_each_host_and_its_command(capsys):
     ({"OMPI_MCA_btl_tcp_eager_limit": "65536"}, []),        # the user's own limit reaches every rank
 ])
 def test_remote_mpi_flags_eager_limit(environ, want):
-    """The ring's blocks above TCP's eager limit wait for the receiver's answer (BENCHMARKS.md 12g);
+    """The ring's blocks above TCP's eager limit wait for the receiver's answer (BENCHMARKS.md section 15);
     a --mca flag beats an OMPI_MCA_ variable, so hvdps sets the limit only where the user has not."""
     from hvdps.launchers import Remote, remote_mpi_flags
     where = Remote("h1,h2", (("h1", 1), ("h2", 1)), ("ssh",), False, "10.9.0.0/24")

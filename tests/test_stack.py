@@ -48,7 +48,7 @@ def test_every_stack_names_tensorflow_first():
 def test_the_environment_holds_its_stacks_pins():
     """Set-up installs the stack's pins, then hvdps and the test tools: nothing installed after them
     may move one (ml_dtypes 0.7 would add 0.8 s of CPU to every process's start: BENCHMARKS.md,
-    section 16)."""
+    section 22)."""
     from importlib.metadata import version
     from packaging.requirements import Requirement
     tf = version("tensorflow")

@@ -29,7 +29,7 @@ def test_an_update_takes_what_the_queue_rules_give(steps, replicas, seconds):
     ([1, 0.1], 1, 0.5, 0.5),          # a fast worker's pushes outrun the chief: its round trip sets the pace
     ([10, 1], 1, 2.0, 2.0),
     ([1, 1, 1, 1], 3, 1.5, 1.5),
-    ([0.5153, 0.0527], 1, 0.121, 0.121),   # BENCHMARKS.md 12i: the chief on a 10 Mbit/s link
+    ([0.5153, 0.0527], 1, 0.121, 0.121),   # BENCHMARKS.md section 16: the chief on a 10 Mbit/s link
 ])
 def test_updates_come_no_closer_than_the_chiefs_round_trip(steps, replicas, apply_s, seconds):
     assert update_interval(steps, replicas, apply_s) == pytest.approx(seconds, rel=1e-9)

@@ -244,8 +244,8 @@ def unhealthy_check(path, healthy_path, layers, tuning):
     twin's measured throughput and the model's steps on both clusters, so nothing measured on the
     unhealthy cluster goes into its own prediction. With --repeat the twin is the healthy run of the
     same repeat, not the shape's median repeat: it ran a few runs from the run in the alternating
-    order, and its samples/s and CPU a step carry what the machine was doing then (BENCHMARKS.md
-    section 12j: mean |1 - measured / predicted| 6.4% paired, 7.5% against the median repeat)."""
+    order, and its samples/s and CPU a step carry what the machine was doing then (held this way, the
+    slow-worker runs of BENCHMARKS.md section 18 are a mean 6.5% from their prediction)."""
     cluster = cluster_of(path)
     if cluster is None or cluster.latency_s is None:
         return [], []

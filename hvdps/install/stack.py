@@ -17,7 +17,7 @@ import sys
 # name -> (pip requirements, the Pythons its wheels exist for, inclusive). ml_dtypes, which TensorFlow
 # imports first thing in every process, is held below 0.7: its 0.7.0 takes 0.7-0.9 s of CPU to import
 # against 0.01 s for 0.6.0, paid by every rank and task (a short trainer's CPU: 0.81x with 0.6.0,
-# BENCHMARKS.md, section 16). 2.21 accepts 0.5.1 to 1.0; the other stacks take what their TensorFlow pins.
+# BENCHMARKS.md, section 22). 2.21 accepts 0.5.1 to 1.0; the other stacks take what their TensorFlow pins.
 STACKS = {
     "2.15": (["tensorflow==2.15.1", "numpy<2"], (3, 9), (3, 11)),
     "2.18": (["tensorflow==2.18.1", "tf-keras==2.18.0", "numpy<2"], (3, 9), (3, 12)),
