@@ -43,7 +43,7 @@ def test_report_values(tmp_path):
     assert by[("ps", "sync", 2)].status == "failed" and by[("ps", "sync", 2)].scaling_efficiency is None
     assert by[("horovod", "sync", 2)].time_to_target is not None
     out = tmp_path / "report"
-    write_report(rows, str(out), {"x": 1}, {"host": "h"})
+    write_report(rows, str(out), {"mlp": {"x": 1}}, {"host": "h"})
     data = json.load(open(out / "results.json"))["rows"]
     with open(out / "results.csv") as f:
         csv_rows = list(csv.DictReader(f))

@@ -416,7 +416,8 @@ def test_every_method_trains_from_shards_to_its_target(tmp_path, backends, epoch
     """The digits as 4 TFRecord files, compared under every method at 2 workers, at the epochs
     tests/test_defaults.py holds each mode to: each run reaches 0.90 and has its wait at the
     iterator in its breakdown; the report names each method (TF all-reduce, both PS trainers) with
-    its overhead's words and the data's sharding rule; compare leaves no process behind. Horovod and
+    its overhead's words and the data's sharding rule, and is the same rebuilt with --from; compare
+    leaves no process behind. Horovod and
     sync PS are held step for step to one process at the double batch on the same shards
     (test_two_workers_from_shards_equal_one_at_double_batch), and to the target on the data in memory
     (test_defaults.py, test_ps.py)."""
@@ -435,7 +436,14 @@ def test_every_method_trains_from_shards_to_its_target(tmp_path, backends, epoch
         assert 0 < split["input_s"] < split["step_s"], (x["backend"], x["mode"], split)
         assert split["input_share"] == split["input_s"] / split["step_s"], split
     report = (tmp_path / "cmp" / "report.md").read_text()     # the rule and its guarantee, with the config
-    assert f"Data: the TFRecord shards in `{data}`, `--shard_by record`: every worker reads every file" in report
+    assert f"Data ({rows[0]['model']}): the TFRecord shards in `{data}`, `--shard_by record`: every worker reads every file" in report
+    # rebuilt from its runs, the report is the live one, its Data line and config included
+    r = run([os.path.join(BIN, "hvdps"), "compare", "--from", str(tmp_path / "cmp" / "runs"), "--out",
+             str(tmp_path / "again")], timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "again" / "report.md").read_text() == report
+    assert json.load(open(tmp_path / "again" / "results.json"))["config"] == \
+        json.load(open(tmp_path / "cmp" / "results.json"))["config"]
     if "mwms" in backends:
         mwms = next(x for x in rows if x["backend"] == "mwms")
         row, curves = row_and_records(mwms["run_dir"])

@@ -131,7 +131,7 @@ def test_the_verdict_rests_on_the_repeats(tmp_path):
     every = collect(runs)
     rows = with_scaling(merge(every))
     out = tmp_path / "report"
-    write_report(rows, str(out), {"x": 1}, {"host": "h"}, every_run=every)
+    write_report(rows, str(out), {"mlp": {"x": 1}}, {"host": "h"}, every_run=every)
     with open(out / "results.csv") as f:
         table = list(csv.DictReader(f))
     assert [(c["backend"], c["repeat"], float(c["samples_per_sec_median"])) for c in table] == [

@@ -286,3 +286,25 @@ def test_every_plot_axis_holds_every_point(tmp_path):
     assert low <= 0 and high >= 1.6, (low, high)
     (low, high), = [lim for label, lim in axes if label.startswith("samples/sec")]
     assert low <= 1000 - 100 and high >= 3200 + 100
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("configs, says, never", [
+    # each workload read from TFRecord files gets its own Data line, from its own config
+    ({"mlp": {"dataset": "tfrecord", "data_dir": "/d/a", "shard_by": "file"}, "cnn": {"dataset": "digits"}},
+     ["Data (mlp): the TFRecord shards in `/d/a`, `--shard_by file`"], ["Data (cnn)"]),
+    ({"mlp": {"dataset": "tfrecord", "data_dir": "/d/a"}, "cnn": {"dataset": "tfrecord", "data_dir": "/d/b"}},
+     ["Data (mlp): the TFRecord shards in `/d/a`, `--shard_by record`", "Data (cnn): the TFRecord shards in `/d/b`"],
+     []),
+    ({"mlp": {"dataset": "digits"}}, ['"mlp": {'], ["Data ("]),
+])
+def test_the_report_names_each_workloads_data(tmp_path, configs, says, never):
+    """The config is {workload: its runs' config} in every report, so a report rebuilt with --from (which
+    reads the runs' own) says what the live one said, the TFRecord line included."""
+    from hvdps.render.report import write_report
+    write_report([vrow("horovod", "sync", 2, 6000, ttt=5.0)], str(tmp_path), configs, {"host": "h"})
+    text = (tmp_path / "report.md").read_text()
+    for part in says:
+        assert part in text, text
+    for part in never:
+        assert part not in text, text

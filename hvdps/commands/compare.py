@@ -582,9 +582,9 @@ def compare(args, parser):
         runs = ran                                   # the report holds what ran
     every_run = collect(runs)
     rows = with_scaling(merge(every_run))   # a row per configuration: the median over its --repeat runs
-    configs = cfg.to_dict()
-    if args.from_dirs:                  # the runs' own configs, not this command's defaults
-        configs = runs_configs(every_run)
+    # {workload: config} from the runs' own headers, live or --from alike, so a rebuilt report is the
+    # live one; this command's config only where no run of it recorded one (every run failed at start)
+    configs = runs_configs(every_run) or ({} if args.from_dirs else {cfg.model: cfg.to_dict()})
     table = write_report(rows, args.out, configs, environment_of(every_run), every_run=every_run)
     print(table)
     print(f"\nreport: {os.path.join(args.out, 'report.md')}")

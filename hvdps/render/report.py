@@ -131,14 +131,15 @@ def _fmt(v, digits=3):
     return str(v)
 
 
-def write_report(rows, out, cfg_dict, environment, every_run=None):
+def write_report(rows, out, configs, environment, every_run=None):
     """``rows``: one per configuration (its runs' medians with --repeat); ``every_run``: each run,
-    repeats apart, for results.csv and results.json (default: ``rows``)."""
+    repeats apart, for results.csv and results.json (default: ``rows``); ``configs``: {workload: its
+    runs' config}, each workload's Data line read from its own."""
     make_dirs(out)
     columns = columns_of()
     plain = [{k: r.column(k) for k in columns} for r in (rows if every_run is None else every_run)]
     write_atomic(os.path.join(out, "results.json"),
-                 json.dumps({"rows": plain, "config": cfg_dict, "environment": environment}, indent=2))
+                 json.dumps({"rows": plain, "config": configs, "environment": environment}, indent=2))
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=columns)
     w.writeheader()
@@ -201,11 +202,12 @@ def write_report(rows, out, cfg_dict, environment, every_run=None):
               "docs/metrics.md): its figures measure that other work too.", "",
               "## Environment", ""]
     lines += [f"- {k}: {v}" for k, v in environment.items()]
-    lines += ["", "## Config", "", "```json", json.dumps(cfg_dict, indent=2, sort_keys=True), "```", ""]
-    if cfg_dict.get("dataset") == "tfrecord":
-        rule = cfg_dict.get("shard_by", "record")
-        lines += [f"Data: the TFRecord shards in `{cfg_dict.get('data_dir')}`, `--shard_by {rule}`: "
-                  f"{SHARDING.get(rule, '')} (docs/data.md).", ""]
+    lines += ["", "## Config", "", "```json", json.dumps(configs, indent=2, sort_keys=True), "```", ""]
+    for workload, config in configs.items():
+        if config.get("dataset") == "tfrecord":
+            rule = config.get("shard_by", "record")
+            lines += [f"Data ({workload}): the TFRecord shards in `{config.get('data_dir')}`, `--shard_by {rule}`: "
+                      f"{SHARDING.get(rule, '')} (docs/data.md).", ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     write_atomic(os.path.join(out, "report.md"), "\n".join(lines))
