@@ -9,7 +9,7 @@ import pytest
 
 from common.spec.plan import make_plan
 from hvdps.methods import parse_variants
-from hvdps.measure.runs import Outcome, PlannedRun, collect
+from hvdps.measure.runs import Outcome, PlannedRun, collect, runs_from_dirs
 from hvdps.render.report import write_report
 from common.spec.config import make_config
 from common.base.errors import UsageError
@@ -26,6 +26,24 @@ def fake_run(d, backend, mode, workers, rates, accs, num_ps=0):
     w.summary("ok", 40, 1280, throughput_stats(rates), 1.0 - accs[-1], accs[-1], 1000)
     w.close()
     return PlannedRun(backend, mode, workers, str(d), outcome=Outcome(0))
+
+
+@pytest.mark.parametrize("launched, order", [
+    # launched mwms, horovod, ps: listed so, not by method (the live report's order)
+    ({"mwms": 3.0, "horovod": 4.0, "ps": 5.0}, ["mwms", "horovod", "ps"]),
+    ({"ps": 1.0, "mwms": 2.0, "horovod": 9.0}, ["ps", "mwms", "horovod"]),
+    # a run no comparison launched (no compare_run.json) comes after, by method
+    ({"ps": 1.0, "mwms": None, "horovod": None}, ["ps", "horovod", "mwms"]),
+])
+def test_from_lists_the_runs_in_the_order_they_were_launched(tmp_path, launched, order):
+    """A report rebuilt with --from lists its runs as the live comparison did."""
+    for backend, at in launched.items():
+        fake_run(tmp_path / "runs" / f"{backend}-w2", backend, {"ps": "async"}.get(backend, "sync"), 2,
+                 [1000] * 3, [0.95], num_ps=int(backend == "ps"))
+        if at is not None:
+            (tmp_path / "runs" / f"{backend}-w2" / "compare_run.json").write_text(
+                json.dumps({"seconds": 1.0, "launched_at": 1.7e9 + at, "exit_code": 0}))
+    assert [r.backend for r in runs_from_dirs([str(tmp_path / "runs")])] == order
 
 
 @pytest.mark.process

@@ -205,4 +205,12 @@ def runs_from_dirs(dirs):
                                        name=os.path.basename(c)))
     if not runs:
         raise UsageError(f"--from: no runs (metrics.jsonl) found in {', '.join(dirs)}")
-    return sorted(runs, key=lambda r: (r.backend, r.mode, r.workers))
+    return sorted(runs, key=_launch_order)
+
+
+def _launch_order(run):
+    """The order the comparison ran its runs in (each compare_run.json's launch time), so a rebuilt
+    report lists them as the live one did; runs no comparison launched come after, by method."""
+    record = run_record(run.run_dir)
+    launched = record.launched_at if record is not None else None
+    return (launched is None, launched or 0.0, run.backend, run.mode, run.workers)

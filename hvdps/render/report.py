@@ -131,13 +131,39 @@ def _fmt(v, digits=3):
     return str(v)
 
 
+# The report's note under its sections: how the figures were counted.
+FOOTNOTE = ("Throughput excludes the first `--warmup_steps` steps and the logging intervals an evaluation or a "
+            "checkpoint fell in; ± is the 95% half-width over "
+            "logging intervals (with --repeat, of the configuration's median run). Scaling efficiency = "
+            "throughput(n) / (n × throughput(1)) for the same backend and mode. A run is *oversubscribed* "
+            "when it starts more processes than this machine has cores: its scaling figures measure "
+            "contention, not the method. A run is *shared* when, over its measured interval, the rest of "
+            "the machine (anything but the run's own processes and this comparison) used more than "
+            f"{100 * SHARED_SHARE:.0f}% of its cores (/proc/stat beside each task's /proc/<pid>/stat; "
+            "docs/metrics.md): its figures measure that other work too.")
+
+
 def write_report(rows, out, configs, environment, every_run=None):
     """``rows``: one per configuration (its runs' medians with --repeat); ``every_run``: each run,
     repeats apart, for results.csv and results.json (default: ``rows``); ``configs``: {workload: its
     runs' config}, each workload's Data line read from its own."""
     make_dirs(out)
+    write_results(rows if every_run is None else every_run, out, configs, environment)
+    plots = write_plots(rows, out)
+    plots += [p for p in (unhealthy.write_straggler_plot(rows, out), unhealthy.write_ranks_plot(rows, out)) if p]
+    table = runs_table(rows)
+    # the healthy runs' verdict; with a slow or stalled worker, what each method keeps of itself comes first
+    findings = unhealthy.verdicts(rows) + verdicts([r for r in rows if r.condition is None])
+    reasons = explanations(rows)
+    lines = report_lines(rows, table, findings, reasons, configs, environment, plots)
+    write_atomic(os.path.join(out, "report.md"), "\n".join(lines))
+    return "\n".join(["# hvdps comparison", ""] + table + [""] + findings + ([""] + reasons if reasons else []))
+
+
+def write_results(runs, out, configs, environment):
+    """results.json and results.csv: a row per run, every column the registry declares."""
     columns = columns_of()
-    plain = [{k: r.column(k) for k in columns} for r in (rows if every_run is None else every_run)]
+    plain = [{k: r.column(k) for k in columns} for r in runs]
     write_atomic(os.path.join(out, "results.json"),
                  json.dumps({"rows": plain, "config": configs, "environment": environment}, indent=2))
     buf = io.StringIO(newline="")
@@ -145,8 +171,10 @@ def write_report(rows, out, configs, environment, every_run=None):
     w.writeheader()
     w.writerows(plain)
     write_atomic(os.path.join(out, "results.csv"), buf.getvalue())
-    plots = write_plots(rows, out)
-    plots += [p for p in (unhealthy.write_straggler_plot(rows, out), unhealthy.write_ranks_plot(rows, out)) if p]
+
+
+def runs_table(rows):
+    """The report's table of runs, one line per configuration, as Markdown lines."""
     table = ["| workload | backend | mode | workers | PS | samples/sec (median) | mean ± 95% | scaling eff. | "
              "time to target (s) | test acc. | test loss | wire bytes/worker step | step = compute + overhead (ms) | "
              "wall (s) | start-up (s) | status |",
@@ -156,27 +184,37 @@ def write_report(rows, out, configs, environment, every_run=None):
               f"{r.samples_per_sec_mean:,.0f} (one interval)" if r.samples_per_sec_error is None else
               f"{r.samples_per_sec_mean:,.0f} ± {r.samples_per_sec_error:,.0f}")
         eff = f"{100 * r.scaling_efficiency:.0f}%" if r.scaling_efficiency is not None else "-"
-        status = r.status or "-"
-        if r.error:
-            status += f": {r.error}"
-        if r.oversubscribed:             # what the figures measured besides the method, after the outcome
-            status += " (oversubscribed)"
-        if r.shared:
-            status += f" (shared: {contention_words(r)})"
-        startup = ((f"{r.startup_s:.1f}" if r.startup_s is not None else "-") +
-                   (f" (warm-up {100 * r.warmup_share:.0f}%)" if r.warmup_share is not None else "") +
-                   (f" + {r.teardown_s:.1f} teardown" if r.teardown_s is not None else ""))
         mode = r.mode + (f" [{r.unhealthy.what if r.unhealthy else r.condition}]" if r.condition else "")
         table.append(f"| {r.model or '-'} | {r.backend} | {mode} | {r.workers} | "
                      f"{r.num_ps or '-'} | "
                      f"{_throughput_cell(r)} | {tp} | {eff} | {_fmt(r.time_to_target)} | "
                      f"{_fmt(r.final_test_accuracy)} | {_fmt(r.final_test_loss)} | "
-                     f"{_fmt(r.bytes_per_step_per_worker)} | {_split(r)} | {_fmt(r.wall_time)} | {startup} | {status} |")
-    # the healthy runs' verdict; with a slow or stalled worker, what each method keeps of itself comes first
-    findings = unhealthy.verdicts(rows) + verdicts([r for r in rows if r.condition is None])
-    reasons = explanations(rows)
-    # The answer first: what a user came for is which method wins, by how much; the table, each step's
-    # parts and the links follow as the evidence.
+                     f"{_fmt(r.bytes_per_step_per_worker)} | {_split(r)} | {_fmt(r.wall_time)} | "
+                     f"{_startup_cell(r)} | {_status_cell(r)} |")
+    return table
+
+
+def _status_cell(r):
+    """The outcome, then what the figures measured besides the method."""
+    status = r.status or "-"
+    if r.error:
+        status += f": {r.error}"
+    if r.oversubscribed:
+        status += " (oversubscribed)"
+    if r.shared:
+        status += f" (shared: {contention_words(r)})"
+    return status
+
+
+def _startup_cell(r):
+    return ((f"{r.startup_s:.1f}" if r.startup_s is not None else "-") +
+            (f" (warm-up {100 * r.warmup_share:.0f}%)" if r.warmup_share is not None else "") +
+            (f" + {r.teardown_s:.1f} teardown" if r.teardown_s is not None else ""))
+
+
+def report_lines(rows, table, findings, reasons, configs, environment, plots):
+    """report.md's lines. The answer first: what a user came for is which method wins, by how much;
+    the table, each step's parts and the links follow as the evidence."""
     lines = ["# hvdps comparison", ""]
     if findings:
         lines += ["## Verdict", ""] + findings + ["", method_note(rows), ""]
@@ -191,16 +229,7 @@ def write_report(rows, out, configs, environment, every_run=None):
                   "the job's exit (releasing PS tasks, MPI finalisation). None of these is in the "
                   "throughput columns."]
     lines += [""] + unhealthy.section(rows) + links_section(rows) + methods_sections(rows)
-    lines += ["Throughput excludes the first `--warmup_steps` steps and the logging intervals an evaluation or a "
-              "checkpoint fell in; ± is the 95% half-width over "
-              "logging intervals (with --repeat, of the configuration's median run). Scaling efficiency = "
-              "throughput(n) / (n × throughput(1)) for the same backend and mode. A run is *oversubscribed* "
-              "when it starts more processes than this machine has cores: its scaling figures measure "
-              "contention, not the method. A run is *shared* when, over its measured interval, the rest of "
-              "the machine (anything but the run's own processes and this comparison) used more than "
-              f"{100 * SHARED_SHARE:.0f}% of its cores (/proc/stat beside each task's /proc/<pid>/stat; "
-              "docs/metrics.md): its figures measure that other work too.", "",
-              "## Environment", ""]
+    lines += [FOOTNOTE, "", "## Environment", ""]
     lines += [f"- {k}: {v}" for k, v in environment.items()]
     lines += ["", "## Config", "", "```json", json.dumps(configs, indent=2, sort_keys=True), "```", ""]
     for workload, config in configs.items():
@@ -210,8 +239,7 @@ def write_report(rows, out, configs, environment, every_run=None):
                       f"{SHARDING.get(rule, '')} (docs/data.md).", ""]
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
-    write_atomic(os.path.join(out, "report.md"), "\n".join(lines))
-    return "\n".join(["# hvdps comparison", ""] + table + [""] + findings + ([""] + reasons if reasons else []))
+    return lines
 
 
 def _throughput_cell(r):
