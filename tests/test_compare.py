@@ -318,7 +318,7 @@ Either request fewer slots for your application, or make more slots
     ("", None),
 ])
 def test_a_failed_run_is_named_by_its_cause_not_a_frame(tmp_path, log, expected):
-    from hvdps.commands.compare import _last_error
+    from hvdps.measure.jobs import _last_error
     (tmp_path / "run.log").write_text(log)
     assert _last_error(str(tmp_path / "run.log")) == expected
 

@@ -101,8 +101,13 @@ def write_plots(rows, out):
     join, each panel titled with its workload; worker ticks are the worker counts run."""
     import matplotlib
     matplotlib.use("Agg")
+    written = [_throughput_plot(rows, out), _accuracy_plot(rows, out)]
+    stacked = write_breakdown_plot(rows, out)
+    return written + ([stacked] if stacked else [])
+
+
+def _throughput_plot(rows, out):
     import matplotlib.pyplot as plt
-    written = []
     groups = _workloads(rows)
     # one look per method across the workloads' panels (and per method and workers in accuracy_vs_time.png)
     styles = series_styles(sorted({_label(r) for r in rows if r.samples_per_sec_median and r.status == "ok"}))
@@ -112,7 +117,6 @@ def write_plots(rows, out):
         for r in rs:
             if r.samples_per_sec_median and r.status == "ok":
                 series.setdefault(_label(r), []).append(r)
-        ticks = sorted({r.workers for r in rs})
         drawn = 0
         for label, runs in sorted(series.items()):
             runs.sort(key=lambda r: r.workers)
@@ -127,18 +131,27 @@ def write_plots(rows, out):
         if not drawn:                                  # e.g. make emulate-scale: 2 workers and up
             ax2.text(0.5, 0.5, "no 1-worker run of this workload:\nscaling efficiency needs throughput(1)",
                      ha="center", va="center", transform=ax2.transAxes, color="grey")
-        ax1.set(xlabel="workers", ylabel="samples/sec (median, 95% interval)", title=f"{model}: throughput")
-        rates = [r.samples_per_sec_median for runs in series.values() for r in runs]
-        if rates and max(rates) > 20 * min(rates):   # e.g. one worker with no link against shaped links:
-            ax1.set_yscale("log")                      # a linear axis would flatten every multi-worker run
-        effs = [r.scaling_efficiency for runs in series.values() for r in runs if r.scaling_efficiency is not None]
-        ax2.set(xlabel="workers", ylabel="throughput(n) / (n x throughput(1))",     # every point, 1.2 at least:
-                ylim=(0, max([1.2] + [1.1 * e for e in effs])),                    # superlinear runs included
-                title=f"{model}: scaling efficiency")
-        for ax in (ax1, ax2):
-            ax.set_xticks(ticks)
-    written.append(_save(fig, out, "throughput.png", legend_size=8))
+        _throughput_axes(model, series, sorted({r.workers for r in rs}), ax1, ax2)
+    return _save(fig, out, "throughput.png", legend_size=8)
 
+
+def _throughput_axes(model, series, ticks, ax1, ax2):
+    """Each axis holds every point: a log scale where the rates span more than 20x, scaling
+    efficiency up to 1.2 at least (superlinear runs included)."""
+    ax1.set(xlabel="workers", ylabel="samples/sec (median, 95% interval)", title=f"{model}: throughput")
+    rates = [r.samples_per_sec_median for runs in series.values() for r in runs]
+    if rates and max(rates) > 20 * min(rates):   # e.g. one worker with no link against shaped links:
+        ax1.set_yscale("log")                      # a linear axis would flatten every multi-worker run
+    effs = [r.scaling_efficiency for runs in series.values() for r in runs if r.scaling_efficiency is not None]
+    ax2.set(xlabel="workers", ylabel="throughput(n) / (n x throughput(1))",
+            ylim=(0, max([1.2] + [1.1 * e for e in effs])), title=f"{model}: scaling efficiency")
+    for ax in (ax1, ax2):
+        ax.set_xticks(ticks)
+
+
+def _accuracy_plot(rows, out):
+    import matplotlib.pyplot as plt
+    groups = _workloads(rows)
     curve_label = lambda r: f"{_label(r)}, {r.workers} worker(s)"      # noqa: E731
     styles = series_styles(list(dict.fromkeys(curve_label(r) for r in sorted(rows, key=lambda r: (_label(r), r.workers))
                                         if r.curves.evals)))
@@ -159,6 +172,4 @@ def write_plots(rows, out):
             ax1.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")
         ax1.set(xlabel="seconds since the trainer started", ylabel="test accuracy", title=f"{model}: accuracy vs time")
         ax2.set(xlabel="seconds since the trainer started", ylabel="test loss", title=f"{model}: loss vs time")
-    written.append(_save(fig, out, "accuracy_vs_time.png", legend_size=7))
-    stacked = write_breakdown_plot(rows, out)
-    return written + ([stacked] if stacked else [])
+    return _save(fig, out, "accuracy_vs_time.png", legend_size=7)
