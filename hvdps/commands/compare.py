@@ -286,6 +286,29 @@ def compare(args, parser):
     """The comparison the parsed flags ask for: checks, the runs (or the runs found with --from), the report."""
     cfg = from_args(args)
     args.out = cfg.train_dir
+    validate(args, cfg)
+    if not args.dry_run:
+        check_out(args.out, args.from_dirs)
+        take_folder(args.out, "--out")           # a second comparison into it is refused, the first untouched
+    interrupted = None
+    if args.from_dirs:
+        runs = runs_from_dirs(args.from_dirs)
+    else:
+        remote = make_remote(args)
+        links = load_links(args.links) if args.links else None
+        check_plan(args, remote, links)
+        runs = plan_runs(args, argv_of(args, parser, skip=COMPARE_FLAGS), os.cpu_count() or 1, remote)
+        if args.dry_run:
+            print_plan(runs)
+            return 0
+        if remote:
+            check_hosts(remote.hosts, remote.agent, args.out)
+        runs, interrupted = run_all(args, runs, links)
+    return report(args, cfg, runs, interrupted)
+
+
+def validate(args, cfg):
+    """Every refusal the flags and the data can meet, before --out is taken or any run starts."""
     parse_workers(args.num_ps, "--num_ps")
     for c in cluster_conditions(args):       # --straggler, --stall, --slow_link refused before --out is taken
         if isinstance(c, unhealthy.SlowLink) and not args.from_dirs:
@@ -296,60 +319,64 @@ def compare(args, parser):
     if args.resume:
         raise UsageError("--resume does not apply to hvdps compare: it starts fresh runs in --out; continue "
                          "one run with its trainer's command (the first line of runs/<name>.log) and --resume")
-    if not args.from_dirs:                         # a plug-in's training step (Keras 3 under the classic PS)
-        check_plugin(cfg, graph_mode=any(get_launcher(b).graph_mode for b, _ in parse_variants(args.backends)))
-    if not args.from_dirs:                         # the same refusal every run would meet, once, before any
-        for n in sorted(set(parse_workers(args.workers)), reverse=True):   # starts (a dry run too): the most
-            check_input(cfg, n)                                            # workers first, the tightest counts
-        if not args.hosts and not args.dry_run:    # every task on this machine
-            check_memory_fits(args, cfg, available_memory())
-    if not args.dry_run:
-        check_out(args.out, args.from_dirs)
-        take_folder(args.out, "--out")           # a second comparison into it is refused, the first untouched
-    interrupted = None
     if args.from_dirs:
-        runs = runs_from_dirs(args.from_dirs)
-    else:
-        trainer_args = argv_of(args, parser, skip=COMPARE_FLAGS)
-        remote = make_remote(args)
-        name, *_, most = max(run_shapes(args), key=lambda shape: shape[-1])   # tasks: workers and PS
-        if not remote and most > MAX_LOCAL_WORKERS:     # before any port is reserved (--hosts: its slots)
-            raise UsageError(f"run {name}: {most} tasks, more than the {MAX_LOCAL_WORKERS} one machine runs "
-                             f"(fewer --workers or --num_ps; other machines: --hosts)")
-        links = load_links(args.links) if args.links else None
-        if (args.straggler or args.stall) and remote and not links:
-            raise UsageError("--straggler and --stall act on this machine's processes: with --hosts, only on "
-                             "hvdps emulate's cluster")
-        runs = plan_runs(args, trainer_args, os.cpu_count() or 1, remote)
-        controller = None
-        if not args.dry_run and any(isinstance(r.condition, unhealthy.Straggler) for r in runs):
-            controller = unhealthy.CpuController.find()     # refused here, before any run, if it cannot be
-            controller.remove_stale()
-        if args.dry_run:
-            print(dry_run_preamble())
-            for run in runs:
-                if run.roles:
-                    print(f"# {run.name}: " + ", ".join(f"{t} on {h}" for t, h in run.roles.items()))
-                if run.condition:
-                    print(f"# {run.name}: {run.condition.describe()}")
-                own = [f"{k}={v}" for k, v in sorted(run.env.items())]
-                print(shlex.join((["env", *own] if own else []) + list(run.cmd)))
-                for task, line in remote_task_lines(run):
-                    print(f"#   {task}: {line}")
-            return 0
-        if remote:
-            check_hosts(remote.hosts, remote.agent, args.out)
-        previous, ran = own_signals(), []
-        try:
-            execute(runs, args.run_timeout, ran, progress=args.progress, links=links, controller=controller)
-            for s, handler in previous.items():      # nothing of ours runs any more: signals as before
-                signal.signal(s, handler)
-        except Interrupted as exc:
-            interrupted = exc
-        finally:
-            if controller:
-                controller.close()
-        runs = ran                                   # the report holds what ran
+        return
+    # a plug-in's training step (Keras 3 under the classic PS)
+    check_plugin(cfg, graph_mode=any(get_launcher(b).graph_mode for b, _ in parse_variants(args.backends)))
+    for n in sorted(set(parse_workers(args.workers)), reverse=True):   # the same refusal every run would meet,
+        check_input(cfg, n)             # once, before any starts (a dry run too): the most workers first
+    if not args.hosts and not args.dry_run:    # every task on this machine
+        check_memory_fits(args, cfg, available_memory())
+
+
+def check_plan(args, remote, links):
+    """What the plan's shape refuses: more tasks than one machine runs, a slowed worker across hosts
+    that are not hvdps emulate's."""
+    name, *_, most = max(run_shapes(args), key=lambda shape: shape[-1])   # tasks: workers and PS
+    if not remote and most > MAX_LOCAL_WORKERS:     # before any port is reserved (--hosts: its slots)
+        raise UsageError(f"run {name}: {most} tasks, more than the {MAX_LOCAL_WORKERS} one machine runs "
+                         f"(fewer --workers or --num_ps; other machines: --hosts)")
+    if (args.straggler or args.stall) and remote and not links:
+        raise UsageError("--straggler and --stall act on this machine's processes: with --hosts, only on "
+                         "hvdps emulate's cluster")
+
+
+def print_plan(runs):
+    """--dry_run: every run's tasks by host, its condition and its exact lines, pasteable."""
+    print(dry_run_preamble())
+    for run in runs:
+        if run.roles:
+            print(f"# {run.name}: " + ", ".join(f"{t} on {h}" for t, h in run.roles.items()))
+        if run.condition:
+            print(f"# {run.name}: {run.condition.describe()}")
+        own = [f"{k}={v}" for k, v in sorted(run.env.items())]
+        print(shlex.join((["env", *own] if own else []) + list(run.cmd)))
+        for task, line in remote_task_lines(run):
+            print(f"#   {task}: {line}")
+
+
+def run_all(args, runs, links):
+    """(the runs that ran, the signal that stopped the comparison or None): each in turn, with the
+    CPU controller a slowed worker needs found (or refused) before the first starts."""
+    controller = None
+    if any(isinstance(r.condition, unhealthy.Straggler) for r in runs):
+        controller = unhealthy.CpuController.find()     # refused here, before any run, if it cannot be
+        controller.remove_stale()
+    previous, ran = own_signals(), []
+    try:
+        execute(runs, args.run_timeout, ran, progress=args.progress, links=links, controller=controller)
+        for s, handler in previous.items():      # nothing of ours runs any more: signals as before
+            signal.signal(s, handler)
+    except Interrupted as exc:
+        return ran, exc
+    finally:
+        if controller:
+            controller.close()
+    return ran, None
+
+
+def report(args, cfg, runs, interrupted):
+    """The report of what ran, and the comparison's exit code."""
     every_run = collect(runs)
     rows = with_scaling(merge(every_run))   # a row per configuration: the median over its --repeat runs
     # {workload: config} from the runs' own headers, live or --from alike, so a rebuilt report is the

@@ -395,94 +395,37 @@ def networks(args, fits, ring, ps, cluster=None):
     return nets
 
 
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What a projection is made of, read once: the networks, the model's layers and compute, and
+    what the runs measured (``--from``)."""
+    ring: object
+    ps: object
+    nets: dict
+    cluster: object
+    comm_json: str
+    layers: list
+    compute: float
+    measured: dict
+    notes: list
+    variants: list
+
+
 def run_projection(args):
     """The projection from measurements and/or given hardware."""
-    for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "straggler_cv"):
-        if getattr(args, name) is not None:
-            check_finite(name.replace("_", "-"), getattr(args, name))
-    for name, (low, high) in INPUT_RANGES.items():
-        value = getattr(args, name)
-        if value is not None and not low <= value <= high:
-            raise UsageError(f"--{name.replace('_', '-')} must be in [{low:g}, {high:g}], got {value!r}")
-    if not 0 <= args.straggler_cv < 1:
-        raise UsageError("--straggler_cv must be in [0, 1)")
-    if not 1 <= args.gpus_per_server <= 1024 or not 1 <= args.max_workers <= MAX_WORKERS:
-        raise UsageError(f"--gpus_per_server must be in [1, 1024] and --max_workers in [1, {MAX_WORKERS}]")
+    check_args(args)
     tuning = methods.tuning_of(args)
     slow = {s.rank: s.factor for s in parse_stragglers(args.straggler)} if args.straggler else {}
-    if args.healthy_dir and (not args.from_dir or not os.path.isdir(args.healthy_dir)):
-        raise UsageError(f"--healthy {args.healthy_dir}: " + ("no such directory" if args.from_dir else
-                                                             "needs --from, the runs it is the healthy twin of"))
-    comm_json = args.comm_json or os.path.join(REPO, "benchmarks", "results", "comm.json")
-    if args.comm_json and not os.path.exists(args.comm_json):
-        raise UsageError(f"--comm_json {args.comm_json}: no such file")
-    if args.from_dir and not os.path.isdir(args.from_dir):
-        raise UsageError(f"--from {args.from_dir}: no such directory")
-    cluster = cluster_of(args.from_dir) if args.from_dir and not args.comm_json else None
-    fits = {}
-    if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None) and \
-            not (cluster and cluster.latency_s is not None):
-        comm = read_comm(comm_json)
-        fits = fit_from_comm(comm.results, comm.np)
-    ring, ps = network(args, fits, comm_json, cluster, tuning)
-    if not ring or not ps:
-        raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
-                         f"and no --bandwidth_gbps/--latency_us given")
-    nets = networks(args, fits, ring, ps, cluster)
-    profiles = known_models()
-    if args.model_name and args.model_name not in profiles:
-        raise UsageError(f"unknown --model_name '{args.model_name}' (valid: {', '.join(profiles)})")
-    layers = profiles[args.model_name].layers if args.model_name else None
-    if args.model_params and not layers:
-        layers = single_layer(args.model_params * 4e6)
-    compute = args.step_compute_ms / 1e3 if args.step_compute_ms else None
-    measured, notes, variants = {}, [], []
-    if args.from_dir:
-        run_compute, run_layers, measured, notes, variants = from_runs(args.from_dir, ring, ps, nets)
-        compute = compute or run_compute
-        layers = layers or run_layers
-    if not layers or not compute:
-        raise UsageError("--project needs the model (--model_name, --model_params or --from) "
-                         "and the compute time (--step_compute_ms or --from)")
+    inp = load_inputs(args, tuning)
+    ring, ps, nets, layers, compute = inp.ring, inp.ps, inp.nets, inp.layers, inp.compute
     grad = sum(x.grad_bytes for x in layers)
-    own = own_rows(nets, ring, variants)
-    workers = powers_of_two(1, args.max_workers)
-    rows = project(layers, compute, workers, ring, ps, per_server=args.gpus_per_server, tuning=tuning,
-                   straggler_cv=args.straggler_cv, measured=measured, own=own, slow=slow)
-    knobs = [o.says.format(getattr(args, o.flag)) for o in methods.options()
-             if o.says and getattr(args, o.flag) is not None]
+    own = own_rows(nets, ring, inp.variants)
+    rows = project(layers, compute, powers_of_two(1, args.max_workers), ring, ps, per_server=args.gpus_per_server,
+                   tuning=tuning, straggler_cv=args.straggler_cv, measured=inp.measured, own=own, slow=slow)
     make_dirs(args.out)
-    text = (f"# Scaling projection\n\ngradient {_size(grad)} in {len(layers)} layer(s), compute "
-            f"{compute * 1e3:.1f} ms/step, ring: {ring.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
-            f"{ring.alpha * 1e6:.1f} us; PS: {ps.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
-            f"{ps.alpha * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server; " +
-            "".join(f"{k}; " for k in knobs) + f"straggler cv {args.straggler_cv:g}" +
-            "".join(f"; worker {r} at {f:g}x the others' compute" for r, f in slow.items()) + "\n\n")
-    for label, (_, net, _) in own.items():
-        if net == ring:
-            continue                 # costed on the ring's network, by a step model of its own
-        text += (f"{label}: its own fit from {comm_json}, {net.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
-                 f"{net.alpha * 1e6:.1f} us.\n\n")
-    if cluster and cluster.latency_s is not None and (args.bandwidth_gbps is None or args.latency_us is None):
-        rate = cluster.rate or f"{cluster.rate_bps / 1e6:g} Mbit/s"
-        if slowest_link_bps(cluster) < cluster.rate_bps:
-            rate += f"; its slowest, {slowest_link_bps(cluster) / 1e6:g} Mbit/s, taken for every link"
-        text += (f"Network: the emulated cluster's links ({rate}, carrying {TCP_GOODPUT:.1%} of it as "
-                 f"TCP payload; latency {cluster.latency_s * 1e6:.0f} us, half the measured round trip).\n\n")
-    if notes:
-        text += "Measured in the runs:\n\n" + "\n".join(f"- {x}" for x in notes) + "\n\n"
+    text = header_text(args, inp, grad, own, slow)
     checked, left_out = check_runs(args.from_dir, layers, ring, ps, tuning, nets) if args.from_dir else ([], [])
-    if checked or left_out:
-        text += "## Projected against measured\n\n"
-    if checked:
-        ratios = sorted(r.ratio for r in checked)
-        text += ("Each multi-worker run's median step beside what the model "
-                 "above gives for its backend, worker count, gradient, PS shards and its own compute "
-                 f"(docs/projection.md); measured / projected from {ratios[0]:.2f} to {ratios[-1]:.2f}, "
-                 f"median {ratios[len(ratios) // 2]:.2f}.\n\n" + check_table(checked) + "\n\n")
-    if left_out:
-        text += ("Left out of this check, since they measured contention for the cores, not the method: " +
-                 "; ".join(f"{name} ({why})" for name, why in left_out) + ".\n\n")
+    text += checked_text(checked, left_out)
     cross = []
     if args.from_dir:
         cross = crossover.analyse([load_run(d) for d in find_runs(args.from_dir)],
@@ -509,7 +452,7 @@ def run_projection(args):
                        "own_fits": {label: net for label, (_, net, _) in own.items() if net != ring},
                        "gpus_per_server": args.gpus_per_server, "straggler_cv": args.straggler_cv,
                        **{o.flag: getattr(args, o.flag) for o in methods.options()},
-                       "measured_overlap": {label: ov for label, (ov, _) in measured.items()}, "checked": checked,
+                       "measured_overlap": {label: ov for label, (ov, _) in inp.measured.items()}, "checked": checked,
                        "left_out": [{"run": name, "why": why} for name, why in left_out], "crossover": cross,
                        "heldout": {"entries": held[0], "cores": held[1]},
                        "unhealthy": {"entries": sick[0], "left_out": [{"run": n, "why": w} for n, w in sick[1]]},
@@ -520,6 +463,102 @@ def run_projection(args):
          f"{compute * 1e3:.0f} ms compute")
     print(text)
     return 0
+
+
+def check_args(args):
+    """The flags' ranges and the folders and files they name, before anything is read."""
+    for name in ("bandwidth_gbps", "latency_us", "step_compute_ms", "model_params", "straggler_cv"):
+        if getattr(args, name) is not None:
+            check_finite(name.replace("_", "-"), getattr(args, name))
+    for name, (low, high) in INPUT_RANGES.items():
+        value = getattr(args, name)
+        if value is not None and not low <= value <= high:
+            raise UsageError(f"--{name.replace('_', '-')} must be in [{low:g}, {high:g}], got {value!r}")
+    if not 0 <= args.straggler_cv < 1:
+        raise UsageError("--straggler_cv must be in [0, 1)")
+    if not 1 <= args.gpus_per_server <= 1024 or not 1 <= args.max_workers <= MAX_WORKERS:
+        raise UsageError(f"--gpus_per_server must be in [1, 1024] and --max_workers in [1, {MAX_WORKERS}]")
+    if args.healthy_dir and (not args.from_dir or not os.path.isdir(args.healthy_dir)):
+        raise UsageError(f"--healthy {args.healthy_dir}: " + ("no such directory" if args.from_dir else
+                                                             "needs --from, the runs it is the healthy twin of"))
+    if args.comm_json and not os.path.exists(args.comm_json):
+        raise UsageError(f"--comm_json {args.comm_json}: no such file")
+    if args.from_dir and not os.path.isdir(args.from_dir):
+        raise UsageError(f"--from {args.from_dir}: no such directory")
+    if args.model_name and args.model_name not in known_models():
+        raise UsageError(f"unknown --model_name '{args.model_name}' (valid: {', '.join(known_models())})")
+
+
+def load_inputs(args, tuning):
+    """The networks (given, fitted from comm.json, or the emulated cluster's), the model's layers and
+    compute (a shipped profile, --model_params, or the runs'), and what the runs measured."""
+    comm_json = args.comm_json or os.path.join(REPO, "benchmarks", "results", "comm.json")
+    cluster = cluster_of(args.from_dir) if args.from_dir and not args.comm_json else None
+    fits = {}
+    if os.path.exists(comm_json) and (args.bandwidth_gbps is None or args.latency_us is None) and \
+            not (cluster and cluster.latency_s is not None):
+        comm = read_comm(comm_json)
+        fits = fit_from_comm(comm.results, comm.np)
+    ring, ps = network(args, fits, comm_json, cluster, tuning)
+    if not ring or not ps:
+        raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
+                         f"and no --bandwidth_gbps/--latency_us given")
+    nets = networks(args, fits, ring, ps, cluster)
+    layers = known_models()[args.model_name].layers if args.model_name else None
+    if args.model_params and not layers:
+        layers = single_layer(args.model_params * 4e6)
+    compute = args.step_compute_ms / 1e3 if args.step_compute_ms else None
+    measured, notes, variants = {}, [], []
+    if args.from_dir:
+        run_compute, run_layers, measured, notes, variants = from_runs(args.from_dir, ring, ps, nets)
+        compute = compute or run_compute
+        layers = layers or run_layers
+    if not layers or not compute:
+        raise UsageError("--project needs the model (--model_name, --model_params or --from) "
+                         "and the compute time (--step_compute_ms or --from)")
+    return Inputs(ring, ps, nets, cluster, comm_json, layers, compute, measured, notes, variants)
+
+
+def header_text(args, inp, grad, own, slow):
+    """projection.md's opening: the model, the networks and knobs it was costed on, what the runs measured."""
+    ring, ps, cluster = inp.ring, inp.ps, inp.cluster
+    knobs = [o.says.format(getattr(args, o.flag)) for o in methods.options()
+             if o.says and getattr(args, o.flag) is not None]
+    text = (f"# Scaling projection\n\ngradient {_size(grad)} in {len(inp.layers)} layer(s), compute "
+            f"{inp.compute * 1e3:.1f} ms/step, ring: {ring.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
+            f"{ring.alpha * 1e6:.1f} us; PS: {ps.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
+            f"{ps.alpha * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server; " +
+            "".join(f"{k}; " for k in knobs) + f"straggler cv {args.straggler_cv:g}" +
+            "".join(f"; worker {r} at {f:g}x the others' compute" for r, f in slow.items()) + "\n\n")
+    for label, (_, net, _) in own.items():
+        if net == ring:
+            continue                 # costed on the ring's network, by a step model of its own
+        text += (f"{label}: its own fit from {inp.comm_json}, {net.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "
+                 f"{net.alpha * 1e6:.1f} us.\n\n")
+    if cluster and cluster.latency_s is not None and (args.bandwidth_gbps is None or args.latency_us is None):
+        rate = cluster.rate or f"{cluster.rate_bps / 1e6:g} Mbit/s"
+        if slowest_link_bps(cluster) < cluster.rate_bps:
+            rate += f"; its slowest, {slowest_link_bps(cluster) / 1e6:g} Mbit/s, taken for every link"
+        text += (f"Network: the emulated cluster's links ({rate}, carrying {TCP_GOODPUT:.1%} of it as "
+                 f"TCP payload; latency {cluster.latency_s * 1e6:.0f} us, half the measured round trip).\n\n")
+    if inp.notes:
+        text += "Measured in the runs:\n\n" + "\n".join(f"- {x}" for x in inp.notes) + "\n\n"
+    return text
+
+
+def checked_text(checked, left_out):
+    """The section of each multi-worker run's step beside the model's."""
+    text = "## Projected against measured\n\n" if checked or left_out else ""
+    if checked:
+        ratios = sorted(r.ratio for r in checked)
+        text += ("Each multi-worker run's median step beside what the model "
+                 "above gives for its backend, worker count, gradient, PS shards and its own compute "
+                 f"(docs/projection.md); measured / projected from {ratios[0]:.2f} to {ratios[-1]:.2f}, "
+                 f"median {ratios[len(ratios) // 2]:.2f}.\n\n" + check_table(checked) + "\n\n")
+    if left_out:
+        text += ("Left out of this check, since they measured contention for the cores, not the method: " +
+                 "; ".join(f"{name} ({why})" for name, why in left_out) + ".\n\n")
+    return text
 
 
 @cli
