@@ -207,6 +207,21 @@ def test_a_method_main_has_short_functions(package):
 
 
 @pytest.mark.unit
+def test_the_application_has_short_functions():
+    """No function of hvdps/ is over 60 lines either: a command reads parse, validate, load, compute,
+    write, each step a function of its own, and what it computes lives in cost/, measure/ or render/."""
+    long = []
+    for root, _, files in os.walk(os.path.join(REPO, "hvdps")):
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(root, name)
+            long += [(os.path.relpath(path, REPO), n.name, n.end_lineno - n.lineno + 1)
+                     for n in ast.walk(ast.parse(open(path).read()))
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and n.end_lineno - n.lineno + 1 > MAIN_FUNCTION_LINES]
+    assert not long, long
+
+
+@pytest.mark.unit
 def test_every_module_has_a_row_in_the_tests_readme():
     """tests/README.md says which tests check each module: a module added without a row is named here."""
     text = open(os.path.join(REPO, "tests", "README.md")).read()

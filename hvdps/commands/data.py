@@ -38,48 +38,12 @@ from common.inputs.data import input_spec, load_arrays
 def main(argv=None):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ start-up chatter stays out
     d = Config()
-    p = Parser(prog="hvdps data", description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", default=d.dataset,
-                   help="digits, mnist, synthetic, or your own: module:function or file.py:function")
-    p.add_argument("--data_dir", default=None, help="mnist: a folder with mnist.npz or the 4 MNIST IDX files")
-    p.add_argument("--shards", type=int, default=8, help="files of the training split")
-    p.add_argument("--test_shards", type=int, default=1, help="files of the test split")
-    p.add_argument("--layout", default="plain", choices=("plain", "imagenet"),
-                   help="plain: raw feature bytes and a label; imagenet: encoded images and 1-based labels, "
-                        "as tf_cnn_benchmarks reads")
-    p.add_argument("--image_format", default=None, choices=("jpeg", "png"),
-                   help="the imagenet layout's encoding (png for arrays: lossless; jpeg for synthetic images)")
-    p.add_argument("--resize", type=size, default=None,
-                   help="synthetic imagenet layout: training resizes the --image_shape images to H,W")
-    p.add_argument("--out", default=None, help="the folder the shards and dataset.json go to")
-    p.add_argument("--describe", default=None, metavar="DIR",
-                   help="write dataset.json for ImageNet TFRecords already in DIR (train-*, validation-*), "
-                        "resized to --image_shape (default 224,224,3), --num_classes 1000 (1-based labels)")
-    p.add_argument("--seed", type=int, default=d.seed, help="synthetic data: the draw")
-    p.add_argument("--image_shape", type=shape, default=None, help="synthetic data: H,W,C")
-    p.add_argument("--num_classes", type=int, default=None, help=f"synthetic data (default {d.num_classes}); "
-                   f"--describe: the classes (default 1000)")
-    p.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples, help="synthetic data: examples")
-    for name in ("shards", "test_shards"):
-        p.bound(name, 1, 1 << 20)
-    p.bound("synthetic_samples", 1, 1 << 40)
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    args = make_parser(d).parse_args(sys.argv[1:] if argv is None else argv)
     if (args.out is None) == (args.describe is None):
         raise UsageError("give --out (write a data set) or --describe DIR (describe ImageNet files already there)")
     if args.describe is not None:
         return describe(args)
-    if args.layout == "plain" and (args.image_format or args.resize):
-        raise UsageError("--image_format and --resize are for --layout imagenet")
-    data = builtins.DATA.get(args.dataset)          # None: a plug-in's arrays
-    generated = " or ".join(d.name for d in builtins.DATA.values() if d.shape_from_flags)
-    if args.resize and not (data and data.shape_from_flags):
-        raise UsageError(f"--resize is for a {generated} set (arrays are stored at their own size)")
-    if args.layout == "imagenet" and args.image_shape and args.image_shape[2] not in (1, 3):
-        raise UsageError(f"--image_shape {','.join(map(str, args.image_shape))}: the imagenet layout stores "
-                         f"images of 1 or 3 channels")
-    if data and not data.writable:
-        writes = ", ".join(d.name for d in builtins.DATA.values() if d.writable)
-        raise UsageError(f"--dataset {args.dataset}: hvdps data writes {writes} or a plug-in's arrays")
+    data = validate(args)
     extra = {"image_shape": args.image_shape} if args.image_shape else {}
     classes = d.num_classes if args.num_classes is None else args.num_classes
     streamed = args.layout == "imagenet" and bool(data and data.shape_from_flags)   # generated record by record
@@ -108,6 +72,53 @@ def main(argv=None):
           f"TFRecord file(s), {args.layout} layout: {path}")
     print(f"train from them: hvdps compare --dataset tfrecord --data_dir {args.out} ...")
     return 0
+
+
+def make_parser(d):
+    """hvdps data's flags, ``d`` the config's defaults."""
+    p = Parser(prog="hvdps data", description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", default=d.dataset,
+                   help="digits, mnist, synthetic, or your own: module:function or file.py:function")
+    p.add_argument("--data_dir", default=None, help="mnist: a folder with mnist.npz or the 4 MNIST IDX files")
+    p.add_argument("--shards", type=int, default=8, help="files of the training split")
+    p.add_argument("--test_shards", type=int, default=1, help="files of the test split")
+    p.add_argument("--layout", default="plain", choices=("plain", "imagenet"),
+                   help="plain: raw feature bytes and a label; imagenet: encoded images and 1-based labels, "
+                        "as tf_cnn_benchmarks reads")
+    p.add_argument("--image_format", default=None, choices=("jpeg", "png"),
+                   help="the imagenet layout's encoding (png for arrays: lossless; jpeg for synthetic images)")
+    p.add_argument("--resize", type=size, default=None,
+                   help="synthetic imagenet layout: training resizes the --image_shape images to H,W")
+    p.add_argument("--out", default=None, help="the folder the shards and dataset.json go to")
+    p.add_argument("--describe", default=None, metavar="DIR",
+                   help="write dataset.json for ImageNet TFRecords already in DIR (train-*, validation-*), "
+                        "resized to --image_shape (default 224,224,3), --num_classes 1000 (1-based labels)")
+    p.add_argument("--seed", type=int, default=d.seed, help="synthetic data: the draw")
+    p.add_argument("--image_shape", type=shape, default=None, help="synthetic data: H,W,C")
+    p.add_argument("--num_classes", type=int, default=None, help=f"synthetic data (default {d.num_classes}); "
+                   f"--describe: the classes (default 1000)")
+    p.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples, help="synthetic data: examples")
+    for name in ("shards", "test_shards"):
+        p.bound(name, 1, 1 << 20)
+    p.bound("synthetic_samples", 1, 1 << 40)
+    return p
+
+
+def validate(args):
+    """The flags' rules between each other: the built-in data set named (None: a plug-in's arrays)."""
+    if args.layout == "plain" and (args.image_format or args.resize):
+        raise UsageError("--image_format and --resize are for --layout imagenet")
+    data = builtins.DATA.get(args.dataset)          # None: a plug-in's arrays
+    generated = " or ".join(d.name for d in builtins.DATA.values() if d.shape_from_flags)
+    if args.resize and not (data and data.shape_from_flags):
+        raise UsageError(f"--resize is for a {generated} set (arrays are stored at their own size)")
+    if args.layout == "imagenet" and args.image_shape and args.image_shape[2] not in (1, 3):
+        raise UsageError(f"--image_shape {','.join(map(str, args.image_shape))}: the imagenet layout stores "
+                         f"images of 1 or 3 channels")
+    if data and not data.writable:
+        writes = ", ".join(d.name for d in builtins.DATA.values() if d.writable)
+        raise UsageError(f"--dataset {args.dataset}: hvdps data writes {writes} or a plug-in's arrays")
+    return data
 
 
 def describe(args):

@@ -176,6 +176,37 @@ def main(argv=None):
     cleanup_stale()
     if args.cleanup:
         return 0
+    links, out = validate(args, rest)
+    cluster = EmulatedCluster(args.hosts, args.rate, links=links)
+    lab = SlurmLab(cluster, args.cpus_per_node) if args.slurm else None
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+
+    for s in previous:
+        signal.signal(s, on_signal)
+    code = 1
+    try:
+        desc = bring_up(cluster, args, links, out, host_names(args.hosts) if lab else None)
+        code = 0
+        if lab:
+            lab.up()
+            print(f"SLURM: slurmctld on the login node, slurmd on {', '.join(host_names(args.hosts))} "
+                  f"({args.cpus_per_node} CPUs each), partition lab", flush=True)
+            code = submit_all(lab, args.sbatch, out)
+        if rest or not args.sbatch:
+            code = run_comparison(cluster, lab, rest, desc, out, args.hosts) or code
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        code = tear_down(cluster, lab, previous, code)
+    return code
+
+
+def validate(args, rest):
+    """(the hosts' own link rates, the output folder): every flag checked, and the comparison's flags
+    after ``--`` held to what the cluster decides for it, before anything is built."""
     if not 2 <= args.hosts <= 32:
         raise UsageError(f"--hosts must be 2-32, got {args.hosts}")
     parse_rate(args.rate)
@@ -196,74 +227,65 @@ def main(argv=None):
         raise UsageError(f"--out {out} already holds a report; choose another directory")
     if rest or not args.sbatch:
         check_cluster_memory(rest, available_memory())
-    cluster = EmulatedCluster(args.hosts, args.rate, links=links)
-    lab = SlurmLab(cluster, args.cpus_per_node) if args.slurm else None
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    return links, out
 
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt
 
-    for s in previous:
-        signal.signal(s, on_signal)
-    code = 1
+def bring_up(cluster, args, links, out, names):
+    """The cluster up, its links' latency measured, and its description (cluster.json) written: the path."""
     try:
-        try:
-            cluster.up()
-        except RuntimeError as exc:
-            raise UsageError(f"cannot build the emulated cluster: {exc}")
-        try:
-            cluster.latency = cluster.measure_latency()
-        except (RuntimeError, OSError, ValueError, IndexError, subprocess.TimeoutExpired) as exc:
-            print(f"note: could not measure the links' latency ({exc}); hvdps project will need --latency_us",
-                  file=sys.stderr)
-        make_dirs(out)
-        names = host_names(args.hosts) if lab else None
-        desc = write_atomic(os.path.join(out, "cluster.json"), json.dumps(cluster.describe(names), indent=2))
-        rtt = f"; round trip {cluster.latency['rtt_s'] * 1e6:.0f} us" if cluster.latency else ""
-        own = "".join(f", {cluster.addrs[i]}'s {rate}" for i, rate in sorted(links.items()))
-        print(f"emulated cluster: {args.hosts} hosts {', '.join(cluster.addrs)}, each link {args.rate} both ways"
-              f"{own}; login node {cluster.subnet}.254{rtt}", flush=True)
-        code = 0
-        if lab:
-            lab.up()
-            print(f"SLURM: slurmctld on the login node, slurmd on {', '.join(names)} "
-                  f"({args.cpus_per_node} CPUs each), partition lab", flush=True)
-            code = submit_all(lab, args.sbatch, out)
-        if rest or not args.sbatch:
-            compare = [sys.executable, "-m", "hvdps.commands.compare", "--network_interface", f"{cluster.subnet}.0/24",
-                       "--links", desc, "--out", out, *rest]
-            if lab:      # the whole comparison inside one allocation of every host, as on a real cluster
-                cmd = ["salloc", "--quiet", f"--nodes={args.hosts}", "--ntasks-per-node=1",
-                       "--job-name=hvdps-compare", *compare[:3], "--hosts", "slurm", *compare[3:]]
-                p = lab.popen(cmd, cwd=REPO, env=lab.env(child_env()))
-            else:
-                cmd = ["ip", "netns", "exec", cluster.login, *compare[:3], "--hosts", ",".join(cluster.addrs),
-                       "--rsh", AGENT, *compare[3:]]
-                p = subprocess.Popen(cmd, env=child_env(HVDPS_NETNS_MAP=cluster.netns_map()), cwd=REPO,
-                                     start_new_session=True)
-            try:
-                code = p.wait() or code
-            except KeyboardInterrupt:
-                print("interrupted: stopping the comparison and removing the emulated cluster", file=sys.stderr)
-                code = 130
-    except KeyboardInterrupt:
-        code = 130
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second Ctrl-C must not interrupt the teardown
-        left = cluster.down()
-        if lab:
-            lab.down()
-        signal.signal(signal.SIGINT, previous[signal.SIGINT])
-        if left:
-            print(f"error: could not remove namespace(s) {', '.join(left)}; run hvdps emulate --cleanup",
-                  file=sys.stderr)
-            code = code or 1
-        else:
-            print("emulated cluster removed", flush=True)
-    return code
+        cluster.up()
+    except RuntimeError as exc:
+        raise UsageError(f"cannot build the emulated cluster: {exc}")
+    try:
+        cluster.latency = cluster.measure_latency()
+    except (RuntimeError, OSError, ValueError, IndexError, subprocess.TimeoutExpired) as exc:
+        print(f"note: could not measure the links' latency ({exc}); hvdps project will need --latency_us",
+              file=sys.stderr)
+    make_dirs(out)
+    desc = write_atomic(os.path.join(out, "cluster.json"), json.dumps(cluster.describe(names), indent=2))
+    rtt = f"; round trip {cluster.latency['rtt_s'] * 1e6:.0f} us" if cluster.latency else ""
+    own = "".join(f", {cluster.addrs[i]}'s {rate}" for i, rate in sorted(links.items()))
+    print(f"emulated cluster: {args.hosts} hosts {', '.join(cluster.addrs)}, each link {args.rate} both ways"
+          f"{own}; login node {cluster.subnet}.254{rtt}", flush=True)
+    return desc
 
+
+def run_comparison(cluster, lab, rest, desc, out, hosts):
+    """The comparison from the login node, through exactly the --hosts path (inside one SLURM allocation
+    of every host with a lab): its exit code, 130 when interrupted."""
+    compare = [sys.executable, "-m", "hvdps.commands.compare", "--network_interface", f"{cluster.subnet}.0/24",
+               "--links", desc, "--out", out, *rest]
+    if lab:      # the whole comparison inside one allocation of every host, as on a real cluster
+        cmd = ["salloc", "--quiet", f"--nodes={hosts}", "--ntasks-per-node=1",
+               "--job-name=hvdps-compare", *compare[:3], "--hosts", "slurm", *compare[3:]]
+        p = lab.popen(cmd, cwd=REPO, env=lab.env(child_env()))
+    else:
+        cmd = ["ip", "netns", "exec", cluster.login, *compare[:3], "--hosts", ",".join(cluster.addrs),
+               "--rsh", AGENT, *compare[3:]]
+        p = subprocess.Popen(cmd, env=child_env(HVDPS_NETNS_MAP=cluster.netns_map()), cwd=REPO,
+                             start_new_session=True)
+    try:
+        return p.wait()
+    except KeyboardInterrupt:
+        print("interrupted: stopping the comparison and removing the emulated cluster", file=sys.stderr)
+        return 130
+
+
+def tear_down(cluster, lab, previous, code):
+    """Every namespace and daemon removed, a second Ctrl-C ignored meanwhile: the exit code."""
+    for s, h in previous.items():
+        signal.signal(s, h)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second Ctrl-C must not interrupt the teardown
+    left = cluster.down()
+    if lab:
+        lab.down()
+    signal.signal(signal.SIGINT, previous[signal.SIGINT])
+    if left:
+        print(f"error: could not remove namespace(s) {', '.join(left)}; run hvdps emulate --cleanup",
+              file=sys.stderr)
+        return code or 1
+    print("emulated cluster removed", flush=True)
+    return code
 
 if __name__ == "__main__":
     sys.exit(main())

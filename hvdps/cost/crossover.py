@@ -127,7 +127,6 @@ def analyse(rows, project, layers=None, grid=None, contended=()):
     ``project(shape, shard_bytes)`` gives the model's step for a run's shape (hvdps/cost/shape.py)
     and, for PS, the bytes each PS task holds, or None. ``contended``: the names of the runs that
     measured contention for the cores, marked in the series."""
-    out = []
     crowded = set(contended)
 
     def marks(runs):
@@ -135,72 +134,93 @@ def analyse(rows, project, layers=None, grid=None, contended=()):
         return (tuple(sorted((r.workers, r.step_s) for r in runs if r.name in crowded)),
                 bool(runs) and all(r.name in crowded for r in runs))
     pts = points(rows)
+    out = []
     for model in dict.fromkeys(r.model for r in pts):
         mine = [r for r in pts if r.model == model and r.workers >= 2]
         rings = [r for r in mine if is_ring(r)]
         pss = [r for r in mine if not is_ring(r)]
-        if not rings or not pss:
-            continue
-        grad = statistics.median(r.grad_bytes_per_step for r in mine)
-        measured_ns = sorted({r.workers for r in mine})
-        ns = sorted(set(measured_ns) | set(grid or schedule_grid(measured_ns[-1])))
-
-        def projected(variant, runs, n, k=1):
-            row = StepShape(backend=variant[0], mode=variant[1], workers=n, num_ps=k,
-                            compute_s=_compute_at(runs, n), grad_bytes_per_step=grad)
-            return project(row, None if is_ring(row) else _shard_bytes(layers, grad, k))
-
-        ring_variants = list(dict.fromkeys(_variant(r) for r in rings))
-        ring_runs = {v: [r for r in rings if _variant(r) == v] for v in ring_variants}
-        ring_lines = {v: {n: projected(v, ring_runs[v], n) for n in ns} for v in ring_variants}
-        exact = [v for v in ring_variants if is_exact(v)]   # drop-ins for each other (hvdps/methods.py: Ring.exact)
-        best_ring = {}           # n -> (measured s, variant) of the fastest exact ring measured there
-        for n in measured_ns:
-            here = [(r.step_s, _variant(r)) for r in rings if r.workers == n and _variant(r) in exact]
-            if here:
-                best_ring[n] = min(here)
-        best_line = {n: min((ring_lines[v][n], v) for v in exact if ring_lines[v][n] is not None)
-                     for n in ns if any(ring_lines[v][n] is not None for v in exact)}
-        series = [Series(name=_name(v), ring=True, k=None,
-                         measured=tuple(sorted((r.workers, r.step_s) for r in ring_runs[v])),
-                         projected=tuple((n, s) for n, s in ring_lines[v].items() if s is not None),
-                         contended=marks(ring_runs[v])[0], contended_line=marks(ring_runs[v])[1])
-                  for v in ring_variants]
-        variants = []
-        for v in dict.fromkeys(_variant(r) for r in pss):
-            runs = [r for r in pss if _variant(r) == v]
-            ks = sorted({r.num_ps for r in runs})
-            measured = {(r.workers, r.num_ps): r.step_s for r in runs}
-            lines = {k: {n: projected(v, runs, n, k) for n in ns} for k in sorted(set(ks) | {1})}
-            for k in ks:
-                mine_k = [r for r in runs if r.num_ps == k]
-                series.append(Series(name=f"{_name(v)}, {k} PS", ring=False, k=k,
-                                     measured=tuple(sorted((n, s) for (n, kk), s in measured.items() if kk == k)),
-                                     projected=tuple((n, s) for n, s in lines[k].items() if s is not None),
-                                     contended=marks(mine_k)[0],
-                                     contended_line=marks(runs)[1]))   # its compute: every k's runs
-            by_n = []
-            for n in measured_ns:
-                ring_s, ring_v = best_ring.get(n, (None, None))
-                line_s = best_line.get(n, (None, None))[0]
-                ps1 = measured.get((n, 1))
-                ps1_line = lines[1].get(n)
-                need = [k for k in ks if (n, k) in measured and ring_s is not None and measured[(n, k)] <= ring_s]
-                tried = [k for k in ks if (n, k) in measured]
-                by_n.append(AtWorkers(workers=n, ring=_name(ring_v) if ring_v else None, ring_measured_s=ring_s,
-                                      ring_projected_s=line_s, ps1_measured_s=ps1, ps1_projected_s=ps1_line,
-                                      shards_measured=min(need) if need else None,
-                                      shards_measured_tried=max(tried) if tried else None,
-                                      shards_projected=shards_to_match(lambda k: projected(v, runs, n, k), line_s),
-                                      closest_projected=closest(lambda k: projected(v, runs, n, k), line_s)))
-            variants.append(Versus(ps=_name(v), by_n=tuple(by_n),
-                                   ring_wins_from_measured=wins_from(
-                                       {n: (best_ring[n][0], measured.get((n, 1))) for n in best_ring}),
-                                   ring_wins_from_projected=wins_from(
-                                       {n: (best_line[n][0], lines[1].get(n)) for n in best_line})))
-        out.append(Workload(model=model, grad_bytes=grad, workers=tuple(measured_ns), variants=tuple(variants),
-                            series=tuple(series)))
+        if rings and pss:
+            out.append(_workload(model, mine, rings, pss, project, layers, grid, marks))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rings:
+    """One workload's rings: what every PS variant is held to."""
+    ns: tuple              # every worker count projected
+    measured_ns: tuple     # the worker counts run
+    best: dict             # n -> (measured s, variant) of the fastest exact ring measured there
+    best_line: dict        # n -> (projected s, variant) of the fastest exact ring's line
+
+
+def _workload(model, mine, rings, pss, project, layers, grid, marks):
+    grad = statistics.median(r.grad_bytes_per_step for r in mine)
+    measured_ns = sorted({r.workers for r in mine})
+    ns = sorted(set(measured_ns) | set(grid or schedule_grid(measured_ns[-1])))
+
+    def projected(variant, runs, n, k=1):
+        row = StepShape(backend=variant[0], mode=variant[1], workers=n, num_ps=k,
+                        compute_s=_compute_at(runs, n), grad_bytes_per_step=grad)
+        return project(row, None if is_ring(row) else _shard_bytes(layers, grad, k))
+
+    ring_variants = list(dict.fromkeys(_variant(r) for r in rings))
+    ring_runs = {v: [r for r in rings if _variant(r) == v] for v in ring_variants}
+    ring_lines = {v: {n: projected(v, ring_runs[v], n) for n in ns} for v in ring_variants}
+    exact = [v for v in ring_variants if is_exact(v)]   # drop-ins for each other (hvdps/methods.py: Ring.exact)
+    best_ring = {}
+    for n in measured_ns:
+        here = [(r.step_s, _variant(r)) for r in rings if r.workers == n and _variant(r) in exact]
+        if here:
+            best_ring[n] = min(here)
+    best_line = {n: min((ring_lines[v][n], v) for v in exact if ring_lines[v][n] is not None)
+                 for n in ns if any(ring_lines[v][n] is not None for v in exact)}
+    held = _Rings(tuple(ns), tuple(measured_ns), best_ring, best_line)
+    series = [Series(name=_name(v), ring=True, k=None,
+                     measured=tuple(sorted((r.workers, r.step_s) for r in ring_runs[v])),
+                     projected=tuple((n, s) for n, s in ring_lines[v].items() if s is not None),
+                     contended=marks(ring_runs[v])[0], contended_line=marks(ring_runs[v])[1])
+              for v in ring_variants]
+    variants = []
+    for v in dict.fromkeys(_variant(r) for r in pss):
+        runs = [r for r in pss if _variant(r) == v]
+        more, versus = _ps_variant(v, runs, held, lambda n, k, v=v, runs=runs: projected(v, runs, n, k), marks)
+        series += more
+        variants.append(versus)
+    return Workload(model=model, grad_bytes=grad, workers=tuple(measured_ns), variants=tuple(variants),
+                    series=tuple(series))
+
+
+def _ps_variant(v, runs, held, projected, marks):
+    """(its series, one per shard count; its Versus against the rings) of one PS variant's runs;
+    ``projected(n, k)``: its modelled step at n workers and k shards."""
+    ks = sorted({r.num_ps for r in runs})
+    measured = {(r.workers, r.num_ps): r.step_s for r in runs}
+    lines = {k: {n: projected(n, k) for n in held.ns} for k in sorted(set(ks) | {1})}
+    series = [Series(name=f"{_name(v)}, {k} PS", ring=False, k=k,
+                     measured=tuple(sorted((n, s) for (n, kk), s in measured.items() if kk == k)),
+                     projected=tuple((n, s) for n, s in lines[k].items() if s is not None),
+                     contended=marks([r for r in runs if r.num_ps == k])[0],
+                     contended_line=marks(runs)[1])            # its compute: every k's runs
+              for k in ks]
+    by_n = []
+    for n in held.measured_ns:
+        ring_s, ring_v = held.best.get(n, (None, None))
+        line_s = held.best_line.get(n, (None, None))[0]
+        need = [k for k in ks if (n, k) in measured and ring_s is not None and measured[(n, k)] <= ring_s]
+        tried = [k for k in ks if (n, k) in measured]
+        by_n.append(AtWorkers(workers=n, ring=_name(ring_v) if ring_v else None, ring_measured_s=ring_s,
+                              ring_projected_s=line_s, ps1_measured_s=measured.get((n, 1)),
+                              ps1_projected_s=lines[1].get(n),
+                              shards_measured=min(need) if need else None,
+                              shards_measured_tried=max(tried) if tried else None,
+                              shards_projected=shards_to_match(lambda k: projected(n, k), line_s),
+                              closest_projected=closest(lambda k: projected(n, k), line_s)))
+    versus = Versus(ps=_name(v), by_n=tuple(by_n),
+                    ring_wins_from_measured=wins_from(
+                        {n: (held.best[n][0], measured.get((n, 1))) for n in held.best}),
+                    ring_wins_from_projected=wins_from(
+                        {n: (held.best_line[n][0], lines[1].get(n)) for n in held.best_line}))
+    return series, versus
 
 
 def schedule_grid(top):

@@ -73,24 +73,8 @@ def execute(runs, timeout, done, progress=True, links=None, controller=None):
                 raise
         seconds = time.monotonic() - started
         if os.path.isdir(run.run_dir):     # so a report rebuilt with --from still knows the start-up cost
-            record = run_record(run, seconds, launched_at, code, acting.applied if acting else None)
-            write_atomic(os.path.join(run.run_dir, RUN_RECORD), record.model_dump_json(indent=2))
-            if sampler:
-                rates = dict(links.rates or {})
-                if acting and acting.applied.rate_bps:          # a slow link: this run's rate on that host
-                    rates[acting.applied.host] = acting.applied.rate_bps
-                sampler.save(run.run_dir, {"roles": dict(run.roles) if run.roles else None, "rate_bps": links.rate_bps,
-                                           "rates": rates or None})
-            if load:
-                load.save(run.run_dir)
-        error = None
-        if stopped_by:
-            error = f"interrupted by {stopped_by.name} after {seconds:.0f}s"
-        elif timed_out:
-            last = _last_line(log_path)
-            error = f"error: stopped by --run_timeout after {timeout:g} s" + (f"; its last line: {last}" if last else "")
-        elif code != 0:
-            error = _last_error(log_path) or f"exit code {code}"
+            _save_records(run, seconds, launched_at, code, acting, sampler, links, load)
+        error = _error_of(code, seconds, stopped_by, timed_out, timeout, log_path)
         done.append(dataclasses.replace(run, outcome=Outcome(code, seconds, launched_at, error, bool(stopped_by))))
         if stopped_by:
             bar.close()
@@ -98,6 +82,32 @@ def execute(runs, timeout, done, progress=True, links=None, controller=None):
         bar.write(f"{run.name}: FAILED ({error})" if error else f"{run.name}: ok in {seconds:.0f}s")
     bar.close()
     return done
+
+
+def _save_records(run, seconds, launched_at, code, acting, sampler, links, load):
+    """Beside the run: compare_run.json, and the links' and the machine's samples."""
+    record = run_record(run, seconds, launched_at, code, acting.applied if acting else None)
+    write_atomic(os.path.join(run.run_dir, RUN_RECORD), record.model_dump_json(indent=2))
+    if sampler:
+        rates = dict(links.rates or {})
+        if acting and acting.applied.rate_bps:          # a slow link: this run's rate on that host
+            rates[acting.applied.host] = acting.applied.rate_bps
+        sampler.save(run.run_dir, {"roles": dict(run.roles) if run.roles else None, "rate_bps": links.rate_bps,
+                                   "rates": rates or None})
+    if load:
+        load.save(run.run_dir)
+
+
+def _error_of(code, seconds, stopped_by, timed_out, timeout, log_path):
+    """The run's one error line, or None: a signal, --run_timeout (with the run's last line), or its own cause."""
+    if stopped_by:
+        return f"interrupted by {stopped_by.name} after {seconds:.0f}s"
+    if timed_out:
+        last = _last_line(log_path)
+        return f"error: stopped by --run_timeout after {timeout:g} s" + (f"; its last line: {last}" if last else "")
+    if code != 0:
+        return _last_error(log_path) or f"exit code {code}"
+    return None
 
 
 def run_record(run, seconds, launched_at, code, applied=None):
