@@ -3,7 +3,9 @@ labels, the mpirun line that starts it, its cost model (a ring whose exchange st
 back-propagation, Horovod's background thread and tensor fusion, with the projection's flags for
 Horovod's cycle time and fusion buffer) and the report's wording."""
 from hvdps.launchers import MPIRunLauncher
-from hvdps.methods import Method, Network, Option, Ring
+from hvdps.cost.model import Network, Option
+from hvdps.cost.ring import Ring
+from hvdps.methods import Method
 
 
 class HorovodLauncher(MPIRunLauncher):

@@ -22,7 +22,9 @@ hvdps knows of it:
 
 The per-worker wire rule the trainers record (``allreduce.backend.ring_wire`` / ``ps_train.backend.ps_wire``) and the
 formulas here share their pieces (``allreduce.backend.ring_share``, ``hvdps.cost.schedule``), so each
-formula is written once; this module holds the cost-model interface (``CostModel``) and the ring family the all-reduce methods share; the parameter servers' model is ps_train's own. Everything else asks this module (``get``, ``lookup``,
+formula is written once. The cost-model interface (``CostModel``) is hvdps/cost/model.py's, the ring family the
+all-reduce methods share hvdps/cost/ring.py's, the parameter servers' model ps_train's own: this module only
+collects the entries. Everything else asks this module (``get``, ``lookup``,
 ``parse_variants``) and never compares a method's name; an unknown name is refused with the
 valid ones listed, as Model Garden's ``get_distribution_strategy`` does.
 """
@@ -31,240 +33,12 @@ import functools
 import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, runtime_checkable
 
-from allreduce.backend import ring_share
 from common.base.errors import UsageError
 from common.base.procs import REPO
 from common.formats.schemas import RECORDS, Strict
-from hvdps.cost import fits, schedule
+from hvdps.cost.model import CostModel, Option
 from hvdps.launchers import Launcher
-
-
-# ------------------------------------------------------------------ cost models
-@dataclass(frozen=True)
-class Option:
-    """A flag of ``hvdps project`` that a method's cost model declares (``CostModel.options``): a knob
-    of that method's own implementation its schedule takes, such as Horovod's fusion buffer or the
-    parameter servers' variable placement. hvdps/commands/project.py adds each to its one parser and
-    the projection reads the values off one frozen ``Tuning``, so no application module names them.
-
-    ``flag``: the flag's name (underscores) and value's type, default and help; ``field``: the
-    ``Tuning`` field the cost code reads, the flag's value times ``scale`` (its unit: bytes, seconds,
-    bytes/s), as ``cast``; ``low``/``high``/``choices``: its range, which the parser holds it to;
-    ``says``: how the projection's text names the value (a format string, "" for not at all);
-    ``network``: the network whose bandwidth the value caps (a transport slower than the link);
-    ``check``: (value, the parsed flags) -> a usage error's text or None, for a rule between flags."""
-    flag: str
-    type: type
-    default: object
-    help: str
-    field: str
-    scale: float = 1
-    cast: Optional[Callable] = None
-    low: float = 0
-    high: Optional[float] = None
-    choices: tuple = ()
-    says: str = ""
-    network: Optional[str] = None
-    check: Optional[Callable] = None
-
-    def value(self, flag_value):
-        """The ``Tuning`` field's value for the flag's value (None stays None: not given)."""
-        if flag_value is None or not isinstance(flag_value, (int, float)) or isinstance(flag_value, bool):
-            return flag_value
-        scaled = flag_value * self.scale if self.scale != 1 else flag_value
-        return (self.cast or self.type)(scaled)
-
-
-@runtime_checkable
-class CostModel(Protocol):
-    """What the application asks a method's cost model (``Ring`` here, for the all-reduce methods;
-    ps_train/method.py's ``ParameterServers``; a method may subclass either): whether it starts
-    server tasks, the projection's architecture and network, whether its ranks spin while they wait,
-    whether its workers step in lock-step and for how many of them a step waits (and where none
-    does, how long a round of their steps at their own paces takes: ``unwaited_step``), how many steps one
-    exchange serves, how many times a step a worker waits for others' data and must then act on it
-    (hvdps/cost/stragglers.py: a spinning rank in a CPU quota pays its next period each time), how
-    much of a step the other workers' exchange goes on while one worker is stopped, the bytes each
-    host's link carries per round, the exchange's alpha-beta time, and the step as terms
-    (``combine``) and as one figure with how it was reached, on the knobs of its implementation it
-    declares (``options``, read off ``tuning``).
-
-    A cost model that plays a step out layer by layer (``schedules``: a wait-free ring, parameter
-    servers) has ``schedule(layers, compute_s, n, net, tuning, **layout)``, a ``schedule.Scheduled``
-    with its knobs applied: the projection's generic rows of its architecture (``scheduler``)."""
-    collective: bool
-    arch: str
-    network: str
-    polls: bool
-    link_terms: dict
-    options: tuple
-
-    def lockstep(self, mode): ...
-
-    def waits_for(self, mode, workers): ...
-
-    def unwaited_step(self, mode, steps, terms=None): ...
-
-    def steps_per_exchange(self, mode): ...
-
-    def wait_points(self, mode, workers): ...
-
-    def continues_without(self, mode, workers, terms): ...
-
-    def predict_links(self, mode, roles, gradient, shard_bytes=None): ...
-
-    def exchange_s(self, row, ring, ps): ...
-
-    def step_terms(self, row, shard_bytes, layers, ring, ps, tuning): ...
-
-    def projected_step(self, row, shard_bytes, layers, ring, ps, tuning): ...
-
-
-def summed_rates_step(steps):
-    """n workers that each step at their own pace, ``steps`` seconds: one round of n steps takes n over
-    the sum of their rates (asynchronous workers: the job's rate is theirs added)."""
-    return len(steps) / sum(1.0 / t for t in steps)
-
-
-def combine(compute, terms, factors=None, compute_with=None):
-    """A step from a cost model's terms: the longest of (compute, where the term waits for it) +
-    factor x seconds. ``factors``: {term: factor} (hvdps/cost/heldout.py fits them; 1 otherwise);
-    ``compute_with``: the compute the terms wait for, if not ``compute`` (contended compute)."""
-    factors = factors or {}
-    base = compute if compute_with is None else compute_with
-    return max((base if waits else 0.0) + factors.get(name, 1.0) * seconds
-               for name, (waits, seconds) in terms.items())
-
-
-@dataclass(frozen=True)
-class Network:
-    """An exchange family comm.json measures on its own (benchmarks/comm_bandwidth.py): the cost
-    models' network key, the prefix of its rows, what the projection calls it, and the rule its
-    latency and bandwidth are fitted by (hvdps/cost/fits.py: ``ring``, ``push_pull``)."""
-    network: str
-    prefix: str
-    what: str
-    fit: Callable = fits.ring
-
-
-# The network a ring is costed on unless it declares one of its own, and the one the projection's
-# generic ring all-reduce rows use (fitted from Horovod's measured collectives, horovod_train/method.py).
-RING_NETWORK = "allreduce"
-
-
-class Ring:
-    """Ring all-reduce: every rank sends and receives 2(n-1)/n of each dense tensor per step,
-    rank to rank (no server). ``dense_modes``: the modes that all-reduce embedding tables whole
-    (otherwise their slices are all-gathered, which is not the ring's rule: no link prediction).
-    ``wait_free``: the exchange starts while back-propagation runs (Horovod's background thread and
-    fusion, played out by schedule.ring_step); otherwise one all-reduce after it. ``network``: the
-    fit of latency and bandwidth the projection costs it with (hvdps/cost/projection.py: ``allreduce``,
-    fitted from Horovod's measured collectives, or a family of its own such as TensorFlow's ring),
-    where no flag or emulated cluster gives every method the same network; ``measured``: the
-    ``Network`` comm.json's rows of this method fit (None: costed with another's). ``polls``: its ranks spin
-    while they wait (Open MPI's progress loop, Horovod's background thread), so the busy share of the
-    cores measures their waiting, not their work (hvdps/cost/heldout.py fits no cores floor for it).
-    ``options``: the knobs of the implementation it declares (``Option``); a wait-free ring reads its
-    fusion buffer and cycle off ``tuning`` (``fusion_bytes``, ``cycle_s``), which its method declares."""
-    collective = True       # no server tasks; one worker alone exchanges nothing
-    # the link each step term crosses (hvdps/cost/stragglers.py: "own", "server"); a ring's one term
-    # moves at the pace of the slowest link among its ranks, the default for a term not named
-    link_terms = {}
-    arch = "ring"           # the projection's architecture this method is measured against
-    # Every update is the all-ranks average of that step's gradients, so one exact ring is a drop-in
-    # for another: the crossover's ring side is the fastest of them. A ring method that is not exact
-    # (local SGD: weights averaged every k steps) is set against them instead, and the projection
-    # draws it on rows of its own even where it shares the ring's network.
-    exact = True
-
-    def lockstep(self, mode):
-        """Every rank computes at the same moment each step (they all wait for the all-reduce)."""
-        return True
-
-    def waits_for(self, mode, workers):
-        """How many workers a step waits for (None: none, each at its own pace): a ring, every rank."""
-        return workers
-
-    def unwaited_step(self, mode, steps, terms=None):
-        """Seconds a round of the n workers' steps takes where no step waits for the others
-        (``waits_for`` None), each at its own ``steps`` (``terms``: each worker's step terms, for a
-        method whose round also depends on what crosses one worker's link): n over their summed
-        rates. A ring always waits; this is the rule every unwaited method shares."""
-        return summed_rates_step(steps)
-
-    def steps_per_exchange(self, mode):
-        """How many steps one exchange serves: every step's gradient is all-reduced."""
-        return 1
-
-    def wait_points(self, mode, workers):
-        """How many times a step a rank waits for its neighbour's data and then must act on it: the
-        ring's 2(n - 1) transfers (reduce-scatter, then all-gather), once per exchange."""
-        return 2 * (workers - 1) / self.steps_per_exchange(mode)
-
-    def continues_without(self, mode, workers, terms):
-        """Seconds of a step (``terms``: ``step_terms``) the other workers' exchange goes on while one
-        worker is stopped: none in a ring, whose every transfer needs every rank."""
-        return 0.0
-
-    def __init__(self, dense_modes=("sync",), wait_free=False, how=None, network=None, polls=False,
-                 measured=None, options=()):
-        self.dense_modes, self.wait_free, self.network = tuple(dense_modes), wait_free, network or RING_NETWORK
-        self.polls, self.measured, self.options = polls, measured, tuple(options)
-        self.how = how or ("ring, wait-free schedule of the layers" if wait_free
-                           else "ring Allreduce after back-propagation")
-
-    def dense(self, mode):
-        """Whether ``mode`` all-reduces embedding tables whole (else their slices are all-gathered)."""
-        return mode in self.dense_modes
-
-    @property
-    def schedules(self):
-        """A wait-free ring's step is played out layer by layer (its fusion buffer and cycle)."""
-        return self.wait_free
-
-    def schedule(self, layers, compute_s, n, net, tuning, **layout):
-        """One step on ``net`` as the wait-free ring plays it out (schedule.ring_step): the layers'
-        gradients packed into fusion buffers each background cycle, with the fusion buffer and cycle
-        its method declares (``tuning.fusion_bytes``, ``tuning.cycle_s``)."""
-        return schedule.ring_step(layers, compute_s, n, net.bandwidth, net.alpha, tuning.fusion_bytes, tuning.cycle_s)
-
-    def predict_links(self, mode, roles, gradient, shard_bytes=None):
-        """{host: {"in", "out"}} bytes per round: each host with a rank carries the ring's share of
-        the dense gradient (tables whole) both ways; a job on one host crosses no link."""
-        dense, sparse, table = (getattr(gradient, k) or 0 for k in ("dense_bytes", "sparse_bytes", "sparse_table_bytes"))
-        if sparse and not self.dense(mode):
-            return None
-        hosts = {h: {"in": 0.0, "out": 0.0} for h in dict.fromkeys(roles.values())}
-        ranks = [h for t, h in roles.items() if t.startswith("rank:")]
-        ring = ring_share(len(ranks)) * (dense + table)
-        used = set(ranks)
-        for h in hosts:
-            if h in used and len(used) > 1:
-                hosts[h] = {"in": ring, "out": ring}
-        return hosts
-
-    def exchange_s(self, row, ring, ps):
-        """The alpha-beta time of one step's exchange with the ring's fitted network."""
-        grad, n = row.grad_bytes_per_step, row.workers or 1
-        if not grad or n < 2 or not ring:
-            return None
-        return schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha)
-
-    def projected_step(self, row, shard_bytes, layers, ring, ps, tuning):
-        terms = self.step_terms(row, shard_bytes, layers, ring, ps, tuning)
-        return (None, None) if terms is None else (combine(row.compute_s, terms), self.how)
-
-    def step_terms(self, row, shard_bytes, layers, ring, ps, tuning):
-        """{term: (with compute, seconds)}: the step is the longest of compute (where counted) plus
-        each term (``combine``). The ring has one: the exchange left after back-propagation."""
-        n, compute, grad = row.workers, row.compute_s, row.grad_bytes_per_step
-        if self.wait_free:
-            return {"ring": (True, self.schedule(layers, compute, n, ring, tuning).step_s - compute)}
-        if not grad:
-            return None
-        return {"ring": (True, schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha))}
 
 
 # ------------------------------------------------------------------ the registry
@@ -366,7 +140,7 @@ def check_entry(method, module):
         if not (isinstance(method.launcher, type) and issubclass(method.launcher, Launcher)):
             problems.append("has no hvdps.launchers.Launcher subclass as its launcher")
         if not isinstance(method.cost, CostModel):
-            problems.append("has no cost model (hvdps.methods.CostModel: " + ", ".join(
+            problems.append("has no cost model (hvdps.cost.model.CostModel: " + ", ".join(
                 n for n in ("collective", "arch", "network", "polls", "link_terms", "options", "lockstep", "waits_for",
                             "unwaited_step", "steps_per_exchange", "wait_points", "continues_without", "predict_links",
                             "exchange_s", "step_terms",
@@ -379,7 +153,7 @@ def check_entry(method, module):
         for mode in method.default_modes:
             if mode not in method.modes:
                 problems.append(f"default mode {mode!r} is not one of its modes")
-        problems += [f"declares {o!r} as an option, not a hvdps.methods.Option"
+        problems += [f"declares {o!r} as an option, not a hvdps.cost.model.Option"
                      for o in getattr(method.cost, "options", ()) if not isinstance(o, Option)]
         problems += _record_problems(method.records)
         if method.measured is not None and not (dataclasses.is_dataclass(method.measured)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from common.base.errors import UsageError
 from hvdps.cost import schedule
 from hvdps.launchers import MPIRunLauncher
-from hvdps.methods import Method, Ring
+from hvdps.cost.ring import Ring
+from hvdps.methods import Method
 from localsgd_train.main import MAX_LOCAL_STEPS
 
 DEFAULT_K = "8"

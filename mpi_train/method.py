@@ -2,7 +2,8 @@
 mpirun line as Horovod's with this package's trainer, and a ring costed with the all-reduce network
 Horovod's measurements fit (one MPI_Allreduce after back-propagation)."""
 from hvdps.launchers import MPIRunLauncher
-from hvdps.methods import Method, Ring
+from hvdps.cost.ring import Ring
+from hvdps.methods import Method
 
 
 class MPILauncher(MPIRunLauncher):

@@ -2,7 +2,9 @@
 task per worker started by this package's launcher, a ring costed with TensorFlow's own collective
 all-reduce as comm.json measures it ("mwms*" rows), and the report's wording."""
 from hvdps.launchers import TaskLauncher
-from hvdps.methods import Method, Network, Ring
+from hvdps.cost.model import Network
+from hvdps.cost.ring import Ring
+from hvdps.methods import Method
 
 
 class MWMSLauncher(TaskLauncher):

@@ -12,7 +12,8 @@ from common.base.errors import UsageError
 from common.formats.schemas import read_launch_record
 from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskLauncher
-from hvdps.methods import Method, Network, Option, combine, summed_rates_step
+from hvdps.cost.model import Network, Option, combine, summed_rates_step
+from hvdps.methods import Method
 from ps_train.cluster import BACKUP, backups, base_mode
 from ps_train.placement import place_ps
 from ps_train.records import RECORDS

@@ -10,6 +10,7 @@ from common.formats.schemas import Gradient
 
 from common.base.errors import UsageError
 from hvdps import launchers, methods
+from hvdps.cost.ring import Ring
 from tests.conftest import REPO, VALID_BACKENDS
 
 NAMES = set(methods.METHODS)
@@ -83,8 +84,8 @@ class _Clash(methods.Strict):
     (lambda m: methods.dataclasses.replace(m, labels={}), "declares no mode"),
     (lambda m: methods.dataclasses.replace(m, launcher=object), "has no hvdps.launchers.Launcher subclass"),
     (lambda m: methods.dataclasses.replace(m, cost=_NoCost()), "arch, network, polls, link_terms, options, lockstep, waits_for, unwaited_step, steps_per_exchange, wait_points, continues_without, predict_links"),
-    (lambda m: methods.dataclasses.replace(m, cost=methods.Ring(options=("--cycle_time_ms",))),
-     "declares '--cycle_time_ms' as an option, not a hvdps.methods.Option"),
+    (lambda m: methods.dataclasses.replace(m, cost=Ring(options=("--cycle_time_ms",))),
+     "declares '--cycle_time_ms' as an option, not a hvdps.cost.model.Option"),
     (lambda m: methods.dataclasses.replace(m, overhead={}), "mode 'sync' does not parse back to itself or has no "
                                                             "overhead wording"),
     (lambda m: methods.dataclasses.replace(m, default_modes=("fast",)), "default mode 'fast' is not one of its modes"),

@@ -3,7 +3,7 @@ workers at their own steps, an update taking R fresh gradients and handing out N
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hvdps.methods import summed_rates_step
+from hvdps.cost.model import summed_rates_step
 from ps_train.method import apply_round_trip
 from ps_train.tokens import update_interval
 

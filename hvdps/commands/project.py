@@ -15,6 +15,7 @@ from common.base.procs import REPO
 from common.formats.schemas import read_cluster_description, read_comm, read_config
 from hvdps import methods
 from hvdps.cost import crossover, heldout, stragglers
+from hvdps.cost.ring import RING_NETWORK
 from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.measure.rows import kept_rates, load_run, measured_interval
 from hvdps.measure.runs import load_of, run_record
@@ -357,7 +358,7 @@ def network(args, fits, source="--comm_json", cluster=None, tuning=None):
     TCP's goodput, their measured latency), which win over the measured fit; a fit that could
     not be made is refused in one line when it would be used. A method's declared transport rate
     (``tuning``: an ``Option`` with a ``network``) caps its network's bandwidth."""
-    ring, ps = fits.get(methods.RING_NETWORK), fits.get(methods.server_network())
+    ring, ps = fits.get(RING_NETWORK), fits.get(methods.server_network())
     if cluster and cluster.latency_s is not None:
         ring = ps = AlphaBeta(bandwidth=slowest_link_bps(cluster) / 8 * TCP_GOODPUT, alpha=cluster.latency_s)
         fits = {}
@@ -375,7 +376,7 @@ def network(args, fits, source="--comm_json", cluster=None, tuning=None):
     tuning = tuning or methods.tuning()
     for option in methods.options():
         rate = getattr(tuning, option.field) if option.network else None
-        if rate is not None and ring and option.network == methods.RING_NETWORK:
+        if rate is not None and ring and option.network == RING_NETWORK:
             ring = dataclasses.replace(ring, bandwidth=rate)
         if rate is not None and ps and option.network == methods.server_network():
             ps = dataclasses.replace(ps, bandwidth=rate)
@@ -386,7 +387,7 @@ def networks(args, fits, ring, ps, cluster=None):
     """{network: alpha/B} for the cost models (hvdps/methods.py, ``network``): the ring's and the PS's
     as ``network`` chose them, plus each family comm.json measured on its own (TensorFlow's ring,
     ``mwms``) unless flags or an emulated cluster's links give every method the same network."""
-    nets = {methods.RING_NETWORK: ring, methods.server_network(): ps}
+    nets = {RING_NETWORK: ring, methods.server_network(): ps}
     shared = bool(cluster and cluster.latency_s is not None) or args.bandwidth_gbps is not None or \
         args.latency_us is not None
     for key, fit in fits.items():

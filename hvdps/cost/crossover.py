@@ -82,7 +82,7 @@ def is_ring(row):
 
 
 def is_exact(variant):
-    """A ring whose every update is the all-ranks average (hvdps/methods.py: ``Ring.exact``): one of
+    """A ring whose every update is the all-ranks average (hvdps/cost/ring.py: ``Ring.exact``): one of
     the crossover's ring side, where a ring that averages less often (local SGD) is only drawn."""
     return methods.lookup(variant[0]).cost.exact
 
@@ -166,7 +166,7 @@ def _workload(model, mine, rings, pss, project, layers, grid, marks):
     ring_variants = list(dict.fromkeys(_variant(r) for r in rings))
     ring_runs = {v: [r for r in rings if _variant(r) == v] for v in ring_variants}
     ring_lines = {v: {n: projected(v, ring_runs[v], n) for n in ns} for v in ring_variants}
-    exact = [v for v in ring_variants if is_exact(v)]   # drop-ins for each other (hvdps/methods.py: Ring.exact)
+    exact = [v for v in ring_variants if is_exact(v)]   # drop-ins for each other (hvdps/cost/ring.py: Ring.exact)
     best_ring = {}
     for n in measured_ns:
         here = [(r.step_s, _variant(r)) for r in rings if r.workers == n and _variant(r) in exact]

@@ -1,7 +1,7 @@
 """The projection as a held-out prediction: fitted on the runs at the two smallest worker counts of
 each method, checked on every larger one.
 
-A method's cost model (hvdps/methods.py, ``step_terms``) gives a step from a few terms, each the
+A method's cost model (hvdps/cost/model.py, ``step_terms``) gives a step from a few terms, each the
 alpha-beta time of one link's traffic from the links' rate and latency, the gradient, the shards
 and the run's probed compute: the ring's exchange; a PS worker's own link and the busiest PS link.
 Four things come on top; each is named, none is set by hand, and the fitted ones are fitted
@@ -41,6 +41,7 @@ import statistics
 from typing import Any, Dict, Optional, Tuple
 
 from hvdps import methods
+from hvdps.cost.model import combine
 
 TOLERANCE = (0.85, 1.15)     # measured / predicted that counts as held (issue 37's target)
 FITTED = 2                   # the worker counts the terms are fitted at: the smallest ones
@@ -97,7 +98,7 @@ def soft_max(times, p):
 def predict(row, factors, cpu, cores, p=math.inf):
     """(predicted step, cores floor or None) of one run from its method's factors, its floor and p."""
     compute = contended_compute(row, cores)
-    times = [methods.combine(row.compute_s, {name: term}, factors, compute) for name, term in row.terms.items()]
+    times = [combine(row.compute_s, {name: term}, factors, compute) for name, term in row.terms.items()]
     floor = floor_of(row, cpu, cores)
     return soft_max(times + ([floor] if floor else []), p), floor
 
@@ -107,7 +108,7 @@ GRID = [round(0.3 + 0.01 * i, 2) for i in range(271)]     # factors searched: 0.
 
 def binding(row, factors, floor, cores):
     """The component of the prediction with the longest time: a term of the model, or "cores"."""
-    times = {t: methods.combine(row.compute_s, {t: term}, factors, contended_compute(row, cores))
+    times = {t: combine(row.compute_s, {t: term}, factors, contended_compute(row, cores))
              for t, term in row.terms.items()}
     longest = max(times, key=times.get)
     return "cores" if floor and floor >= times[longest] else longest
@@ -190,7 +191,7 @@ def analyse(rows, terms_of, cores=None):
             continue
         m = Modelled(run=r.name, model=r.model or "-", backend=r.backend, mode=r.mode, num_ps=r.num_ps,
                      workers=r.workers, compute_s=r.compute_s, step_s=r.step_s, cores_busy=r.cores_busy,
-                     terms=terms, modelled_s=methods.combine(r.compute_s, terms))
+                     terms=terms, modelled_s=combine(r.compute_s, terms))
         by.setdefault(family(m), []).append(m)
     fits = {}
     for key, runs in by.items():

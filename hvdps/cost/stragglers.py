@@ -4,7 +4,7 @@ Each worker's own step is a distribution: a mean and a spread, as multiples of a
 (``Pace``). It is described (a slow worker at F, a stalled one, the per-step noise
 ``--straggler_cv``) or measured (each rank's ranks/<task>.json). How the job's step follows from
 the workers' is each method's answer to how many workers a step waits for
-(hvdps/methods.py, ``CostModel.waits_for``):
+(hvdps/cost/model.py, ``CostModel.waits_for``):
 
 - a step that waits for w of the n workers lasts as long as the w-th fastest of them: the expected
   w-th order statistic of the n distributions. Every ring and sync PS wait for all n (the slowest);
@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from hvdps import methods
+from hvdps.cost.model import combine, summed_rates_step
 from hvdps.cost.schedule import AlphaBeta
 
 Z95 = NormalDist().inv_cdf(0.95)
@@ -164,7 +165,7 @@ def wait_factor(paces, waits):
     return order_statistic([(p.mean, p.sd) for p in paces], waits)
 
 
-def kept(paces, waits, healthy=None, unwaited=methods.summed_rates_step):
+def kept(paces, waits, healthy=None, unwaited=summed_rates_step):
     """The share of the healthy job's throughput a job of these workers keeps, where a step waits
     for ``waits`` of them (None: none, each at its own pace, the round of their steps as
     ``unwaited`` plays it out: ``CostModel.unwaited_step``, the summed rates by default);
@@ -233,10 +234,10 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, 
             # asynchronous: a term that does not wait for the compute is a resource the workers share
             # (the busiest PS link, n steps' worth a round); it caps the job's rate, not each worker's
             mine = {k: v for k, v in terms.items() if v[0]} or terms
-            shared = max([shared, *(methods.combine(0.0, {k: v}) for k, v in terms.items() if not v[0])])
+            shared = max([shared, *(combine(0.0, {k: v}) for k, v in terms.items() if not v[0])])
         else:
             mine = terms
-        t = methods.combine(compute, mine)
+        t = combine(compute, mine)
         if pace.whole:
             overlap = cost.continues_without(row.mode, n, mine) if waits is not None else 0.0
             t *= stalled_factor(pace, overlap)
@@ -269,7 +270,7 @@ def measured_term(row, compute_s, nets, measured_s, layers=None, tuning=None, sh
     terms = _terms(cost, row, nets, None, f"{prefix}:0", layers, tuning or methods.tuning(), shard_bytes)
     if not terms:
         return {}
-    name = max(terms, key=lambda k: methods.combine(compute_s, {k: terms[k]}))
+    name = max(terms, key=lambda k: combine(compute_s, {k: terms[k]}))
     waits, seconds = terms[name]
     rest = measured_s - (compute_s if waits else 0.0)
     return {name: rest / seconds} if seconds > 0 and rest > 0 else {}
