@@ -105,6 +105,11 @@ class Launcher:
         """Processes a job starts besides its workers (parameter servers); 0 for all-reduce."""
         return 0
 
+    def task_roles(self, num_ps):
+        """The tasks besides the workers that a run is named and told apart by, by role (("ps", 2));
+        () for all-reduce (hvdps/measure/identity.py: RunId.tasks)."""
+        return ()
+
     def roles(self, hosts, workers, num_ps, placement):
         """{task: host} of a job across ``hosts`` ([(host, slots)]), as the report names them:
         one rank per slot, in host order (mpirun's ``-H``, the task launchers' workers). A method

@@ -183,6 +183,9 @@ class PSLauncher(TaskLauncher):
     def server_tasks(self, num_ps):
         return num_ps
 
+    def task_roles(self, num_ps):
+        return (("ps", num_ps),)
+
     def roles(self, hosts, workers, num_ps, placement):
         """The PS tasks, the workers and TF2's coordinator where ps_train.launch puts them."""
         placed = place_ps(hosts, workers, num_ps, placement, chief=self.server_tasks(num_ps) > num_ps)

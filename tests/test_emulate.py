@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import REPO, env
 from common.formats.schemas import LinksSpec
 from hvdps.measure import unhealthy
+from hvdps.measure.conditions import SlowLink
 from hvdps.measure.cluster import EmulatedCluster
 
 pytestmark = pytest.mark.root
@@ -357,7 +358,7 @@ def test_one_host_gets_a_link_of_its_own():
         spec = LinksSpec(**cluster.describe())
         for port, own, ns in (("h3", "100Mbit", cluster.hosts[2]), ("h2", "10Mbit", cluster.hosts[1])):
             with pytest.raises(RuntimeError, match="the run failed"):
-                with unhealthy.LinkShaper(unhealthy.SlowLink(port, "2mbit"), spec) as shaper:
+                with unhealthy.LinkShaper(SlowLink(port, "2mbit"), spec) as shaper:
                     assert "rate 2Mbit" in qdisc(ns, "eth0") and "rate 2Mbit" in qdisc(cluster.sw, port)
                     assert "rate 100Mbit" in qdisc(cluster.hosts[0], "eth0")
                     assert (shaper.applied.host, shaper.applied.rate_bps) == (cluster.addrs[int(port[1]) - 1], 2e6)

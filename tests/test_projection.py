@@ -468,18 +468,19 @@ def test_a_run_is_held_to_the_healthy_run_of_its_own_repeat(tmp_path, repeat):
     predicted from the healthy run of the same shape and the same repeat, which ran beside it in
     the alternating order (BENCHMARKS.md section 18), never another repeat's."""
     from hvdps.commands import compare
-    from hvdps.measure.repeats import split_name
     args = compare.make_parser().parse_args(["--workers", "1,2", "--backends", "mpi,ps", "--straggler", "1:2,1:4",
                                              "--stall", "1:1000:250", "--slow_link", "h2=10mbit",
                                              "--repeat", str(repeat)])
     args.out = str(tmp_path)                      # as compare() sets it from the trainer's --train_dir
     runs = compare.plan_runs(args, [], cores=2)
-    healthy = {r.name: r for r in runs if r.condition is None}
+    healthy = {r.identity: r for r in runs if r.condition is None}
     sick = [r for r in runs if r.condition is not None]
     # mpi, ps async, ps sync at 2 workers: F = 2, F = 4, the stall, the slow link; at 1 worker the slow link
     assert len(sick) == (3 * 4 + 3) * repeat
     for r in sick:
-        twin = healthy[cmd.twin_name(r.name, r.condition.label)]
+        twin = healthy[r.identity.healthy]
         assert (twin.backend, twin.mode, twin.workers) == (r.backend, r.mode, r.workers), (r.name, twin.name)
-        assert split_name(twin.run_dir)[1] == split_name(r.run_dir)[1], (r.name, twin.name)
-    assert cmd.twin_name("mwms-sync-w4-r2", None) == "mwms-sync-w4-r2"     # a slow link's run: its namesake
+        assert twin.identity.repeat == r.identity.repeat and (r.identity.repeat is None) == (repeat == 1)
+        assert os.path.basename(r.run_dir) == r.identity.name and os.path.basename(twin.run_dir) == twin.identity.name
+    # a run on a cluster built with a slow link has no condition: its twin is its namesake
+    assert next(iter(healthy)).healthy == next(iter(healthy))

@@ -1,13 +1,15 @@
 """Repeated runs (hvdps compare --repeat; hvdps/measure/repeats.py): the order they go in, a
 configuration's row over its runs, and the verdict's call across the runs, on recorded runs."""
 import csv
+import dataclasses
 import os
 import re
 
 import pytest
 
 from hvdps.measure.rows import RunRow
-from hvdps.measure.repeats import alternating, merge, split_name
+from hvdps.measure.identity import RunId
+from hvdps.measure.repeats import alternating, merge
 from hvdps.measure.runs import collect, with_scaling
 from hvdps.render.report import differ, ratio_interval, verdicts, write_report
 from tests.test_compare import fake_run
@@ -53,29 +55,35 @@ def test_a_bad_repeat_is_one_line(capsys, tmp_path, argv, says):
     assert exc.value.code == 2 and err.count("error:") == 1 and says in err, err
 
 
-@pytest.mark.parametrize("path, split", [
-    ("runs/cmp/runs/horovod-sync-w2-r3", ("runs/cmp/runs/horovod-sync-w2", 3)),
-    ("runs/cmp/runs/ps-async-w2-ps1-r12/", ("runs/cmp/runs/ps-async-w2-ps1", 12)),
-    ("runs/cmp/runs/horovod-sync-w2", ("runs/cmp/runs/horovod-sync-w2", None)),
-    ("runs/cmp/runs/horovod-sync-w2-r0", ("runs/cmp/runs/horovod-sync-w2-r0", None)),
+@pytest.mark.parametrize("identity, name, configuration, healthy", [
+    (RunId("mlp", "horovod", "sync", 2, repeat=3), "horovod-sync-w2-r3", "horovod-sync-w2", "horovod-sync-w2-r3"),
+    (RunId("mlp", "ps", "async", 2, tasks=(("ps", 1),), repeat=12), "ps-async-w2-ps1-r12", "ps-async-w2-ps1",
+     "ps-async-w2-ps1-r12"),
+    (RunId("mlp", "mpi", "sync", 4, condition="slow1x4", repeat=2), "mpi-sync-w4-slow1x4-r2", "mpi-sync-w4-slow1x4",
+     "mpi-sync-w4-r2"),
+    (RunId("mlp", "horovod", "sync", 2), "horovod-sync-w2", "horovod-sync-w2", "horovod-sync-w2"),
 ])
-def test_a_run_folder_names_its_configuration_and_repeat(path, split):
-    assert split_name(path) == split
+def test_a_runs_identity_names_its_folder_its_configuration_and_its_twin(identity, name, configuration, healthy):
+    """The folder, the configuration --repeat merges and the healthy twin all come from the run's
+    identity, never from parsing a folder's name."""
+    assert (identity.name, identity.configuration.name, identity.healthy.name) == (name, configuration, healthy)
 
 
-def rrow(name, median, ttt=None, status="ok", workers=2, acc=0.95):
+def rrow(name, median, ttt=None, status="ok", workers=2, acc=0.95, repeat=None):
     backend, mode = name.split("-")[:2]
-    return RunRow(run_dir=f"runs/{name}", status=status, model="mlp", backend=backend, mode=mode,
+    identity = RunId("mlp", backend, mode, workers, repeat=repeat)
+    return RunRow(run_dir=f"runs/{identity.name}", status=status, model="mlp", backend=backend, mode=mode,
                   workers=workers, samples_per_sec_median=median if status == "ok" else None,
                   samples_per_sec_mean=median, samples_per_sec_error=10.0, intervals=20, time_to_target=ttt,
-                  final_test_accuracy=acc, target_accuracy=0.9, error=None if status == "ok" else "error: boom")
+                  final_test_accuracy=acc, target_accuracy=0.9, error=None if status == "ok" else "error: boom",
+                  identity=identity, repeat=repeat)
 
 
 def test_a_configuration_is_the_median_of_its_runs():
-    rows = merge([rrow("horovod-sync-w2-r1", 900, ttt=9.0), rrow("ps-async-w2-r1", 500, ttt=None),
-                  rrow("ps-async-w2-r2", 700, ttt=7.0), rrow("horovod-sync-w2-r2", 1100, ttt=11.0),
-                  rrow("horovod-sync-w2-r3", 1000, ttt=10.0), rrow("ps-async-w2-r3", 0, status="failed"),
-                  rrow("mpi-sync-w2", 800, ttt=8.0)])
+    rows = merge([rrow("horovod-sync", 900, ttt=9.0, repeat=1), rrow("ps-async", 500, ttt=None, repeat=1),
+                  rrow("ps-async", 700, ttt=7.0, repeat=2), rrow("horovod-sync", 1100, ttt=11.0, repeat=2),
+                  rrow("horovod-sync", 1000, ttt=10.0, repeat=3), rrow("ps-async", 0, status="failed", repeat=3),
+                  rrow("mpi-sync", 800, ttt=8.0)])
     assert [r.name for r in rows] == ["horovod-sync-w2", "ps-async-w2", "mpi-sync-w2"]
     hvd, ps, mpi = rows
     assert (hvd.samples_per_sec_median, hvd.time_to_target, hvd.repeats, hvd.repeats_ok) == (1000, 10.0, 3, 3)
@@ -124,10 +132,11 @@ def test_the_verdict_rests_on_the_repeats(tmp_path):
     """Recorded runs, three of each configuration: the table, results.csv and the verdict."""
     runs = []
     for k, (hvd, ps) in enumerate([(1000, 700), (1010, 1100), (990, 720)], start=1):
-        runs.append(fake_run(tmp_path / "runs" / f"horovod-sync-w2-r{k}", "horovod", "sync", 2, [hvd] * 3,
-                             [0.5, 0.95]))
-        runs.append(fake_run(tmp_path / "runs" / f"ps-async-w2-ps1-r{k}", "ps", "async", 2, [ps] * 3,
-                             [0.5, 0.95], num_ps=1))
+        for identity, rate in ((RunId("mlp", "horovod", "sync", 2, repeat=k), hvd),
+                               (RunId("mlp", "ps", "async", 2, tasks=(("ps", 1),), repeat=k), ps)):
+            run = fake_run(tmp_path / "runs" / identity.name, identity.method, identity.mode, 2, [rate] * 3,
+                           [0.5, 0.95], num_ps=dict(identity.tasks).get("ps", 0))
+            runs.append(dataclasses.replace(run, identity=identity))     # as the comparison planned it
     every = collect(runs)
     rows = with_scaling(merge(every))
     out = tmp_path / "report"

@@ -20,8 +20,9 @@ from hvdps.launchers import MPIRunLauncher, TaskLauncher
 from hvdps.measure import unhealthy
 from hvdps.measure.rows import RunRow
 from hvdps.render import unhealthy as unhealthy_report
-from hvdps.measure.unhealthy import (CpuController, SlowLink, Stall, Straggler, parse_slow_links, parse_stall,
-                                     parse_stragglers, quota_us)
+from hvdps.measure import cgroups, conditions as cond
+from hvdps.measure.cgroups import CpuController, quota_us
+from hvdps.measure.conditions import SlowLink, Stall, Straggler, parse_slow_links, parse_stall, parse_stragglers
 from tf_cluster.spec import task_of
 
 V1 = "/sys/fs/cgroup/cpu"
@@ -76,8 +77,8 @@ def test_conditions_run_healthy_first_and_factor_one_is_healthy():
     s = parse_stragglers("1:1,1:4")
     stall = parse_stall("1:1000:200")
     links = parse_slow_links("h3=10mbit")
-    assert unhealthy.conditions(s, stall, links) == [None, Straggler(1, 4.0), stall, SlowLink("h3", "10mbit")]
-    assert [c.label for c in unhealthy.conditions(s, stall, links)[1:]] == ["slow1x4", "stall1-1000-200",
+    assert cond.conditions(s, stall, links) == [None, Straggler(1, 4.0), stall, SlowLink("h3", "10mbit")]
+    assert [c.label for c in cond.conditions(s, stall, links)[1:]] == ["slow1x4", "stall1-1000-200",
                                                                              "link-h3-10mbit"]
     # a worker's condition is in the runs that have the worker; a host's link in every run
     assert [c.applies_to(2) for c in (Straggler(1, 4.0), stall, links[0])] == [True, True, True]
@@ -124,9 +125,9 @@ def links_spec(**changes):
 def test_a_slow_link_is_found_in_the_clusters_description(link, spec, want):
     if isinstance(want, str):
         with pytest.raises(UsageError, match=re.escape(want)):
-            unhealthy.link_of(link, spec)
+            cond.link_of(link, spec)
     else:
-        assert unhealthy.link_of(link, spec) == want
+        assert cond.link_of(link, spec) == want
 
 
 @pytest.mark.parametrize("fields, ok", [
@@ -221,7 +222,7 @@ def test_the_cpu_controller_is_found_where_the_mounts_say(tmp_path, layout, want
 
 
 def _groups():
-    return sorted(n for n in os.listdir(V1) if n.startswith(unhealthy.GROUP_PREFIX))
+    return sorted(n for n in os.listdir(V1) if n.startswith(cgroups.GROUP_PREFIX))
 
 
 def _state(pid):
@@ -248,7 +249,7 @@ def test_a_group_limits_a_process_and_a_stale_one_is_removed():
     removed at the next start."""
     c = CpuController.find(V1)
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    group = c.create(f"{unhealthy.GROUP_PREFIX}{os.getpid()}-test", 1_000, 10_000)
+    group = c.create(f"{cgroups.GROUP_PREFIX}{os.getpid()}-test", 1_000, 10_000)
     try:
         assert c.add(group, spin.pid) and c.members(group) == [spin.pid]
         ticks = lambda: sum(map(int, open(f"/proc/{spin.pid}/stat").read().rsplit(")", 1)[1].split()[11:13]))
@@ -263,8 +264,8 @@ def test_a_group_limits_a_process_and_a_stale_one_is_removed():
     assert not os.path.exists(group)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    os.mkdir(os.path.join(V1, f"{unhealthy.GROUP_PREFIX}{dead.pid}-left"))
-    assert f"{unhealthy.GROUP_PREFIX}{dead.pid}-left" in c.remove_stale()
+    os.mkdir(os.path.join(V1, f"{cgroups.GROUP_PREFIX}{dead.pid}-left"))
+    assert f"{cgroups.GROUP_PREFIX}{dead.pid}-left" in c.remove_stale()
 
 
 COMPARE = ["--workers", "2", "--backends", "mpi,ps:async,ps:backup1", "--straggler", "1:4", "--train_steps", "300",
@@ -325,7 +326,7 @@ def test_a_killed_comparison_leaves_no_group_and_no_process(tmp_path, flag, spec
                           "--train_steps", "200", "--no_progress", "--out", out],
                          cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
-    group = os.path.join(V1, f"{unhealthy.GROUP_PREFIX}{p.pid}-{name}")
+    group = os.path.join(V1, f"{cgroups.GROUP_PREFIX}{p.pid}-{name}")
     held, job, deadline = [], [], time.monotonic() + 240
     try:
         while time.monotonic() < deadline and p.poll() is None:      # the unhealthy run, its worker caught

@@ -203,6 +203,20 @@ class Unhealthy(Strict):
         return self
 
 
+class RunIdentity(Strict):
+    """Which run this is, as the comparison planned it (hvdps/measure/identity.py: RunId): the
+    workload, the method and mode, its settings, the workers and its other tasks by role, the
+    condition it ran under (None: healthy) and its repeat (None: it ran once)."""
+    workload: Text
+    method: Text
+    mode: Text
+    workers: Count
+    tasks: Dict[Text, Count] = {}                # role -> count, besides the workers (ps: 2)
+    settings: Dict[Text, Text] = {}              # the method's own knobs, as given
+    condition: Optional[Text] = None             # slow1x4, stall1-2000-500, link-h3-10mbit
+    repeat: Optional[Count] = None
+
+
 class RunRecord(Strict):
     """What hvdps compare records next to each run: its wall time from launch, its command."""
     seconds: NonNeg
@@ -212,6 +226,7 @@ class RunRecord(Strict):
     roles: Optional[Dict[Text, Text]] = None    # task -> host
     oversubscribed: Optional[bool] = None       # more processes than this machine's cores
     unhealthy: Optional[Unhealthy] = None       # a slow or stalled worker (--straggler, --stall)
+    identity: Optional[RunIdentity] = None      # which run it is (None: written before runs recorded it)
 
 
 # ------------------------------------------------------------------ ranks/<task>.json

@@ -20,6 +20,7 @@ shell, this repository and Python at the same paths, the run directory
 shared); the report lists each run's tasks by host and, where the links'
 counters can be read (hvdps emulate), the bytes each link carried.
 """
+import dataclasses
 import os
 import shlex
 import signal
@@ -35,13 +36,15 @@ from common.spec.plugins import plugins_bounded
 from common.base.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
 from hvdps.methods import METHODS, get_launcher, parse_variants
-from hvdps.measure.repeats import alternating, merge, repeat_name
+from hvdps.measure.identity import RunId
+from hvdps.measure.repeats import alternating, merge
 from hvdps.measure.jobs import Interrupted, execute, own_signals
 from hvdps.measure.runs import PlannedRun, collect, environment_of, runs_from_dirs, with_scaling
 from hvdps.render.report import write_report
 from common.launch import remote
 from common.formats.schemas import read_links_spec
-from hvdps.measure import unhealthy
+from hvdps.measure import conditions
+from hvdps.measure.cgroups import CpuController
 from common.model.models import check_plugin
 from common.launch.remote import check_hosts
 
@@ -81,17 +84,26 @@ def roles_of(launcher, remote, workers, num_ps):
     return launcher.roles(list(remote.hosts), workers, num_ps, remote.placement)
 
 
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One configuration the flags ask for, healthy and run once: its identity, the PS tasks its
+    launcher is told (``num_ps``) and the processes its job starts, workers and server tasks."""
+    identity: RunId
+    num_ps: int
+    processes: int
+
+
 def run_shapes(args):
-    """[(name, backend, mode, num_ps, workers, processes)] of every run the flags ask for, in order:
-    what plan_runs makes commands of, and what the memory check of hvdps emulate counts."""
+    """[Shape] of every configuration the flags ask for, in order: what plan_runs makes runs of,
+    and what the memory checks (here, hvdps emulate's, hvdps k8s's) count."""
     shapes = []
+    workload = getattr(args, "model", None) or "-"
     for backend, mode in parse_variants(args.backends):
         launcher = get_launcher(backend)
         for num_ps in (parse_workers(args.num_ps, "--num_ps") if launcher.server_tasks(1) else [1]):
-            servers = launcher.server_tasks(num_ps)
             for n in parse_workers(args.workers):
-                name = f"{backend}-{mode}-w{n}" + (f"-ps{num_ps}" if servers else "")
-                shapes.append((name, backend, mode, num_ps, n, n + servers))
+                identity = RunId(workload, backend, mode, n, tasks=launcher.task_roles(num_ps))
+                shapes.append(Shape(identity, num_ps, n + launcher.server_tasks(num_ps)))
     return shapes
 
 
@@ -100,10 +112,10 @@ def cluster_conditions(args):
     --slow_link (hvdps/measure/unhealthy.py). A slow or stalled worker applies to the runs that have
     it (worker 1 is not in a run of one); one that no run has is refused. A slow link applies to
     every run."""
-    stragglers = unhealthy.parse_stragglers(args.straggler) if getattr(args, "straggler", None) else []
-    stall = unhealthy.parse_stall(args.stall) if getattr(args, "stall", None) else None
-    links = unhealthy.parse_slow_links(args.slow_link) if getattr(args, "slow_link", None) else []
-    found = unhealthy.conditions(stragglers, stall, links)
+    stragglers = conditions.parse_stragglers(args.straggler) if getattr(args, "straggler", None) else []
+    stall = conditions.parse_stall(args.stall) if getattr(args, "stall", None) else None
+    links = conditions.parse_slow_links(args.slow_link) if getattr(args, "slow_link", None) else []
+    found = conditions.conditions(stragglers, stall, links)
     most = max(parse_workers(args.workers))
     for c in found[1:]:
         if not c.applies_to(most):
@@ -120,16 +132,18 @@ def plan_runs(args, trainer_args, cores, remote=None):
     runs = []
     repeats = getattr(args, "repeat", 1)
     shapes = [(shape, c) for shape in run_shapes(args) for c in cluster_conditions(args)
-              if c is None or c.applies_to(shape[4])]
-    for k, ((base, backend, mode, num_ps, n, procs), condition) in alternating(shapes, repeats):
-        name = repeat_name(base + (f"-{condition.label}" if condition else ""), k, repeats)
-        launcher = get_launcher(backend)
-        run_dir = os.path.join(args.out, "runs", name)
-        cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=mode, num_ps=num_ps, remote=remote)
-        runs.append(PlannedRun(backend, mode, n, run_dir, name=name, cmd=tuple(cmd), env=launcher.env(remote),
-                               oversubscribed=procs > cores and not remote,
-                               roles=roles_of(launcher, remote, n, num_ps) if remote else None,
-                               condition=condition, tasks=procs))
+              if c is None or c.applies_to(shape.identity.workers)]
+    for k, (shape, condition) in alternating(shapes, repeats):
+        identity = dataclasses.replace(shape.identity, condition=condition.label if condition else None,
+                                       repeat=k if repeats > 1 else None)
+        n, launcher = identity.workers, get_launcher(identity.method)
+        run_dir = os.path.join(args.out, "runs", identity.name)
+        cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=identity.mode, num_ps=shape.num_ps,
+                               remote=remote)
+        runs.append(PlannedRun(identity.method, identity.mode, n, run_dir, name=identity.name, cmd=tuple(cmd),
+                               env=launcher.env(remote), oversubscribed=shape.processes > cores and not remote,
+                               roles=roles_of(launcher, remote, n, shape.num_ps) if remote else None,
+                               condition=condition, tasks=shape.processes, identity=identity))
     return runs
 
 
@@ -139,7 +153,8 @@ def check_memory_fits(args, cfg, available):
     own estimate (common/spec/config.py: memory_estimate). Runs one after another, so the largest counts."""
     if available is None:
         return
-    name, *_, procs = max(run_shapes(args), key=lambda shape: shape[-1])
+    largest = max(run_shapes(args), key=lambda shape: shape.processes)
+    name, procs = largest.identity.name, largest.processes
     per_task = TF_PROCESS_BYTES + sum(b for _, b, _ in memory_estimate(cfg))
     if procs * per_task > available:
         raise UsageError(f"run {name} starts {procs} TensorFlow tasks on this machine, about "
@@ -311,8 +326,8 @@ def validate(args, cfg):
     """Every refusal the flags and the data can meet, before --out is taken or any run starts."""
     parse_workers(args.num_ps, "--num_ps")
     for c in cluster_conditions(args):       # --straggler, --stall, --slow_link refused before --out is taken
-        if isinstance(c, unhealthy.SlowLink) and not args.from_dirs:
-            unhealthy.link_of(c, load_links(args.links) if args.links else None)
+        if isinstance(c, conditions.SlowLink) and not args.from_dirs:
+            conditions.link_of(c, load_links(args.links) if args.links else None)
     check_finite("run_timeout", args.run_timeout)
     if args.run_timeout <= 0:
         raise UsageError(f"--run_timeout must be positive, got {args.run_timeout}")
@@ -332,7 +347,8 @@ def validate(args, cfg):
 def check_plan(args, remote, links):
     """What the plan's shape refuses: more tasks than one machine runs, a slowed worker across hosts
     that are not hvdps emulate's."""
-    name, *_, most = max(run_shapes(args), key=lambda shape: shape[-1])   # tasks: workers and PS
+    largest = max(run_shapes(args), key=lambda shape: shape.processes)   # tasks: workers and PS
+    name, most = largest.identity.name, largest.processes
     if not remote and most > MAX_LOCAL_WORKERS:     # before any port is reserved (--hosts: its slots)
         raise UsageError(f"run {name}: {most} tasks, more than the {MAX_LOCAL_WORKERS} one machine runs "
                          f"(fewer --workers or --num_ps; other machines: --hosts)")
@@ -359,8 +375,8 @@ def run_all(args, runs, links):
     """(the runs that ran, the signal that stopped the comparison or None): each in turn, with the
     CPU controller a slowed worker needs found (or refused) before the first starts."""
     controller = None
-    if any(isinstance(r.condition, unhealthy.Straggler) for r in runs):
-        controller = unhealthy.CpuController.find()     # refused here, before any run, if it cannot be
+    if any(isinstance(r.condition, conditions.Straggler) for r in runs):
+        controller = CpuController.find()     # refused here, before any run, if it cannot be
         controller.remove_stale()
     previous, ran = own_signals(), []
     try:

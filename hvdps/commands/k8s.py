@@ -136,10 +136,12 @@ def generate(args, parser, argv):
     trainer_args = argv_of(args, parser, skip=K8S_FLAGS)
     cmd = " " + shlex.join(without_out(argv))
     files = {}
-    for name, backend, mode, num_ps, workers, _ in run_shapes(args):
-        if workers < 2:
+    for shape in run_shapes(args):
+        run = shape.identity
+        if run.workers < 2:
             continue                              # one worker needs no cluster: hvdps train
-        kind, doc, run_dir = manifest_of(args, name, backend, mode, num_ps, workers, trainer_args)
+        name = run.name
+        kind, doc, run_dir = manifest_of(args, name, run.method, run.mode, shape.num_ps, run.workers, trainer_args)
         header = HEADER.format(cmd=cmd, what=WHAT[kind], claim=args.claim, path=run_dir,
                                version=args.kubernetes_version, crd=CRD[kind])
         files[f"{name}.yaml"] = (header, [doc])

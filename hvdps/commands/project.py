@@ -18,11 +18,11 @@ from hvdps.cost import crossover, heldout, stragglers
 from hvdps.cost.ring import RING_NETWORK
 from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.measure.rows import kept_rates, load_run, measured_interval
-from hvdps.measure.runs import load_of, run_record
+from hvdps.measure.runs import identity_of, load_of, run_record
 from hvdps.cost.projection import (RING, Checked, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
                                    project, projected_step, ring_of, run_exchange_s, single_layer)
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
-from hvdps.measure.unhealthy import parse_stragglers
+from hvdps.measure.conditions import parse_stragglers
 from hvdps.render.projection import _size, check_table, dumps, plot, table
 from hvdps.render.report import contention_words
 from common.model.layer_profile import layer_profile
@@ -229,12 +229,19 @@ def cpu_per_step(run_dir):
     return out
 
 
-def twin_name(name, condition):
-    """The healthy run a run with ``condition`` (hvdps compare's label: slow1x4, stall1-1000-250,
-    link-h3-10mbit) is
-    held to: its own name without the condition, the repeat kept (mwms-sync-w2-slow1x4-r2 ->
-    mwms-sync-w2-r2); a run on a cluster with a slow link, which has no condition, its namesake."""
-    return name.replace(f"-{condition}", "", 1) if condition else name
+def runs_by_identity(where):
+    """{identity: (row, what was done to it, its cores)} of the runs under ``where``: a run's healthy
+    twin is the run of its identity with no condition, the repeat kept; on a cluster built with a slow
+    link, where no run has a condition, its namesake on the cluster without it."""
+    out = {}
+    for d in find_runs(where, unhealthy=True):
+        row, record = load_run(d), run_record(d)
+        unhealthy = record.unhealthy if record else None
+        row = dataclasses.replace(row, roles=(record.roles if record else None),
+                                  condition=unhealthy.condition if unhealthy else None)
+        row = dataclasses.replace(row, identity=identity_of(row, record))
+        out[row.identity or row.name] = (row, unhealthy, run_cores(d, row.header, row.curves.steps)[1])
+    return out
 
 
 def unhealthy_check(path, healthy_path, layers, tuning):
@@ -255,21 +262,14 @@ def unhealthy_check(path, healthy_path, layers, tuning):
         raise UsageError(f"--healthy {healthy_path}: no emulated cluster there (hvdps emulate's cluster.json)")
     linked = slow_links(cluster, base_cluster) if healthy_path else None
 
-    def loaded(where):
-        out = {}
-        for d in find_runs(where, unhealthy=True):
-            row, record = load_run(d), run_record(d)
-            row = dataclasses.replace(row, roles=(record.roles if record else None))
-            out[row.name] = (row, record.unhealthy if record else None, run_cores(d, row.header, row.curves.steps)[1])
-        return out
-
-    runs = loaded(path)
-    twins = loaded(healthy_path) if healthy_path else {n: v for n, v in runs.items() if v[1] is None}
+    runs = runs_by_identity(path)
+    twins = runs_by_identity(healthy_path) if healthy_path else {n: v for n, v in runs.items() if v[1] is None}
     found, left_out = [], []
-    for name, (row, unhealthy, cores) in runs.items():
+    for row, unhealthy, cores in runs.values():
+        name = row.name
         if unhealthy is None and not linked or (row.workers or 1) < 2 or methods.lookup(row.backend) is None:
             continue
-        twin = twins.get(twin_name(name, unhealthy.condition if unhealthy else None))
+        twin = twins.get(row.identity.healthy) if row.identity else None
         if twin is None or twin[1] is not None or not twin[0].compute_s:
             left_out.append((name, "no healthy run of the same shape with a per-step breakdown"))
             continue

@@ -16,6 +16,7 @@ from common.base.procs import REPO, child_env
 from common.formats.schemas import RunRecord
 from common.trainer.metrics import read_metrics
 from hvdps.measure import unhealthy
+from hvdps.measure.conditions import SlowLink
 from hvdps.measure.links import Sampler
 from hvdps.measure.load import LoadSampler
 from hvdps.measure.runs import RUN_RECORD, Outcome
@@ -27,7 +28,7 @@ def acting_on(run, pid, cores, controller, links=None):
     ``links``), while its job ``pid`` runs (nothing for a healthy run)."""
     if run.condition is None:
         return contextlib.nullcontext()
-    if isinstance(run.condition, unhealthy.SlowLink):
+    if isinstance(run.condition, SlowLink):
         return unhealthy.LinkShaper(run.condition, links)
     metrics = os.path.join(run.run_dir, "metrics.jsonl")     # the run's header: training has begun
     return unhealthy.Injector(run.condition, pid, get_launcher(run.backend).worker_of, cores, run.tasks,
@@ -116,7 +117,8 @@ def run_record(run, seconds, launched_at, code, applied=None):
     return RunRecord.model_validate(
         dict(seconds=seconds, launched_at=launched_at, exit_code=code, command=list(run.cmd),
              roles=dict(run.roles) if run.roles else None, oversubscribed=bool(run.oversubscribed),
-             unhealthy=applied.to_dict() if applied else None), strict=False)
+             unhealthy=applied.to_dict() if applied else None,
+             identity=run.identity.record().model_dump() if run.identity else None), strict=False)
 
 
 def _wait(p, run, timeout, bar):

@@ -10,15 +10,7 @@ median over the runs, and a difference is called real only when the runs show it
 """
 import dataclasses
 import os
-import re
 import statistics
-
-REPEAT = re.compile(r"^(?P<base>.+)-r(?P<k>[1-9]\d*)$")     # runs/<name>-r<k>: the k-th run of <name>
-
-
-def repeat_name(name, k, repeats):
-    """The run folder's name of the k-th (1-based) of ``repeats`` runs: the name itself for one run."""
-    return name if repeats == 1 else f"{name}-r{k}"
 
 
 def alternating(shapes, repeats):
@@ -27,11 +19,14 @@ def alternating(shapes, repeats):
             for shape in (shapes if k % 2 else list(reversed(shapes)))]
 
 
-def split_name(run_dir):
-    """(the configuration's folder path, k) of ``runs/<name>-r<k>``; (run_dir, None) for one run."""
-    head, name = os.path.split(run_dir.rstrip(os.sep))
-    m = REPEAT.match(name)
-    return (os.path.join(head, m.group("base")), int(m.group("k"))) if m else (run_dir, None)
+def configuration_of(row):
+    """(the configuration's folder path, the row's repeat): from its identity (hvdps/measure/identity.py),
+    the repeats of one configuration sharing the first; a run that is no repeat (or whose comparison
+    did not record one) is a configuration of its own."""
+    if row.identity is None or row.identity.repeat is None:
+        return row.run_dir, None
+    head = os.path.dirname(row.run_dir.rstrip(os.sep))
+    return os.path.join(head, row.identity.configuration.name), row.identity.repeat
 
 
 def merge(rows):
@@ -41,7 +36,7 @@ def merge(rows):
     ended ok, each run's own figures kept in ``repeat_throughputs`` / ``repeat_times``."""
     groups = {}
     for r in rows:
-        base, k = split_name(r.run_dir)
+        base, k = configuration_of(r)
         groups.setdefault(base, []).append((k, r))
     out = []
     for base, members in groups.items():

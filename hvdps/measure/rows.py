@@ -113,6 +113,7 @@ class RunRow:
     repeats_ok: Optional[int] = None
     repeat_throughputs: Optional[List[float]] = None
     repeat_times: Optional[List[Optional[float]]] = None
+    identity: Optional[Any] = None                # which run it is (hvdps/measure/identity.py: RunId)
 
     @property
     def name(self):

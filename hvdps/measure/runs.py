@@ -6,10 +6,11 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
 from common.base.errors import UsageError
+from hvdps import methods
 from common.formats.schemas import read_links, read_metrics, read_run_record
 from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
 from hvdps.measure.load import contention
-from hvdps.measure.repeats import split_name
+from hvdps.measure.identity import RunId
 from hvdps.measure.rows import RunRow, load_run, measured_interval
 from hvdps.measure.timeline import rank_files, write_timeline
 
@@ -43,6 +44,7 @@ class PlannedRun:
     outcome: Optional[Outcome] = None
     condition: Optional[object] = None       # a slow or stalled worker (hvdps/measure/unhealthy.py), None: healthy
     tasks: int = 0                           # processes the job starts: workers and server tasks
+    identity: Optional[RunId] = None         # which run it is (hvdps/measure/identity.py)
 
 
 def collect(runs):
@@ -58,13 +60,15 @@ def collect(runs):
         record = run_record(run.run_dir)
         status = ("interrupted" if done.interrupted else "failed") if done and done.returncode != 0 else row.status
         row = replace(row, backend=run.backend, mode=run.mode, workers=run.workers, status=status,
-                      error=done.error if done else None, repeat=split_name(run.run_dir)[1],
+                      error=done.error if done else None,
                       oversubscribed=(run.oversubscribed if run.oversubscribed is not None
                                       else bool(record and record.oversubscribed)))
         if record and record.unhealthy:
             row = replace(row, condition=record.unhealthy.condition, unhealthy=record.unhealthy)
         elif run.condition is not None:       # it ended before its worker was found: still that run
             row = replace(row, condition=run.condition.label)
+        identity = run.identity or identity_of(row, record)
+        row = replace(row, identity=identity, repeat=identity.repeat if identity else None)
         row = replace(row, **load_of(row))
         row = replace(row, **startup_of(row, (done and done.seconds) or (record.seconds if record else None),
                                          (done and done.launched_at) or (record.launched_at if record else None)))
@@ -72,6 +76,21 @@ def collect(runs):
         row = replace(row, rank_steps=ranks_of(row)) if os.path.isdir(run.run_dir) else row
         rows.append(row)
     return with_scaling(rows)
+
+
+def identity_of(row, record):
+    """A found run's identity: the one its comparison recorded, else what its own records say (a
+    trainer's folder, or a comparison's from before runs recorded it: no repeat then); None where
+    it has no header to say it."""
+    if record is not None and record.identity is not None:
+        return RunId.of_record(record.identity)
+    header = row.header
+    if header is None:
+        return None
+    method = methods.lookup(header.backend)
+    tasks = method.launcher().task_roles(header.num_ps) if method and header.num_ps else ()
+    return RunId(header.model or "-", header.backend, header.mode, header.world_size, tasks=tasks,
+                 condition=row.condition)
 
 
 def ranks_of(row):
@@ -163,13 +182,13 @@ def links_of(row, roles):
 
 
 def with_scaling(rows):
-    """The rows with their efficiency = throughput(n) / (n * throughput(1)) within the same workload,
-    backend, mode and cluster (healthy, or the same slow or stalled worker)."""
-    base = {(r.model, r.backend, r.mode, r.num_ps, r.condition): r.samples_per_sec_median
-            for r in rows if r.workers == 1 and r.status == "ok"}
+    """The rows with their efficiency = throughput(n) / (n * throughput(1)) within the same shape of
+    run (its identity's: workload, method, mode, settings, other tasks and condition)."""
+    base = {r.identity.shape: r.samples_per_sec_median
+            for r in rows if r.identity and r.workers == 1 and r.status == "ok"}
 
     def efficiency(r):
-        b, t = base.get((r.model, r.backend, r.mode, r.num_ps, r.condition)), r.samples_per_sec_median
+        b, t = base.get(r.identity.shape) if r.identity else None, r.samples_per_sec_median
         return (t / (r.workers * b)) if b and t and r.status == "ok" else None
     return [replace(r, scaling_efficiency=efficiency(r)) for r in rows]
 

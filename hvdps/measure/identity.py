@@ -1,0 +1,59 @@
+"""One run's identity, built once when a comparison is planned (hvdps/commands/compare.py:
+plan_runs), written with the run (compare_run.json's ``identity``) and read back typed, so that
+everything else takes a run's identity from it rather than from its folder's name: the folder name
+itself, which runs are repeats of one configuration (hvdps/measure/repeats.py: merge), which healthy
+run an unhealthy one is held to, which one-worker run a run's scaling is measured against."""
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from common.formats.schemas import RunIdentity
+
+
+@dataclass(frozen=True)
+class RunId:
+    """``tasks``: ((role, count), ...) the job starts besides its workers, as its method's launcher
+    names them (``Launcher.task_roles``); ``settings``: ((name, value), ...) of the method's own
+    knobs; ``condition``: the label of a slow or stalled worker or a slow link, None healthy;
+    ``repeat``: k of ``--repeat N``, None for a configuration that ran once."""
+    workload: str
+    method: str
+    mode: str
+    workers: int
+    tasks: Tuple[Tuple[str, int], ...] = ()
+    settings: Tuple[Tuple[str, str], ...] = ()
+    condition: Optional[str] = None
+    repeat: Optional[int] = None
+
+    @property
+    def name(self):
+        """The run's folder name: mpi-sync-w2, ps-sync-w2-ps1-slow1x4-r2."""
+        return (f"{self.method}-{self.mode}-w{self.workers}" + "".join(f"-{role}{n}" for role, n in self.tasks)
+                + "".join(f"-{k}{v}" for k, v in self.settings)
+                + (f"-{self.condition}" if self.condition else "") + (f"-r{self.repeat}" if self.repeat else ""))
+
+    @property
+    def configuration(self):
+        """The identity its repeats share: what --repeat's median is taken over."""
+        return dataclasses.replace(self, repeat=None)
+
+    @property
+    def healthy(self):
+        """Its healthy twin's identity: the same shape and repeat with no condition."""
+        return dataclasses.replace(self, condition=None)
+
+    @property
+    def shape(self):
+        """What its scaling is measured within: the workload, method, mode, settings, other tasks and
+        condition, whatever the workers and the repeat."""
+        return dataclasses.replace(self, workers=1, repeat=None)
+
+    def record(self):
+        return RunIdentity(workload=self.workload, method=self.method, mode=self.mode, workers=self.workers,
+                           tasks=dict(self.tasks), settings=dict(self.settings), condition=self.condition,
+                           repeat=self.repeat)
+
+    @classmethod
+    def of_record(cls, r):
+        return cls(r.workload, r.method, r.mode, r.workers, tuple(r.tasks.items()), tuple(r.settings.items()),
+                   r.condition, r.repeat)
