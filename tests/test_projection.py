@@ -285,7 +285,7 @@ def test_a_run_with_a_slow_worker_is_neither_checked_nor_called_contended(tmp_pa
         "condition": "slow1x4", "what": "worker 1 at 1/4 CPU", "rank": 1, "factor": 4.0}}))
     (tmp_path / "runs" / "mpi-sync-w2" / "compare_run.json").write_text(json.dumps({"seconds": 8.0}))
     net = AlphaBeta(bandwidth=10e9 / 8, alpha=20e-6)
-    checked, left_out = cmd.check_runs(str(tmp_path / "runs"), None, net, net, methods.tuning())
+    checked, left_out = cmd.check_runs(cmd.load_found(str(tmp_path / "runs")), None, net, net, methods.tuning())
     assert [r.run for r in checked] == ["mpi-sync-w2"] and left_out == []
 
 

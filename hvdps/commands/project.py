@@ -50,6 +50,35 @@ def unhealthy_of(run_dir):
     return record.unhealthy if record else None
 
 
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """One run under --from, read once: its row (its own records), its comparison's record, and the
+    machine's cores it kept busy (hvdps/measure/links.py: run_cores)."""
+    row: object
+    record: object
+    busy: object
+    cores: object
+
+    @property
+    def unhealthy(self):
+        return self.record.unhealthy if self.record else None
+
+
+def load_found(path):
+    """[Found] of every run under ``path``, each read from disk once for every part of the projection."""
+    out = []
+    for d in find_runs(path, unhealthy=True):
+        row = load_run(d)
+        busy, cores = run_cores(d, row.header, row.curves.steps)
+        out.append(Found(row, run_record(d), busy, cores))
+    return out
+
+
+def healthy_of(found):
+    """The runs the projection's fits and checks take: a healthy cluster's (no slow or stalled worker)."""
+    return [f for f in found if f.unhealthy is None]
+
+
 def model_layers_of(run_dir):
     """The run's model, rebuilt from its config.json, as per-layer gradient sizes and FLOPs."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ start-up chatter stays out
@@ -75,13 +104,12 @@ def native_stderr_quiet():
         os.close(sink)
 
 
-def from_runs(path, ring, ps, nets=None):
+def from_runs(found, path, ring, ps, nets=None):
     """compute_s, layers, per-backend measured overlaps, notes and the (backend, mode) of every timed
-    run, from the runs under ``path``."""
-    dirs = find_runs(path)
-    if not dirs:
+    run, from the healthy runs ``found`` under ``path``."""
+    rows = [f.row for f in healthy_of(found)]
+    if not rows:
         raise UsageError(f"--from {path}: no hvdps runs there (no metrics.jsonl)")
-    rows = [load_run(d) for d in dirs]
     timed = [r for r in rows if r.compute_s]
     if not timed:
         raise UsageError(f"--from {path}: no run has a per-step breakdown (rerun with --probe_steps > 0)")
@@ -161,18 +189,17 @@ def cluster_of(path):
     return None
 
 
-def check_runs(path, layers, ring, ps, tuning, nets=None):
+def check_runs(found, layers, ring, ps, tuning, nets=None):
     """(a row per multi-worker run under ``path``: measured step time beside the projected one,
     [(run, why)] of the runs left out: shared or oversubscribed, what they measured was contention
     for the cores, not the method the model projects). A run with a slow or stalled worker or a
     slow link is in neither: it is held to its healthy twin (``unhealthy_check``)."""
     rows, left_out = [], []
-    for d in find_runs(path):
-        row = load_run(d)
+    for f in healthy_of(found):
+        row, record = f.row, f.record
         if (row.workers or 1) < 2 or not row.step_s or not row.compute_s:
             continue
         row = dataclasses.replace(row, **load_of(row))
-        record = run_record(d)
         if row.shared:
             left_out.append((row.name, f"shared: {contention_words(row)}"))
             continue
@@ -188,16 +215,10 @@ def check_runs(path, layers, ring, ps, tuning, nets=None):
     return rows, left_out
 
 
-def heldout_of(path, layers, ring, ps, nets, tuning):
-    """(hvdps/cost/heldout.py's entries for the runs under ``path``, the cores they shared or None)."""
-    rows, shared = [], set()
-    for d in find_runs(path):
-        row = load_run(d)
-        busy, cores = run_cores(d, row.header, row.curves.steps)
-        row = dataclasses.replace(row, cores_busy=busy)
-        if cores:
-            shared.add(cores)
-        rows.append(row)
+def heldout_of(found, layers, ring, ps, nets, tuning):
+    """(hvdps/cost/heldout.py's entries for the healthy runs ``found``, the cores they shared or None)."""
+    rows = [dataclasses.replace(f.row, cores_busy=f.busy) for f in healthy_of(found)]
+    shared = {f.cores for f in healthy_of(found) if f.cores}
     cores = max(shared) if shared else None
     def terms_of(row):
         method = methods.lookup(row.backend)
@@ -229,22 +250,21 @@ def cpu_per_step(run_dir):
     return out
 
 
-def runs_by_identity(where):
-    """{identity: (row, what was done to it, its cores)} of the runs under ``where``: a run's healthy
-    twin is the run of its identity with no condition, the repeat kept; on a cluster built with a slow
-    link, where no run has a condition, its namesake on the cluster without it."""
+def runs_by_identity(found):
+    """{identity: (row, what was done to it, its cores)} of the runs ``found``: a run's healthy twin is
+    the run of its identity with no condition, the repeat kept; on a cluster built with a slow link,
+    where no run has a condition, its namesake on the cluster without it."""
     out = {}
-    for d in find_runs(where, unhealthy=True):
-        row, record = load_run(d), run_record(d)
-        unhealthy = record.unhealthy if record else None
-        row = dataclasses.replace(row, roles=(record.roles if record else None),
+    for f in found:
+        unhealthy = f.unhealthy
+        row = dataclasses.replace(f.row, roles=(f.record.roles if f.record else None),
                                   condition=unhealthy.condition if unhealthy else None)
-        row = dataclasses.replace(row, identity=identity_of(row, record))
-        out[row.identity or row.name] = (row, unhealthy, run_cores(d, row.header, row.curves.steps)[1])
+        row = dataclasses.replace(row, identity=identity_of(row, f.record))
+        out[row.identity or row.name] = (row, unhealthy, f.cores)
     return out
 
 
-def unhealthy_check(path, healthy_path, layers, tuning):
+def unhealthy_check(found, path, healthy_path, layers, tuning):
     """(hvdps/cost/stragglers.py's ``Held`` per run under ``path`` on an unhealthy emulated cluster,
     [(run, why)] left out): a run with a slow or stalled worker, or a slow link (--slow_link), against
     its healthy twin in the same comparison, and with ``healthy_path`` (the same comparison on the cluster without ``--link``)
@@ -262,8 +282,9 @@ def unhealthy_check(path, healthy_path, layers, tuning):
         raise UsageError(f"--healthy {healthy_path}: no emulated cluster there (hvdps emulate's cluster.json)")
     linked = slow_links(cluster, base_cluster) if healthy_path else None
 
-    runs = runs_by_identity(path)
-    twins = runs_by_identity(healthy_path) if healthy_path else {n: v for n, v in runs.items() if v[1] is None}
+    runs = runs_by_identity(found)
+    twins = runs_by_identity(load_found(healthy_path)) if healthy_path else \
+        {n: v for n, v in runs.items() if v[1] is None}
     found, left_out = [], []
     for row, unhealthy, cores in runs.values():
         name = row.name
@@ -410,6 +431,7 @@ class Inputs:
     measured: dict
     notes: list
     variants: list
+    found: list            # the runs under --from, each read once ([] without --from)
 
 
 def run_projection(args):
@@ -425,20 +447,20 @@ def run_projection(args):
                    tuning=tuning, straggler_cv=args.straggler_cv, measured=inp.measured, own=own, slow=slow)
     make_dirs(args.out)
     text = header_text(args, inp, grad, own, slow)
-    checked, left_out = check_runs(args.from_dir, layers, ring, ps, tuning, nets) if args.from_dir else ([], [])
+    checked, left_out = check_runs(inp.found, layers, ring, ps, tuning, nets)
     text += checked_text(checked, left_out)
     cross = []
     if args.from_dir:
-        cross = crossover.analyse([load_run(d) for d in find_runs(args.from_dir)],
+        cross = crossover.analyse([f.row for f in healthy_of(inp.found)],
                                   lambda row, shard_bytes: projected_step(row, shard_bytes, layers, ring, ps, tuning,
                                                                           nets)[0], layers=layers,
                                   contended=[name for name, _ in left_out])
         if cross:
             text += "\n".join(crossover_render.section(cross, left_out)) + "\n![crossover](crossover.png)\n\n"
-    held = heldout_of(args.from_dir, layers, ring, ps, nets, tuning) if args.from_dir else ([], None)
+    held = heldout_of(inp.found, layers, ring, ps, nets, tuning) if args.from_dir else ([], None)
     if held[0]:
         text += "\n".join(heldout_render.section(*held)) + "\n"
-    sick = unhealthy_check(args.from_dir, args.healthy_dir, layers, tuning) if args.from_dir else ([], [])
+    sick = unhealthy_check(inp.found, args.from_dir, args.healthy_dir, layers, tuning) if args.from_dir else ([], [])
     if sick[0] or sick[1]:
         text += "\n".join(heldout_render.unhealthy_section(*sick)) + "\n"
     text += table(rows) + "\n"
@@ -509,15 +531,16 @@ def load_inputs(args, tuning):
     if args.model_params and not layers:
         layers = single_layer(args.model_params * 4e6)
     compute = args.step_compute_ms / 1e3 if args.step_compute_ms else None
-    measured, notes, variants = {}, [], []
+    measured, notes, variants, found = {}, [], [], []
     if args.from_dir:
-        run_compute, run_layers, measured, notes, variants = from_runs(args.from_dir, ring, ps, nets)
+        found = load_found(args.from_dir)
+        run_compute, run_layers, measured, notes, variants = from_runs(found, args.from_dir, ring, ps, nets)
         compute = compute or run_compute
         layers = layers or run_layers
     if not layers or not compute:
         raise UsageError("--project needs the model (--model_name, --model_params or --from) "
                          "and the compute time (--step_compute_ms or --from)")
-    return Inputs(ring, ps, nets, cluster, comm_json, layers, compute, measured, notes, variants)
+    return Inputs(ring, ps, nets, cluster, comm_json, layers, compute, measured, notes, variants, found)
 
 
 def header_text(args, inp, grad, own, slow):
