@@ -43,16 +43,16 @@ class LocalSGDRing(Ring):
         k = self.steps_per_exchange(mode)
         return None if hosts is None else {h: {d: b / k for d, b in io.items()} for h, io in hosts.items()}
 
-    def exchange_s(self, row, ring, ps):
-        t = super().exchange_s(row, ring, ps)
+    def exchange_s(self, row, nets):
+        t = super().exchange_s(row, nets)
         return None if t is None else t / self.steps_per_exchange(row.mode)
 
     def steps_per_exchange(self, mode):
         """k: the weights are averaged once every k steps."""
         return local_steps(mode)
 
-    def step_terms(self, row, shard_bytes, layers, ring, ps, tuning):
-        grad, n = row.grad_bytes_per_step, row.workers
+    def step_terms(self, row, shard_bytes, layers, nets, tuning):
+        grad, n, ring = row.grad_bytes_per_step, row.workers, self.net(nets)
         if not grad:
             return None
         t = schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha) / self.steps_per_exchange(row.mode)

@@ -130,8 +130,12 @@ class ParameterServers:
                     hosts[h]["in"] += moved
         return hosts
 
-    def exchange_s(self, row, ring, ps):
-        grad, n = row.grad_bytes_per_step, row.workers or 1
+    def net(self, nets):
+        """The latency and bandwidth the PS exchange is costed with: the PS network's fit."""
+        return nets.get(self.network)
+
+    def exchange_s(self, row, nets):
+        grad, n, ps = row.grad_bytes_per_step, row.workers or 1, self.net(nets)
         if not grad or not ps:
             return None
         return schedule.ps_time(n, grad, ps.bandwidth, ps.alpha, row.num_ps or 1)
@@ -145,19 +149,19 @@ class ParameterServers:
         return schedule.ps_step(layers, compute_s, n, net.bandwidth, net.alpha, shards, per_server, tuning.placement,
                                 towers=tuning.towers)
 
-    def projected_step(self, row, shard_bytes, layers, ring, ps, tuning):
+    def projected_step(self, row, shard_bytes, layers, nets, tuning):
         """PS tasks on hosts of their own (hvdps compare's ``--ps_placement own``). Sync: push all,
         then pull all, through the busiest PS link (n·S/B each way) or a worker's own (M/B),
         whichever is slower: compute + 2·(max(nS, M)/B + alpha). Async: a worker pushes and pulls
         on its own link while the others do the same; the busiest PS link carries n·S each way
         per round: max(compute + 2·(M/B + alpha), n·S/B + alpha)."""
-        terms = self.step_terms(row, shard_bytes, layers, ring, ps, tuning)
+        terms = self.step_terms(row, shard_bytes, layers, nets, tuning)
         if terms is None:
             return None, None
         how = "push all, then pull all" if self.lockstep(row.mode) else "own link or busiest PS link"
         return combine(row.compute_s, terms), how
 
-    def step_terms(self, row, shard_bytes, layers, ring, ps, tuning):
+    def step_terms(self, row, shard_bytes, layers, nets, tuning):
         """{term: (with compute, seconds)}, the step being the longest (``combine``): a worker's own
         link (push M, then pull M, after its compute) and the busiest PS link (sync: every worker's
         push, then every pull, after the compute; async: n·S each way while the workers compute)."""
@@ -166,6 +170,7 @@ class ParameterServers:
             return None
         shards = (shard_bytes or {}).values()       # {PS task: model bytes it holds}, header ps_shard_bytes
         shard = max(shards) if shards else grad / (row.num_ps or 1)
+        ps = self.net(nets)
         bw, alpha = ps.bandwidth, ps.alpha
         busiest = n * shard / bw
         own = (True, 2 * (grad / bw + alpha))

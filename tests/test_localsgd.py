@@ -17,6 +17,7 @@ from common.trainer.run_dir import load_weights_npz
 from hvdps import methods
 from hvdps.cost import crossover as cx
 from hvdps.cost import schedule
+from hvdps.cost.model import Everywhere
 from hvdps.cost.schedule import AlphaBeta
 from hvdps.cost.shape import StepShape
 from tests.conftest import BIN, REPO, SYNC_EQUIV, row_and_records, run
@@ -88,8 +89,8 @@ def test_the_cost_model_is_the_rings_once_every_k_steps(k):
     cost = methods.get("localsgd").cost
     row = StepShape(backend="localsgd", mode=str(k), workers=4, compute_s=0.01, grad_bytes_per_step=4e6)
     ring = schedule.ring_allreduce_time(4, 4e6, RING.bandwidth, RING.alpha)
-    assert cost.exchange_s(row, RING, None) == pytest.approx(ring / k)
-    step, how = cost.projected_step(row, None, None, RING, None, methods.tuning())
+    assert cost.exchange_s(row, Everywhere(RING)) == pytest.approx(ring / k)
+    step, how = cost.projected_step(row, None, None, Everywhere(RING), methods.tuning())
     assert step == pytest.approx(0.01 + ring / k) and "every k steps" in how
     gradient = SimpleNamespace(dense_bytes=1000, sparse_bytes=50, sparse_table_bytes=9000)   # tables whole
     links = cost.predict_links(str(k), {"rank:0": "h1", "rank:1": "h2"}, gradient)

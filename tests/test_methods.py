@@ -10,6 +10,7 @@ from common.formats.schemas import Gradient
 
 from common.base.errors import UsageError
 from hvdps import launchers, methods
+from hvdps.cost.model import Everywhere
 from hvdps.cost.ring import Ring
 from tests.conftest import REPO, VALID_BACKENDS
 
@@ -178,7 +179,7 @@ def test_the_projections_generic_rows_are_the_declaring_methods_schedule(collect
         [Layer(name=f"dense_{i}/kernel", grad_bytes=4 * 100 * 100, flops=1) for i in range(1, 7)]
     net = AlphaBeta(alpha=50e-6, bandwidth=1e8)
     arch = projection.RING if collective else "PS k=8"
-    rows = lambda tuning: {r.arch: r for r in projection.project(layers, 1e-4, [16], net, net, shards=(8,),
+    rows = lambda tuning: {r.arch: r for r in projection.project(layers, 1e-4, [16], Everywhere(net), shards=(8,),
                                                                   per_server=4, tuning=tuning)}
     default, tuned = methods.tuning(), methods.tuning(**{knob: changed})
     layout = {} if collective else {"shards": 8, "per_server": 4}

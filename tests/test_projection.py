@@ -9,6 +9,8 @@ import pytest
 
 from common.formats.schemas import ClusterDescription
 from hvdps import methods
+from hvdps.cost.model import Everywhere
+from hvdps.cost.ring import RING_NETWORK
 from hvdps.cost.shape import StepShape
 
 from hvdps.cost import projection as pj
@@ -137,7 +139,7 @@ PUBLISHED = [
 
 def project_published(model, gpus, net, arch):
     layers = pj.known_models()[model].layers
-    rows = pj.project(layers, COMPUTE_S[model], [gpus], net, net, per_server=4, straggler_cv=0.03,
+    rows = pj.project(layers, COMPUTE_S[model], [gpus], Everywhere(net), per_server=4, straggler_cv=0.03,
                       tuning=methods.tuning(cycle_s=5e-3, fusion_bytes=64 << 20, placement="greedy"))
     return next(r for r in rows if r.arch == arch).efficiency
 
@@ -168,7 +170,7 @@ def test_ps_resnet101_trails_inception_v3_by_its_bytes(towers, ps_gbps):
     ps = AlphaBeta(bandwidth=ps_gbps * 1e9 / 8, alpha=TCP.alpha)
     eff = {}
     for model in ("inception_v3", "resnet101"):
-        rows = pj.project(pj.known_models()[model].layers, COMPUTE_S[model], [128], TCP, ps, per_server=4,
+        rows = pj.project(pj.known_models()[model].layers, COMPUTE_S[model], [128], {RING_NETWORK: TCP, methods.server_network(): ps}, per_server=4,
                           straggler_cv=0.03, tuning=methods.tuning(placement="greedy", towers=towers))
         eff[model] = next(r for r in rows if r.arch == "PS, 1 per server").efficiency
     assert eff["inception_v3"] < 0.75
@@ -199,13 +201,13 @@ def test_ps_layout_flags_reach_the_schedule(tmp_path):
     data = json.load(open(tmp_path / "projection.json"))
     got = next(x for x in data["rows"] if x["workers"] == 128 and x["arch"] == "PS, 1 per server")
     ps = AlphaBeta(bandwidth=6.4e9 / 8, alpha=25e-6)
-    rows = pj.project(pj.known_models()["resnet101"].layers, 64 / 129, [128], TCP, ps, per_server=4,
+    rows = pj.project(pj.known_models()["resnet101"].layers, 64 / 129, [128], {RING_NETWORK: TCP, methods.server_network(): ps}, per_server=4,
                       straggler_cv=0.03, tuning=methods.tuning(placement="greedy", towers=4))
     want = next(x for x in rows if x.arch == "PS, 1 per server")
     assert got["efficiency"] == pytest.approx(want.efficiency)
     assert data["ps_gpus_per_worker"] == 4 and data["ps"]["bandwidth"] == pytest.approx(0.8e9)
     # one task per GPU (the default) moves 4x the copies: the same cluster scales worse
-    per_gpu = pj.project(pj.known_models()["resnet101"].layers, 64 / 129, [128], TCP, ps, per_server=4,
+    per_gpu = pj.project(pj.known_models()["resnet101"].layers, 64 / 129, [128], {RING_NETWORK: TCP, methods.server_network(): ps}, per_server=4,
                          straggler_cv=0.03, tuning=methods.tuning(placement="greedy"))
     assert next(x for x in per_gpu if x.arch == "PS, 1 per server").efficiency < 0.5 * want.efficiency
 
@@ -285,7 +287,7 @@ def test_a_run_with_a_slow_worker_is_neither_checked_nor_called_contended(tmp_pa
         "condition": "slow1x4", "what": "worker 1 at 1/4 CPU", "rank": 1, "factor": 4.0}}))
     (tmp_path / "runs" / "mpi-sync-w2" / "compare_run.json").write_text(json.dumps({"seconds": 8.0}))
     net = AlphaBeta(bandwidth=10e9 / 8, alpha=20e-6)
-    checked, left_out = cmd.check_runs(cmd.load_found(str(tmp_path / "runs")), None, net, net, methods.tuning())
+    checked, left_out = cmd.check_runs(cmd.load_found(str(tmp_path / "runs")), None, Everywhere(net), methods.tuning())
     assert [r.run for r in checked] == ["mpi-sync-w2"] and left_out == []
 
 
@@ -370,15 +372,15 @@ B, A, M, C = 6e6, 1e-4, 300_000, 0.001     # bytes/s, seconds, gradient bytes, c
 ])
 def test_projected_step_per_backend(backend, mode, n, shards, expected):
     row = StepShape(backend=backend, mode=mode, workers=n, compute_s=C, grad_bytes_per_step=M, num_ps=1)
-    ring = ps = AlphaBeta(bandwidth=B, alpha=A)
-    step, how = pj.projected_step(row, shards, pj.single_layer(M), ring, ps, methods.tuning())
+    step, how = pj.projected_step(row, shards, pj.single_layer(M), Everywhere(AlphaBeta(bandwidth=B, alpha=A)),
+                                  methods.tuning())
     assert step == pytest.approx(expected, rel=1e-9) and how
 
 
 def test_projected_horovod_step_is_the_ring_schedule():
     row = StepShape(backend="horovod", mode="sync", workers=3, compute_s=C, grad_bytes_per_step=M)
     ring = AlphaBeta(bandwidth=B, alpha=A)
-    step, _ = pj.projected_step(row, None, pj.single_layer(M), ring, ring, methods.tuning())
+    step, _ = pj.projected_step(row, None, pj.single_layer(M), Everywhere(ring), methods.tuning())
     # one gradient ready at the end of backprop: one fused ring after it (and a cycle's wait)
     assert C + 4 / 3 * M / B + 4 * A <= step <= C + 4 / 3 * M / B + 4 * A + 1e-3
 
@@ -396,11 +398,12 @@ def test_cluster_description_is_found_above_the_runs(tmp_path, where):
 def test_network_from_the_cluster_is_its_rate_at_tcp_goodput_and_its_latency():
     class Args:
         bandwidth_gbps = latency_us = None
-    ring, ps = cmd.network(Args(), {}, cluster=ClusterDescription(rate_bps=5e7, latency_s=4e-5))
-    assert ring == ps == AlphaBeta(bandwidth=pytest.approx(5e7 / 8 * 1448 / 1514), alpha=4e-5)
+    nets = cmd.networks(Args(), {}, cluster=ClusterDescription(rate_bps=5e7, latency_s=4e-5))
+    assert list(nets) == list(cmd.generic_networks())           # every generic network, the cluster's links
+    assert all(net == AlphaBeta(bandwidth=pytest.approx(5e7 / 8 * 1448 / 1514), alpha=4e-5) for net in nets.values())
     Args.bandwidth_gbps, Args.latency_us = 1.0, 10.0            # given flags win
-    ring, _ = cmd.network(Args(), {}, cluster=ClusterDescription(rate_bps=5e7, latency_s=4e-5))
-    assert ring == AlphaBeta(bandwidth=1e9 / 8, alpha=pytest.approx(1e-5))
+    nets = cmd.networks(Args(), {}, cluster=ClusterDescription(rate_bps=5e7, latency_s=4e-5))
+    assert all(net == AlphaBeta(bandwidth=1e9 / 8, alpha=pytest.approx(1e-5)) for net in nets.values())
 
 
 def test_tf_ring_is_fitted_from_its_own_measurements():
@@ -422,14 +425,15 @@ def test_a_method_is_costed_with_its_own_fit_only_where_the_network_is_measured(
         bandwidth_gbps = flags.get("bandwidth_gbps")
         latency_us = flags.get("latency_us")
     ring, ps, tf_ring = AlphaBeta(bandwidth=B, alpha=A), AlphaBeta(bandwidth=B, alpha=A), AlphaBeta(bandwidth=B / 2, alpha=3 * A)
-    nets = cmd.networks(Args(), {"allreduce": ring, "mwms": tf_ring}, ring, ps, cluster)
+    nets = cmd.networks(Args(), {"allreduce": ring, "ps": ps, "mwms": tf_ring}, cluster=cluster)
     row = StepShape(backend="mwms", mode="sync", workers=3, compute_s=C, grad_bytes_per_step=M)
-    step, _ = pj.projected_step(row, None, pj.single_layer(M), ring, ps, methods.tuning(), nets)
-    net = tf_ring if own else ring
+    step, _ = pj.projected_step(row, None, pj.single_layer(M), nets, methods.tuning())
+    net = tf_ring if own else nets["allreduce"]
     assert step == pytest.approx(C + schedule.ring_allreduce_time(3, M, net.bandwidth, net.alpha), rel=1e-9)
     # bare MPI's ring is the shared one either way
-    step, _ = pj.projected_step(replace(row, backend="mpi"), None, pj.single_layer(M), ring, ps, methods.tuning(), nets)
-    assert step == pytest.approx(C + schedule.ring_allreduce_time(3, M, B, A), rel=1e-9)
+    step, _ = pj.projected_step(replace(row, backend="mpi"), None, pj.single_layer(M), nets, methods.tuning())
+    shared = nets["allreduce"]
+    assert step == pytest.approx(C + schedule.ring_allreduce_time(3, M, shared.bandwidth, shared.alpha), rel=1e-9)
 
 
 def test_projection_lines_for_tf_ring_from_a_comm_file(tmp_path):

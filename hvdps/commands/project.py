@@ -20,7 +20,7 @@ from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.measure.rows import kept_rates, load_run, measured_interval
 from hvdps.measure.runs import identity_of, load_of, run_record
 from hvdps.cost.projection import (RING, Checked, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
-                                   project, projected_step, ring_of, run_exchange_s, single_layer)
+                                   project, projected_step, run_exchange_s, single_layer)
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
 from hvdps.measure.conditions import parse_stragglers
 from hvdps.render.projection import _size, check_table, dumps, plot, table
@@ -104,7 +104,7 @@ def native_stderr_quiet():
         os.close(sink)
 
 
-def from_runs(found, path, ring, ps, nets=None):
+def from_runs(found, path, nets):
     """compute_s, layers, per-backend measured overlaps, notes and the (backend, mode) of every timed
     run, from the healthy runs ``found`` under ``path``."""
     rows = [f.row for f in healthy_of(found)]
@@ -140,7 +140,7 @@ def from_runs(found, path, ring, ps, nets=None):
         method = methods.lookup(r.backend)
         if method is None or method.cost.collective and ((r.workers or 1) < 2 or not method.cost.exact):
             continue                 # an inexact ring (local SGD) has rows of its own, by its k (own_rows)
-        t, how = run_exchange_s(r, ring, ps, nets)
+        t, how = run_exchange_s(r, nets)
         ov = measured_overlap(r, t)
         if ov is None:
             continue
@@ -189,7 +189,7 @@ def cluster_of(path):
     return None
 
 
-def check_runs(found, layers, ring, ps, tuning, nets=None):
+def check_runs(found, layers, nets, tuning):
     """(a row per multi-worker run under ``path``: measured step time beside the projected one,
     [(run, why)] of the runs left out: shared or oversubscribed, what they measured was contention
     for the cores, not the method the model projects). A run with a slow or stalled worker or a
@@ -206,7 +206,7 @@ def check_runs(found, layers, ring, ps, tuning, nets=None):
         if record and record.oversubscribed:
             left_out.append((row.name, "oversubscribed: more processes than cores"))
             continue
-        projected, how = projected_step(row, row.shard_bytes, layers, ring, ps, tuning, nets)
+        projected, how = projected_step(row, row.shard_bytes, layers, nets, tuning)
         if projected is None:
             continue
         rows.append(Checked(run=row.name, backend=row.backend, mode=row.mode, workers=row.workers,
@@ -215,14 +215,14 @@ def check_runs(found, layers, ring, ps, tuning, nets=None):
     return rows, left_out
 
 
-def heldout_of(found, layers, ring, ps, nets, tuning):
+def heldout_of(found, layers, nets, tuning):
     """(hvdps/cost/heldout.py's entries for the healthy runs ``found``, the cores they shared or None)."""
     rows = [dataclasses.replace(f.row, cores_busy=f.busy) for f in healthy_of(found)]
     shared = {f.cores for f in healthy_of(found) if f.cores}
     cores = max(shared) if shared else None
     def terms_of(row):
         method = methods.lookup(row.backend)
-        return method.cost.step_terms(row, row.shard_bytes, layers, ring_of(method, ring, nets), ps, tuning)
+        return method.cost.step_terms(row, row.shard_bytes, layers, nets, tuning)
 
     entries = heldout.analyse(rows, terms_of, cores)
     return entries, cores
@@ -374,55 +374,52 @@ def slowest_link_bps(cluster):
     return min([cluster.rate_bps, *(cluster.rates or {}).values()])
 
 
-def network(args, fits, source="--comm_json", cluster=None, tuning=None):
-    """(ring, ps) alpha/bandwidth: given flags win over an emulated cluster's links (their rate at
-    TCP's goodput, their measured latency), which win over the measured fit; a fit that could
-    not be made is refused in one line when it would be used. A method's declared transport rate
-    (``tuning``: an ``Option`` with a ``network``) caps its network's bandwidth."""
-    ring, ps = fits.get(RING_NETWORK), fits.get(methods.server_network())
+def networks(args, fits, source="--comm_json", cluster=None, tuning=None):
+    """{network: alpha/B} for the cost models (``CostModel.net``). The projection's generic networks
+    (the ring's and the servers', ``generic_networks``): given flags win over an emulated cluster's
+    links (their rate at TCP's goodput, their measured latency), which win over the measured fit; a
+    fit that could not be made is refused in one line when it would be used; a method's declared
+    transport rate (``tuning``: an ``Option`` with a ``network``) caps its network's bandwidth. Then
+    each family comm.json measured on its own (TensorFlow's ring, ``mwms``), unless flags or an
+    emulated cluster's links give every method the same network."""
+    nets = {key: fits.get(key) for key in generic_networks()}
+    shared = bool(cluster and cluster.latency_s is not None) or args.bandwidth_gbps is not None or \
+        args.latency_us is not None
     if cluster and cluster.latency_s is not None:
-        ring = ps = AlphaBeta(bandwidth=slowest_link_bps(cluster) / 8 * TCP_GOODPUT, alpha=cluster.latency_s)
-        fits = {}
+        link = AlphaBeta(bandwidth=slowest_link_bps(cluster) / 8 * TCP_GOODPUT, alpha=cluster.latency_s)
+        nets = {key: link for key in nets}
     given = args.bandwidth_gbps is not None and args.latency_us is not None
-    for fit in (ring, ps):
+    for fit in nets.values():
         if isinstance(fit, Unfitted) and not given:
             raise UsageError(f"--project: cannot fit latency and bandwidth from {source}: {fit.error}; "
                              f"give the network as --bandwidth_gbps and --latency_us")
     if args.bandwidth_gbps is not None or args.latency_us is not None:
-        if (args.bandwidth_gbps is None or args.latency_us is None) and not ring:
+        first = nets[RING_NETWORK]           # a flag not given: the ring's measured figure for it
+        if (args.bandwidth_gbps is None or args.latency_us is None) and not first:
             raise UsageError("--project needs both --bandwidth_gbps and --latency_us, or a --comm_json")
-        bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else ring.bandwidth
-        lat = args.latency_us * 1e-6 if args.latency_us is not None else ring.alpha
-        ring = ps = AlphaBeta(bandwidth=bw, alpha=lat)
+        bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else first.bandwidth
+        lat = args.latency_us * 1e-6 if args.latency_us is not None else first.alpha
+        nets = {key: AlphaBeta(bandwidth=bw, alpha=lat) for key in nets}
     tuning = tuning or methods.tuning()
     for option in methods.options():
         rate = getattr(tuning, option.field) if option.network else None
-        if rate is not None and ring and option.network == RING_NETWORK:
-            ring = dataclasses.replace(ring, bandwidth=rate)
-        if rate is not None and ps and option.network == methods.server_network():
-            ps = dataclasses.replace(ps, bandwidth=rate)
-    return ring, ps
-
-
-def networks(args, fits, ring, ps, cluster=None):
-    """{network: alpha/B} for the cost models (hvdps/methods.py, ``network``): the ring's and the PS's
-    as ``network`` chose them, plus each family comm.json measured on its own (TensorFlow's ring,
-    ``mwms``) unless flags or an emulated cluster's links give every method the same network."""
-    nets = {RING_NETWORK: ring, methods.server_network(): ps}
-    shared = bool(cluster and cluster.latency_s is not None) or args.bandwidth_gbps is not None or \
-        args.latency_us is not None
-    for key, fit in fits.items():
-        if key not in nets and not shared and not isinstance(fit, Unfitted):
+        if rate is not None and nets.get(option.network):
+            nets[option.network] = dataclasses.replace(nets[option.network], bandwidth=rate)
+    for key, fit in ({} if shared else fits).items():
+        if key not in nets and not isinstance(fit, Unfitted):
             nets[key] = fit
     return nets
+
+
+def generic_networks():
+    """The networks of the projection's generic rows: the ring's (``RING_NETWORK``) and the servers'."""
+    return (RING_NETWORK, methods.server_network())
 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
     """What a projection is made of, read once: the networks, the model's layers and compute, and
     what the runs measured (``--from``)."""
-    ring: object
-    ps: object
     nets: dict
     cluster: object
     comm_json: str
@@ -440,24 +437,25 @@ def run_projection(args):
     tuning = methods.tuning_of(args)
     slow = {s.rank: s.factor for s in parse_stragglers(args.straggler)} if args.straggler else {}
     inp = load_inputs(args, tuning)
-    ring, ps, nets, layers, compute = inp.ring, inp.ps, inp.nets, inp.layers, inp.compute
+    nets, layers, compute = inp.nets, inp.layers, inp.compute
+    ring, servers = (nets[key] for key in generic_networks())
     grad = sum(x.grad_bytes for x in layers)
     own = own_rows(nets, ring, inp.variants)
-    rows = project(layers, compute, powers_of_two(1, args.max_workers), ring, ps, per_server=args.gpus_per_server,
+    rows = project(layers, compute, powers_of_two(1, args.max_workers), nets, per_server=args.gpus_per_server,
                    tuning=tuning, straggler_cv=args.straggler_cv, measured=inp.measured, own=own, slow=slow)
     make_dirs(args.out)
     text = header_text(args, inp, grad, own, slow)
-    checked, left_out = check_runs(inp.found, layers, ring, ps, tuning, nets)
+    checked, left_out = check_runs(inp.found, layers, nets, tuning)
     text += checked_text(checked, left_out)
     cross = []
     if args.from_dir:
         cross = crossover.analyse([f.row for f in healthy_of(inp.found)],
-                                  lambda row, shard_bytes: projected_step(row, shard_bytes, layers, ring, ps, tuning,
-                                                                          nets)[0], layers=layers,
+                                  lambda row, shard_bytes: projected_step(row, shard_bytes, layers, nets, tuning)[0],
+                                  layers=layers,
                                   contended=[name for name, _ in left_out])
         if cross:
             text += "\n".join(crossover_render.section(cross, left_out)) + "\n![crossover](crossover.png)\n\n"
-    held = heldout_of(inp.found, layers, ring, ps, nets, tuning) if args.from_dir else ([], None)
+    held = heldout_of(inp.found, layers, nets, tuning) if args.from_dir else ([], None)
     if held[0]:
         text += "\n".join(heldout_render.section(*held)) + "\n"
     sick = unhealthy_check(inp.found, args.from_dir, args.healthy_dir, layers, tuning) if args.from_dir else ([], [])
@@ -471,7 +469,7 @@ def run_projection(args):
                  f"behind back-propagation (wait-free schedule of this model's layers).\n")
     write_atomic(os.path.join(args.out, "projection.md"), text + "\n![projection](projection.png)\n")
     write_atomic(os.path.join(args.out, "projection.json"), dumps({
-                       "grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": ps,
+                       "grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": servers,
                        "own_fits": {label: net for label, (_, net, _) in own.items() if net != ring},
                        "gpus_per_server": args.gpus_per_server, "straggler_cv": args.straggler_cv,
                        **{o.flag: getattr(args, o.flag) for o in methods.options()},
@@ -522,11 +520,10 @@ def load_inputs(args, tuning):
             not (cluster and cluster.latency_s is not None):
         comm = read_comm(comm_json)
         fits = fit_from_comm(comm.results, comm.np)
-    ring, ps = network(args, fits, comm_json, cluster, tuning)
-    if not ring or not ps:
+    nets = networks(args, fits, comm_json, cluster, tuning)
+    if not all(nets[key] for key in generic_networks()):
         raise UsageError(f"--project: no measurements at {comm_json} (run benchmarks/comm_bandwidth.py) "
                          f"and no --bandwidth_gbps/--latency_us given")
-    nets = networks(args, fits, ring, ps, cluster)
     layers = known_models()[args.model_name].layers if args.model_name else None
     if args.model_params and not layers:
         layers = single_layer(args.model_params * 4e6)
@@ -534,18 +531,19 @@ def load_inputs(args, tuning):
     measured, notes, variants, found = {}, [], [], []
     if args.from_dir:
         found = load_found(args.from_dir)
-        run_compute, run_layers, measured, notes, variants = from_runs(found, args.from_dir, ring, ps, nets)
+        run_compute, run_layers, measured, notes, variants = from_runs(found, args.from_dir, nets)
         compute = compute or run_compute
         layers = layers or run_layers
     if not layers or not compute:
         raise UsageError("--project needs the model (--model_name, --model_params or --from) "
                          "and the compute time (--step_compute_ms or --from)")
-    return Inputs(ring, ps, nets, cluster, comm_json, layers, compute, measured, notes, variants, found)
+    return Inputs(nets, cluster, comm_json, layers, compute, measured, notes, variants, found)
 
 
 def header_text(args, inp, grad, own, slow):
     """projection.md's opening: the model, the networks and knobs it was costed on, what the runs measured."""
-    ring, ps, cluster = inp.ring, inp.ps, inp.cluster
+    ring, ps = (inp.nets[key] for key in generic_networks())
+    cluster = inp.cluster
     knobs = [o.says.format(getattr(args, o.flag)) for o in methods.options()
              if o.says and getattr(args, o.flag) is not None]
     text = (f"# Scaling projection\n\ngradient {_size(grad)} in {len(inp.layers)} layer(s), compute "

@@ -82,11 +82,28 @@ class CostModel(Protocol):
 
     def predict_links(self, mode, roles, gradient, shard_bytes=None): ...
 
-    def exchange_s(self, row, ring, ps): ...
+    def net(self, nets): ...
 
-    def step_terms(self, row, shard_bytes, layers, ring, ps, tuning): ...
+    def exchange_s(self, row, nets): ...
 
-    def projected_step(self, row, shard_bytes, layers, ring, ps, tuning): ...
+    def step_terms(self, row, shard_bytes, layers, nets, tuning): ...
+
+    def projected_step(self, row, shard_bytes, layers, nets, tuning): ...
+
+
+class Everywhere(dict):
+    """One network for every exchange a step makes: the link one term of it crosses, whichever
+    method's model costs it (hvdps/cost/stragglers.py: a worker's own link, the servers')."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def __missing__(self, key):
+        return self.net
+
+    def get(self, key, default=None):
+        return self.net
 
 
 def summed_rates_step(steps):

@@ -24,6 +24,7 @@ from typing import Optional
 
 from hvdps import methods
 from hvdps.cost import schedule, stragglers
+from hvdps.cost.model import Everywhere
 from hvdps.cost.schedule import Scheduled, ps_time, ring_allreduce_time
 from hvdps.cost.shape import StepShape
 from common.formats.schemas import Layer
@@ -83,9 +84,10 @@ class Projected:
     efficiency: float
 
 
-def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, tuning=None,
+def project(layers, compute_s, workers, nets, shards=(1, 8), per_server=1, tuning=None,
             straggler_cv=0.0, measured=None, own=None, slow=None):
-    """Rows of projected step time and efficiency for each worker count and architecture.
+    """Rows of projected step time and efficiency for each worker count and architecture, each costed on
+    the network of ``nets`` ({network: AlphaBeta}) its own model picks (``CostModel.net``).
 
     ``own``: {label: (method, fit, mode)} for collective methods measured with a network of their own
     (TensorFlow's ring) or with a step of their own (local SGD): each adds rows by its method's step
@@ -119,6 +121,7 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, t
                               straggler_s=wait, step_s=step, efficiency=compute_s / step))
 
     rings, servers = methods.scheduler(collective=True), methods.scheduler(collective=False)
+    ring, ps = rings.net(nets), servers.net(nets)
     for n in workers:
         add(n, RING, rings.schedule(layers, compute_s, n, ring, tuning), RING)
         for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]:
@@ -128,11 +131,7 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, t
             scaled = dataclasses.replace(ring, bandwidth=ring.bandwidth * schedule.byteps_link_scale(n, k))
             add(n, label, rings.schedule(layers, compute_s, n, scaled, tuning), PS)
         for label, (method, net, mode) in (own or {}).items():
-            row = StepShape(workers=n, compute_s=compute_s, grad_bytes_per_step=grad, mode=mode)
-            step, _ = method.cost.projected_step(row, None, layers, net, ps, tuning)
-            t = method.cost.exchange_s(row, net, ps) or 0.0
-            add(n, label, Scheduled(step_s=step, comm_s=t, exposed_s=step - compute_s, buffers=0,
-                                    overlap=max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0),
+            add(n, label, _own_step(method, net, mode, layers, compute_s, n, grad, tuning),
                 RING if method.cost.collective else PS)
         for label, (overlap, collective) in (measured or {}).items():
             if collective:
@@ -143,6 +142,15 @@ def project(layers, compute_s, workers, ring, ps, shards=(1, 8), per_server=1, t
             add(n, label, Scheduled(step_s=step, comm_s=t, exposed_s=step - compute_s, buffers=0, overlap=overlap),
                 RING if collective else PS)
     return rows
+
+
+def _own_step(method, net, mode, layers, compute_s, n, grad, tuning):
+    """A method's own rows: its step model in ``mode`` on its own fit ``net``, as a schedule."""
+    row = StepShape(workers=n, compute_s=compute_s, grad_bytes_per_step=grad, mode=mode)
+    step, _ = method.cost.projected_step(row, None, layers, Everywhere(net), tuning)
+    t = method.cost.exchange_s(row, Everywhere(net)) or 0.0
+    return Scheduled(step_s=step, comm_s=t, exposed_s=step - compute_s, buffers=0,
+                     overlap=max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,19 +168,13 @@ class Checked:
     ratio: float
 
 
-def ring_of(method, ring, nets):
-    """The latency and bandwidth ``method``'s ring is costed with: its own fit (``nets``, by the
-    cost model's ``network``) where there is one, else the ring's."""
-    return (nets or {}).get(getattr(method.cost, "network", None)) or ring
-
-
-def run_exchange_s(row, ring, ps, nets=None):
+def run_exchange_s(row, nets):
     """The run's exchange time per step: measured where the backend times it, else the alpha-beta
     cost of its method (hvdps/methods.py)."""
     if row.exchange_s:
         return row.exchange_s, "measured"
     method = methods.lookup(row.backend)
-    t = method.cost.exchange_s(row, ring_of(method, ring, nets), ps) if method else None
+    t = method.cost.exchange_s(row, nets) if method else None
     return (t, "alpha-beta") if t is not None else (None, None)
 
 
@@ -189,12 +191,12 @@ def measured_overlap(row, exchange_s):
 TCP_GOODPUT = 1448 / 1514
 
 
-def projected_step(row, shard_bytes, layers, ring, ps, tuning, nets=None):
+def projected_step(row, shard_bytes, layers, nets, tuning):
     """(the step time the network model gives this run, how): its own compute, its gradient M, its
     worker count n and, for a method with server tasks, the bytes each holds (``RunRow.shard_bytes``), by
     its method's step model (hvdps/methods.py); (None, None) for a method this version lacks."""
     method = methods.lookup(row.backend)
     if method is None:
         return None, None
-    return method.cost.projected_step(row, shard_bytes, layers, ring_of(method, ring, nets), ps, tuning)
+    return method.cost.projected_step(row, shard_bytes, layers, nets, tuning)
 

@@ -102,21 +102,26 @@ class Ring:
                 hosts[h] = {"in": ring, "out": ring}
         return hosts
 
-    def exchange_s(self, row, ring, ps):
+    def net(self, nets):
+        """The latency and bandwidth this ring is costed with, of the projection's ``nets``
+        ({network: AlphaBeta}): its own fit (``network``) where there is one, else the ring's."""
+        return nets.get(self.network) or nets.get(RING_NETWORK)
+
+    def exchange_s(self, row, nets):
         """The alpha-beta time of one step's exchange with the ring's fitted network."""
-        grad, n = row.grad_bytes_per_step, row.workers or 1
+        grad, n, ring = row.grad_bytes_per_step, row.workers or 1, self.net(nets)
         if not grad or n < 2 or not ring:
             return None
         return schedule.ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha)
 
-    def projected_step(self, row, shard_bytes, layers, ring, ps, tuning):
-        terms = self.step_terms(row, shard_bytes, layers, ring, ps, tuning)
+    def projected_step(self, row, shard_bytes, layers, nets, tuning):
+        terms = self.step_terms(row, shard_bytes, layers, nets, tuning)
         return (None, None) if terms is None else (combine(row.compute_s, terms), self.how)
 
-    def step_terms(self, row, shard_bytes, layers, ring, ps, tuning):
+    def step_terms(self, row, shard_bytes, layers, nets, tuning):
         """{term: (with compute, seconds)}: the step is the longest of compute (where counted) plus
         each term (``combine``). The ring has one: the exchange left after back-propagation."""
-        n, compute, grad = row.workers, row.compute_s, row.grad_bytes_per_step
+        n, compute, grad, ring = row.workers, row.compute_s, row.grad_bytes_per_step, self.net(nets)
         if self.wait_free:
             return {"ring": (True, self.schedule(layers, compute, n, ring, tuning).step_s - compute)}
         if not grad:

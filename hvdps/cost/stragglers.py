@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from hvdps import methods
-from hvdps.cost.model import combine, summed_rates_step
+from hvdps.cost.model import Everywhere, combine, summed_rates_step
 from hvdps.cost.schedule import AlphaBeta
 
 Z95 = NormalDist().inv_cdf(0.95)
@@ -186,7 +186,7 @@ def _terms(cost, row, nets, roles, task, layers, tuning, shard_bytes):
     out = {}
     for kind in dict.fromkeys([*kinds.values(), "slowest"]):
         net = nets(kind, task)
-        terms = cost.step_terms(row, shard_bytes, layers, net, net, tuning)
+        terms = cost.step_terms(row, shard_bytes, layers, Everywhere(net), tuning)
         if terms is None:
             return None
         for name, term in terms.items():
