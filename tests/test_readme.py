@@ -112,6 +112,7 @@ def copy_venv(src, dst):
             os.chmod(path, mode)
 
 
+@pytest.mark.root              # with the walk-throughs it guards (tests/conftest.py: the readme group)
 @pytest.mark.parametrize("page", ["README.md", *PAGES])
 def test_blocks_are_bash_where_they_are_commands(page):
     """A command in a block not marked bash would escape the walk-throughs below."""

@@ -272,8 +272,8 @@ def test_the_suites_groups_reach_pytest_xdist():
     after another; pytest-xdist sees them only if they are marked before it reads them (its node
     ids then end in @group). A group it never saw costs the suite a copy of every shared job."""
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--dist", "loadgroup",
-                        "-rA", "tests/test_readme.py::test_readme_blocks_are_bash_where_they_are_commands"],
+                        "-rA", "tests/test_readme.py::test_blocks_are_bash_where_they_are_commands[README.md]"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "PASSED tests/test_readme.py::test_readme_blocks_are_bash_where_they_are_commands@readme" in r.stdout, \
+    assert "PASSED tests/test_readme.py::test_blocks_are_bash_where_they_are_commands[README.md]@readme" in r.stdout, \
         r.stdout[-3000:]
