@@ -279,6 +279,21 @@ def scheduler(collective):
                  if m.cost.collective == collective and getattr(m.cost, "schedules", False)), None)
 
 
+def schedulers():
+    """The cost models whose generic rows the projection draws, one per panel (``panel``: the first
+    method's in the registry's order that plays a step out layer by layer, ``schedules``)."""
+    found = {}
+    for m in _registry().values():
+        if getattr(m.cost, "schedules", False):
+            found.setdefault(m.cost.panel, m.cost)
+    return list(found.values())
+
+
+def panel_of(cost):
+    """The generic model of ``cost``'s panel: the one whose exchange a run's measured overlap is set on."""
+    return next((s for s in schedulers() if s.panel == cost.panel), None)
+
+
 def server_network():
     """The network the projection's generic parameter-server rows are costed on, as the methods
     with server tasks declare it (the ring's is ``RING_NETWORK``)."""

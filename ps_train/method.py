@@ -4,6 +4,7 @@ ParameterServerStrategy (``ps2``), both started by ``python -m ps_train.launch``
 parameter servers, with the report's wording and the wait the sync trainer measures, the CPU its
 tasks spend (``PSMethod.measures``) and the report's section on how the tasks split the model
 (ps_train/report.py)."""
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -13,6 +14,7 @@ from common.formats.schemas import read_launch_record
 from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskLauncher
 from hvdps.cost.model import Network, Option, combine, summed_rates_step
+from hvdps import methods
 from hvdps.methods import Method
 from ps_train.cluster import BACKUP, backups, base_mode
 from ps_train.placement import place_ps
@@ -141,6 +143,27 @@ class ParameterServers:
         return schedule.ps_time(n, grad, ps.bandwidth, ps.alpha, row.num_ps or 1)
 
     schedules = True        # the projection's generic PS rows are this model's schedule
+    panel = "parameter servers"
+
+    def generic_rows(self, layers, compute_s, n, nets, tuning, shards=(1, 8), per_server=1):
+        """[(label, Scheduled)]: the projection's server architectures at n workers: a fixed number of
+        PS shards each (``shards``), one PS per server (k = n / per_server, the layout that grows
+        with the cluster), and BytePS-style summation servers, the ring's schedule on the link its k
+        CPU servers leave each worker (BytePS, OSDI'20, section 3.1)."""
+        ps = self.net(nets)
+        rows = [(label, self.schedule(layers, compute_s, n, ps, tuning, shards=k, per_server=per_server))
+                for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]]
+        rings = methods.scheduler(collective=True)
+        ring = rings.net(nets)
+        for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
+            scaled = dataclasses.replace(ring, bandwidth=ring.bandwidth * schedule.byteps_link_scale(n, k))
+            rows.append((label, rings.schedule(layers, compute_s, n, scaled, tuning)))
+        return rows
+
+    def generic_exchange_s(self, n, grad, nets, shards=1, per_server=1):
+        """The alpha-beta time of one push and one pull of ``grad`` bytes through ``shards`` PS tasks."""
+        ps = self.net(nets)
+        return schedule.ps_time(n, grad, ps.bandwidth, ps.alpha, shards, per_server)
 
     def schedule(self, layers, compute_s, n, net, tuning, shards=1, per_server=1):
         """One step on ``net`` as the PS schedule plays it out (schedule.ps_step): ``shards`` PS tasks,

@@ -178,7 +178,7 @@ def test_the_projections_generic_rows_are_the_declaring_methods_schedule(collect
     layers = [Layer(name="dense/kernel", grad_bytes=4 * 784 * 100, flops=1)] + \
         [Layer(name=f"dense_{i}/kernel", grad_bytes=4 * 100 * 100, flops=1) for i in range(1, 7)]
     net = AlphaBeta(alpha=50e-6, bandwidth=1e8)
-    arch = projection.RING if collective else "PS k=8"
+    arch = cost.panel if collective else "PS k=8"        # the ring's generic row is named as its panel
     rows = lambda tuning: {r.arch: r for r in projection.project(layers, 1e-4, [16], Everywhere(net), shards=(8,),
                                                                   per_server=4, tuning=tuning)}
     default, tuned = methods.tuning(), methods.tuning(**{knob: changed})

@@ -330,12 +330,13 @@ def test_plot_two_families_and_coinciding_curves_once(tmp_path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    ring, ps = "ring all-reduce", "parameter servers"        # the panels: each row's cost model's
     rows = [pj.Projected(arch=a, family=f, workers=n, efficiency=e, comm_s=0.0, overlap=0.0, straggler_s=0.0,
                          step_s=1 / e) for n in (1, 2, 4) for a, f, e in (
-        ("ring all-reduce", pj.RING, 1 / n ** 0.1), ("PS k=1", pj.PS, 1 / n), ("PS, 1 per server", pj.PS, 1 / n),
-        ("PS k=1 (overlap of ps async x2: 0%)", pj.PS, 0.9 / n),
-        ("PS k=1 (overlap of ps sync x2: 0%)", pj.PS, 0.9 / n),
-        ("TF all-reduce (MWMS)", pj.RING, 0.8 / n))]
+        ("ring all-reduce", ring, 1 / n ** 0.1), ("PS k=1", ps, 1 / n), ("PS, 1 per server", ps, 1 / n),
+        ("PS k=1 (overlap of ps async x2: 0%)", ps, 0.9 / n),
+        ("PS k=1 (overlap of ps sync x2: 0%)", ps, 0.9 / n),
+        ("TF all-reduce (MWMS)", ring, 0.8 / n))]
     saved = {}
     real = plt.Figure.savefig
 

@@ -15,11 +15,10 @@ from common.base.procs import REPO
 from common.formats.schemas import read_cluster_description, read_comm, read_config
 from hvdps import methods
 from hvdps.cost import crossover, heldout, stragglers
-from hvdps.cost.ring import RING_NETWORK
 from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.measure.rows import kept_rates, load_run, measured_interval
 from hvdps.measure.runs import identity_of, load_of, run_record
-from hvdps.cost.projection import (RING, Checked, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
+from hvdps.cost.projection import (Checked, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
                                    project, projected_step, run_exchange_s, single_layer)
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
 from hvdps.measure.conditions import parse_stragglers
@@ -146,7 +145,7 @@ def from_runs(found, path, nets):
             continue
         label = method.cost.arch + f" (overlap of {r.backend}"
         label += f" {r.mode or ''} x{r.workers}: {ov:.0%})".replace("  ", " ")
-        measured[label] = (ov, method.cost.collective)
+        measured[label] = (ov, method.cost)
         notes.append(f"{r.name}: compute {1e3 * r.compute_s:.2f} ms, step "
                      f"{1e3 * r.step_s:.2f} ms, exchange {1e3 * t:.2f} ms ({how}) -> overlap {ov:.0%}")
     return compute, layers, measured, notes, [(r.backend, r.mode) for r in timed]
@@ -394,7 +393,7 @@ def networks(args, fits, source="--comm_json", cluster=None, tuning=None):
             raise UsageError(f"--project: cannot fit latency and bandwidth from {source}: {fit.error}; "
                              f"give the network as --bandwidth_gbps and --latency_us")
     if args.bandwidth_gbps is not None or args.latency_us is not None:
-        first = nets[RING_NETWORK]           # a flag not given: the ring's measured figure for it
+        first = next(iter(nets.values()))    # a flag not given: the first panel's (the ring's) measured figure
         if (args.bandwidth_gbps is None or args.latency_us is None) and not first:
             raise UsageError("--project needs both --bandwidth_gbps and --latency_us, or a --comm_json")
         bw = args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps is not None else first.bandwidth
@@ -412,8 +411,8 @@ def networks(args, fits, source="--comm_json", cluster=None, tuning=None):
 
 
 def generic_networks():
-    """The networks of the projection's generic rows: the ring's (``RING_NETWORK``) and the servers'."""
-    return (RING_NETWORK, methods.server_network())
+    """The networks of the projection's generic rows, each panel's cost model's (the ring's first)."""
+    return tuple(dict.fromkeys(model.network for model in methods.schedulers()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -462,11 +461,11 @@ def run_projection(args):
     if sick[0] or sick[1]:
         text += "\n".join(heldout_render.unhealthy_section(*sick)) + "\n"
     text += table(rows) + "\n"
-    ring_rows = [r for r in rows if r.arch == RING and r.workers > 1]
+    ring_rows = [r for r in rows if r.arch == methods.scheduler(collective=True).panel and r.workers > 1]
     if ring_rows:
         top = ring_rows[-1]
-        text += (f"\nRing all-reduce at {top.workers} workers: {top.overlap:.0%} of its exchange hides "
-                 f"behind back-propagation (wait-free schedule of this model's layers).\n")
+        text += (f"\n{top.arch[0].upper()}{top.arch[1:]} at {top.workers} workers: {top.overlap:.0%} of its exchange "
+                 f"hides behind back-propagation (wait-free schedule of this model's layers).\n")
     write_atomic(os.path.join(args.out, "projection.md"), text + "\n![projection](projection.png)\n")
     write_atomic(os.path.join(args.out, "projection.json"), dumps({
                        "grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": servers,

@@ -23,15 +23,12 @@ import dataclasses
 from typing import Optional
 
 from hvdps import methods
-from hvdps.cost import schedule, stragglers
+from hvdps.cost import stragglers
 from hvdps.cost.model import Everywhere
-from hvdps.cost.schedule import Scheduled, ps_time, ring_allreduce_time
+from hvdps.cost.schedule import Scheduled
 from hvdps.cost.shape import StepShape
 from common.formats.schemas import Layer
 from common.model.layer_profile import load_profiles
-
-
-RING, PS = "ring all-reduce", "parameter servers"     # the projection's two families: a panel each
 
 
 def efficiency(compute, comm, overlap=0.0):
@@ -73,7 +70,7 @@ def single_layer(grad_bytes):
 class Projected:
     """One architecture at one worker count: the step (compute, the exposed exchange, the wait for
     the slowest worker), the exchange's own time and the share of it hidden, and the efficiency
-    (compute / step). ``family``: the plot's panel (``RING`` or ``PS``)."""
+    (compute / step). ``family``: the plot's panel, its cost model's (``CostModel.panel``)."""
     workers: int
     arch: str
     family: str
@@ -93,19 +90,16 @@ def project(layers, compute_s, workers, nets, shards=(1, 8), per_server=1, tunin
     (TensorFlow's ring) or with a step of their own (local SGD): each adds rows by its method's step
     model (hvdps/methods.py) in that mode, on that fit.
 
-    The generic rows of each architecture are the schedule of the method that plays it out
-    (hvdps/methods.py: ``scheduler``), with the knobs that method declares read off ``tuning`` (their
-    defaults if None): the ring's fusion buffer and cycle (Horovod's), the PS variable placement and
-    GPUs per worker task (the PS trainers'). PS rows: a fixed number of shards each (``shards``), and
-    one PS per server (k = n / per_server), the layout that grows with the cluster. ``workers``
-    counts GPUs.
+    The generic rows are each panel's cost model's (hvdps/methods.py: ``schedulers``; ``generic_rows``):
+    the ring's wait-free schedule, the parameter servers' at a fixed number of shards each (``shards``)
+    and at one PS per server (k = n / per_server), BytePS-style summation servers, each with the knobs
+    its method declares read off ``tuning`` (their defaults if None). ``workers`` counts GPUs.
     ``slow``: {rank: F}, workers whose compute is F times slower than the others' (where n has
     that rank); with ``straggler_cv``, the per-worker step distribution a synchronous step waits
     for the slowest of (hvdps/cost/stragglers.py).
-    ``measured``: {arch label: (overlap, collective)} from runs; each adds rows where that
-    overlap is applied to the alpha-beta exchange time (the ring's if the method is collective,
-    else the PS's) instead of the schedule. Every row names its family (``RING`` or ``PS``),
-    the panel the plot draws it in.
+    ``measured``: {arch label: (overlap, the run's cost model)} from runs; each adds rows where that
+    overlap is applied to the alpha-beta exchange time of its panel's generic model
+    (``generic_exchange_s``) instead of the schedule. Every row names its panel (``family``).
     """
     grad = sum(x.grad_bytes for x in layers)
     rows = []
@@ -120,27 +114,18 @@ def project(layers, compute_s, workers, nets, shards=(1, 8), per_server=1, tunin
         rows.append(Projected(workers=n, arch=arch, family=family, comm_s=res.comm_s, overlap=res.overlap,
                               straggler_s=wait, step_s=step, efficiency=compute_s / step))
 
-    rings, servers = methods.scheduler(collective=True), methods.scheduler(collective=False)
-    ring, ps = rings.net(nets), servers.net(nets)
     for n in workers:
-        add(n, RING, rings.schedule(layers, compute_s, n, ring, tuning), RING)
-        for label, k in [(f"PS k={k}", k) for k in shards] + [("PS, 1 per server", -(-n // per_server))]:
-            add(n, label, servers.schedule(layers, compute_s, n, ps, tuning, shards=k, per_server=per_server), PS)
-        for label, k in (("BytePS k=n/2", max(1, n // 2)), ("BytePS k=n", n)):
-            # BytePS: the ring's schedule on the link its k servers leave each worker (OSDI'20, 3.1)
-            scaled = dataclasses.replace(ring, bandwidth=ring.bandwidth * schedule.byteps_link_scale(n, k))
-            add(n, label, rings.schedule(layers, compute_s, n, scaled, tuning), PS)
+        for model in methods.schedulers():
+            for label, res in model.generic_rows(layers, compute_s, n, nets, tuning, shards, per_server):
+                add(n, label, res, model.panel)
         for label, (method, net, mode) in (own or {}).items():
-            add(n, label, _own_step(method, net, mode, layers, compute_s, n, grad, tuning),
-                RING if method.cost.collective else PS)
-        for label, (overlap, collective) in (measured or {}).items():
-            if collective:
-                t = ring_allreduce_time(n, grad, ring.bandwidth, ring.alpha)
-            else:
-                t = ps_time(n, grad, ps.bandwidth, ps.alpha, shards[0], per_server)
+            add(n, label, _own_step(method, net, mode, layers, compute_s, n, grad, tuning), method.cost.panel)
+        for label, (overlap, cost) in (measured or {}).items():
+            generic = methods.panel_of(cost)
+            t = generic.generic_exchange_s(n, grad, nets, shards[0], per_server)
             step = compute_s + (1 - overlap) * t
             add(n, label, Scheduled(step_s=step, comm_s=t, exposed_s=step - compute_s, buffers=0, overlap=overlap),
-                RING if collective else PS)
+                generic.panel)
     return rows
 
 

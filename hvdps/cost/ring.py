@@ -81,6 +81,19 @@ class Ring:
         """A wait-free ring's step is played out layer by layer (its fusion buffer and cycle)."""
         return self.wait_free
 
+    panel = "ring all-reduce"      # the projection's panel for this family, and its generic row's name
+
+    def generic_rows(self, layers, compute_s, n, nets, tuning, shards=(1,), per_server=1):
+        """[(label, Scheduled)]: the projection's generic row of the ring at n workers, this model's
+        schedule on its network."""
+        return [(self.panel, self.schedule(layers, compute_s, n, self.net(nets), tuning))]
+
+    def generic_exchange_s(self, n, grad, nets, shards=1, per_server=1):
+        """The alpha-beta time of the ring's exchange of ``grad`` bytes: what a run's measured overlap
+        is applied to in the projection."""
+        net = self.net(nets)
+        return schedule.ring_allreduce_time(n, grad, net.bandwidth, net.alpha)
+
     def schedule(self, layers, compute_s, n, net, tuning, **layout):
         """One step on ``net`` as the wait-free ring plays it out (schedule.ring_step): the layers'
         gradients packed into fusion buffers each background cycle, with the fusion buffer and cycle

@@ -4,7 +4,6 @@ import json
 import textwrap
 
 from common.base.files import write_atomic
-from hvdps.cost.projection import PS, RING
 
 
 def table(rows):
@@ -19,15 +18,15 @@ def table(rows):
 
 
 def plot(rows, path, title):
-    """Two panels, ring all-reduce and parameter servers, so neither family's lines hide the other's;
-    the curves with an overlap measured in the user's runs are dashed beside the schedule's."""
+    """A panel per family of the rows (each cost model's ``panel``: ring all-reduce, parameter servers),
+    in the order they first appear, so no family's lines hide another's; the curves with an overlap
+    measured in the user's runs are dashed beside the schedule's."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     archs = list(dict.fromkeys(r.arch for r in rows))
     family = {r.arch: r.family for r in rows}
-    families = [(RING, [a for a in archs if family[a] == RING]), (PS, [a for a in archs if family[a] == PS])]
-    families = [(name, members) for name, members in families if members]
+    families = [(name, [a for a in archs if family[a] == name]) for name in dict.fromkeys(family.values())]
     fig, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 4.5), squeeze=False, sharey=True)
     workers = sorted({r.workers for r in rows})
     for (family, members), ax in zip(families, axes[0]):
