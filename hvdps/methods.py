@@ -144,7 +144,7 @@ def check_entry(method, module):
                 n for n in ("collective", "arch", "network", "polls", "link_terms", "options", "lockstep", "waits_for",
                             "unwaited_step", "steps_per_exchange", "wait_points", "continues_without", "predict_links",
                             "exchange_s", "step_terms",
-                            "projected_step", "net") if not hasattr(method.cost, n)) + " missing)")
+                            "projected_step", "net", "split_roles") if not hasattr(method.cost, n)) + " missing)")
         if method.cost is not None and getattr(method.cost, "collective", False) and not hasattr(method.cost, "exact"):
             problems.append("is collective without saying whether it is an exact ring (Ring.exact)")
         for mode in method.modes:

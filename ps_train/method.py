@@ -132,6 +132,13 @@ class ParameterServers:
                     hosts[h]["in"] += moved
         return hosts
 
+    def split_roles(self, roles):
+        """(the PS tasks' hosts, the workers' hosts) of a job's {task: host}; TF2's coordinator
+        (``chief``) is neither: it trains nothing and serves nothing."""
+        servers = [h for t, h in roles.items() if t.startswith("ps:")]
+        workers = [h for t, h in roles.items() if not t.startswith(("ps:", "chief:"))]
+        return servers, workers
+
     def net(self, nets):
         """The latency and bandwidth the PS exchange is costed with: the PS network's fit."""
         return nets.get(self.network)

@@ -89,12 +89,14 @@ def row(backend, mode, n=2, sps=1000.0, name=None, compute=0.01, num_ps=None, st
                   grad_bytes_per_step=M, samples_per_sec_median=sps, num_ps=num_ps, step_s=step)
 
 
-def links(rates, roles, bps=8e6):
-    return s.link_networks(0.0, rates, roles, bps, 1.0)
-
-
 RING_ROLES = {"rank:0": "a", "rank:1": "b"}
 PS_ROLES = {"ps:0": "p", "worker:0": "a", "worker:1": "b"}
+
+
+def links(rates, roles, bps=8e6):
+    """The links of a ring's ranks or of a PS job's tasks, split into servers and workers by that
+    family's cost model (bare MPI's ring, classic PS)."""
+    return s.link_networks(0.0, rates, roles, bps, 1.0, methods.get("ps" if roles is PS_ROLES else "mpi").cost)
 
 
 @pytest.mark.parametrize("backend, mode, roles, rates, expected", [

@@ -301,7 +301,8 @@ def unhealthy_check(found, path, healthy_path, layers, tuning):
         what = ", ".join(x for x in (unhealthy.what if unhealthy else None, linked) if x)
 
         def nets_of(c, r):
-            return stragglers.link_networks(c.latency_s, c.rates, r.roles, c.rate_bps, TCP_GOODPUT)
+            return stragglers.link_networks(c.latency_s, c.rates, r.roles, c.rate_bps, TCP_GOODPUT,
+                                            methods.lookup(r.backend).cost)
 
         own = cluster
         if unhealthy is not None and unhealthy.rate_bps:       # a slow link, run by run (--slow_link)

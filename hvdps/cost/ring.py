@@ -115,6 +115,11 @@ class Ring:
                 hosts[h] = {"in": ring, "out": ring}
         return hosts
 
+    def split_roles(self, roles):
+        """(the hosts of its server tasks, its workers' hosts) of a job's {task: host}: a ring has no
+        servers, and every rank is a worker."""
+        return [], list(roles.values())
+
     def net(self, nets):
         """The latency and bandwidth this ring is costed with, of the projection's ``nets``
         ({network: AlphaBeta}): its own fit (``network``) where there is one, else the ring's."""

@@ -276,15 +276,15 @@ def measured_term(row, compute_s, nets, measured_s, layers=None, tuning=None, sh
     return {name: rest / seconds} if seconds > 0 and rest > 0 else {}
 
 
-def link_networks(alpha, rates, roles, default_bps, goodput):
+def link_networks(alpha, rates, roles, default_bps, goodput, cost):
     """``nets`` for ``job_step`` on an emulated cluster: {host: rate} (cluster.json ``rates``) and the
-    run's {task: host}; a link's alpha-beta is its rate at TCP's goodput and the cluster's latency."""
+    run's {task: host}, split into its servers' and its workers' hosts by the method's cost model
+    (``CostModel.split_roles``); a link's alpha-beta is its rate at TCP's goodput and the cluster's latency."""
     def rate(host):
         return (rates or {}).get(host, default_bps)
 
     hosts = dict(roles or {})
-    servers = [h for t, h in hosts.items() if t.startswith("ps:")]
-    workers = [h for t, h in hosts.items() if not t.startswith(("ps:", "chief:"))]
+    servers, workers = cost.split_roles(hosts)
 
     def nets(kind, task):
         if kind == "own" and task in hosts:
