@@ -125,13 +125,26 @@ def cluster_conditions(args):
     return found
 
 
-def plan_runs(args, trainer_args, cores, remote=None):
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """What the flags ask for, parsed once: every configuration (``Shape``) and every cluster it runs
+    on (None healthy, then each condition)."""
+    shapes: tuple
+    conditions: tuple
+
+
+def asked_of(args):
+    return Asked(tuple(run_shapes(args)), tuple(cluster_conditions(args)))
+
+
+def plan_runs(args, trainer_args, cores, remote=None, asked=None):
     """Every run in the order it goes: each shape on each cluster (healthy, then each slow or stalled
     worker), and with --repeat N all of them N times, the order reversed on every other pass
-    (hvdps/measure/repeats.py)."""
+    (hvdps/measure/repeats.py). ``asked``: the flags' Asked, parsed here if not given."""
     runs = []
     repeats = getattr(args, "repeat", 1)
-    shapes = [(shape, c) for shape in run_shapes(args) for c in cluster_conditions(args)
+    asked = asked or asked_of(args)
+    shapes = [(shape, c) for shape in asked.shapes for c in asked.conditions
               if c is None or c.applies_to(shape.identity.workers)]
     for k, (shape, condition) in alternating(shapes, repeats):
         identity = dataclasses.replace(shape.identity, condition=condition.label if condition else None,
@@ -147,13 +160,13 @@ def plan_runs(args, trainer_args, cores, remote=None):
     return runs
 
 
-def check_memory_fits(args, cfg, available):
+def check_memory_fits(args, cfg, available, shapes=None):
     """Refuse runs whose tasks, all on this machine, would not fit in the memory ``available``
     now (None: not known): the largest run's tasks each count TF_PROCESS_BYTES plus the config's
     own estimate (common/spec/config.py: memory_estimate). Runs one after another, so the largest counts."""
     if available is None:
         return
-    largest = max(run_shapes(args), key=lambda shape: shape.processes)
+    largest = max(shapes or run_shapes(args), key=lambda shape: shape.processes)
     name, procs = largest.identity.name, largest.processes
     per_task = TF_PROCESS_BYTES + sum(b for _, b, _ in memory_estimate(cfg))
     if procs * per_task > available:
@@ -301,7 +314,7 @@ def compare(args, parser):
     """The comparison the parsed flags ask for: checks, the runs (or the runs found with --from), the report."""
     cfg = from_args(args)
     args.out = cfg.train_dir
-    validate(args, cfg)
+    asked = validate(args, cfg)
     if not args.dry_run:
         check_out(args.out, args.from_dirs)
         take_folder(args.out, "--out")           # a second comparison into it is refused, the first untouched
@@ -311,8 +324,8 @@ def compare(args, parser):
     else:
         remote = make_remote(args)
         links = load_links(args.links) if args.links else None
-        check_plan(args, remote, links)
-        runs = plan_runs(args, argv_of(args, parser, skip=COMPARE_FLAGS), os.cpu_count() or 1, remote)
+        check_plan(args, asked, remote, links)
+        runs = plan_runs(args, argv_of(args, parser, skip=COMPARE_FLAGS), os.cpu_count() or 1, remote, asked)
         if args.dry_run:
             print_plan(runs)
             return 0
@@ -323,9 +336,11 @@ def compare(args, parser):
 
 
 def validate(args, cfg):
-    """Every refusal the flags and the data can meet, before --out is taken or any run starts."""
+    """Every refusal the flags and the data can meet, before --out is taken or any run starts: what the
+    flags ask for (Asked; None with --from, which plans nothing)."""
     parse_workers(args.num_ps, "--num_ps")
-    for c in cluster_conditions(args):       # --straggler, --stall, --slow_link refused before --out is taken
+    found = cluster_conditions(args)
+    for c in found:                          # --straggler, --stall, --slow_link refused before --out is taken
         if isinstance(c, conditions.SlowLink) and not args.from_dirs:
             conditions.link_of(c, load_links(args.links) if args.links else None)
     check_finite("run_timeout", args.run_timeout)
@@ -335,19 +350,21 @@ def validate(args, cfg):
         raise UsageError("--resume does not apply to hvdps compare: it starts fresh runs in --out; continue "
                          "one run with its trainer's command (the first line of runs/<name>.log) and --resume")
     if args.from_dirs:
-        return
+        return None
+    asked = Asked(tuple(run_shapes(args)), tuple(found))
     # a plug-in's training step (Keras 3 under the classic PS)
-    check_plugin(cfg, graph_mode=any(get_launcher(b).graph_mode for b, _ in parse_variants(args.backends)))
-    for n in sorted(set(parse_workers(args.workers)), reverse=True):   # the same refusal every run would meet,
-        check_input(cfg, n)             # once, before any starts (a dry run too): the most workers first
+    check_plugin(cfg, graph_mode=any(get_launcher(s.identity.method).graph_mode for s in asked.shapes))
+    for n in sorted({s.identity.workers for s in asked.shapes}, reverse=True):  # the same refusal every run would
+        check_input(cfg, n)             # meet, once, before any starts (a dry run too): the most workers first
     if not args.hosts and not args.dry_run:    # every task on this machine
-        check_memory_fits(args, cfg, available_memory())
+        check_memory_fits(args, cfg, available_memory(), asked.shapes)
+    return asked
 
 
-def check_plan(args, remote, links):
+def check_plan(args, asked, remote, links):
     """What the plan's shape refuses: more tasks than one machine runs, a slowed worker across hosts
     that are not hvdps emulate's."""
-    largest = max(run_shapes(args), key=lambda shape: shape.processes)   # tasks: workers and PS
+    largest = max(asked.shapes, key=lambda shape: shape.processes)   # tasks: workers and PS
     name, most = largest.identity.name, largest.processes
     if not remote and most > MAX_LOCAL_WORKERS:     # before any port is reserved (--hosts: its slots)
         raise UsageError(f"run {name}: {most} tasks, more than the {MAX_LOCAL_WORKERS} one machine runs "
