@@ -48,6 +48,9 @@ $(STAMP): setup.py Makefile hvdps/install/stack.py $(METHOD_INSTALLS) $(wildcard
 	@for step in $(METHOD_INSTALLS); do $(BIN)/python $$step --install || exit 1; done
 	@echo "== installing hvdps and test tools"
 	@$(BIN)/pip install -q -e ".[test]"
+	@# the checkout itself on sys.path, beside pip's editable map of today's packages: a new method package
+	@# (<name>_train/, which hvdps/methods.py finds by its folder) imports without installing again
+	@echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/hvdps-checkout.pth"
 	@echo "== building the bind shim (local servers listen on loopback / their own address only)"
 	@cc -shared -fPIC -O2 -Wall -o common/native/libhvdps_bind.so common/native/bind_to.c -ldl
 	@for step in $(METHOD_INSTALLS); do $(BIN)/python $$step --verify || exit 1; done

@@ -64,6 +64,9 @@ class Method:
     # what ``measures`` returns: a frozen dataclass whose fields are results.csv's columns of its own
     # (after the shared ones), None where it measures nothing more
     measured: type = None
+    # the call a run's measured exchange (its summary's exchange_s, where its trainer times one) was
+    # timed inside, as the report names it
+    exchange_timed: str = "MPI_Allreduce"
 
     @property
     def modes(self):

@@ -464,9 +464,9 @@ INPUT_FLOOR_S = 1e-3  # when the wait is also longer than the iterator call itse
 
 
 def _details(r):
-    text = ""
+    text, method = "", methods.lookup(r.backend)
     if r.exchange_s is not None:
-        text += f"; measured inside MPI_Allreduce: {_ms(r.exchange_s)}"
+        text += f"; measured inside {method.exchange_timed if method else 'its exchange'}: {_ms(r.exchange_s)}"
     if r.input_s is not None and r.input_share is not None:
         text += (f"; compute includes waiting for the next batch: {100 * r.input_share:.0f}% of the step "
                  f"({_ms(r.input_s)})")
@@ -476,7 +476,6 @@ def _details(r):
                      "cores per worker")
     if r.bytes_per_step_per_worker:
         text += f"; {r.bytes_per_step_per_worker:,.0f} bytes on the wire per worker step"
-    method = methods.lookup(r.backend)
     text += method.details(r) if method else ""
     if r.oversubscribed:
         text += " (oversubscribed: contention included)"
