@@ -45,8 +45,8 @@ PEAK = ("import resource, subprocess, sys\n"
 def launch(variant, workers, flags, out, env, pin=True, measure_peak=False):
     backend, mode = variant
     launcher = get_launcher(backend)
-    num_ps = 1 if launcher.server_tasks(1) else 0
-    argv = launcher.command(workers, [*flags, "--train_dir", out], mode=mode, num_ps=num_ps, pin_cores=pin)
+    argv = launcher.command(workers, [*flags, "--train_dir", out], mode=mode, tasks=launcher.default_tasks(),
+                            pin_cores=pin)
     if measure_peak:
         argv = [sys.executable, "-c", PEAK, *argv]
     p = subprocess.run(argv, capture_output=True, text=True, env={**env, **launcher.env()}, cwd=REPO, timeout=3600)

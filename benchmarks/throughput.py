@@ -27,7 +27,7 @@ from common.base.flags import Parser  # noqa: E402
 from hvdps.measure.rows import load_run  # noqa: E402
 from common.base.procs import child_env  # noqa: E402
 from common.formats.schemas import read_launch_record  # noqa: E402
-from hvdps.methods import get_launcher  # noqa: E402
+from hvdps.methods import add_task_flags, get_launcher  # noqa: E402
 
 MODELS = {   # synthetic data shape, classes, per-worker batch, steps (global-batch steps), warm-up
     "mlp": (["--image_shape", "28,28,1", "--num_classes", "10"], 64, 400, 20),
@@ -36,7 +36,7 @@ MODELS = {   # synthetic data shape, classes, per-worker batch, steps (global-ba
 }
 
 
-def command(backend, mode, workers, num_ps, model, out, batch=None, steps=None, warm=None, mpi_yield=False):
+def command(backend, mode, workers, tasks, model, out, batch=None, steps=None, warm=None, mpi_yield=False):
     """The comparison's own launch line (hvdps.launchers), pinned to one core per worker."""
     shape, batch0, steps0, warm0 = MODELS[model]
     batch, steps, warm = batch or batch0, steps or steps0, warm or warm0
@@ -45,7 +45,7 @@ def command(backend, mode, workers, num_ps, model, out, batch=None, steps=None, 
              "--synthetic_samples", "512", "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false",
              "--train_dir", out]
     launcher = get_launcher(backend, mpi_yield=mpi_yield)
-    return launcher.command(workers, flags, mode=mode, num_ps=num_ps, pin_cores=True), launcher.env()
+    return launcher.command(workers, flags, mode=mode, tasks=tasks, pin_cores=True), launcher.env()
 
 
 @cli
@@ -53,7 +53,7 @@ def main():
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,cnn,resnet50")
     ap.add_argument("--backends", default="horovod:sync,ps:async,ps:sync")
-    ap.add_argument("--num_ps", default="1", help="PS task counts to try, e.g. 1,2")
+    add_task_flags(ap)                  # the methods' own, as hvdps compare takes them (--num_ps 1,2)
     ap.add_argument("--batch", type=int, default=None, help="per-worker batch for every model (default: per model)")
     ap.add_argument("--steps", type=int, default=None, help="global-batch steps per run")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps excluded from throughput")
@@ -67,11 +67,11 @@ def main():
         for model in args.models.split(","):
             for variant in args.backends.split(","):
                 backend, _, mode = variant.partition(":")
-                servers = get_launcher(backend).server_tasks(1)      # 0: no PS tasks to vary
-                for num_ps in ([int(x) for x in args.num_ps.split(",")] if servers else [0]):
+                for tasks in get_launcher(backend).task_choices(args):
+                    num_ps = sum(n for _, n in tasks)                # the results' key: 0 for workers only
                     for workers in (1, 2):
                         out = os.path.join(tmp, f"{model}-{backend}-{mode}-ps{num_ps}-w{workers}")
-                        argv, extra_env = command(backend, mode or "sync", workers, num_ps, model, out, args.batch,
+                        argv, extra_env = command(backend, mode or "sync", workers, tasks, model, out, args.batch,
                                        args.steps, args.warmup, args.mpi_yield)
                         p = subprocess.run(argv, capture_output=True, text=True, env={**env, **extra_env}, cwd=REPO,
                                            timeout=1800)

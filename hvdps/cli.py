@@ -16,7 +16,7 @@ a method added as a package is a subcommand with no edit here. Each subcommand i
 ``main``: the same flags, checks and exit codes as ``python horovod_train/main.py`` or
 ``python -m ps_train.launch``, which keep working, as do ``horovodrun -np 4 python
 horovod_train/main.py`` and ``mpirun ... python mpi_train/main.py``.
-Every flag takes its underscore spelling (``--num_ps``, ``--dry_run``) and the hyphenated one alike.
+Every flag takes its underscore spelling (``--dry_run``, ``--run_timeout``) and the hyphenated one alike.
 """
 import importlib
 import sys

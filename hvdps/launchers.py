@@ -17,6 +17,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 
+from common.base.flags import counts
 from common.base.procs import REPO, launcher_rank, loopback_only_env
 from common.launch.remote import take_slots
 from common.spec.config import argv_of
@@ -92,25 +93,47 @@ class PodPlan:
     ends: str = "worker"
 
 
+@dataclass(frozen=True)
+class TaskFlag:
+    """A flag of a method's own that sizes one role of its jobs' tasks besides the workers (the parameter
+    servers' count, ps_train/method.py): hvdps compare and hvdps k8s take it (``--DEST 1,2`` runs each count), and the
+    method's launcher is told the chosen counts as ``tasks``. Methods that share a flag declare it alike."""
+    dest: str
+    role: str
+    label: str                   # what the report calls its tasks: "2 PS"
+    help: str
+    default: str = "1"
+
+
 class Launcher:
     graph_mode = False           # trains TF1 graphs: no Keras 3 plug-in (common/spec/keras3.py)
     trainer_flags = ()           # what the method's trainer is told besides the user's flags (hvdps train)
+    task_flags = ()              # TaskFlag: the roles besides the workers whose counts the flags choose
+    coordinators = 0             # processes every job starts besides its workers and those tasks (a chief)
 
     def __init__(self, mpi_yield=False):
         # mpi_yield_when_idle: a rank waiting in MPI yields its core instead of spinning on it
         # (MPI launchers only; the benchmarks ask every launcher alike).
         self.mpi_yield = mpi_yield
 
-    def server_tasks(self, num_ps):
-        """Processes a job starts besides its workers (parameter servers); 0 for all-reduce."""
-        return 0
+    def task_choices(self, args):
+        """Every ``tasks`` the parsed flags ask this method's runs to start besides the workers, each
+        ((role, count), ...) in ``task_flags`` order: one () for a method that starts workers only
+        (hvdps/measure/identity.py: RunId.tasks)."""
+        choices = [()]
+        for flag in self.task_flags:
+            choices = [(*c, (flag.role, n)) for c in choices for n in getattr(args, flag.dest)]
+        return choices
 
-    def task_roles(self, num_ps):
-        """The tasks besides the workers that a run is named and told apart by, by role (("ps", 2));
-        () for all-reduce (hvdps/measure/identity.py: RunId.tasks)."""
-        return ()
+    def default_tasks(self):
+        """The tasks a job starts when no flag chooses them: each task flag's first default count."""
+        return tuple((flag.role, counts(flag.default)[0]) for flag in self.task_flags)
 
-    def roles(self, hosts, workers, num_ps, placement):
+    def processes(self, workers, tasks):
+        """The processes a job of ``workers`` workers and ``tasks`` starts."""
+        return workers + sum(n for _, n in tasks) + self.coordinators
+
+    def roles(self, hosts, workers, tasks, placement):
         """{task: host} of a job across ``hosts`` ([(host, slots)]), as the report names them:
         one rank per slot, in host order (mpirun's ``-H``, the task launchers' workers). A method
         whose tasks have roles places them itself (ps_train's PSLauncher)."""
@@ -127,9 +150,10 @@ class Launcher:
         stalled worker is applied to (hvdps/measure/unhealthy.py)."""
         raise NotImplementedError
 
-    def command(self, workers, trainer_argv, mode=None, num_ps=1, pin_cores=False, python=sys.executable,
+    def command(self, workers, trainer_argv, mode=None, tasks=(), pin_cores=False, python=sys.executable,
                 remote=None):
-        """argv that starts ``workers`` training processes with ``trainer_argv``.
+        """argv that starts ``workers`` training processes with ``trainer_argv``, and the ``tasks``
+        besides them ((role, count), ...: ``task_choices``).
 
         ``pin_cores``: one core per worker and one TensorFlow thread each, for
         scaling benchmarks where every worker must get the same CPU budget.
@@ -146,7 +170,7 @@ class Launcher:
         """The trainer flags a mode stands for (a PS job's --sync, local SGD's --local_steps K)."""
         return []
 
-    def pods(self, workers, trainer_argv, mode=None, num_ps=1):
+    def pods(self, workers, trainer_argv, mode=None, tasks=()):
         """The job as Kubernetes runs it (a PodPlan): what each pod runs, from the image's folder."""
         raise NotImplementedError
 
@@ -172,7 +196,7 @@ class MPIRunLauncher(Launcher):
     def worker_of(self, environ, argv):
         return launcher_rank(environ, default=None)      # the rank mpirun (or srun) gave the process
 
-    def command(self, workers, trainer_argv, mode=None, num_ps=0, pin_cores=False, python=sys.executable,
+    def command(self, workers, trainer_argv, mode=None, tasks=(), pin_cores=False, python=sys.executable,
                 remote=None):
         bind = ["-bind-to", "core", "-map-by", "core"] if pin_cores else ["-bind-to", "none", "-map-by", "slot"]
         threads = ["--threads_per_worker", "1"] if pin_cores else []
@@ -194,7 +218,7 @@ class MPIRunLauncher(Launcher):
         return [mpirun, "-np", str(workers), *flags, *(a for name in exported for a in ("-x", name)),
                 python, main, *argv]
 
-    def pods(self, workers, trainer_argv, mode=None, num_ps=0):
+    def pods(self, workers, trainer_argv, mode=None, tasks=()):
         """An MPIJob: the launcher pod's mpirun over the workers the operator lists in its hostfile,
         one slot each, from the image's folder; root inside the image, as the operator's own
         examples run."""
@@ -214,11 +238,11 @@ class TaskLauncher(Launcher):
     def launch_entry(self, name):
         return self.module, list(self.trainer_flags)  # the method's own launch module
 
-    def launcher_argv(self, workers, mode, num_ps):
-        """The launcher's own flags for a job of ``workers`` workers."""
+    def launcher_argv(self, workers, mode, tasks):
+        """The launcher's own flags for a job of ``workers`` workers and ``tasks``."""
         return ["--num_workers", str(workers)]
 
-    def command(self, workers, trainer_argv, mode=None, num_ps=1, pin_cores=False, python=sys.executable,
+    def command(self, workers, trainer_argv, mode=None, tasks=(), pin_cores=False, python=sys.executable,
                 remote=None):
         pin = ["--pin_workers", "--threads_per_worker", "1"] if pin_cores else []
         where = []
@@ -229,17 +253,16 @@ class TaskLauncher(Launcher):
             where += ["--port", str(remote.port)]
             if remote.rsh_given:
                 where += ["--rsh", shlex.join(remote.agent)]
-        return [python, "-u", "-m", self.module, *self.launcher_argv(workers, mode, num_ps), *pin, *where,
+        return [python, "-u", "-m", self.module, *self.launcher_argv(workers, mode, tasks), *pin, *where,
                 *trainer_argv]
 
-    def tf_tasks(self, workers, num_ps):
-        """{TensorFlow role: tasks} of a job: workers only (an all-reduce cluster); a method with
-        server tasks lists them too."""
-        return {"worker": workers}
+    def tf_tasks(self, workers, tasks):
+        """{TensorFlow role: tasks} of a job: its ``tasks`` by role, then the workers."""
+        return {**dict(tasks), "worker": workers}
 
     ends = "worker"              # the role whose tasks end the job (TF2's PS: its coordinator, the chief)
 
-    def pods(self, workers, trainer_argv, mode=None, num_ps=1):
+    def pods(self, workers, trainer_argv, mode=None, tasks=()):
         """A JobSet: one pod per task, every pod the method's trainer with the flags every task of
         the job gets (they differ only in the task, which each pod takes from its JobSet's variables:
         tf_cluster/jobset.py), checked by the trainer's own parser. The local launcher's checks
@@ -248,7 +271,7 @@ class TaskLauncher(Launcher):
         parser = importlib.import_module(f"{package}.main").make_parser()
         args = parser.parse_args([*self.trainer_flags, *self.mode_argv(mode), *trainer_argv])
         main = package.replace(".", "/") + "/main.py"
-        return PodPlan("JobSet", self.tf_tasks(workers, num_ps), ("python", main, *argv_of(args, parser)), self.ends)
+        return PodPlan("JobSet", self.tf_tasks(workers, tasks), ("python", main, *argv_of(args, parser)), self.ends)
 
     def worker_of(self, environ, argv):
         task = task_of(environ, argv)                    # TensorFlow's task: TF_CONFIG or its flags

@@ -35,6 +35,7 @@ import os
 from dataclasses import dataclass, field
 
 from common.base.errors import UsageError
+from common.base.flags import counts
 from common.base.procs import REPO
 from common.formats.schemas import RECORDS, Strict
 from hvdps.cost.model import CostModel, Option
@@ -301,6 +302,44 @@ def server_network():
     """The network the projection's generic parameter-server rows are costed on, as the methods
     with server tasks declare it (the ring's is ``RING_NETWORK``)."""
     return next((m.cost.network for m in _registry().values() if not m.cost.collective), None)
+
+
+@functools.lru_cache(maxsize=None)
+def task_flags():
+    """Every ``TaskFlag`` the methods' launchers declare (hvdps/launchers.py), once each by its flag:
+    two methods may share one (the parameter servers' two APIs' count), not declare it twice,
+    differently."""
+    out = {}
+    for method in _registry().values():
+        for flag in method.launcher.task_flags:
+            if out.setdefault(flag.dest, flag) != flag:
+                raise RuntimeError(f"{method.package}: task flag --{flag.dest} is declared twice, differently")
+    return tuple(out.values())
+
+
+def add_task_flags(group):
+    """The methods' task flags on a command's parser (hvdps compare, hvdps k8s), each a list of counts
+    parsed where it is read (``common.base.flags.counts``)."""
+    for flag in task_flags():
+        group.add_argument(f"--{flag.dest}", type=counts, default=flag.default, help=flag.help)
+
+
+def task_flag_dests():
+    """The task flags' names on a parsed command line: what is not passed on to the trainers."""
+    return tuple(flag.dest for flag in task_flags())
+
+
+def fewer_tasks():
+    """What a refusal for too many tasks suggests: fewer workers or fewer of each method's tasks."""
+    return " or ".join(["fewer --workers", *(f"--{flag.dest}" for flag in task_flags())])
+
+
+def tasks_said(backend, tasks):
+    """A run's tasks besides its workers as the report says them, by its method's task flags' labels
+    ("2 PS"), the role's own name where no flag labels it; "" for a run of workers only."""
+    method = lookup(backend)
+    labels = {flag.role: flag.label for flag in (method.launcher.task_flags if method else ())}
+    return ", ".join(f"{n} {labels.get(role, role)}" for role, n in tasks)
 
 
 def lookup(name):

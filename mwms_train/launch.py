@@ -93,7 +93,7 @@ def parse_args(argv):
     if args.resume:              # refused here, before a task starts
         check_train_dir(cfg)
         check_resume_compatible(cfg, args.train_dir, types.SimpleNamespace(
-            name="mwms", mode="sync", world_size=args.num_workers, num_ps=0))
+            name="mwms", mode="sync", world_size=args.num_workers, tasks={}))
     return args, p
 
 

@@ -45,6 +45,7 @@ class PSBackend(Backend):
         self.sync = sync
         self.mode = mode_name(sync, backup_workers)     # backupK: sync with K backup workers
         self.num_ps = len(cluster["ps"])
+        self.tasks = {"ps": self.num_ps}
         self.replica_list = replicas(cluster)
         self.world_size = len(self.replica_list)
         if backup_workers:                       # K backups: an update waits for the first N - K

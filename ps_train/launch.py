@@ -166,7 +166,7 @@ def parse_args(argv):
     if args.resume:              # refused here, before a task starts or launch.json is written
         v2 = args.ps_api == "v2"
         job = types.SimpleNamespace(name="ps2" if v2 else "ps", mode=mode_name(args.sync and not v2, args.backup_workers),
-                                    world_size=args.num_workers, num_ps=args.num_ps)
+                                    world_size=args.num_workers, tasks={"ps": args.num_ps})
         check_train_dir(cfg)
         check_resume_compatible(cfg, args.train_dir, job)
     return args, p

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 from common.base.errors import UsageError
 from common.formats.schemas import read_launch_record
 from hvdps.cost import fits, schedule
-from hvdps.launchers import TaskLauncher
+from hvdps.launchers import TaskFlag, TaskLauncher
 from hvdps.cost.model import Network, Option, combine, summed_rates_step
 from hvdps import methods
 from hvdps.methods import Method
@@ -147,7 +147,7 @@ class ParameterServers:
         grad, n, ps = row.grad_bytes_per_step, row.workers or 1, self.net(nets)
         if not grad or not ps:
             return None
-        return schedule.ps_time(n, grad, ps.bandwidth, ps.alpha, row.num_ps or 1)
+        return schedule.ps_time(n, grad, ps.bandwidth, ps.alpha, num_ps(row.tasks))
 
     schedules = True        # the projection's generic PS rows are this model's schedule
     panel = "parameter servers"
@@ -166,6 +166,18 @@ class ParameterServers:
             scaled = dataclasses.replace(ring, bandwidth=ring.bandwidth * schedule.byteps_link_scale(n, k))
             rows.append((label, rings.schedule(layers, compute_s, n, scaled, tuning)))
         return rows
+
+    def tasks_at(self, shards):
+        """The tasks of a job whose model is split over ``shards`` PS tasks (a shape no one ran)."""
+        return (("ps", shards),)
+
+    def shard_bytes_at(self, layers, grad, shards):
+        """{PS task: the bytes it holds} of ``grad`` over ``shards`` PS tasks, by the trainers' split
+        placement of ``layers`` (schedule.place_variables), evenly where the layers are not known."""
+        if not layers:
+            return {f"ps:{i}": grad / shards for i in range(shards)}
+        loads, _ = schedule.place_variables(layers, shards, "split")
+        return {f"ps:{i}": b for i, b in enumerate(loads)}
 
     def generic_exchange_s(self, n, grad, nets, shards=1, per_server=1):
         """The alpha-beta time of one push and one pull of ``grad`` bytes through ``shards`` PS tasks."""
@@ -199,7 +211,7 @@ class ParameterServers:
         if not grad:
             return None
         shards = (shard_bytes or {}).values()       # {PS task: model bytes it holds}, header ps_shard_bytes
-        shard = max(shards) if shards else grad / (row.num_ps or 1)
+        shard = max(shards) if shards else grad / num_ps(row.tasks)
         ps = self.net(nets)
         bw, alpha = ps.bandwidth, ps.alpha
         busiest = n * shard / bw
@@ -209,32 +221,36 @@ class ParameterServers:
         return {"own link": own, "PS link": (False, busiest + alpha)}
 
 
+NUM_PS = TaskFlag("num_ps", "ps", "PS", "parameter-server tasks of PS runs; 1,2 runs each PS variant with 1 and with 2 "
+                   "shards")
+
+
+def num_ps(tasks):
+    """The PS tasks of a job's ``tasks`` ({role: count} or its items: ``Launcher.task_choices``), 1 when not given."""
+    return dict(tasks).get("ps", 1)
+
+
 class PSLauncher(TaskLauncher):
     """``python -m ps_train.launch``: the PS tasks and the workers, here or across --hosts."""
     module = "ps_train.launch"
     placement = True
     graph_mode = True
+    task_flags = (NUM_PS,)
 
-    def server_tasks(self, num_ps):
-        return num_ps
-
-    def task_roles(self, num_ps):
-        return (("ps", num_ps),)
-
-    def roles(self, hosts, workers, num_ps, placement):
+    def roles(self, hosts, workers, tasks, placement):
         """The PS tasks, the workers and TF2's coordinator where ps_train.launch puts them."""
-        placed = place_ps(hosts, workers, num_ps, placement, chief=self.server_tasks(num_ps) > num_ps)
+        placed = place_ps(hosts, workers, num_ps(tasks), placement, chief=self.coordinators > 0)
         return {f"{role}:{i}": h for role in ("ps", "worker", "chief") for i, h in enumerate(placed.get(role, []))}
 
-    def tf_tasks(self, workers, num_ps):
-        return {"ps": num_ps, "worker": workers}
+    def tf_tasks(self, workers, tasks):
+        return {"ps": num_ps(tasks), "worker": workers}
 
     def mode_argv(self, mode):
         extra = ["--backup_workers", str(backups(mode))] if backups(mode) else []
         return [f"--{base_mode(mode) or 'async'}", *extra]
 
-    def launcher_argv(self, workers, mode, num_ps):
-        return ["--num_ps", str(num_ps), "--num_workers", str(workers), *self.mode_argv(mode)]
+    def launcher_argv(self, workers, mode, tasks):
+        return ["--num_ps", str(num_ps(tasks)), "--num_workers", str(workers), *self.mode_argv(mode)]
 
 
 class PS2Launcher(PSLauncher):
@@ -243,15 +259,13 @@ class PS2Launcher(PSLauncher):
     graph_mode = False
     trainer_flags = ("--ps_api", "v2")
     ends = "chief"               # the coordinator ends the job; it releases the PS tasks and workers
+    coordinators = 1
 
-    def tf_tasks(self, workers, num_ps):
-        return {"chief": 1, **super().tf_tasks(workers, num_ps)}
+    def tf_tasks(self, workers, tasks):
+        return {"chief": 1, **super().tf_tasks(workers, tasks)}
 
-    def server_tasks(self, num_ps):
-        return num_ps + 1
-
-    def launcher_argv(self, workers, mode, num_ps):
-        return [*super().launcher_argv(workers, mode, num_ps), *self.trainer_flags]
+    def launcher_argv(self, workers, mode, tasks):
+        return [*super().launcher_argv(workers, mode, tasks), *self.trainer_flags]
 
 
 def _cpu_at(series, t):
@@ -328,7 +342,7 @@ def per_ps_bytes(header, summary):
     if per_worker is None or header is None or not header.mode or not header.world_size:
         return None
     pushes = header.world_size if base_mode(header.mode) == "sync" else 1
-    return int(per_worker * pushes / max(1, header.num_ps or 1))
+    return int(per_worker * pushes / num_ps(header.tasks))
 
 
 @dataclass(frozen=True)
@@ -376,7 +390,7 @@ class PSMethod(Method):
     def measures(self, run_dir, curves, summary, interval):
         header = curves.header
         cpu = ps_cpu_seconds(run_dir, interval)
-        share = cpu / (max(1, (header.num_ps if header else None) or 1) * (interval[1] - interval[0])) \
+        share = cpu / ((num_ps(header.tasks) if header else 1) * (interval[1] - interval[0])) \
             if cpu is not None else None
         return PSMeasured(wait_per_worker_s=wait_per_worker(curves.steps), ps_cpu_s=cpu, ps_cpu_share=share,
                           dropped_gradients=getattr(summary, "dropped_gradients", None),

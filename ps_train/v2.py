@@ -72,6 +72,7 @@ class StrategyBackend(Backend):
             raise UsageError("--ps_api v2 needs at least one worker task (--worker_hosts)")
         self.cluster, self.job, self.index = cluster, job, index
         self.num_ps = len(cluster["ps"])
+        self.tasks = {"ps": self.num_ps}
         self.world_size = len(cluster["worker"])     # the training tasks; the chief only coordinates
         self.is_chief = job == "chief"
         self.rank = 0 if self.is_chief else -1

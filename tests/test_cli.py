@@ -115,8 +115,8 @@ CASES = [
     (COMPARE, ["--workers", "0"], {}, "error: --workers expects positive numbers"),
     (COMPARE, ["--workers", "a,b"], {}, "error: --workers expects numbers like 1,2,4"),
     (COMPARE, ["--run_timeout", "-5"], {}, "error: --run_timeout must be positive, got -5.0"),
-    (COMPARE, ["--num_ps", "0"], {}, "error: --num_ps expects positive numbers, got '0'"),
-    (COMPARE, ["--num_ps", "1,x"], {}, "error: --num_ps expects numbers like 1,2,4, got '1,x'"),
+    (COMPARE, ["--num_ps", "0"], {}, "error: argument --num_ps: expected counts from 1 to 1048576 like 1,2,4, got '0'"),
+    (COMPARE, ["--num_ps", "1,x"], {}, "error: argument --num_ps: expected numbers like 1,2,4, got '1,x'"),
     (COMPARE, ["--from", "{tmp}/junkrun"], {}, "error: {tmp}/junkrun/metrics.jsonl:4: backend: field required"),
     (COMPARE, ["--learning_rate", "inf"], {}, "error: --learning_rate must be a finite number, got inf"),
     (PROJECT, ["--bandwidth_gbps", "nan", "--latency_us", "10"], {}, "error: --bandwidth_gbps must be a finite"),
@@ -130,6 +130,9 @@ CASES = [
     (PROJECT, ["--comm_json", "/nope"], {}, "error: --comm_json /nope: no such file"),
     (HOSTS, ["{tmp}/binary"], {}, "error: {tmp}/binary: not a text file"),
     (HOSTS, ["{tmp}/inventory", "--port", "65535"], {}, "error: --port 65535: host a needs ports up to 65536"),
+    (HOSTS, ["{tmp}/inventory", "--tasks", "worker=2"], {},
+     "error: argument --tasks: 'worker=2': expected ROLE=N with ROLE one of chief, ps, evaluator"),
+    (HOSTS, ["{tmp}/inventory", "--tasks", "ps=0"], {}, "error: argument --tasks: 'ps=0': expected ps=N once, N from 1 to 4096"),
     (HOSTS, ["{tmp}/badslots"], {}, "error: {tmp}/badslots:1: slots must be a positive integer, got 'two'"),
     (HOSTS, ["/nope"], {}, "error: /nope: cannot read hostfile"),
     (HOSTS, ["{tmp}/maxslots"], {}, "error: {tmp}/maxslots:1: slots=4 is more than max_slots=1"),
@@ -269,7 +272,7 @@ CASES = [
     (LAUNCH, ["--resume", "--train_dir", "{tmp}/ps1run", "--num_workers", "1", "--sync"], {},
      "error: --resume: {tmp}/ps1run was trained with mode async, this job has sync"),
     (LAUNCH, ["--resume", "--train_dir", "{tmp}/ps1run", "--num_workers", "1", "--num_ps", "2"], {},
-     "error: --resume: {tmp}/ps1run was trained with PS tasks 1, this job has 2"),
+     "error: --resume: {tmp}/ps1run was trained with tasks besides the workers ps=1, this job has ps=2"),
     (LAUNCH, ["--resume", "--train_dir", "{tmp}/ps1run", "--num_workers", "1", "--ps_api", "v2"], {},
      "error: --resume: {tmp}/ps1run was trained with backend ps, this job has ps2"),
     (PS, [*PS_FLAGS, "--resume", "--train_dir", "{tmp}/ps1run", "--sync"], {},
@@ -353,7 +356,7 @@ CASES = [
     (K8S, [*IMAGE, "--backends", "nope"], {}, "error: unknown backend 'nope'"),
     (K8S, [*IMAGE, "--port", "0"], {}, "error: --port must be in [1, 65535], got 0"),
     (K8S, [*IMAGE, "--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
-    (K8S, [*IMAGE, "--backends", "ps", "--num_ps", "0"], {}, "error: --num_ps"),
+    (K8S, [*IMAGE, "--backends", "ps", "--num_ps", "0"], {}, "error: argument --num_ps"),
     (K8S, [*IMAGE, "--kubernetes_version", "2"], {}, "error: --kubernetes_version '2': expected 1.MINOR.PATCH"),
     (K8S, [*IMAGE, "--backends", "ps", "--workers", "70000"], {}, "error: run ps-async-w70000-ps1: 70000 worker tasks, "
                                                                  "more than the 65536 a role takes"),
@@ -409,9 +412,9 @@ def files(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "fiforun").mkdir()
     os.mkfifo(tmp_path / "fiforun" / "metrics.jsonl")
-    for name, header in (("hvd2run", dict(backend="horovod", mode="sync", world_size=2, num_ps=0)),
-                         ("ps1run", dict(backend="ps", mode="async", world_size=1, num_ps=1)),
-                         ("otherdata", dict(backend="horovod", mode="sync", world_size=1, num_ps=0,
+    for name, header in (("hvd2run", dict(backend="horovod", mode="sync", world_size=2)),
+                         ("ps1run", dict(backend="ps", mode="async", world_size=1, tasks={"ps": 1})),
+                         ("otherdata", dict(backend="horovod", mode="sync", world_size=1,
                                             data_fingerprint="0" * 64))):
         (tmp_path / name / "checkpoints").mkdir(parents=True)
         (tmp_path / name / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-10"\n')
@@ -422,14 +425,14 @@ def files(tmp_path):
     os.symlink(tmp_path / "outside" / "target", tmp_path / "linkrun" / "metrics.jsonl")
     (tmp_path / "okrun").mkdir()
     (tmp_path / "okrun" / "metrics.jsonl").write_text(
-        json.dumps(dict(type="header", backend="horovod", mode="sync", world_size=1, num_ps=0)) + "\n" +
+        json.dumps(dict(type="header", backend="horovod", mode="sync", world_size=1)) + "\n" +
         json.dumps(dict(type="summary", status="ok", throughput={"median": 10.0})) + "\n")
     (tmp_path / "hangrun").mkdir()                # a recorded run whose model plug-in now hangs on import
     config = Config(train_dir=str(tmp_path / "hangrun")).to_dict()        # Config would import the plug-in
     config["model"] = str(tmp_path / "hangs_on_import.py") + ":build"
     (tmp_path / "hangrun" / "config.json").write_text(json.dumps(config))
     (tmp_path / "hangrun" / "metrics.jsonl").write_text(
-        json.dumps(dict(type="header", backend="horovod", mode="sync", world_size=2, num_ps=0)) + "\n" +
+        json.dumps(dict(type="header", backend="horovod", mode="sync", world_size=2)) + "\n" +
         json.dumps(dict(type="summary", status="ok", throughput={"median": 10.0},
                         breakdown={"step_s": 0.01, "compute_s": 0.008, "overhead_s": 0.002})) + "\n")
     (tmp_path / "reported").mkdir()
@@ -747,7 +750,7 @@ def _recorded_run(folder, backend="horovod"):
     from common.spec.plan import make_plan
     w = MetricsWriter(str(folder))
     cfg = make_config()
-    w.header(cfg, backend, "sync", 2, 1 if backend == "ps" else 0, make_plan(cfg, 1000, 2, 2))
+    w.header(cfg, backend, "sync", 2, {"ps": 1} if backend == "ps" else {}, make_plan(cfg, 1000, 2, 2))
     w.step(10, 640, 0.5, 100.0)
     w.eval(1, 10, 0.3, 0.95, target=0.9)
     w.summary("ok", 10, 1280, throughput_stats([100, 110, 90]), 0.3, 0.95, 1000,

@@ -17,10 +17,10 @@ from common.trainer.metrics import MetricsWriter, throughput_stats
 from tests.conftest import BIN, REPO, VALID_BACKENDS, check_timeline, run
 
 
-def fake_run(d, backend, mode, workers, rates, accs, num_ps=0):
+def fake_run(d, backend, mode, workers, rates, accs, tasks=None):
     w = MetricsWriter(str(d))
     cfg = make_config()
-    w.header(cfg, backend, mode, workers, num_ps, make_plan(cfg, 1000, workers, workers))
+    w.header(cfg, backend, mode, workers, tasks or {}, make_plan(cfg, 1000, workers, workers))
     for i, a in enumerate(accs):
         w.eval(i + 1, 10 * (i + 1), 1.0 - a, a, target=0.9)
     w.summary("ok", 40, 1280, throughput_stats(rates), 1.0 - accs[-1], accs[-1], 1000)
@@ -39,7 +39,7 @@ def test_from_lists_the_runs_in_the_order_they_were_launched(tmp_path, launched,
     """A report rebuilt with --from lists its runs as the live comparison did."""
     for backend, at in launched.items():
         fake_run(tmp_path / "runs" / f"{backend}-w2", backend, {"ps": "async"}.get(backend, "sync"), 2,
-                 [1000] * 3, [0.95], num_ps=int(backend == "ps"))
+                 [1000] * 3, [0.95], tasks={"ps": 1} if backend == "ps" else None)
         if at is not None:
             (tmp_path / "runs" / f"{backend}-w2" / "compare_run.json").write_text(
                 json.dumps({"seconds": 1.0, "launched_at": 1.7e9 + at, "exit_code": 0}))
@@ -50,8 +50,8 @@ def test_from_lists_the_runs_in_the_order_they_were_launched(tmp_path, launched,
 def test_report_values(tmp_path):
     runs = [fake_run(tmp_path / "a", "horovod", "sync", 1, [1000, 1000, 1000], [0.5, 0.95]),
             fake_run(tmp_path / "b", "horovod", "sync", 2, [1800, 1800, 1800], [0.6, 0.96]),
-            fake_run(tmp_path / "c", "ps", "async", 1, [900, 900], [0.4, 0.92], num_ps=1),
-            fake_run(tmp_path / "d", "ps", "async", 2, [900, 900], [0.4, 0.92], num_ps=1),
+            fake_run(tmp_path / "c", "ps", "async", 1, [900, 900], [0.4, 0.92], tasks={"ps": 1}),
+            fake_run(tmp_path / "d", "ps", "async", 2, [900, 900], [0.4, 0.92], tasks={"ps": 1}),
             PlannedRun("ps", "sync", 2, str(tmp_path / "missing"), outcome=Outcome(1, error="error: boom"))]
     rows = collect(runs)
     by = {(r.backend, r.mode, r.workers): r for r in rows}

@@ -39,7 +39,7 @@ def test_the_nearest_shard_count_is_the_fewest_within_one_percent():
 
 
 def run(backend, mode, n, step, k=None, compute=0.001):
-    return RunRow(run_dir=f"runs/{backend}-{mode}-w{n}", backend=backend, mode=mode, workers=n, num_ps=k,
+    return RunRow(run_dir=f"runs/{backend}-{mode}-w{n}", backend=backend, mode=mode, workers=n, tasks=(("ps", k),) if k else (),
                   step_s=step, compute_s=compute, grad_bytes_per_step=1000.0, model="mlp")
 
 
@@ -90,7 +90,7 @@ def test_each_line_takes_the_compute_measured_at_the_nearest_worker_count():
     seen = {}
 
     def spy(row, shard_bytes):
-        seen[(row.backend, row.workers, row.num_ps)] = row.compute_s
+        seen[(row.backend, row.workers, dict(row.tasks).get("ps", 1))] = row.compute_s
         return 1.0
     runs = [run("horovod", "sync", 2, 0.05, compute=0.002), run("horovod", "sync", 8, 0.05, compute=0.008),
             run("ps", "async", 2, 0.05, 1, compute=0.003)]

@@ -149,7 +149,7 @@ def test_six_workers_and_two_split_ps_tasks_on_eight_hosts(tmp_path):
     rows = {(r["backend"], r["mode"]): r for r in json.load(open(out / "results.json"))["rows"]}
     ring, ps = rows[("horovod", "sync")], rows[("ps", "sync")]
     assert ring["status"] == ps["status"] == "ok", (ring, ps)
-    assert ring["workers"] == ps["workers"] == 6 and ps["num_ps"] == 2
+    assert ring["workers"] == ps["workers"] == 6 and ps["tasks"] == "ps=2"
     model, n, k = ring["grad_bytes_per_step"], 6, 2
     # Each link's bytes over the 20 measured rounds, from counters read every 0.25 s (a PS round here
     # is about 0.3 s): a round's traffic either side of the interval is 5%, headers add 4-5%.

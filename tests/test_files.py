@@ -111,7 +111,7 @@ def test_report_replaces_planted_links(tmp_path):
         plant(out / name, target)
     (tmp_path / "ok").mkdir()
     (tmp_path / "ok" / "metrics.jsonl").write_text(
-        json.dumps(dict(type="header", backend="horovod", mode="sync", world_size=1, num_ps=0)) + "\n" +
+        json.dumps(dict(type="header", backend="horovod", mode="sync", world_size=1)) + "\n" +
         json.dumps(dict(type="summary", status="ok", throughput={"median": 10.0})) + "\n")
     write_report(collect(runs_from_dirs([str(tmp_path / "ok")])), str(out), {}, {})
     assert target.read_text() == "keep me"

@@ -183,7 +183,7 @@ def test_every_reader_takes_or_refuses_in_one_line(tmp_path_factory, reader, val
 
 
 # A PS run's records with the fields ps_train/records.py declares, read with the registry's fields
-PS_METRIC = [dict(METRIC[0], backend="ps", num_ps=1, ps_shard_bytes={"ps:0": 4000},
+PS_METRIC = [dict(METRIC[0], backend="ps", tasks={"ps": 1}, ps_shard_bytes={"ps:0": 4000},
                   placement={"dense/kernel": ["/job:ps/task:0"]}),
              dict(METRIC[1], worker_steps=[5, 5], sync_wait_total_s=[0.1, 0.2], lost_workers=[]),
              METRIC[2], dict(METRIC[3], dropped_gradients=3, worker_steps=[9, 10])]

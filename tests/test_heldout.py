@@ -20,11 +20,11 @@ def model(row):
 def two_links(row):
     """A sync PS model: a worker's own link (push M, pull M: 100 ms) or the busiest of k PS links
     (every worker's copy of its 1/k each way: 100 ms x n / k), whichever is longer."""
-    return {"own link": (True, 0.1), "PS link": (True, 0.1 * row.workers / row.num_ps)}
+    return {"own link": (True, 0.1), "PS link": (True, 0.1 * row.workers / dict(row.tasks)["ps"])}
 
 
 def run(backend, mode, n, step, compute=0.002, num_ps=None, busy=None):
-    return RunRow(run_dir=f"runs/{backend}-{mode}-w{n}", backend=backend, mode=mode, workers=n, num_ps=num_ps,
+    return RunRow(run_dir=f"runs/{backend}-{mode}-w{n}", backend=backend, mode=mode, workers=n, tasks=(("ps", num_ps),) if num_ps else (),
                   model="mlp", step_s=step, compute_s=compute, cores_busy=busy)
 
 
@@ -125,7 +125,7 @@ def test_a_link_factor_fitted_where_the_link_bound_predicts_where_it_binds_later
     def measured(n, k):
         return 0.002 + max(1.2 * 0.1, 0.9 * 0.1 * n / k)
     rows = [run("ps", "sync", n, measured(n, k), num_ps=k) for k in (1, 4) for n in (2, 4, 16)]
-    got = {(e.num_ps, e.workers): e for e in heldout.analyse(rows, two_links)}
+    got = {(dict(e.tasks)["ps"], e.workers): e for e in heldout.analyse(rows, two_links)}
     assert got[4, 16].factors == {"own link": pytest.approx(1.2), "PS link": pytest.approx(0.9)}
     assert got[4, 2].binding == "own link" and got[4, 16].binding == "PS link"
     assert got[4, 16].predicted_step_s == pytest.approx(0.002 + 0.9 * 0.4) and got[4, 16].held_out

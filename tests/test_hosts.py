@@ -4,7 +4,7 @@ import pytest
 
 from common.base.errors import UsageError
 from common.launch.hosts import parse_host_list, parse_hostfile, parse_hostfile_text, to_mpi_hostfile
-from tf_cluster.spec import parse_cluster_spec, parse_tf_config, to_cluster_spec, tf_configs
+from tf_cluster.spec import parse_cluster_spec, parse_tf_config, role_counts, to_cluster_spec, tf_configs
 
 
 @pytest.mark.parametrize("text, hosts", [
@@ -79,10 +79,31 @@ def test_tf_config_bad(text, message):
         parse_tf_config(text)
 
 
+@pytest.mark.parametrize("text, roles, cluster", [
+    ("ps=1,chief=1", (("ps", 1), ("chief", 1)), {"ps": ["a:2222"], "chief": ["a:2223"], "worker": ["b:2222", "b:2223"]}),
+    ("ps=2", (("ps", 2),), {"ps": ["a:2222", "a:2223"], "worker": ["b:2222", "b:2223"]}),   # worker 0 is chief
+    ("chief=1", (("chief", 1),), {"chief": ["a:2222"], "worker": ["a:2223", "b:2222", "b:2223"]}),
+])
+def test_a_cluster_holds_the_tasks_asked_on_the_first_slots(text, roles, cluster):
+    assert role_counts(text) == roles
+    assert to_cluster_spec([("a", 2), ("b", 2)], roles, port=2222) == cluster
+
+
+@pytest.mark.parametrize("text, message", [
+    ("ps=3,chief=1", "4 slots cannot hold 3 ps, 1 chief and at least one worker"),
+    ("ps=1,ps=2", "expected ps=N once"),
+    ("ps", "expected ps=N once"),
+    ("gpu=1", "expected ROLE=N with ROLE one of chief, ps, evaluator"),
+])
+def test_a_cluster_that_cannot_be_is_refused(text, message):
+    with pytest.raises(UsageError, match=message):
+        to_cluster_spec([("a", 2), ("b", 2)], role_counts(text))
+
+
 def test_inventory_conversions():
     hosts = [("a", 2), ("b", 2)]
     assert to_mpi_hostfile(hosts) == "a slots=2\nb slots=2\n"
-    cluster = to_cluster_spec(hosts, num_ps=1, port=2222)
+    cluster = to_cluster_spec(hosts, (("ps", 1), ("chief", 1)), port=2222)
     assert cluster == {"ps": ["a:2222"], "chief": ["a:2223"], "worker": ["b:2222", "b:2223"]}
     configs = tf_configs(cluster)
     assert len(configs) == 4

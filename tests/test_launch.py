@@ -182,7 +182,7 @@ def test_closing_line_says_why(tmp_path):
     (run_dir / "checkpoints" / "model.ckpt-10.data-00000-of-00001").write_bytes(b"\0" * 64)
     (run_dir / "config.json").write_text(Config(train_dir=str(run_dir)).to_json())
     (run_dir / "metrics.jsonl").write_text(json.dumps({"type": "header", "backend": "ps", "mode": "async",
-                                                       "world_size": 2, "num_ps": 1}) + "\n")
+                                                       "world_size": 2, "tasks": {"ps": 1}}) + "\n")
     r = py("-m", "ps_train.launch", "--num_ps", "1", "--num_workers", "2", "--resume",
            "--train_dir", str(run_dir), timeout=180)
     assert r.returncode == 2

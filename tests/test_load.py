@@ -132,11 +132,11 @@ def test_a_cpu_hog_beside_a_comparison_marks_it_shared_and_alone_it_is_not(tmp_p
 ])
 def test_the_verdict_names_what_its_runs_measured_besides_the_method(shared, others, hypervisor, oversubscribed, says,
                                                                      never):
-    from hvdps.measure.rows import RunRow
+    from hvdps.measure.rows import Load, RunRow
     from hvdps.render.report import verdicts
     rows = [RunRow(run_dir="runs/horovod-sync-w2", status="ok", model="mlp", backend="horovod", mode="sync",
-                   workers=2, samples_per_sec_median=900.0, shared=shared, others_cores=others,
-                   hypervisor_cores=hypervisor, machine_cores=2),
+                   workers=2, samples_per_sec_median=900.0,
+                   load=Load(shared=shared, others_cores=others, hypervisor_cores=hypervisor, machine_cores=2)),
             RunRow(run_dir="runs/ps-async-w2", status="ok", model="mlp", backend="ps", mode="async", workers=2,
                    samples_per_sec_median=800.0, oversubscribed=oversubscribed)]
     (text,) = verdicts(rows)

@@ -103,7 +103,7 @@ def test_the_crossover_draws_it_but_sets_the_ps_against_the_exact_rings():
     """Local SGD at k = 8 is faster than every ring here, but it is not a drop-in for them: the ring
     side stays bare MPI's, and local SGD is one more line."""
     def row(backend, mode, step, k=None):
-        return RunRow(run_dir=f"runs/{backend}-{mode}", backend=backend, mode=mode, workers=2, num_ps=k,
+        return RunRow(run_dir=f"runs/{backend}-{mode}", backend=backend, mode=mode, workers=2, tasks=(("ps", k),) if k else (),
                       step_s=step, compute_s=0.001, grad_bytes_per_step=1000.0, model="mlp")
     rows = [row("mpi", "sync", 0.050), row("localsgd", "8", 0.010), row("ps", "sync", 0.040, 1)]
     [w] = cx.analyse(rows, lambda r, shards: 0.02)

@@ -60,7 +60,8 @@ def test_every_entry_is_whole(name):
     for mode in m.modes:
         assert m.label(mode) != f"{name} {mode}" and m.overhead[mode]
         assert m.overhead_parts(mode, alone=False, measured_wait=False)[0]
-    assert (m.launcher().server_tasks(2) == 0) == m.cost.collective
+    launcher = m.launcher()
+    assert (launcher.processes(2, launcher.default_tasks()) == 2) == m.cost.collective
     # hvdps compare --help lists it from its own declaration, every mode or the mode's form by name
     from hvdps.commands.compare import backends_help
     said = m.modes_help()
@@ -267,4 +268,4 @@ def test_a_mode_says_how_many_workers_a_step_waits_for(backend, mode, workers, l
     method = methods.lookup(backend)
     assert method.label(mode) == label and method.cost.waits_for(mode, workers) == waits
     if argv is not None:
-        assert method.launcher().launcher_argv(workers, mode, 1)[4:] == argv
+        assert method.launcher().launcher_argv(workers, mode, (("ps", 1),))[4:] == argv

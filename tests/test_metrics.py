@@ -15,7 +15,7 @@ from tests.conftest import read_records
 def test_round_trip(tmp_path):
     cfg = make_config(batch_size=8)
     w = MetricsWriter(str(tmp_path))
-    w.header(cfg, "horovod", "sync", 2, 0, make_plan(cfg, 1000, 2, 2))
+    w.header(cfg, "horovod", "sync", 2, {}, make_plan(cfg, 1000, 2, 2))
     w.step(10, 160, 1.5, 100.0)
     w.eval(1, 10, 1.2, 0.5, target=0.9)
     w.eval(2, 20, 0.4, 0.93, target=0.9)
@@ -163,7 +163,7 @@ def test_a_ps_tasks_bytes_per_update_are_the_ps_methods_measure(mode, workers, n
     wire = ps_wire({"dense_bytes": 1000, "sparse_bytes": 0, "sparse_table_bytes": 0})
     assert wire["bytes_per_step_per_worker"] == 2000 and set(wire) == {"bytes_per_step_per_worker", "wire_rule"}
     batches = 1 if mode == "async" else workers - backups(mode)
-    header = Header(type="header", backend="ps", mode=mode, world_size=workers, num_ps=num_ps,
+    header = Header(type="header", backend="ps", mode=mode, world_size=workers, tasks={"ps": num_ps},
                     batch_size_per_worker=32, global_batch_size=32 * batches)
     split = {"step_s": 0.1, "compute_s": 0.05, "overhead_s": 0.05, **wire}
     records = {"wire": {"wire": wire}, "breakdown": {"breakdown": split}, "both": {"wire": wire, "breakdown": split},
@@ -198,7 +198,7 @@ SERIES = {"ps:0": [[T0 - 5, 3.0], [T0 + 2, 4.0], [T0 + 4, 5.0], [T0 + 6, 6.0], [
     (None, None),                                                            # not started by the launcher
 ])
 def test_ps_cpu_over_the_measured_interval_only(tmp_path, launch, cpu):
-    records = [{"type": "header", "backend": "ps", "mode": "async", "world_size": 1, "num_ps": 2,
+    records = [{"type": "header", "backend": "ps", "mode": "async", "world_size": 1, "tasks": {"ps": 2},
                 "start_time": T0},
                {"type": "step", "global_step": 4, "samples_seen": 128, "loss": 1.0, "wall_time": 2.0, "samples_per_sec": None},   # warm-up
                {"type": "step", "global_step": 8, "samples_seen": 256, "loss": 1.0, "wall_time": 4.0, "samples_per_sec": 100.0},

@@ -220,7 +220,7 @@ def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None, mode=
     cfg = make_config(model="cnn", batch_size=32, train_dir=str(d))
     cfg.save(str(d))
     w = MetricsWriter(str(d))
-    w.header(cfg, backend, mode, workers, num_ps, make_plan(cfg, 1000, workers, workers))
+    w.header(cfg, backend, mode, workers, {"ps": num_ps} if num_ps else {}, make_plan(cfg, 1000, workers, workers))
     rate = workers * 32 / step_s
     split = {"step_s": step_s, "compute_s": compute_s, "overhead_s": step_s - compute_s,
              "overhead_share": (step_s - compute_s) / step_s}
@@ -368,11 +368,11 @@ B, A, M, C = 6e6, 1e-4, 300_000, 0.001     # bytes/s, seconds, gradient bytes, c
     ("ps", "async", 2, {"ps:0": M}, C + 2 * (M / B + A)),
     ("ps2", "async", 3, {"ps:0": M}, 3 * M / B + A),
     ("ps2", "async", 3, {"ps:0": M // 2, "ps:1": M // 2}, C + 2 * (M / B + A)),
-    # no shard sizes in the header: the gradient split evenly over num_ps
+    # no shard sizes in the header: the gradient split evenly over the PS tasks
     ("ps", "async", 4, None, 4 * M / B + A),
 ])
 def test_projected_step_per_backend(backend, mode, n, shards, expected):
-    row = StepShape(backend=backend, mode=mode, workers=n, compute_s=C, grad_bytes_per_step=M, num_ps=1)
+    row = StepShape(backend=backend, mode=mode, workers=n, compute_s=C, grad_bytes_per_step=M, tasks=(("ps", 1),))
     step, how = pj.projected_step(row, shards, pj.single_layer(M), Everywhere(AlphaBeta(bandwidth=B, alpha=A)),
                                   methods.tuning())
     assert step == pytest.approx(expected, rel=1e-9) and how

@@ -48,7 +48,7 @@ def reaches_accuracy(r, out, num_ps, mode):
     """A 2-worker PS run of 4 epochs at batch 32: accurate, sharded, and the global step counts updates."""
     row, curves = row_and_records(out)
     header = curves["header"]
-    assert row.backend == "ps" and row.mode == mode[2:] and row.num_ps == num_ps
+    assert row.backend == "ps" and row.mode == mode[2:] and row.tasks == (("ps", num_ps),)
     assert row.workers == 2 and row.status == "ok"
     assert row.final_test_accuracy >= 0.90, row
     # Every role ended by itself with exit 0 (the launcher reports codes; none was killed).

@@ -42,7 +42,7 @@ def test_shared_job_reaches_accuracy_and_every_role_exits(jobs):
 def reaches_accuracy(r, out, num_ps, num_workers):
     row, curves = row_and_records(out)
     header, summary = curves["header"], curves["summary"]
-    assert (row.backend, row.mode, row.workers, row.num_ps) == ("ps2", "async", num_workers, num_ps)
+    assert (row.backend, row.mode, row.workers, row.tasks) == ("ps2", "async", num_workers, (("ps", num_ps),))
     assert row.final_test_accuracy >= 0.90, row
     assert header["ps_api"] == "v2" and header["global_batch_size"] == 32
     # the same sample budget as every other backend: 4 epochs of the 1438 training digits

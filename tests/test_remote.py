@@ -309,7 +309,7 @@ def test_a_slow_link_is_the_fullest_and_the_report_names_it(tmp_path):
     run = tmp_path / "run"
     w = MetricsWriter(str(run))
     cfg = make_config(batch_size=10, warmup_steps=1)
-    w.header(cfg, "ps", "sync", 2, 1, make_plan(cfg, 1000, 2, 2))
+    w.header(cfg, "ps", "sync", 2, {"ps": 1}, make_plan(cfg, 1000, 2, 2))
     for step in range(1, 4):                         # the first is the warm-up: the interval starts there
         time.sleep(0.05)
         w.step(step, 20 * step, 1.0, 400.0 if step > 1 else None)
@@ -322,10 +322,12 @@ def test_a_slow_link_is_the_fullest_and_the_report_names_it(tmp_path):
               "h2": [[begin, 0, 0], [end, 1_000_000 * rounds, 1_000_000 * rounds]]}       # 1 MB, on a 10x slower link
     (run / links.LINKS_FILE).write_text(json.dumps({"series": series, "roles": {"ps:0": "h1", "worker:0": "h2"},
                                                     "rate_bps": 1e9, "rates": {"h1": 1e9, "h2": 1e8}}))
-    got = links_of(row, {"ps:0": "h1", "worker:0": "h2"})
+    placed = links_of(row, {"ps:0": "h1", "worker:0": "h2"})
+    got = placed.links
     round_s = (end - begin) / rounds
-    assert got["busiest_link"] == "h1" and got["fullest_link"] == "h2" and got["fullest_link_bps"] == 1e8
-    assert got["link_utilisation"] == pytest.approx(1_000_000 * 8 / round_s / 1e8)
-    text = "\n".join(links_section([dataclasses.replace(row, **got)]))
+    assert got.busiest_link == "h1" and got.fullest_link == "h2" and got.fullest_link_bps == 1e8
+    assert got.link_utilisation == pytest.approx(1_000_000 * 8 / round_s / 1e8)
+    assert placed.roles == {"ps:0": "h1", "worker:0": "h2"} and [x.host for x in got.hosts] == ["h1", "h2"]
+    text = "\n".join(links_section([placed]))
     assert "Each link: 1000 Mbit/s both ways; h2's own, 100 Mbit/s." in text
     assert "(h2's own)" in text

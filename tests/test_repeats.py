@@ -135,7 +135,7 @@ def test_the_verdict_rests_on_the_repeats(tmp_path):
         for identity, rate in ((RunId("mlp", "horovod", "sync", 2, repeat=k), hvd),
                                (RunId("mlp", "ps", "async", 2, tasks=(("ps", 1),), repeat=k), ps)):
             run = fake_run(tmp_path / "runs" / identity.name, identity.method, identity.mode, 2, [rate] * 3,
-                           [0.5, 0.95], num_ps=dict(identity.tasks).get("ps", 0))
+                           [0.5, 0.95], tasks=dict(identity.tasks))
             runs.append(dataclasses.replace(run, identity=identity))     # as the comparison planned it
     every = collect(runs)
     rows = with_scaling(merge(every))
@@ -149,7 +149,7 @@ def test_the_verdict_rests_on_the_repeats(tmp_path):
     report = (out / "report.md").read_text()
     assert "- **mlp**, 2 worker(s), 3 runs each: " in report
     assert "| mlp | horovod | sync | 2 | - | 1,000 (3 runs: 990-1,010) |" in report
-    assert "| mlp | ps | async | 2 | 1 | 720 (3 runs: 700-1,100) |" in report
+    assert "| mlp | ps | async | 2 | 1 PS | 720 (3 runs: 700-1,100) |" in report
     # Horovod's median is 1.39x PS async's, but one PS run was faster than every Horovod run
     assert "1.39x PS async (720, within the runs' spread: their ranges overlap and the bootstrap 95% interval " \
         "of the ratio" in report

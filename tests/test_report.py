@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from hvdps.measure.rows import Curves, RunRow
+from hvdps.measure.rows import Curves, RunRow, Startup
 from common.formats.schemas import Header
 from hvdps.render.report import explanations, step_parts
 
@@ -119,7 +119,7 @@ def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=
     return RunRow(run_dir=f"runs/{backend}-{mode}-w{workers}", status="ok", model="mlp", backend=backend,
                   mode=mode, workers=workers, samples_per_sec_median=median, samples_per_sec_mean=median,
                   samples_per_sec_error=err, intervals=intervals, time_to_target=ttt, final_test_accuracy=acc,
-                  target_accuracy=0.9, startup_s=startup)
+                  target_accuracy=0.9, startup=Startup(startup_s=startup))
 
 
 @pytest.mark.unit
@@ -182,10 +182,10 @@ def test_one_worker_has_no_peer_to_blame(r, never, says):
 
 
 def ps_row(num_ps, shares, placement, backend="ps"):
-    header = Header(type="header", backend=backend, mode="async", world_size=2, num_ps=num_ps,
+    header = Header(type="header", backend=backend, mode="async", world_size=2, tasks={"ps": num_ps},
                     ps_shard_bytes=shares, placement=placement)
     return RunRow(run_dir="runs/ps", status="ok", model="mlp", backend=backend, mode="async", workers=2,
-                  num_ps=num_ps, curves=Curves(header=header))
+                  tasks=(("ps", num_ps),), curves=Curves(header=header))
 
 
 @pytest.mark.parametrize("r, says", [

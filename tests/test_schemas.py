@@ -175,7 +175,7 @@ def test_a_methods_own_fields_are_typed_with_the_shared_records(tmp_path, index,
     own file), or in another method's run, they are kept as written."""
     from hvdps.methods import record_fields
     records = json.loads(json.dumps(METRIC))
-    records[0].update(backend="ps", num_ps=1)
+    records[0].update(backend="ps", tasks={"ps": 1})
     records[index][key] = value
     path = metrics_file(tmp_path, records)
     assert getattr(schemas.read_metrics(path)[index], key) == value       # no fields given: kept

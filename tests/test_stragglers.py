@@ -86,7 +86,7 @@ M = 1_000_000       # gradient bytes per step
 def row(backend, mode, n=2, sps=1000.0, name=None, compute=0.01, num_ps=None, step=None):
     """A run's row as hvdps/measure/rows.py reads it (frozen: the model replaces, never sets)."""
     return RunRow(run_dir=name or f"{backend}-{mode}", backend=backend, mode=mode, workers=n, compute_s=compute,
-                  grad_bytes_per_step=M, samples_per_sec_median=sps, num_ps=num_ps, step_s=step)
+                  grad_bytes_per_step=M, samples_per_sec_median=sps, tasks=(("ps", num_ps),) if num_ps else (), step_s=step)
 
 
 RING_ROLES = {"rank:0": "a", "rank:1": "b"}

@@ -79,12 +79,29 @@ def parse_tf_config(text, source="TF_CONFIG", need_ps=True):
     return cluster, role, index
 
 
-def to_cluster_spec(hosts, num_ps=1, port=2222, chief=True):
-    """Inventory -> TF cluster: PS tasks on the first hosts, one task per slot, ports counted up."""
+def role_counts(text):
+    """``ps=2,chief=1`` -> (("ps", 2), ("chief", 1)): tasks of TensorFlow's roles besides the workers,
+    in the order given, each count from 1 to 4096; refused with the valid roles named."""
+    out = {}
+    for part in (p.strip() for p in str(text).split(",") if p.strip()):
+        role, eq, count = part.partition("=")
+        if role not in ROLES or role == "worker":
+            raise UsageError(f"{part!r}: expected ROLE=N with ROLE one of {', '.join(r for r in ROLES if r != 'worker')}"
+                             " (the rest of the slots are workers)")
+        if not (eq and count.isdigit() and 1 <= int(count) <= 4096) or role in out:
+            raise UsageError(f"{part!r}: expected {role}=N once, N from 1 to 4096")
+        out[role] = int(count)
+    return tuple(out.items())
+
+
+def to_cluster_spec(hosts, roles=(("ps", 1), ("chief", 1)), port=2222):
+    """Inventory -> TF cluster: the tasks of each of ``roles`` ((role, count), in order) on the first
+    slots, one task per slot, then a worker on every slot left; ports counted up on each host."""
     tasks = [h for h, s in hosts for _ in range(s)]
-    needed = num_ps + 1
+    needed = sum(n for _, n in roles) + 1
     if len(tasks) < needed:
-        raise UsageError(f"{len(tasks)} slots cannot hold {num_ps} PS and at least one worker")
+        asked = ", ".join(f"{n} {role}" for role, n in roles)
+        raise UsageError(f"{len(tasks)} slots cannot hold {asked} and at least one worker")
     next_port = {}
 
     def addr(h):
@@ -94,12 +111,10 @@ def to_cluster_spec(hosts, num_ps=1, port=2222, chief=True):
         next_port[h] = p + 1
         return f"{h}:{p}"
 
-    cluster = {"ps": [addr(h) for h in tasks[:num_ps]]}
-    rest = [addr(h) for h in tasks[num_ps:]]
-    if chief:
-        cluster["chief"], rest = rest[:1], rest[1:]
-    if rest:
-        cluster["worker"] = rest
+    cluster, rest = {}, [addr(h) for h in tasks]
+    for role, n in roles:
+        cluster[role], rest = rest[:n], rest[n:]
+    cluster["worker"] = rest
     return cluster
 
 

@@ -73,6 +73,30 @@ def megabytes(text):
     return [(f"{x:g}MB", int(x * 2 ** 20)) for x in sizes]
 
 
+def counts(text):
+    """``1,2,4`` -> (1, 2, 4): positive counts, sorted and without repeats, each at most 1 << 20
+    (a comparison's sizes: its workers, a method's tasks of one role)."""
+    try:
+        found = sorted({int(x) for x in str(text).split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4, got '{text}'")
+    if not found or found[0] < 1 or found[-1] > 1 << 20:
+        raise argparse.ArgumentTypeError(f"expected counts from 1 to {1 << 20} like 1,2,4, got '{text}'")
+    return tuple(found)
+
+
+def usage_type(parse):
+    """An argparse ``type`` of a parser that raises UsageError (one shared with a file's reader), so its
+    message comes back as the flag's own ``error: argument --flag: ...`` line."""
+    def typed(text):
+        try:
+            return parse(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc))
+    typed.__name__ = getattr(parse, "__name__", "value")
+    return typed
+
+
 def boolean(text):
     low = text.lower()
     if low in ("1", "true", "yes", "on"):
@@ -140,7 +164,7 @@ class Parser(argparse.ArgumentParser):
 
     def spelled(self, args):
         """``args`` with every hyphenated flag of this parser in its one spelling, underscores
-        (``--dry_run`` is ``--dry_run``, ``--num-ps`` is ``--num_ps``): the trainers' names, as
+        (``--dry-run`` is ``--dry_run``, ``--batch-size`` is ``--batch_size``): the trainers' names, as
         TensorFlow's own examples write them, with the other form kept working. Nothing after a
         bare ``--`` (another program's flags) is touched."""
         out = []

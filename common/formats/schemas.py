@@ -290,7 +290,7 @@ class Header(Strict):
     backend: Text
     mode: Text
     world_size: Count
-    num_ps: Optional[Annotated[int, Field(ge=0, le=1 << 20)]] = None
+    tasks: Dict[Text, Count] = {}                # role -> count of the tasks it starts besides its workers
     batch_size_per_worker: Optional[Count] = None
     global_batch_size: Optional[Annotated[int, Field(ge=1, le=1 << 40)]] = None
     model: Optional[Text] = None

@@ -27,7 +27,7 @@ class Backend:
     """
     name = "base"
     mode = "sync"
-    num_ps = 0
+    tasks = {}            # role -> count of the job's tasks besides its workers (a PS job's {"ps": 2})
 
     def __init__(self):
         self.rank, self.world_size, self.is_chief = 0, 1, True

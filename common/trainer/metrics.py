@@ -23,7 +23,7 @@ from common.inputs.data import data_fingerprint, data_shards
 
 SCHEMA_VERSION = 3
 RECORD_TYPES = ("header", "step", "eval", "summary")
-HEADER_FIELDS = ("backend", "mode", "world_size", "num_ps", "batch_size_per_worker",
+HEADER_FIELDS = ("backend", "mode", "world_size", "tasks", "batch_size_per_worker",
                  "global_batch_size", "model", "dataset", "config", "host", "versions")
 STEP_FIELDS = ("global_step", "samples_seen", "wall_time", "loss", "samples_per_sec")
 EVAL_FIELDS = ("epoch", "global_step", "wall_time", "loss", "accuracy")
@@ -153,11 +153,11 @@ class MetricsWriter:
             except OSError as exc:          # a full disk: one line, and the records before stay whole
                 raise RunError(f"cannot write {self.path}: {exc.strerror}")
 
-    def header(self, cfg, backend, mode, world_size, num_ps, plan, **extra):
+    def header(self, cfg, backend, mode, world_size, tasks, plan, **extra):
         """``global_batch_size`` is what one update of the weights averages: b x n for
         all-reduce, b x R for sync PS, b for async PS (one worker batch per update)."""
         self._write(dict(type="header", schema_version=SCHEMA_VERSION, backend=backend, mode=mode,
-                         world_size=world_size, num_ps=num_ps,
+                         world_size=world_size, tasks=dict(tasks),
                          batch_size_per_worker=cfg.batch_size,
                          global_batch_size=plan.samples_per_update, plan=plan.to_dict(),
                          model=cfg.model, dataset=cfg.dataset, config=cfg.to_dict(),

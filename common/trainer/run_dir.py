@@ -72,12 +72,15 @@ def check_resume_compatible(cfg, train_dir, backend=None):
     first = next((r for r in read_metrics(os.path.join(train_dir, "metrics.jsonl")) if r.type == "header"), None)
     if first is None:
         raise UsageError(f"--resume: {train_dir}/metrics.jsonl has no header: not a run hvdps can continue")
-    now = {"backend": backend.name, "mode": backend.mode, "world_size": backend.world_size, "num_ps": backend.num_ps}
-    names = {"backend": "backend", "mode": "mode", "world_size": "workers", "num_ps": "PS tasks"}
+    now = {"backend": backend.name, "mode": backend.mode, "world_size": backend.world_size, "tasks": dict(backend.tasks)}
+    names = {"backend": "backend", "mode": "mode", "world_size": "workers", "tasks": "tasks besides the workers"}
+
+    def said(value):
+        return ",".join(f"{role}={n}" for role, n in value.items()) or "none" if isinstance(value, dict) else value
     for key, value in now.items():
         if key in first.model_fields_set and getattr(first, key) != value:
-            raise UsageError(f"--resume: {train_dir} was trained with {names[key]} {getattr(first, key)}, this job has "
-                             f"{value}; a checkpoint resumes only into the job that wrote it (start a new "
+            raise UsageError(f"--resume: {train_dir} was trained with {names[key]} {said(getattr(first, key))}, this "
+                             f"job has {said(value)}; a checkpoint resumes only into the job that wrote it (start a new "
                              f"--train_dir, or launch the same job)")
     try:
         shards = data_shards(cfg, verify=True) if first.data_shards else None   # every record read and checked

@@ -140,7 +140,7 @@ class RunLog:
         self.last_eval = (None, None)
         if self.enabled:
             cfg.save(cfg.train_dir)
-            self.metrics.header(cfg, backend.name, backend.mode, backend.world_size, backend.num_ps, plan,
+            self.metrics.header(cfg, backend.name, backend.mode, backend.world_size, backend.tasks, plan,
                                 start_step=start_step, keras=keras_of(model), **(extra_header or {}))
 
     @classmethod

@@ -35,7 +35,7 @@ from common.base.files import take_folder, writable_dir
 from common.spec.plugins import plugins_bounded
 from common.base.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
-from hvdps.methods import METHODS, get_launcher, parse_variants
+from hvdps.methods import METHODS, add_task_flags, fewer_tasks, get_launcher, parse_variants, task_flag_dests
 from hvdps.measure.identity import RunId
 from hvdps.measure.repeats import alternating, merge
 from hvdps.measure.jobs import Interrupted, execute, own_signals
@@ -79,17 +79,16 @@ def make_remote(args):
     return Remote(args.hosts, tuple(hosts), tuple(agent), bool(args.rsh), network, args.ps_placement or "own", port)
 
 
-def roles_of(launcher, remote, workers, num_ps):
+def roles_of(launcher, remote, identity):
     """{task: host} of one run across hosts, as its method's launcher places them (Launcher.roles)."""
-    return launcher.roles(list(remote.hosts), workers, num_ps, remote.placement)
+    return launcher.roles(list(remote.hosts), identity.workers, identity.tasks, remote.placement)
 
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """One configuration the flags ask for, healthy and run once: its identity, the PS tasks its
-    launcher is told (``num_ps``) and the processes its job starts, workers and server tasks."""
+    """One configuration the flags ask for, healthy and run once: its identity (its workers and its
+    other tasks by role) and the processes its job starts."""
     identity: RunId
-    num_ps: int
     processes: int
 
 
@@ -100,10 +99,10 @@ def run_shapes(args):
     workload = getattr(args, "model", None) or "-"
     for backend, mode in parse_variants(args.backends):
         launcher = get_launcher(backend)
-        for num_ps in (parse_workers(args.num_ps, "--num_ps") if launcher.server_tasks(1) else [1]):
+        for tasks in launcher.task_choices(args):
             for n in parse_workers(args.workers):
-                identity = RunId(workload, backend, mode, n, tasks=launcher.task_roles(num_ps))
-                shapes.append(Shape(identity, num_ps, n + launcher.server_tasks(num_ps)))
+                identity = RunId(workload, backend, mode, n, tasks=tasks)
+                shapes.append(Shape(identity, launcher.processes(n, tasks)))
     return shapes
 
 
@@ -151,11 +150,11 @@ def plan_runs(args, trainer_args, cores, remote=None, asked=None):
                                        repeat=k if repeats > 1 else None)
         n, launcher = identity.workers, get_launcher(identity.method)
         run_dir = os.path.join(args.out, "runs", identity.name)
-        cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=identity.mode, num_ps=shape.num_ps,
+        cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=identity.mode, tasks=identity.tasks,
                                remote=remote)
         runs.append(PlannedRun(identity.method, identity.mode, n, run_dir, name=identity.name, cmd=tuple(cmd),
                                env=launcher.env(remote), oversubscribed=shape.processes > cores and not remote,
-                               roles=roles_of(launcher, remote, n, shape.num_ps) if remote else None,
+                               roles=roles_of(launcher, remote, identity) if remote else None,
                                condition=condition, tasks=shape.processes, identity=identity))
     return runs
 
@@ -172,7 +171,7 @@ def check_memory_fits(args, cfg, available, shapes=None):
     if procs * per_task > available:
         raise UsageError(f"run {name} starts {procs} TensorFlow tasks on this machine, about "
                          f"{procs * per_task / 2**30:.1f} GiB at {per_task / 2**30:.2f} GiB each; "
-                         f"{available / 2**30:.1f} GiB is available: fewer --workers or --num_ps")
+                         f"{available / 2**30:.1f} GiB is available: {fewer_tasks()}")
 
 
 def remote_task_lines(run):
@@ -208,8 +207,7 @@ def make_parser():
     g.add_argument("--workers", default="1,2", help="worker counts, e.g. 1,2,4")
     g.add_argument("--backends", default="horovod,ps", help="methods to compare, NAME or NAME:MODE, comma-separated: "
                         + backends_help())
-    g.add_argument("--num_ps", default="1", help="parameter-server tasks for PS runs; 1,2 runs each PS variant "
-                                                   "with 1 and with 2 shards")
+    add_task_flags(g)                    # each method's own (the parameter servers' count)
     g.add_argument("--run_timeout", type=float, default=900, help="seconds before a run is stopped")
     g.add_argument("--repeat", type=int, default=1,
                    help="runs of each configuration, the methods' order reversed on every other pass (A B C, "
@@ -249,7 +247,7 @@ def make_parser():
     return p
 
 
-COMPARE_FLAGS = ("workers", "backends", "num_ps", "run_timeout", "repeat", "dry_run", "from_dirs", "progress",
+COMPARE_FLAGS = (*task_flag_dests(), "workers", "backends", "run_timeout", "repeat", "dry_run", "from_dirs", "progress",
                  "train_dir", "resume", "hosts", "rsh", "network_interface", "ps_placement", "port", "links",
                  "straggler", "stall", "slow_link")
 
@@ -338,7 +336,6 @@ def compare(args, parser):
 def validate(args, cfg):
     """Every refusal the flags and the data can meet, before --out is taken or any run starts: what the
     flags ask for (Asked; None with --from, which plans nothing)."""
-    parse_workers(args.num_ps, "--num_ps")
     found = cluster_conditions(args)
     for c in found:                          # --straggler, --stall, --slow_link refused before --out is taken
         if isinstance(c, conditions.SlowLink) and not args.from_dirs:
@@ -368,7 +365,7 @@ def check_plan(args, asked, remote, links):
     name, most = largest.identity.name, largest.processes
     if not remote and most > MAX_LOCAL_WORKERS:     # before any port is reserved (--hosts: its slots)
         raise UsageError(f"run {name}: {most} tasks, more than the {MAX_LOCAL_WORKERS} one machine runs "
-                         f"(fewer --workers or --num_ps; other machines: --hosts)")
+                         f"({fewer_tasks()}; other machines: --hosts)")
     if (args.straggler or args.stall) and remote and not links:
         raise UsageError("--straggler and --stall act on this machine's processes: with --hosts, only on "
                          "hvdps emulate's cluster")

@@ -2,7 +2,7 @@
 
     hvdps hosts hostfiles/hostfile.example                  # all formats
     hvdps hosts inventory --format horovodrun               # horovodrun -np N -H h1:4,h2:4
-    hvdps hosts inventory --format tf-config --num_ps 2     # one TF_CONFIG per task
+    hvdps hosts inventory --format tf-config --tasks ps=2   # one TF_CONFIG per task
 
 Parsing and validation live in common/launch/hosts.py (the trainers use them too);
 this is only the command.
@@ -10,10 +10,10 @@ this is only the command.
 import json
 import sys
 
-from common.base.flags import Parser
+from common.base.flags import Parser, usage_type
 from common.base.errors import UsageError, cli
 from common.launch.hosts import parse_hostfile, to_horovod_hosts, to_mpi_hostfile
-from tf_cluster.spec import tf_configs, to_cluster_spec
+from tf_cluster.spec import role_counts, tf_configs, to_cluster_spec
 
 
 @cli
@@ -22,14 +22,15 @@ def main(argv=None):
     p.add_argument("inventory", help="hostfile: one 'host slots=N' per line")
     p.add_argument("--format", default="all",
                    choices=("all", "horovodrun", "mpi-hostfile", "cluster-spec", "tf-config"))
-    p.add_argument("--num_ps", type=int, default=1)
+    p.add_argument("--tasks", type=usage_type(role_counts), default="ps=1,chief=1",
+                   help="ROLE=N,...: the cluster's tasks besides its workers, on the first slots in this order; "
+                        "ps=2 is the classic layout (worker 0 acts as chief)")
     p.add_argument("--port", type=int, default=2222, help="first port of the PS cluster (Kubeflow uses 2222)")
-    p.add_argument("--no_chief", action="store_true", help="worker 0 acts as chief (classic layout)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if args.num_ps < 1 or not 0 < args.port < 65536:
-        raise UsageError("--num_ps must be >= 1 and --port in 1..65535")
+    if not 0 < args.port < 65536:
+        raise UsageError("--port must be in 1..65535")
     hosts = parse_hostfile(args.inventory)
-    cluster = to_cluster_spec(hosts, args.num_ps, args.port, chief=not args.no_chief)
+    cluster = to_cluster_spec(hosts, args.tasks, args.port)
     parts = {
         "horovodrun": f"horovodrun -np {sum(s for _, s in hosts)} -H {to_horovod_hosts(hosts)}\n",
         "mpi-hostfile": to_mpi_hostfile(hosts),

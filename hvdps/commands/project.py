@@ -127,13 +127,13 @@ def from_runs(found, path, nets):
                              f"{timed[0].name} recorded no gradient size to stand for it")
         layers = single_layer(timed[0].grad_bytes_per_step)
     measured, notes = {}, []
-    # one measured overlap per method and mode, from its largest run (most workers, then most shards):
+    # one measured overlap per method and mode, from its largest run (most workers, then most other tasks):
     # a folder of 48 runs would otherwise add 48 lines to the table and the plot
     largest = {}
     for r in timed:
         key = (r.backend, r.mode)
-        if key not in largest or (r.workers or 1, r.num_ps or 0) >= (largest[key].workers or 1,
-                                                                    largest[key].num_ps or 0):
+        size = (r.workers or 1, sum(n for _, n in r.tasks))
+        if key not in largest or size >= (largest[key].workers or 1, sum(n for _, n in largest[key].tasks)):
             largest[key] = r
     for r in largest.values():
         method = methods.lookup(r.backend)
@@ -198,8 +198,8 @@ def check_runs(found, layers, nets, tuning):
         row, record = f.row, f.record
         if (row.workers or 1) < 2 or not row.step_s or not row.compute_s:
             continue
-        row = dataclasses.replace(row, **load_of(row))
-        if row.shared:
+        row = dataclasses.replace(row, load=load_of(row))
+        if row.load.shared:
             left_out.append((row.name, f"shared: {contention_words(row)}"))
             continue
         if record and record.oversubscribed:
@@ -209,7 +209,7 @@ def check_runs(found, layers, nets, tuning):
         if projected is None:
             continue
         rows.append(Checked(run=row.name, backend=row.backend, mode=row.mode, workers=row.workers,
-                            num_ps=row.num_ps, how=how, measured_step_s=row.step_s, projected_step_s=projected,
+                            tasks=row.tasks, how=how, measured_step_s=row.step_s, projected_step_s=projected,
                             ratio=row.step_s / projected))
     return rows, left_out
 

@@ -17,7 +17,6 @@ import statistics
 from typing import Optional, Tuple
 
 from hvdps import methods
-from hvdps.cost import schedule
 from hvdps.cost.shape import StepShape
 
 MAX_SHARDS = 64      # the projected shard count searched: a PS job needing more than this never matches
@@ -95,7 +94,7 @@ def points(rows):
             continue
         if not r.grad_bytes_per_step:
             continue
-        out.append(dataclasses.replace(r, model=r.model or "-", num_ps=r.num_ps or 1, workers=r.workers or 1))
+        out.append(dataclasses.replace(r, model=r.model or "-", workers=r.workers or 1))
     return out
 
 
@@ -113,12 +112,10 @@ def _compute_at(runs, n):
     return statistics.median(r.compute_s for r in runs if r.workers == nearest)
 
 
-def _shard_bytes(layers, grad, k):
-    """The bytes each of k PS tasks holds, by the PS trainers' split placement (schedule.py)."""
-    if not layers:
-        return {f"ps:{i}": grad / k for i in range(k)}
-    loads, _ = schedule.place_variables(layers, k, "split")
-    return {f"ps:{i}": b for i, b in enumerate(loads)}
+def shards(row):
+    """The server tasks a run's model is split over (its tasks besides the workers, by its method's
+    roles), 1 where it names none."""
+    return sum(n for _, n in row.tasks) or 1
 
 
 def analyse(rows, project, layers=None, grid=None, contended=()):
@@ -159,9 +156,11 @@ def _workload(model, mine, rings, pss, project, layers, grid, marks):
     ns = sorted(set(measured_ns) | set(grid or schedule_grid(measured_ns[-1])))
 
     def projected(variant, runs, n, k=1):
-        row = StepShape(backend=variant[0], mode=variant[1], workers=n, num_ps=k,
+        cost = methods.lookup(variant[0]).cost
+        tasks = () if cost.collective else cost.tasks_at(k)
+        row = StepShape(backend=variant[0], mode=variant[1], workers=n, tasks=tasks,
                         compute_s=_compute_at(runs, n), grad_bytes_per_step=grad)
-        return project(row, None if is_ring(row) else _shard_bytes(layers, grad, k))
+        return project(row, None if cost.collective else cost.shard_bytes_at(layers, grad, k))
 
     ring_variants = list(dict.fromkeys(_variant(r) for r in rings))
     ring_runs = {v: [r for r in rings if _variant(r) == v] for v in ring_variants}
@@ -193,13 +192,13 @@ def _workload(model, mine, rings, pss, project, layers, grid, marks):
 def _ps_variant(v, runs, held, projected, marks):
     """(its series, one per shard count; its Versus against the rings) of one PS variant's runs;
     ``projected(n, k)``: its modelled step at n workers and k shards."""
-    ks = sorted({r.num_ps for r in runs})
-    measured = {(r.workers, r.num_ps): r.step_s for r in runs}
+    ks = sorted({shards(r) for r in runs})
+    measured = {(r.workers, shards(r)): r.step_s for r in runs}
     lines = {k: {n: projected(n, k) for n in held.ns} for k in sorted(set(ks) | {1})}
     series = [Series(name=f"{_name(v)}, {k} PS", ring=False, k=k,
                      measured=tuple(sorted((n, s) for (n, kk), s in measured.items() if kk == k)),
                      projected=tuple((n, s) for n, s in lines[k].items() if s is not None),
-                     contended=marks([r for r in runs if r.num_ps == k])[0],
+                     contended=marks([r for r in runs if shards(r) == k])[0],
                      contended_line=marks(runs)[1])            # its compute: every k's runs
               for k in ks]
     by_n = []

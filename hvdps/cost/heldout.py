@@ -63,12 +63,12 @@ def contended_compute(row, cores):
 
 
 def variant(row):
-    """The runs one cores floor is fitted over: a method, its mode and its shard count."""
-    return row.model or "-", row.backend, row.mode, row.num_ps or 0
+    """The runs one cores floor is fitted over: a method, its mode and its other tasks."""
+    return row.model or "-", row.backend, row.mode, row.tasks
 
 
 def family(row):
-    """The runs one set of link factors is fitted over: a method and its mode, every shard count."""
+    """The runs one set of link factors is fitted over: a method and its mode, whatever its other tasks."""
     return variant(row)[:3]
 
 
@@ -137,7 +137,7 @@ class Modelled:
     model: str
     backend: str
     mode: Optional[str]
-    num_ps: Optional[int]
+    tasks: Tuple[Tuple[str, int], ...]
     workers: int
     compute_s: float
     step_s: float
@@ -155,7 +155,7 @@ class Entry:
     model: str
     backend: str
     mode: Optional[str]
-    num_ps: int
+    tasks: Tuple[Tuple[str, int], ...]
     workers: int
     measured_step_s: float
     modelled_step_s: float
@@ -189,7 +189,7 @@ def analyse(rows, terms_of, cores=None):
         terms = terms_of(r)
         if not terms:
             continue
-        m = Modelled(run=r.name, model=r.model or "-", backend=r.backend, mode=r.mode, num_ps=r.num_ps,
+        m = Modelled(run=r.name, model=r.model or "-", backend=r.backend, mode=r.mode, tasks=r.tasks,
                      workers=r.workers, compute_s=r.compute_s, step_s=r.step_s, cores_busy=r.cores_busy,
                      terms=terms, modelled_s=combine(r.compute_s, terms))
         by.setdefault(family(m), []).append(m)
@@ -220,10 +220,10 @@ def analyse(rows, terms_of, cores=None):
     for key in sorted(fits, key=lambda k: tuple(str(x) for x in k)):
         fitted_at, _, cpus = fits[key]
         factors = factors_of[key]
-        for r in sorted(by[key], key=lambda r: (r.num_ps or 0, r.workers)):
+        for r in sorted(by[key], key=lambda r: (r.tasks, r.workers)):
             predicted, floor = predict(r, factors, cpus.get(variant(r)), cores, p)
             out.append(Entry(run=r.run, model=key[0], backend=key[1], mode=key[2],
-                             num_ps=r.num_ps or 0, workers=r.workers,
+                             tasks=r.tasks, workers=r.workers,
                              measured_step_s=r.step_s, modelled_step_s=r.modelled_s,
                              compute_s=r.compute_s, contended_compute_s=contended_compute(r, cores),
                              binding=binding(r, factors, floor, cores),

@@ -20,7 +20,7 @@ overlap = (compute + exchange - step) / exchange, with the exchange measured
 """
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 from hvdps import methods
 from hvdps.cost import stragglers
@@ -146,7 +146,7 @@ class Checked:
     backend: str
     mode: Optional[str]
     workers: int
-    num_ps: Optional[int]
+    tasks: Tuple[Tuple[str, int], ...]
     how: str
     measured_step_s: float
     projected_step_s: float

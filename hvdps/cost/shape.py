@@ -1,7 +1,7 @@
 """What a cost model reads of a run: a typed shape that a measured run (hvdps.measure.rows.RunRow) has
 too, so the projection and the crossover can ask the same model about runs no one made."""
 import dataclasses
-from typing import Optional
+from typing import Optional, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -11,4 +11,4 @@ class StepShape:
     grad_bytes_per_step: Optional[float]
     backend: Optional[str] = None
     mode: Optional[str] = None
-    num_ps: Optional[int] = None
+    tasks: Tuple[Tuple[str, int], ...] = ()     # besides the workers, by role (("ps", 2),)

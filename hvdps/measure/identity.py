@@ -10,10 +10,16 @@ from typing import Optional, Tuple
 from common.formats.schemas import RunIdentity
 
 
+def tasks_text(tasks):
+    """A run's tasks besides its workers as the report, results.csv and ``hvdps hosts --tasks`` write
+    them: ``ps=2`` (``chief=1,ps=2``); "" for a run of workers only."""
+    return ",".join(f"{role}={n}" for role, n in tasks)
+
+
 @dataclass(frozen=True)
 class RunId:
     """``tasks``: ((role, count), ...) the job starts besides its workers, as its method's launcher
-    names them (``Launcher.task_roles``); ``settings``: ((name, value), ...) of the method's own
+    names them (``Launcher.task_choices``); ``settings``: ((name, value), ...) of the method's own
     knobs; ``condition``: the label of a slow or stalled worker or a slow link, None healthy;
     ``repeat``: k of ``--repeat N``, None for a configuration that ran once."""
     workload: str

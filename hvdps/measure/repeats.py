@@ -59,12 +59,13 @@ def merge(rows):
         row = dataclasses.replace(
             middle, run_dir=base, samples_per_sec_median=statistics.median(throughputs), time_to_target=time,
             final_test_accuracy=median("final_test_accuracy"), final_test_loss=median("final_test_loss"),
-            wall_time=median("wall_time"), startup_s=median("startup_s"),
+            wall_time=median("wall_time"),
+            startup=dataclasses.replace(middle.startup, startup_s=_median([r.startup.startup_s for r in ok])),
             repeats=len(members), repeats_ok=len(ok), repeat_throughputs=throughputs, repeat_times=times,
             oversubscribed=any(r.oversubscribed for _, r in members),
-            shared=_any(r.shared for _, r in members),
-            others_cores=_most(r.others_cores for _, r in members),
-            hypervisor_cores=_most(r.hypervisor_cores for _, r in members))
+            load=dataclasses.replace(middle.load, shared=_any(r.load.shared for _, r in members),
+                                     others_cores=_most(r.load.others_cores for _, r in members),
+                                     hypervisor_cores=_most(r.load.hypervisor_cores for _, r in members)))
         if failed:
             row = dataclasses.replace(row, error=f"{len(failed)} of {len(members)} runs did not end ok "
                                       f"({', '.join(failed)}): " + (next(r.error for _, r in members

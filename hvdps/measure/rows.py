@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from common.formats.schemas import read_metrics
 from common.trainer.metrics import BREAKDOWN_FIELDS
 from hvdps import methods
+from hvdps.measure.identity import tasks_text
 
 if TYPE_CHECKING:
     from common.formats.schemas import Eval, Gradient, Header, Step
@@ -27,6 +28,49 @@ class Curves:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Startup:
+    """What a run costs around its measured steps (hvdps/measure/runs.py: ``startup_of``): the trainer's
+    warm-up before its first measured interval and its share of the trainer's wall time, the start-up
+    from launch to that point, and the teardown from the trainer's end to the job's exit."""
+    warmup_s: Optional[float] = None
+    warmup_share: Optional[float] = None
+    startup_s: Optional[float] = None
+    teardown_s: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Links:
+    """What each host's link carried, where its counters were sampled (hvdps emulate;
+    hvdps/measure/runs.py: ``links_of``): a LinkRow per host (hvdps/measure/links.py), the busiest
+    link's bytes per round against its method's formula, the round, and the link that came nearest its
+    rate (a slow link's before the busiest) with each host's own rate."""
+    hosts: Tuple[Any, ...] = ()
+    busiest_link_bytes: Optional[float] = None
+    busiest_link_predicted: Optional[float] = None
+    link_bytes_ratio: Optional[float] = None
+    round_s: Optional[float] = None
+    link_rate_bps: Optional[float] = None
+    link_utilisation: Optional[float] = None      # the fullest link's share of its own rate
+    busiest_link: Optional[str] = None            # the host whose link carried the most bytes
+    fullest_link: Optional[str] = None            # the host whose link came nearest its rate (a slow link's)
+    fullest_link_bps: Optional[float] = None
+    link_rates: Optional[Dict[str, float]] = None # each host's own link rate (hvdps emulate --link)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Load:
+    """The machine's other load over a run's measured interval (hvdps/measure/load.py): cores the rest
+    of the machine used, cores the job used, cores the hypervisor gave other tenants (steal), cores the
+    kernel's own threads used, the machine's cores, and whether that made the run shared."""
+    others_cores: Optional[float] = None
+    job_cores: Optional[float] = None
+    hypervisor_cores: Optional[float] = None
+    kernel_cores: Optional[float] = None
+    machine_cores: Optional[int] = None
+    shared: Optional[bool] = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RunRow:
     """One run as the comparison's tables, verdicts and projections read it: the figures its
     records hold (``load_run``), then what the comparison adds (``hvdps/measure/runs.py``: the
@@ -38,7 +82,7 @@ class RunRow:
     backend: Optional[str] = None
     mode: Optional[str] = None
     workers: Optional[int] = None
-    num_ps: Optional[int] = None
+    tasks: Tuple[Tuple[str, int], ...] = ()    # its tasks besides the workers, by role (("ps", 2),)
     model: Optional[str] = None
     dataset: Optional[str] = None
     batch_per_worker: Optional[int] = None
@@ -74,38 +118,17 @@ class RunRow:
     # what the comparison adds (hvdps/measure/runs.py)
     error: Optional[str] = None
     oversubscribed: bool = False
-    warmup_s: Optional[float] = None
-    warmup_share: Optional[float] = None
-    startup_s: Optional[float] = None
-    teardown_s: Optional[float] = None
+    startup: Startup = Startup()
     roles: Optional[Dict[str, Any]] = None
     cores_busy: Optional[float] = None
-    links: Optional[Tuple[Any, ...]] = None       # hvdps/measure/links.py: LinkRow per host
-    busiest_link_bytes: Optional[float] = None
-    busiest_link_predicted: Optional[float] = None
-    link_bytes_ratio: Optional[float] = None
-    round_s: Optional[float] = None
-    link_rate_bps: Optional[float] = None
-    link_utilisation: Optional[float] = None      # the fullest link's share of its own rate
-    busiest_link: Optional[str] = None            # the host whose link carried the most bytes
-    fullest_link: Optional[str] = None            # the host whose link came nearest its rate (a slow link's)
-    fullest_link_bps: Optional[float] = None
-    link_rates: Optional[Dict[str, float]] = None # each host's own link rate (hvdps emulate --link)
+    links: Links = Links()
     scaling_efficiency: Optional[float] = None
     # a slow or stalled worker (hvdps compare --straggler / --stall): the run's folder suffix, None for
     # a healthy run, and what was applied (common/formats/schemas.py: Unhealthy)
     condition: Optional[str] = None
     unhealthy: Optional[Any] = None
     rank_steps: Optional[Dict[str, Any]] = None   # {task: its step times' n, p50, p95, max} (ranks/<task>.json)
-    # the machine's other load over the measured interval (hvdps/measure/load.py): cores the rest of
-    # the machine used, cores the job used, cores the hypervisor gave other tenants (steal), cores the
-    # kernel's own threads used, the machine's cores, and whether that made the run shared
-    others_cores: Optional[float] = None
-    job_cores: Optional[float] = None
-    hypervisor_cores: Optional[float] = None
-    kernel_cores: Optional[float] = None
-    machine_cores: Optional[int] = None
-    shared: Optional[bool] = None
+    load: Load = Load()
     # repeated runs (hvdps compare --repeat; hvdps/measure/repeats.py): which run this is, and on a
     # configuration's row its runs' count and their own figures
     repeat: Optional[int] = None
@@ -144,8 +167,13 @@ class RunRow:
     def column(self, key):
         """A table column's value by name (results.csv, results.json): the row's own, else its
         method's measures' (None for a run of another method)."""
+        if key == "tasks":
+            return tasks_text(self.tasks) or None
         if key in _OWN:
             return getattr(self, key)
+        for part in (self.startup, self.links, self.load):
+            if key in _PARTS[type(part)]:
+                return getattr(part, key)
         if key not in methods.measured_columns():
             raise AttributeError(f"RunRow has no column {key!r}")
         return getattr(self.measured, key, None)
@@ -153,6 +181,7 @@ class RunRow:
 
 # the row's columns: its fields, and the figures it reads from its gradient
 _OWN = frozenset(f.name for f in dataclasses.fields(RunRow)) | {"sparse_bytes", "sparse_table_bytes"}
+_PARTS = {part: frozenset(f.name for f in dataclasses.fields(part)) for part in (Startup, Links, Load)}
 
 
 def measured_interval(header, steps):
@@ -232,7 +261,7 @@ def load_run(run_dir, name="metrics.jsonl"):
     steps = tuple(r for r in recs if r.type == "step")
     figures = {}
     if header is not None:
-        figures.update(backend=header.backend, mode=header.mode, workers=header.world_size, num_ps=header.num_ps,
+        figures.update(backend=header.backend, mode=header.mode, workers=header.world_size, tasks=tuple(header.tasks.items()),
                        model=header.model, dataset=header.dataset, batch_per_worker=header.batch_size_per_worker,
                        global_batch=header.global_batch_size,
                        target_accuracy=header.config.target_accuracy if header.config else None)

@@ -11,7 +11,7 @@ from common.formats.schemas import read_links, read_metrics, read_run_record
 from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
 from hvdps.measure.load import contention
 from hvdps.measure.identity import RunId
-from hvdps.measure.rows import RunRow, load_run, measured_interval
+from hvdps.measure.rows import Links, Load, RunRow, Startup, load_run, measured_interval
 from hvdps.measure.timeline import rank_files, write_timeline
 
 
@@ -69,10 +69,10 @@ def collect(runs):
             row = replace(row, condition=run.condition.label)
         identity = run.identity or identity_of(row, record)
         row = replace(row, identity=identity, repeat=identity.repeat if identity else None)
-        row = replace(row, **load_of(row))
-        row = replace(row, **startup_of(row, (done and done.seconds) or (record.seconds if record else None),
+        row = replace(row, load=load_of(row),
+                      startup=startup_of(row, (done and done.seconds) or (record.seconds if record else None),
                                          (done and done.launched_at) or (record.launched_at if record else None)))
-        row = replace(row, **links_of(row, run.roles or (record.roles if record else None)))
+        row = links_of(row, run.roles or (record.roles if record else None))
         row = replace(row, rank_steps=ranks_of(row)) if os.path.isdir(run.run_dir) else row
         rows.append(row)
     return with_scaling(rows)
@@ -87,9 +87,7 @@ def identity_of(row, record):
     header = row.header
     if header is None:
         return None
-    method = methods.lookup(header.backend)
-    tasks = method.launcher().task_roles(header.num_ps) if method and header.num_ps else ()
-    return RunId(header.model or "-", header.backend, header.mode, header.world_size, tasks=tasks,
+    return RunId(header.model or "-", header.backend, header.mode, header.world_size, tasks=row.tasks,
                  condition=row.condition)
 
 
@@ -104,15 +102,15 @@ def ranks_of(row):
 
 
 def load_of(row):
-    """The cores the rest of the machine and the job used over the measured interval, and whether
-    the run was shared (hvdps/measure/load.py); nothing where the run was not sampled."""
+    """The run's ``Load``: the cores the rest of the machine and the job used over the measured
+    interval, and whether the run was shared (hvdps/measure/load.py); empty where it was not sampled."""
     if row.curves.header is None:
-        return {}
+        return Load()
     used, cores, shared = contention(row.run_dir, row.curves.header, row.curves.steps)
     if used is None:
-        return {"machine_cores": cores} if cores is not None else {}
-    return {"others_cores": used.others, "job_cores": used.job, "hypervisor_cores": used.hypervisor,
-            "kernel_cores": used.kernel, "machine_cores": cores, "shared": shared}
+        return Load(machine_cores=cores)
+    return Load(others_cores=used.others, job_cores=used.job, hypervisor_cores=used.hypervisor,
+                kernel_cores=used.kernel, machine_cores=cores, shared=shared)
 
 
 def run_record(run_dir):
@@ -128,39 +126,39 @@ def startup_of(row, run_seconds, launched_at=None):
     (processes, cluster, TensorFlow import, then the warm-up): what one run of this backend
     costs before it trains at speed. Teardown = the trainer's end to the job's exit (releasing PS
     tasks, MPI finalisation); known when the launch time was recorded, else it is counted in
-    start-up (runs recorded before launch times were)."""
+    start-up (runs recorded before launch times were). A ``Startup``, empty where nothing was measured."""
     steps, header = row.curves.steps, row.curves.header
     total = row.wall_time
     counted = [i for i, s in enumerate(steps) if s.samples_per_sec is not None]
     if not counted or not total:
-        return {}
+        return Startup()
     first = counted[0]
     warmup = steps[first - 1].wall_time if first > 0 else 0.0
-    out = {"warmup_s": warmup, "warmup_share": warmup / total}
     start = header.start_time if header else None
     if run_seconds and launched_at and start:
-        out.update(startup_s=max(0.0, start - launched_at) + warmup,
-                   teardown_s=max(0.0, launched_at + run_seconds - (start + total)))
-    elif run_seconds:
-        out["startup_s"] = max(0.0, run_seconds - total) + warmup
-    return out
+        return Startup(warmup, warmup / total, startup_s=max(0.0, start - launched_at) + warmup,
+                       teardown_s=max(0.0, launched_at + run_seconds - (start + total)))
+    return Startup(warmup, warmup / total, startup_s=max(0.0, run_seconds - total) + warmup if run_seconds else None)
 
 
 def links_of(row, roles):
-    """Where the run's tasks ran (``--hosts``) and, where the links' counters were sampled
-    (hvdps emulate), the bytes per round each host's link carried against the formula
-    (hvdps/measure/links.py), the busiest link's share of its rate, and the round time."""
-    out = {"roles": roles or None}
+    """The row with where the run's tasks ran (``--hosts``) and, where the links' counters were sampled
+    (hvdps emulate), the cores busy and its ``Links``: the bytes per round each host's link carried
+    against the formula (hvdps/measure/links.py), the busiest link's share of its rate, and the round time."""
     path = os.path.join(row.run_dir, LINKS_FILE)
     if not os.path.lexists(path) or row.curves.header is None:
-        return out
+        return replace(row, roles=roles or None)
     links = read_links(path)
     interval = measured_interval(row.curves.header, row.curves.steps)
-    out["cores_busy"] = cores_busy(links, interval)
+    busy = cores_busy(links, interval)
     table = link_rows(None, row, links, interval)
     if not table:
-        return out
-    out.update(links=tuple(table), roles=out["roles"] or links.roles)
+        return replace(row, roles=roles or None, cores_busy=busy)
+    return replace(row, roles=roles or links.roles, cores_busy=busy, links=link_figures(row, links, interval, table))
+
+
+def link_figures(row, links, interval, table):
+    """A run's ``Links`` from its hosts' LinkRows (``table``) over the measured ``interval``."""
     busiest = max(table, key=lambda x: max(x.in_bytes, x.out_bytes))
     way = "in" if busiest.in_bytes >= busiest.out_bytes else "out"
     # Worst measured/formula over the links that carry a tenth of the model or more: on a shard of a few
@@ -169,16 +167,16 @@ def links_of(row, roles):
     ratios = [x.carried(w) / x.expected(w) for x in table for w in ("in", "out")
               if x.expected(w) and x.expected(w) >= floor]
     round_s = (interval[1] - interval[0]) / busiest.rounds
-    out.update(busiest_link_bytes=busiest.carried(way), busiest_link_predicted=busiest.expected(way),
-               link_bytes_ratio=max(ratios, key=lambda q: abs(q - 1)) if ratios else None,
-               round_s=round_s, link_rate_bps=links.rate_bps)
+    out = Links(hosts=tuple(table), busiest_link_bytes=busiest.carried(way), busiest_link_predicted=busiest.expected(way),
+                link_bytes_ratio=max(ratios, key=lambda q: abs(q - 1)) if ratios else None,
+                round_s=round_s, link_rate_bps=links.rate_bps)
     rate = lambda host: (links.rates or {}).get(host) or links.rate_bps      # noqa: E731  a host's own, else the cluster's
     shares = [(x.carried(w) * 8 / round_s / rate(x.host), x.host) for x in table for w in ("in", "out") if rate(x.host)]
-    if shares:                       # the link nearest its rate: a slow link (--link) before the busiest
-        share, host = max(shares)
-        out.update(link_utilisation=share, fullest_link=host, fullest_link_bps=rate(host),
+    if not shares:
+        return out
+    share, host = max(shares)        # the link nearest its rate: a slow link (--link) before the busiest
+    return replace(out, link_utilisation=share, fullest_link=host, fullest_link_bps=rate(host),
                    busiest_link=busiest.host, link_rates=dict(links.rates or {}) or None)
-    return out
 
 
 def with_scaling(rows):

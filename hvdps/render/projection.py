@@ -4,6 +4,7 @@ import json
 import textwrap
 
 from common.base.files import write_atomic
+from hvdps import methods
 
 
 def table(rows):
@@ -79,10 +80,10 @@ def _size(nbytes):
 
 
 def check_table(rows):
-    out = ["| run | backend | mode | workers | PS | measured step (ms) | projected (ms) | measured / projected | model |",
+    out = ["| run | backend | mode | workers | other tasks | measured step (ms) | projected (ms) | measured / projected | model |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r.run} | {r.backend} | {r.mode or '-'} | {r.workers} | {r.num_ps or '-'} | "
+        out.append(f"| {r.run} | {r.backend} | {r.mode or '-'} | {r.workers} | {methods.tasks_said(r.backend, r.tasks) or '-'} | "
                    f"{1e3 * r.measured_step_s:.1f} | {1e3 * r.projected_step_s:.1f} | {r.ratio:.2f} | "
                    f"{r.how} |")
     return "\n".join(out)

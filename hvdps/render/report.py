@@ -20,7 +20,7 @@ from hvdps.render.styles import name_of
 from common.inputs.records import SHARDING
 
 
-COLUMNS = ("model", "backend", "mode", "workers", "num_ps", "status", "samples_per_sec_median",
+COLUMNS = ("model", "backend", "mode", "workers", "tasks", "status", "samples_per_sec_median",
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
            "global_batch", "oversubscribed", "startup_s", "teardown_s", "warmup_s", "warmup_share", "step_s", "compute_s",
@@ -40,14 +40,14 @@ def columns_of():
 
 def links_section(rows):
     """Markdown: each run's tasks by host and, where measured, its links' bytes per round."""
-    placed = [r for r in rows if r.roles or r.links]
+    placed = [r for r in rows if r.roles or r.links.hosts]
     if not placed:
         return []
-    measured = any(r.links for r in placed)
+    measured = any(r.links.hosts for r in placed)
     lines = ["## Hosts and links", ""]
     if measured:
-        rate = next((r.link_rate_bps for r in placed if r.link_rate_bps), None)
-        own = {h: bps for r in placed for h, bps in (r.link_rates or {}).items() if rate and bps != rate}
+        rate = next((r.links.link_rate_bps for r in placed if r.links.link_rate_bps), None)
+        own = {h: bps for r in placed for h, bps in (r.links.link_rates or {}).items() if rate and bps != rate}
         lines += ["Bytes each host's link carried per round (one step of every worker), from the interface "
                   "counters over the measured interval, against the formula (ring: 2(n-1)/n x M each way on "
                   "every host with ranks; PS: each task's share of M per worker on another host, each way; "
@@ -65,14 +65,14 @@ def links_section(rows):
         lines += ["| run | host | tasks |", "|---|---|---|"]
     for r in placed:
         name = f"{r.model or '-'} {name_of(r)}, {r.workers} workers"
-        if r.links:
-            util = f"{100 * r.link_utilisation:.0f}% of rate" if r.link_utilisation is not None else "-"
-            if r.link_utilisation is not None and r.fullest_link != r.busiest_link:
-                util += f" ({r.fullest_link}'s own)"
+        if r.links.hosts:
+            util = f"{100 * r.links.link_utilisation:.0f}% of rate" if r.links.link_utilisation is not None else "-"
+            if r.links.link_utilisation is not None and r.links.fullest_link != r.links.busiest_link:
+                util += f" ({r.links.fullest_link}'s own)"
             if r.cores_busy is not None:
                 util += f", cores {100 * r.cores_busy:.0f}% busy"
-            for i, x in enumerate(r.links):
-                head = f"{name} | {1000 * r.round_s:.1f} | {util}" if i == 0 else " | | "
+            for i, x in enumerate(r.links.hosts):
+                head = f"{name} | {1000 * r.links.round_s:.1f} | {util}" if i == 0 else " | | "
                 lines.append(f"| {head} | {x.host} | {', '.join(x.tasks) or '-'} | {x.in_bytes:,.0f} | "
                              f"{_fmt_bytes(x.predicted_in)} | {x.out_bytes:,.0f} | {_fmt_bytes(x.predicted_out)} |")
         elif measured:
@@ -84,7 +84,7 @@ def links_section(rows):
                 by_host.setdefault(host, []).append(task)
             for host, tasks in by_host.items():
                 lines.append(f"| {name} | {host} | {', '.join(tasks)} |")
-    sentences = [_link_sentence(r) for r in placed if r.links]
+    sentences = [_link_sentence(r) for r in placed if r.links.hosts]
     return lines + ([""] + [s for s in sentences if s] if any(sentences) else []) + [""]
 
 
@@ -109,17 +109,17 @@ def _fmt_bytes(v):
 def _link_sentence(r):
     """The busiest link in multiples of the model's bytes M, measured against the formula."""
     m = r.grad_bytes_per_step
-    if not m or r.busiest_link_bytes is None or r.busiest_link_bytes < 0.01 * m:
+    if not m or r.links.busiest_link_bytes is None or r.links.busiest_link_bytes < 0.01 * m:
         return None                   # nothing crossed a link (one worker under all-reduce)
     text = (f"- {r.model or '-'}, {name_of(r)}, {r.workers} workers" +
-            f": the busiest link carried {r.busiest_link_bytes / m:.2f} x M per round")
-    if r.busiest_link_predicted:
-        text += f" (formula {r.busiest_link_predicted / m:.2f} x M; measured/formula {r.busiest_link_bytes / r.busiest_link_predicted:.2f})"
-    if r.link_utilisation is not None and r.fullest_link != r.busiest_link:
-        text += (f"; the fullest, {r.fullest_link}'s own {r.fullest_link_bps / 1e6:g} Mbit/s link, carried "
-                 f"{100 * r.link_utilisation:.0f}% of its rate over {1000 * r.round_s:.1f} ms rounds")
-    elif r.link_utilisation is not None:
-        text += f", {100 * r.link_utilisation:.0f}% of its rate over {1000 * r.round_s:.1f} ms rounds"
+            f": the busiest link carried {r.links.busiest_link_bytes / m:.2f} x M per round")
+    if r.links.busiest_link_predicted:
+        text += f" (formula {r.links.busiest_link_predicted / m:.2f} x M; measured/formula {r.links.busiest_link_bytes / r.links.busiest_link_predicted:.2f})"
+    if r.links.link_utilisation is not None and r.links.fullest_link != r.links.busiest_link:
+        text += (f"; the fullest, {r.links.fullest_link}'s own {r.links.fullest_link_bps / 1e6:g} Mbit/s link, carried "
+                 f"{100 * r.links.link_utilisation:.0f}% of its rate over {1000 * r.links.round_s:.1f} ms rounds")
+    elif r.links.link_utilisation is not None:
+        text += f", {100 * r.links.link_utilisation:.0f}% of its rate over {1000 * r.links.round_s:.1f} ms rounds"
     return text + "."
 
 
@@ -175,7 +175,7 @@ def write_results(runs, out, configs, environment):
 
 def runs_table(rows):
     """The report's table of runs, one line per configuration, as Markdown lines."""
-    table = ["| workload | backend | mode | workers | PS | samples/sec (median) | mean ± 95% | scaling eff. | "
+    table = ["| workload | backend | mode | workers | other tasks | samples/sec (median) | mean ± 95% | scaling eff. | "
              "time to target (s) | test acc. | test loss | wire bytes/worker step | step = compute + overhead (ms) | "
              "wall (s) | start-up (s) | status |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -186,7 +186,7 @@ def runs_table(rows):
         eff = f"{100 * r.scaling_efficiency:.0f}%" if r.scaling_efficiency is not None else "-"
         mode = r.mode + (f" [{r.unhealthy.what if r.unhealthy else r.condition}]" if r.condition else "")
         table.append(f"| {r.model or '-'} | {r.backend} | {mode} | {r.workers} | "
-                     f"{r.num_ps or '-'} | "
+                     f"{methods.tasks_said(r.backend, r.tasks) or '-'} | "
                      f"{_throughput_cell(r)} | {tp} | {eff} | {_fmt(r.time_to_target)} | "
                      f"{_fmt(r.final_test_accuracy)} | {_fmt(r.final_test_loss)} | "
                      f"{_fmt(r.bytes_per_step_per_worker)} | {_split(r)} | {_fmt(r.wall_time)} | "
@@ -201,15 +201,15 @@ def _status_cell(r):
         status += f": {r.error}"
     if r.oversubscribed:
         status += " (oversubscribed)"
-    if r.shared:
+    if r.load.shared:
         status += f" (shared: {contention_words(r)})"
     return status
 
 
 def _startup_cell(r):
-    return ((f"{r.startup_s:.1f}" if r.startup_s is not None else "-") +
-            (f" (warm-up {100 * r.warmup_share:.0f}%)" if r.warmup_share is not None else "") +
-            (f" + {r.teardown_s:.1f} teardown" if r.teardown_s is not None else ""))
+    return ((f"{r.startup.startup_s:.1f}" if r.startup.startup_s is not None else "-") +
+            (f" (warm-up {100 * r.startup.warmup_share:.0f}%)" if r.startup.warmup_share is not None else "") +
+            (f" + {r.startup.teardown_s:.1f} teardown" if r.startup.teardown_s is not None else ""))
 
 
 def report_lines(rows, table, findings, reasons, configs, environment, plots):
@@ -303,7 +303,7 @@ def verdicts(rows):
                 f"{name_of(r)} (ended at {_fmt(r.final_test_accuracy)})" for r in never)
         text += "."
         text += _throughput_sentence(at_n) + _bytes_sentence(at_n)
-        startups = [f"{name_of(r)} {r.startup_s:.1f} s" for r in at_n if r.startup_s is not None]
+        startups = [f"{name_of(r)} {r.startup.startup_s:.1f} s" for r in at_n if r.startup.startup_s is not None]
         if startups:
             text += " Start-up of these runs: " + ", ".join(startups) + "."
         out.append(text)
@@ -313,9 +313,9 @@ def verdicts(rows):
 def contention_words(r):
     """Who else took the cores of a shared run: the machine's other processes and, on a virtual
     machine, the hypervisor's other tenants (steal), each with its share."""
-    text = f"the rest of the machine used {r.others_cores:.2f} of its {r.machine_cores} cores"
-    if r.hypervisor_cores is not None and r.hypervisor_cores >= 0.005:
-        text += f" and the hypervisor gave {r.hypervisor_cores:.2f} to other tenants (steal)"
+    text = f"the rest of the machine used {r.load.others_cores:.2f} of its {r.load.machine_cores} cores"
+    if r.load.hypervisor_cores is not None and r.load.hypervisor_cores >= 0.005:
+        text += f" and the hypervisor gave {r.load.hypervisor_cores:.2f} to other tenants (steal)"
     return text
 
 
@@ -323,7 +323,7 @@ def _caveats(runs):
     """What the verdict's runs measured besides their methods, named up front: other work on the
     machine (shared) and more processes than cores (oversubscribed)."""
     out = ""
-    shared = [r for r in runs if r.shared]
+    shared = [r for r in runs if r.load.shared]
     if shared:
         out += "; **on a shared machine**, measuring the other work too: " + ", ".join(
             f"{name_of(r)} ({contention_words(r)})" for r in shared)

@@ -21,9 +21,11 @@ LEGEND_ROWS = 24                 # entries per column of such a legend
 
 
 def name_of(r, healthy=False):
-    """A run as the report names it: its method and mode, its PS tasks when more than one, and a slow
-    or stalled worker (``healthy``: the method alone, as the unhealthy cluster's own tables say it)."""
-    name = methods.label(r.backend, r.mode) + (f" ({r.num_ps} PS)" if (r.num_ps or 0) > 1 else "")
+    """A run as the report names it: its method and mode, its other tasks where a role has more than
+    one ("2 PS"), and a slow or stalled worker (``healthy``: the method alone, as the unhealthy
+    cluster's own tables say it)."""
+    many = any(n > 1 for _, n in r.tasks)
+    name = methods.label(r.backend, r.mode) + (f" ({methods.tasks_said(r.backend, r.tasks)})" if many else "")
     if r.condition is None or healthy:
         return name
     return name + f" [{r.unhealthy.what if r.unhealthy else r.condition}]"

@@ -20,12 +20,12 @@ from hvdps.render.styles import name_of, series_styles
 
 
 def healthy_of(rows):
-    """{(workload, backend, mode, PS, workers): the healthy row} of every ok healthy run."""
+    """{(workload, backend, mode, other tasks, workers): the healthy row} of every ok healthy run."""
     return {_key(r): r for r in rows if r.condition is None and r.status == "ok"}
 
 
 def _key(r):
-    return (r.model, r.backend, r.mode, r.num_ps, r.workers)
+    return (r.model, r.backend, r.mode, r.tasks, r.workers)
 
 
 def _ratio(a, b):
