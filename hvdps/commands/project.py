@@ -136,7 +136,7 @@ def from_runs(found, path, nets):
         if key not in largest or size >= (largest[key].workers or 1, sum(n for _, n in largest[key].tasks)):
             largest[key] = r
     for r in largest.values():
-        method = methods.lookup(r.backend)
+        method = r.method
         if method is None or method.cost.collective and ((r.workers or 1) < 2 or not method.cost.exact):
             continue                 # an inexact ring (local SGD) has rows of its own, by its k (own_rows)
         t, how = run_exchange_s(r, nets)
@@ -220,7 +220,7 @@ def heldout_of(found, layers, nets, tuning):
     shared = {f.cores for f in healthy_of(found) if f.cores}
     cores = max(shared) if shared else None
     def terms_of(row):
-        method = methods.lookup(row.backend)
+        method = row.method
         return method.cost.step_terms(row, row.shard_bytes, layers, nets, tuning)
 
     entries = heldout.analyse(rows, terms_of, cores)
@@ -287,7 +287,7 @@ def unhealthy_check(found, path, healthy_path, layers, tuning):
     found, left_out = [], []
     for row, unhealthy, cores in runs.values():
         name = row.name
-        if unhealthy is None and not linked or (row.workers or 1) < 2 or methods.lookup(row.backend) is None:
+        if unhealthy is None and not linked or (row.workers or 1) < 2 or row.method is None:
             continue
         twin = twins.get(row.identity.healthy) if row.identity else None
         if twin is None or twin[1] is not None or not twin[0].compute_s:
@@ -302,7 +302,7 @@ def unhealthy_check(found, path, healthy_path, layers, tuning):
 
         def nets_of(c, r):
             return stragglers.link_networks(c.latency_s, c.rates, r.roles, c.rate_bps, TCP_GOODPUT,
-                                            methods.lookup(r.backend).cost)
+                                            r.method.cost)
 
         own = cluster
         if unhealthy is not None and unhealthy.rate_bps:       # a slow link, run by run (--slow_link)

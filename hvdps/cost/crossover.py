@@ -76,7 +76,7 @@ class Workload:
 
 
 def is_ring(row):
-    method = methods.lookup(row.backend)
+    method = row.method
     return bool(method and method.cost.collective)
 
 
@@ -90,7 +90,7 @@ def points(rows):
     """The runs the crossover reads: known methods, a measured step and compute, one model each."""
     out = []
     for r in rows:
-        if methods.lookup(r.backend) is None or not r.step_s or not r.compute_s:
+        if r.method is None or not r.step_s or not r.compute_s:
             continue
         if not r.grad_bytes_per_step:
             continue

@@ -50,7 +50,7 @@ OVERLAP = [1.5 + 0.5 * i for i in range(18)] + [math.inf]    # p searched: 1.5 .
 
 def lockstep(row):
     """Whether every worker computes at the same moment each step (a ring, sync PS)."""
-    method = methods.lookup(row.backend)
+    method = row.method
     return bool(method) and method.cost.lockstep(row.mode)
 
 
@@ -76,7 +76,7 @@ def cpu_per_worker_step(row, cores):
     """Busy CPU seconds of the whole machine per worker step over the run's measured interval; None
     for a method whose ranks spin while they wait (``polls``: their busy cores are not work)."""
     busy, n = row.cores_busy, row.workers or 1
-    method = methods.lookup(row.backend)
+    method = row.method
     if busy is None or not cores or not row.step_s or method is None or method.cost.polls:
         return None
     return busy * cores * row.step_s / n
@@ -145,6 +145,11 @@ class Modelled:
     terms: Dict[str, Any]
     modelled_s: float
 
+    @property
+    def method(self):
+        """Its method's registry entry, as its run's (hvdps/measure/rows.py: RunRow.method)."""
+        return methods.lookup(self.backend)
+
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
@@ -184,7 +189,7 @@ def analyse(rows, terms_of, cores=None):
     for r in rows:
         if (r.workers or 1) < 2 or not r.step_s or not r.compute_s:
             continue
-        if methods.lookup(r.backend) is None:
+        if r.method is None:
             continue
         terms = terms_of(r)
         if not terms:

@@ -158,7 +158,7 @@ def run_exchange_s(row, nets):
     cost of its method (hvdps/methods.py)."""
     if row.exchange_s:
         return row.exchange_s, "measured"
-    method = methods.lookup(row.backend)
+    method = row.method
     t = method.cost.exchange_s(row, nets) if method else None
     return (t, "alpha-beta") if t is not None else (None, None)
 
@@ -180,7 +180,7 @@ def projected_step(row, shard_bytes, layers, nets, tuning):
     """(the step time the network model gives this run, how): its own compute, its gradient M, its
     worker count n and, for a method with server tasks, the bytes each holds (``RunRow.shard_bytes``), by
     its method's step model (hvdps/methods.py); (None, None) for a method this version lacks."""
-    method = methods.lookup(row.backend)
+    method = row.method
     if method is None:
         return None, None
     return method.cost.projected_step(row, shard_bytes, layers, nets, tuning)

@@ -3,6 +3,8 @@ too, so the projection and the crossover can ask the same model about runs no on
 import dataclasses
 from typing import Optional, Tuple
 
+from hvdps import methods
+
 
 @dataclasses.dataclass(frozen=True)
 class StepShape:
@@ -12,3 +14,8 @@ class StepShape:
     backend: Optional[str] = None
     mode: Optional[str] = None
     tasks: Tuple[Tuple[str, int], ...] = ()     # besides the workers, by role (("ps", 2),)
+
+    @property
+    def method(self):
+        """Its method's registry entry, as a measured run's (hvdps/measure/rows.py: RunRow.method)."""
+        return methods.lookup(self.backend) if self.backend else None

@@ -214,7 +214,7 @@ def job_step(row, paces, compute_s, nets, roles=None, layers=None, tuning=None, 
     worker ``task``; ``roles``: {task: host}, for the worker names; ``tuning``: the methods' declared
     knobs (hvdps/methods.py: ``Tuning``; their defaults if None); ``factors``: {term: factor} each
     such term's seconds are multiplied by, on every worker (``measured_term``)."""
-    method = methods.lookup(row.backend)
+    method = row.method
     tuning = tuning or methods.tuning()
     cost = method.cost
     n = row.workers or 1
@@ -261,7 +261,7 @@ def measured_term(row, compute_s, nets, measured_s, layers=None, tuning=None, sh
     measures that term, the link or exchange every worker waits for. A condition that leaves the term
     as it was (a slow link elsewhere: sync PS's PS link beside its slow worker's own) keeps the twin's
     measure of it, and one that changes it (the ring on its slowest link) scales the measure."""
-    cost = methods.lookup(row.backend).cost
+    cost = row.method.cost
     n = row.workers or 1
     if not measured_s or cost.waits_for(row.mode, n) is None:
         return {}
@@ -371,7 +371,7 @@ def held(run, healthy, condition, paces, compute_s, nets_healthy, nets, layers, 
     base = job_step(healthy, described(healthy.workers or 1), compute_s, nets_healthy, layers=layers,
                     tuning=tuning, shard_bytes=healthy.shard_bytes)
     factors = {}
-    if base is not None and healthy.step_s and methods.lookup(run.backend).cost.polls:
+    if base is not None and healthy.step_s and run.method.cost.polls:
         # a rank that spins while it waits is on the CPU for all of its step: what the model does not
         # put on the network (the healthy twin's measured step less the model's: the training loop,
         # the library's own bookkeeping) is its own work, slowed by a quota as its compute is

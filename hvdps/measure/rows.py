@@ -148,10 +148,16 @@ class RunRow:
         return self.curves.header
 
     @property
+    def method(self):
+        """Its method's registry entry (hvdps/methods.py), resolved here for every reader; None for a
+        run of a method this version does not know."""
+        return methods.lookup(self.backend) if self.backend else None
+
+    @property
     def shard_bytes(self):
         """{server task: model bytes it holds} as the run recorded it, where its method has server
         tasks that hold shares of the model (``Method.shard_bytes``), or None."""
-        method = methods.lookup(self.backend) if self.header is not None else None
+        method = self.method if self.header is not None else None
         return method.shard_bytes(self.header) if method else None
 
     @property
@@ -207,7 +213,7 @@ def steady_rate(row):
     row's median. A worker slowed by a CPU quota also starts slowly (its TensorFlow import and graph
     at its quota) while asynchronous workers already train without it: those first intervals are the
     job's start-up, not the pace it keeps."""
-    method = methods.lookup(row.backend) if row.backend else None
+    method = row.method
     steps = row.curves.steps
     rates = [s.samples_per_sec for before, s in zip(steps, steps[1:])
              if s.samples_per_sec and (method is None or method.all_in(before))]
@@ -242,7 +248,7 @@ def kept_rates(run, healthy, stalled):
     those with an averaging and those without): there the samples over the whole measured interval
     (interval_rate), where both runs have one. A median would call a stalled ring faster than its
     healthy twin."""
-    method = methods.lookup(run.backend) if run.backend else None
+    method = run.method
     periodic = method is not None and method.cost.steps_per_exchange(run.mode) > 1
     if stalled or periodic:
         rates = (interval_rate(healthy), interval_rate(run))

@@ -433,7 +433,7 @@ def step_parts(r):
     the measured wait for the other workers and the rest where the run measured the wait.
     At one worker there is no peer: what the overhead is named says so (the method's wording,
     hvdps/methods.py)."""
-    method, wait = methods.lookup(r.backend), r.wait_s
+    method, wait = r.method, r.wait_s
     names = method.overhead_parts(r.mode, r.workers == 1, wait is not None) if method else ["distribution"]
     parts = [("compute", r.compute_s)]
     if len(names) == 2:
@@ -464,7 +464,7 @@ INPUT_FLOOR_S = 1e-3  # when the wait is also longer than the iterator call itse
 
 
 def _details(r):
-    text, method = "", methods.lookup(r.backend)
+    text, method = "", r.method
     if r.exchange_s is not None:
         text += f"; measured inside {method.exchange_timed if method else 'its exchange'}: {_ms(r.exchange_s)}"
     if r.input_s is not None and r.input_share is not None:

@@ -61,7 +61,7 @@ def _simple(r):
         paces = stragglers.described(r.workers, stalled={u.rank: (u.every_ms, u.for_ms)})
     else:
         paces = stragglers.described(r.workers, slow={u.rank: u.factor})
-    cost = methods.lookup(r.backend).cost
+    cost = r.method.cost
     return stragglers.kept(paces, cost.waits_for(r.mode, r.workers),
                            unwaited=lambda steps: cost.unwaited_step(r.mode, steps))
 
@@ -122,7 +122,7 @@ def overtakes(rows):
         factors = sorted({f for c in by_method.values() for f in c})
         if len(factors) < 2:
             continue
-        cost = lambda runs: methods.lookup(next(iter(runs.values())).backend).cost  # noqa: E731
+        cost = lambda runs: next(iter(runs.values())).method.cost  # noqa: E731
         waits_all = {m for m, c in by_method.items() if cost(c).waits_for(next(iter(c.values())).mode, n) == n}
         for m in sorted(set(by_method) - waits_all):
             for other in sorted(waits_all):
