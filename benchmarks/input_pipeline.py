@@ -114,7 +114,7 @@ def keeps_up(args, env, tmp):
     rows = []
     for rep in range(args.repeats):
         order = ["memory", "files"] if rep % 2 == 0 else ["files", "memory"]
-        for variant in parse_variants(args.backends):
+        for variant in (v.pair for v in parse_variants(args.backends)):
             for workers in (1, 2):
                 for source in order:                          # the pair back to back, its order alternating
                     out = os.path.join(tmp, f"{source}-{'-'.join(variant)}-w{workers}-{rep}")
@@ -124,7 +124,7 @@ def keeps_up(args, env, tmp):
                     print(json.dumps(row), flush=True)
                     shutil.rmtree(out, ignore_errors=True)
     pairs = []
-    for variant in (":".join(v) for v in parse_variants(args.backends)):
+    for variant in (":".join(v.pair) for v in parse_variants(args.backends)):
         for workers in (1, 2):
             med = {}
             for source in ("memory", "files"):

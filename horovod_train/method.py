@@ -5,7 +5,7 @@ Horovod's cycle time and fusion buffer) and the report's wording."""
 from hvdps.launchers import MPIRunLauncher
 from hvdps.cost.model import Network, Option
 from hvdps.cost.ring import Ring
-from hvdps.methods import Method
+from hvdps.methods import Method, Setting
 
 
 class HorovodLauncher(MPIRunLauncher):
@@ -25,6 +25,17 @@ OPTIONS = (
            field="fusion_bytes", scale=1 << 20, cast=int, says="fusion {:g} MiB"),
 )
 
+# What a comparison may run Horovod at (--backends 'horovod[cycle_time_ms=0.1]'): its trainer's own flags.
+SETTINGS = (
+    Setting("cycle_time_ms", float, "the background thread's cycle, HOROVOD_CYCLE_TIME (Horovod's default 1 ms)",
+            low=0, high=1000),
+    Setting("fusion_threshold_mb", float, "the fusion buffer, HOROVOD_FUSION_THRESHOLD (Horovod's default 128 MiB)",
+            low=0, high=4096),
+    Setting("fp16_allreduce", bool, "the gradients as fp16 on the wire (hvd.Compression.fp16)"),
+    Setting("num_groups", int, "the gradients as this many grouped all-reduces (0: one per tensor, fused)",
+            low=0, high=1024),
+)
+
 _ALONE = "Horovod's machinery with no peer to exchange with (one worker: no all-reduce traffic, no slower rank)"
 
 METHODS = (
@@ -36,5 +47,5 @@ METHODS = (
                              "waiting for the slower rank",
                      "sparse_as_dense": "Horovod's negotiation, fusion and ring all-reduce of the gradients "
                                         "(embedding tables whole), and waiting for the slower rank"},
-           default_modes=("sync",), alone={"sync": _ALONE, "sparse_as_dense": _ALONE}),
+           default_modes=("sync",), alone={"sync": _ALONE, "sparse_as_dense": _ALONE}, settings=SETTINGS),
 )

@@ -116,13 +116,16 @@ class Launcher:
         # (MPI launchers only; the benchmarks ask every launcher alike).
         self.mpi_yield = mpi_yield
 
-    def task_choices(self, args):
+    def task_choices(self, args, given=None):
         """Every ``tasks`` the parsed flags ask this method's runs to start besides the workers, each
         ((role, count), ...) in ``task_flags`` order: one () for a method that starts workers only
-        (hvdps/measure/identity.py: RunId.tasks)."""
+        (hvdps/measure/identity.py: RunId.tasks). ``given``: the counts a --backends entry sets
+        (``ps:sync[num_ps=2]``), which stand for the flag's of the same role."""
+        fixed = dict(given or ())
         choices = [()]
         for flag in self.task_flags:
-            choices = [(*c, (flag.role, n)) for c in choices for n in getattr(args, flag.dest)]
+            counts = [fixed[flag.role]] if flag.role in fixed else getattr(args, flag.dest)
+            choices = [(*c, (flag.role, n)) for c in choices for n in counts]
         return choices
 
     def default_tasks(self):

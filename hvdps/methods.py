@@ -44,6 +44,73 @@ from hvdps.launchers import Launcher
 
 # ------------------------------------------------------------------ the registry
 @dataclass(frozen=True)
+class Setting:
+    """A knob of a method's own that a comparison runs it at (``--backends NAME[SETTING=VALUE]``): its
+    trainer's flag of the same name, its type and range. ``kind``: float, int, bool (a flag given or
+    not) or str (one of ``choices``); ``low``/``high``: its range. A setting and the projection's
+    ``Option`` of the same knob (Horovod's cycle time) share its name."""
+    name: str
+    kind: type
+    help: str
+    low: float = None
+    high: float = None
+    choices: tuple = ()
+
+    def range_text(self):
+        """How the refusals list it: ``NAME LOW..HIGH``, ``NAME true|false``, ``NAME a|b``."""
+        if self.kind is bool:
+            return f"{self.name} true|false"
+        if self.choices:
+            return f"{self.name} {'|'.join(self.choices)}"
+        ends = [str(int(x)) if float(x).is_integer() else f"{x:g}" for x in (self.low, self.high)]
+        return f"{self.name} {ends[0]}..{ends[1]}"
+
+    def parse(self, text):
+        """The value ``text`` gives, in its one spelling (``0.10`` is ``0.1``, ``yes`` is ``true``),
+        or None where it is not a value of this setting."""
+        text = text.strip()
+        if self.kind is bool:
+            return {"true": "true", "1": "true", "yes": "true", "false": "false", "0": "false",
+                    "no": "false"}.get(text.lower())
+        if self.choices:
+            return text if text in self.choices else None
+        try:
+            value = self.kind(text)
+        except ValueError:
+            return None
+        if value != value or not self.low <= value <= self.high:      # NaN, or out of range
+            return None
+        return f"{value:g}" if self.kind is float else str(value)
+
+    def argv(self, value):
+        """The trainer flags a parsed value stands for: ``--NAME VALUE``, a bool's flag alone when true."""
+        if self.kind is bool:
+            return [f"--{self.name}"] if value == "true" else []
+        return [f"--{self.name}", value]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One entry of ``--backends``, parsed: the method, one of its modes, its settings ((name, value),
+    ...: in the method's declaration order, each in its one spelling) and, where the entry sizes them,
+    its tasks besides the workers (``ps:sync[num_ps=2]``; None: the task flags choose)."""
+    method: str
+    mode: str
+    settings: tuple = ()
+    tasks: tuple = None
+
+    @property
+    def pair(self):
+        return self.method, self.mode
+
+
+def settings_argv(name, settings):
+    """The trainer flags that method ``name``'s parsed ``settings`` ((setting, value), ...) stand for."""
+    declared = {s.name: s for s in get(name).settings}
+    return [a for setting, value in settings for a in declared[setting].argv(value)]
+
+
+@dataclass(frozen=True)
 class Method:
     """One distribution method: see the module's docstring."""
     name: str
@@ -68,6 +135,8 @@ class Method:
     # the call a run's measured exchange (its summary's exchange_s, where its trainer times one) was
     # timed inside, as the report names it
     exchange_timed: str = "MPI_Allreduce"
+    # its own knobs a comparison may run it at (``Setting``: --backends NAME[SETTING=VALUE])
+    settings: tuple = ()
 
     @property
     def modes(self):
@@ -80,6 +149,12 @@ class Method:
         """What ``--backends`` help says of its modes: each as NAME:MODE with the report's label."""
         text = "; ".join(f"{self.name}:{mode} {self.label(mode)}" for mode in self.modes)
         return text + (f"; the bare name runs {', '.join(self.default_modes)}" if self.default_modes else "")
+
+    def settings_help(self):
+        """What ``--backends`` help and its refusals say of its settings (and the task flags its
+        brackets also take): ``NAME LOW..HIGH, ...``; "" where it has none."""
+        ranges = [s.range_text() for s in self.settings] + [f"{f.dest} 1..4096" for f in self.launcher.task_flags]
+        return ", ".join(ranges)
 
     def parse_mode(self, text):
         """The mode ``--backends NAME:TEXT`` names, or a usage error listing the valid ones. A method
@@ -366,18 +441,76 @@ def label(backend, mode):
     return method.label(mode) if method else f"{backend} {mode}"
 
 
+def split_entries(text):
+    """``--backends``' entries: its commas outside brackets (``NAME[A=1,B=2],OTHER``)."""
+    entries, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth < 0 or depth > 1:
+            raise UsageError(f"--backends {text!r}: brackets do not pair (NAME[:MODE][SETTING=VALUE,...])")
+        if ch == "," and depth == 0:
+            entries.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise UsageError(f"--backends {text!r}: a '[' is not closed (NAME[:MODE][SETTING=VALUE,...])")
+    return [e.strip() for e in [*entries, text[start:]] if e.strip()]
+
+
+def parse_settings(method, item, text):
+    """(settings, tasks) of one entry's bracket ``text``: each SETTING=VALUE a setting the method
+    declares, or one of its task flags (sizing a role of its tasks); a usage error listing them else."""
+    declared = {s.name: s for s in method.settings}
+    task_roles = {f.dest: f.role for f in method.launcher.task_flags}
+    listed = (f"{method.name}'s settings: {method.settings_help()}" if method.settings_help()
+              else f"{method.name} has no settings")
+    values, tasks = {}, {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, eq, value = (x.strip() for x in part.partition("="))
+        if name in task_roles:
+            parsed = value if eq and value.isdigit() and 1 <= int(value) <= 4096 else None
+        else:
+            parsed = declared[name].parse(value) if name in declared and eq else None
+        if name not in declared and name not in task_roles:
+            raise UsageError(f"--backends {item}: {method.name} has no setting {name!r} ({listed})")
+        if name in values or name in tasks:
+            raise UsageError(f"--backends {item}: {name} is given twice ({listed})")
+        if parsed is None:
+            raise UsageError(f"--backends {item}: {part!r} is not a value of {name} ({listed})")
+        if name in task_roles:
+            tasks[name] = int(parsed)
+        else:
+            values[name] = parsed
+    settings = tuple((s.name, values[s.name]) for s in method.settings if s.name in values)
+    given = tuple((task_roles[d], tasks[d]) for d in task_roles if d in tasks)
+    return settings, (given or None)
+
+
 def parse_variants(text):
-    """'horovod,ps,ps2' -> [(backend, mode)], PS in both modes; 'ps:sync' picks one mode,
-    'horovod:sparse_as_dense' Horovod's dense all-reduce of embedding gradients."""
+    """'horovod,ps,ps2' -> [Variant], PS in both modes; 'ps:sync' picks one mode,
+    'horovod:sparse_as_dense' Horovod's dense all-reduce of embedding gradients; 'NAME[SETTING=VALUE]'
+    a method at one of its own settings (``Method.settings``), 'ps:sync[num_ps=2]' with two PS tasks."""
     out = []
-    for item in [s.strip() for s in text.split(",") if s.strip()]:
-        name, _, mode = item.partition(":")
+    for item in split_entries(text):
+        head, bracket, rest = item.partition("[")
+        if bracket and not rest.endswith("]"):
+            raise UsageError(f"--backends {item}: settings go last, in one pair of brackets (NAME[:MODE][SETTING=VALUE,...])")
+        name, _, mode = head.strip().partition(":")
         method = get(name)                         # unknown names list the valid ones
         mode = method.parse_mode(mode) if mode else mode
-        for variant in [(name, m) for m in ([mode] if mode else method.default_modes or method.modes)]:
+        settings, tasks = parse_settings(method, item, rest[:-1]) if bracket else ((), None)
+        for variant in [Variant(name, m, settings, tasks) for m in ([mode] if mode else method.default_modes or method.modes)]:
             if variant in out:          # 'ps,ps:sync' or 'mwms,mwms': a run planned twice would overwrite itself
-                raise UsageError(f"--backends names {variant[0]}:{variant[1]} twice ('{item}' repeats it)")
+                raise UsageError(f"--backends names {entry_text(variant)} twice ('{item}' repeats it)")
             out.append(variant)
     if not out:
         raise UsageError("--backends is empty")
     return out
+
+
+def entry_text(variant):
+    """A Variant as --backends writes it: ``ps:sync``, ``NAME:MODE[SETTING=VALUE]``."""
+    inside = [f"{k}={v}" for k, v in variant.settings]
+    if variant.tasks:
+        flags = {f.role: f.dest for f in get(variant.method).launcher.task_flags}
+        inside += [f"{flags[role]}={n}" for role, n in variant.tasks]
+    return f"{variant.method}:{variant.mode}" + (f"[{','.join(inside)}]" if inside else "")

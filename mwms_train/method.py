@@ -4,7 +4,8 @@ all-reduce as comm.json measures it ("mwms*" rows), and the report's wording."""
 from hvdps.launchers import TaskLauncher
 from hvdps.cost.model import Network
 from hvdps.cost.ring import Ring
-from hvdps.methods import Method
+from hvdps.methods import Method, Setting
+from mwms_train.backend import IMPLEMENTATIONS
 
 
 class MWMSLauncher(TaskLauncher):
@@ -19,5 +20,9 @@ METHODS = (
            overhead={"sync": "TensorFlow's collective all-reduce of the gradients (after back-propagation, in "
                              "apply_gradients) and waiting for the slower worker"},
            alone={"sync": "the strategy's machinery with no peer to exchange with (one worker: no all-reduce "
-                          "traffic, no slower rank)"}),
+                          "traffic, no slower rank)"},
+           settings=(Setting("implementation", str, "the collective all-reduce (CommunicationImplementation)",
+                             choices=IMPLEMENTATIONS),
+                     Setting("pack_size_mb", float, "gradients all-reduced in packs of this size "
+                             "(CommunicationOptions.bytes_per_pack; 0: TensorFlow decides)", low=0, high=1 << 20))),
 )

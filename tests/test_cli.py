@@ -112,6 +112,10 @@ CASES = [
     # ---- comparison, projection, hosts
     (COMPARE, ["--backends", "mxnet"], {}, f"error: unknown backend 'mxnet' (valid: {VALID_BACKENDS})"),
     (COMPARE, ["--backends", "ps:lazy"], {}, "error: backend ps has no mode 'lazy' (valid: async, sync)"),
+    (COMPARE, ["--backends", "horovod[cycle=1]"], {}, "error: --backends horovod[cycle=1]: horovod has no setting "
+                                                      "'cycle' (horovod's settings: cycle_time_ms 0..1000"),
+    (COMPARE, ["--backends", "horovod[cycle_time_ms=2000]"], {}, "error: --backends horovod[cycle_time_ms=2000]: "
+                                                                 "'cycle_time_ms=2000' is not a value of cycle_time_ms"),
     (COMPARE, ["--workers", "0"], {}, "error: --workers expects positive numbers"),
     (COMPARE, ["--workers", "a,b"], {}, "error: --workers expects numbers like 1,2,4"),
     (COMPARE, ["--run_timeout", "-5"], {}, "error: --run_timeout must be positive, got -5.0"),
@@ -354,6 +358,8 @@ CASES = [
     (K8S, [*IMAGE, "--namespace", "a" * 64], {}, "error: --namespace"),
     (K8S, [*IMAGE, "--results_path", "results"], {}, "error: --results_path 'results': an absolute path"),
     (K8S, [*IMAGE, "--backends", "nope"], {}, "error: unknown backend 'nope'"),
+    (K8S, [*IMAGE, "--backends", "mwms[implementation=gloo]"], {}, "error: --backends mwms[implementation=gloo]: "
+                                                                   "'implementation=gloo' is not a value"),
     (K8S, [*IMAGE, "--port", "0"], {}, "error: --port must be in [1, 65535], got 0"),
     (K8S, [*IMAGE, "--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
     (K8S, [*IMAGE, "--backends", "ps", "--num_ps", "0"], {}, "error: argument --num_ps"),

@@ -61,7 +61,7 @@ def test_the_wire_rule_is_the_whole_model_to_each_neighbour(workers, degree):
 @pytest.mark.unit
 def test_its_entry_and_wording():
     m = methods.get("gossip")
-    assert methods.parse_variants("gossip,mpi") == [("gossip", "ring"), ("mpi", "sync")]
+    assert [v.pair for v in methods.parse_variants("gossip,mpi")] == [("gossip", "ring"), ("mpi", "sync")]
     assert m.label("ring") == "gossip SGD (ring)" and m.exchange_timed == "MPI_Neighbor_allgather"
     assert "neighbours" in m.overhead_parts("ring", alone=False, measured_wait=False)[0]
     assert not m.cost.exact and m.cost.collective and methods.get("mpi").cost.exact

@@ -31,7 +31,7 @@ LABELS = {label for m in methods.METHODS.values() for label in m.labels.values()
     ("ps:backup1,ps:backup02", [("ps", "backup1"), ("ps", "backup2")]),     # sync PS with K backup workers
 ])
 def test_variants(text, expected):
-    assert methods.parse_variants(text) == expected
+    assert [v.pair for v in methods.parse_variants(text)] == expected
 
 
 @pytest.mark.parametrize("text, message", [
@@ -50,6 +50,68 @@ def test_bad_variants_are_usage_errors(text, message):
         methods.parse_variants(text)
 
 
+@pytest.mark.parametrize("text, settings, tasks", [
+    ("horovod[cycle_time_ms=0.10]", (("cycle_time_ms", "0.1"),), None),           # one spelling of a value
+    ("horovod[fusion_threshold_mb=0, cycle_time_ms=5]",                           # declaration order kept
+     (("cycle_time_ms", "5"), ("fusion_threshold_mb", "0")), None),
+    ("horovod[fp16_allreduce=yes]", (("fp16_allreduce", "true"),), None),
+    ("mwms[implementation=ring]", (("implementation", "ring"),), None),
+    ("ps:sync[num_ps=2]", (), (("ps", 2),)),                                        # a task flag sizes a role
+    ("horovod[]", (), None),
+])
+def test_variant_settings(text, settings, tasks):
+    [variant] = methods.parse_variants(text)
+    assert (variant.settings, variant.tasks) == (settings, tasks)
+    assert methods.parse_variants(methods.entry_text(variant)) == [variant]         # written as it is read
+
+
+@pytest.mark.parametrize("settings, argv", [
+    ((("cycle_time_ms", "0.1"),), ["--cycle_time_ms", "0.1"]),
+    ((("fp16_allreduce", "true"),), ["--fp16_allreduce"]),
+    ((("fp16_allreduce", "false"),), []),
+])
+def test_settings_argv(settings, argv):
+    assert methods.settings_argv("horovod", settings) == argv
+
+
+def test_settings_are_trainer_flags():
+    """Every declared setting is a flag its trainer parses: a setting the trainer refused would fail
+    only after a comparison's runs started."""
+    import importlib
+    for m in methods.METHODS.values():
+        dests = {a.dest for a in importlib.import_module(f"{m.package}.main").make_parser()._actions}
+        assert {s.name for s in m.settings} <= dests, m.name
+
+
+@pytest.mark.parametrize("text, message", [
+    ("horovod[cycle=1]", r"horovod has no setting 'cycle' \(horovod's settings: cycle_time_ms 0\.\.1000"),
+    ("horovod[cycle_time_ms=-1]", r"'cycle_time_ms=-1' is not a value of cycle_time_ms"),
+    ("horovod[cycle_time_ms=nan]", r"is not a value of cycle_time_ms"),
+    ("horovod[cycle_time_ms]", r"'cycle_time_ms' is not a value of cycle_time_ms"),
+    ("horovod[cycle_time_ms=1,cycle_time_ms=2]", r"cycle_time_ms is given twice"),
+    ("mwms[implementation=mpi]", r"is not a value of implementation"),
+    ("mpi[cycle_time_ms=1]", r"mpi has no setting"),
+    ("horovod[cycle_time_ms=1", r"a '\[' is not closed"),
+    ("horovod]", r"brackets do not pair"),
+    ("horovod[cycle_time_ms=1]:sync", r"settings go last"),
+    ("ps:sync[num_ps=0]", r"'num_ps=0' is not a value of num_ps"),
+    ("horovod,horovod[]", r"names horovod:sync twice"),
+])
+def test_bad_settings_are_usage_errors(text, message):
+    with pytest.raises(UsageError, match=message):
+        methods.parse_variants(text)
+
+
+def test_a_setting_is_in_the_run_name():
+    """Two runs of one method at two settings get two folders and two DNS-safe object names."""
+    from hvdps.measure.identity import RunId
+    from tf_cluster.jobset import DNS_LABEL
+    names = {RunId("mlp", v.method, v.mode, 2, settings=v.settings).name
+             for v in methods.parse_variants("horovod,horovod[cycle_time_ms=0.1],horovod[fp16_allreduce=true]")}
+    assert names == {"horovod-sync-w2", "horovod-sync-w2-cycle-time-ms-0p1", "horovod-sync-w2-fp16-allreduce-true"}
+    assert all(re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", n) and len(n) <= DNS_LABEL for n in names)
+
+
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_every_entry_is_whole(name):
     """Each mode of each method has a label and overhead wording; the launcher launches and the
@@ -65,7 +127,7 @@ def test_every_entry_is_whole(name):
     # hvdps compare --help lists it from its own declaration, every mode or the mode's form by name
     from hvdps.commands.compare import backends_help
     said = m.modes_help()
-    assert f"{name} ({said})" in backends_help()
+    assert f"{name} ({said}" in backends_help() and m.settings_help() in backends_help()
     assert all(f"{name}:{mode} " in said for mode in m.modes) or f"{name}:K " in said, said
 
 

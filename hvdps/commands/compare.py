@@ -35,7 +35,8 @@ from common.base.files import take_folder, writable_dir
 from common.spec.plugins import plugins_bounded
 from common.base.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
-from hvdps.methods import METHODS, add_task_flags, fewer_tasks, get_launcher, parse_variants, task_flag_dests
+from hvdps.methods import (METHODS, add_task_flags, fewer_tasks, get_launcher, parse_variants, settings_argv,
+                           task_flag_dests)
 from hvdps.measure.identity import RunId
 from hvdps.measure.repeats import alternating, merge
 from hvdps.measure.jobs import Interrupted, execute, own_signals
@@ -97,11 +98,11 @@ def run_shapes(args):
     and what the memory checks (here, hvdps emulate's, hvdps k8s's) count."""
     shapes = []
     workload = getattr(args, "model", None) or "-"
-    for backend, mode in parse_variants(args.backends):
-        launcher = get_launcher(backend)
-        for tasks in launcher.task_choices(args):
+    for variant in parse_variants(args.backends):
+        launcher = get_launcher(variant.method)
+        for tasks in launcher.task_choices(args, variant.tasks):
             for n in parse_workers(args.workers):
-                identity = RunId(workload, backend, mode, n, tasks=tasks)
+                identity = RunId(workload, variant.method, variant.mode, n, tasks=tasks, settings=variant.settings)
                 shapes.append(Shape(identity, launcher.processes(n, tasks)))
     return shapes
 
@@ -150,7 +151,8 @@ def plan_runs(args, trainer_args, cores, remote=None, asked=None):
                                        repeat=k if repeats > 1 else None)
         n, launcher = identity.workers, get_launcher(identity.method)
         run_dir = os.path.join(args.out, "runs", identity.name)
-        cmd = launcher.command(n, [*trainer_args, "--train_dir", run_dir], mode=identity.mode, tasks=identity.tasks,
+        argv = [*trainer_args, *settings_argv(identity.method, identity.settings), "--train_dir", run_dir]
+        cmd = launcher.command(n, argv, mode=identity.mode, tasks=identity.tasks,
                                remote=remote)
         runs.append(PlannedRun(identity.method, identity.mode, n, run_dir, name=identity.name, cmd=tuple(cmd),
                                env=launcher.env(remote), oversubscribed=shape.processes > cores and not remote,
@@ -198,14 +200,16 @@ def dry_run_preamble():
 def backends_help():
     """Each registered method with its modes and what each is called in the report (the bare name
     runs its default modes, or every mode)."""
-    return ", ".join(f"{m.name} ({m.modes_help()})" for m in METHODS.values())
+    return ", ".join(f"{m.name} ({m.modes_help()}" + (f"; settings {m.settings_help()}" if m.settings_help() else "")
+                     + ")" for m in METHODS.values())
 
 
 def make_parser():
     p = build_parser(__doc__.splitlines()[0], prog="hvdps compare")
     g = p.add_argument_group("comparison")
     g.add_argument("--workers", default="1,2", help="worker counts, e.g. 1,2,4")
-    g.add_argument("--backends", default="horovod,ps", help="methods to compare, NAME or NAME:MODE, comma-separated: "
+    g.add_argument("--backends", default="horovod,ps", help="methods to compare, NAME[:MODE][SETTING=VALUE,...], comma-separated (quote "
+                        "the brackets in a shell): "
                         + backends_help())
     add_task_flags(g)                    # each method's own (the parameter servers' count)
     g.add_argument("--run_timeout", type=float, default=900, help="seconds before a run is stopped")

@@ -23,7 +23,7 @@ from common.base.files import make_dirs, write_atomic
 from common.spec.config import argv_of, build_parser, from_args
 from hvdps.commands.compare import run_shapes
 from hvdps.k8s import manifests, validate
-from hvdps.methods import add_task_flags, get_launcher, task_flag_dests
+from hvdps.methods import add_task_flags, get_launcher, settings_argv, task_flag_dests
 from tf_cluster.jobset import DNS_LABEL, MAX_TASKS, host_of
 
 K8S_FLAGS = (*task_flag_dests(), "workers", "backends", "image", "namespace", "claim", "results_path", "storage",
@@ -88,7 +88,8 @@ def manifest_of(args, run, trainer_args):
     name = run.name
     launcher = get_launcher(run.method)
     run_dir = f"{args.results_path.rstrip('/')}/{name}"
-    plan = launcher.pods(run.workers, [*trainer_args, "--train_dir", run_dir], mode=run.mode, tasks=run.tasks)
+    argv = [*trainer_args, *settings_argv(run.method, run.settings), "--train_dir", run_dir]
+    plan = launcher.pods(run.workers, argv, mode=run.mode, tasks=run.tasks)
     too_many = [f"{n} {role} tasks" for role, n in plan.tasks.items() if n > MAX_TASKS]
     if too_many:
         raise UsageError(f"run {name}: {', '.join(too_many)}, more than the {MAX_TASKS} a role takes")

@@ -10,6 +10,17 @@ from typing import Optional, Tuple
 from common.formats.schemas import RunIdentity
 
 
+def _label(text):
+    """``text`` as a DNS label writes it: lower case, ``-`` for ``_``, ``p`` for a decimal point."""
+    return str(text).lower().replace("_", "-").replace(".", "p")
+
+
+def settings_text(settings):
+    """A run's settings as the report, results.csv and ``--backends`` write them: ``NAME=VALUE,...``;
+    "" for a run at its method's defaults."""
+    return ",".join(f"{name}={value}" for name, value in settings)
+
+
 def tasks_text(tasks):
     """A run's tasks besides its workers as the report, results.csv and ``hvdps hosts --tasks`` write
     them: ``ps=2`` (``chief=1,ps=2``); "" for a run of workers only."""
@@ -33,9 +44,11 @@ class RunId:
 
     @property
     def name(self):
-        """The run's folder name: mpi-sync-w2, ps-sync-w2-ps1-slow1x4-r2."""
+        """The run's folder name: mpi-sync-w2, ps-sync-w2-ps1-slow1x4-r2, horovod-sync-w2-cycle-time-ms-0p1.
+        It is also the run's Kubernetes object name, so a setting is spelled as a DNS label spells it
+        (``_`` as ``-``, ``.`` as ``p``)."""
         return (f"{self.method}-{self.mode}-w{self.workers}" + "".join(f"-{role}{n}" for role, n in self.tasks)
-                + "".join(f"-{k}{v}" for k, v in self.settings)
+                + "".join(f"-{_label(k)}-{_label(v)}" for k, v in self.settings)
                 + (f"-{self.condition}" if self.condition else "") + (f"-r{self.repeat}" if self.repeat else ""))
 
     @property

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from common.formats.schemas import read_metrics
 from common.trainer.metrics import BREAKDOWN_FIELDS
 from hvdps import methods
-from hvdps.measure.identity import tasks_text
+from hvdps.measure.identity import settings_text, tasks_text
 
 if TYPE_CHECKING:
     from common.formats.schemas import Eval, Gradient, Header, Step
@@ -148,6 +148,11 @@ class RunRow:
         return self.curves.header
 
     @property
+    def settings(self):
+        """Its method's own settings it ran at ((name, value), ...: its identity's), () at the defaults."""
+        return self.identity.settings if self.identity is not None else ()
+
+    @property
     def method(self):
         """Its method's registry entry (hvdps/methods.py), resolved here for every reader; None for a
         run of a method this version does not know."""
@@ -175,6 +180,8 @@ class RunRow:
         method's measures' (None for a run of another method)."""
         if key == "tasks":
             return tasks_text(self.tasks) or None
+        if key == "settings":
+            return settings_text(self.settings) or None
         if key in _OWN:
             return getattr(self, key)
         for part in (self.startup, self.links, self.load):

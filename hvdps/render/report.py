@@ -17,10 +17,11 @@ from hvdps import methods
 from hvdps.render.plots import write_plots
 from hvdps.render import unhealthy
 from hvdps.render.styles import name_of
+from hvdps.measure.identity import settings_text
 from common.inputs.records import SHARDING
 
 
-COLUMNS = ("model", "backend", "mode", "workers", "tasks", "status", "samples_per_sec_median",
+COLUMNS = ("model", "backend", "mode", "workers", "tasks", "settings", "status", "samples_per_sec_median",
            "samples_per_sec_mean", "samples_per_sec_error", "scaling_efficiency", "time_to_target",
            "final_test_accuracy", "final_test_loss", "grad_bytes_per_step", "wall_time",
            "global_batch", "oversubscribed", "startup_s", "teardown_s", "warmup_s", "warmup_share", "step_s", "compute_s",
@@ -184,7 +185,8 @@ def runs_table(rows):
               f"{r.samples_per_sec_mean:,.0f} (one interval)" if r.samples_per_sec_error is None else
               f"{r.samples_per_sec_mean:,.0f} ± {r.samples_per_sec_error:,.0f}")
         eff = f"{100 * r.scaling_efficiency:.0f}%" if r.scaling_efficiency is not None else "-"
-        mode = r.mode + (f" [{r.unhealthy.what if r.unhealthy else r.condition}]" if r.condition else "")
+        mode = r.mode + (f" [{settings_text(r.settings)}]" if r.settings else "")
+        mode += f" [{r.unhealthy.what if r.unhealthy else r.condition}]" if r.condition else ""
         table.append(f"| {r.model or '-'} | {r.backend} | {mode} | {r.workers} | "
                      f"{methods.tasks_said(r.backend, r.tasks) or '-'} | "
                      f"{_throughput_cell(r)} | {tp} | {eff} | {_fmt(r.time_to_target)} | "

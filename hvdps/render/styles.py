@@ -1,5 +1,6 @@
 """What every plot shares: one colour and marker per series, and where a long legend goes."""
 from hvdps import methods
+from hvdps.measure.identity import settings_text
 
 
 MARKERS = "os^Dv<>"          # 7, prime to tab20's 20 colours: 140 series before a look repeats
@@ -22,10 +23,11 @@ LEGEND_ROWS = 24                 # entries per column of such a legend
 
 def name_of(r, healthy=False):
     """A run as the report names it: its method and mode, its other tasks where a role has more than
-    one ("2 PS"), and a slow or stalled worker (``healthy``: the method alone, as the unhealthy
+    one ("2 PS"), the settings it ran at ("[SETTING=VALUE]", as --backends writes it), and a slow or stalled worker (``healthy``: the method alone, as the unhealthy
     cluster's own tables say it)."""
     many = any(n > 1 for _, n in r.tasks)
     name = methods.label(r.backend, r.mode) + (f" ({methods.tasks_said(r.backend, r.tasks)})" if many else "")
+    name += f" [{settings_text(r.settings)}]" if r.settings else ""
     if r.condition is None or healthy:
         return name
     return name + f" [{r.unhealthy.what if r.unhealthy else r.condition}]"

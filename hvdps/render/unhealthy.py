@@ -25,7 +25,7 @@ def healthy_of(rows):
 
 
 def _key(r):
-    return (r.model, r.backend, r.mode, r.tasks, r.workers)
+    return (r.model, r.backend, r.mode, r.tasks, r.settings, r.workers)
 
 
 def _ratio(a, b):
