@@ -120,7 +120,7 @@ class Launcher:
         """Every ``tasks`` the parsed flags ask this method's runs to start besides the workers, each
         ((role, count), ...) in ``task_flags`` order: one () for a method that starts workers only
         (hvdps/measure/identity.py: RunId.tasks). ``given``: the counts a --backends entry sets
-        (``ps:sync[num_ps=2]``), which stand for the flag's of the same role."""
+        (a PS entry's task count), which stand for the flag's of the same role."""
         fixed = dict(given or ())
         choices = [()]
         for flag in self.task_flags:

@@ -40,6 +40,7 @@ from common.base.procs import REPO
 from common.formats.schemas import RECORDS, Strict
 from hvdps.cost.model import CostModel, Option
 from hvdps.launchers import Launcher
+from hvdps.measure.identity import settings_text
 
 
 # ------------------------------------------------------------------ the registry
@@ -93,7 +94,7 @@ class Setting:
 class Variant:
     """One entry of ``--backends``, parsed: the method, one of its modes, its settings ((name, value),
     ...: in the method's declaration order, each in its one spelling) and, where the entry sizes them,
-    its tasks besides the workers (``ps:sync[num_ps=2]``; None: the task flags choose)."""
+    its tasks besides the workers (a PS entry's task count; None: the task flags choose)."""
     method: str
     mode: str
     settings: tuple = ()
@@ -337,6 +338,24 @@ def tuning(**values):
     return _tuning_type()(**values)
 
 
+def tuning_at(row, tuning):
+    """The ``Tuning`` a run was costed at: ``tuning`` with each option of its method's cost model that
+    one of the run's own settings names (a setting and an option of one knob share its name: Horovod's
+    cycle time) at the run's value, so that ``hvdps project --from`` costs each run at the
+    settings it ran at (``row``: a RunRow or StepShape; its ``settings``, ((name, value), ...))."""
+    method, settings = row.method, getattr(row, "settings", ())
+    if method is None or not settings:
+        return tuning
+    by_flag = {o.flag: o for o in method.cost.options}
+    values = {}
+    for name, value in settings:
+        option = by_flag.get(name)
+        if option is not None:
+            typed = value == "true" if option.type is bool else option.type(value)
+            values[option.field] = option.value(typed)
+    return dataclasses.replace(tuning, **values) if values else tuning
+
+
 def tuning_of(args):
     """The ``Tuning`` the parsed flags ``args`` give (each option's flag, read off ``args``), or a usage
     error where an option's rule between flags (``Option.check``) fails."""
@@ -435,10 +454,12 @@ def get_launcher(name, **options):
     return get(name).launcher(**options)
 
 
-def label(backend, mode):
-    """The report's name of a run's method and mode."""
+def label(backend, mode, settings=()):
+    """The report's name of a run's method and mode, and of its own settings where it has any
+    (``Horovod [NAME=VALUE]``)."""
     method = lookup(backend)
-    return method.label(mode) if method else f"{backend} {mode}"
+    name = method.label(mode) if method else f"{backend} {mode}"
+    return name + (f" [{settings_text(settings)}]" if settings else "")
 
 
 def split_entries(text):
@@ -488,7 +509,7 @@ def parse_settings(method, item, text):
 def parse_variants(text):
     """'horovod,ps,ps2' -> [Variant], PS in both modes; 'ps:sync' picks one mode,
     'horovod:sparse_as_dense' Horovod's dense all-reduce of embedding gradients; 'NAME[SETTING=VALUE]'
-    a method at one of its own settings (``Method.settings``), 'ps:sync[num_ps=2]' with two PS tasks."""
+    a method at one of its own settings (``Method.settings``), 'ps:sync[TASKS=2]' with two tasks of a role (ps_train/method.py)."""
     out = []
     for item in split_entries(text):
         head, bracket, rest = item.partition("[")

@@ -212,8 +212,9 @@ def test_ps_layout_flags_reach_the_schedule(tmp_path):
     assert next(x for x in per_gpu if x.arch == "PS, 1 per server").efficiency < 0.5 * want.efficiency
 
 
-def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None, mode="sync", num_ps=0):
-    """A finished run of the CNN (8x8 digits: 151,306 parameters) with a breakdown, as a trainer writes it."""
+def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None, mode="sync", num_ps=0, settings=()):
+    """A finished run of the CNN (8x8 digits: 151,306 parameters) with a breakdown, as a trainer writes it;
+    with ``settings``, and its identity as hvdps compare records it beside the run."""
     from common.spec.config import make_config
     from common.trainer.metrics import MetricsWriter, throughput_stats
     from common.spec.plan import make_plan
@@ -228,6 +229,13 @@ def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None, mode=
         split["exchange_s"] = exchange_s
     w.summary("ok", 100, 3200, throughput_stats([rate] * 3), 0.1, 0.95, 605224, breakdown=split)
     w.close()
+    if settings:
+        from hvdps.measure.identity import RunId
+        from hvdps.measure.jobs import run_record
+        from hvdps.measure.runs import PlannedRun
+        ident = RunId("cnn", backend, mode, workers, settings=settings)
+        record = run_record(PlannedRun(backend, mode, workers, str(d), identity=ident), 10.0, 0.0, 0)
+        (d / "compare_run.json").write_text(record.model_dump_json())
 
 
 @pytest.mark.process
@@ -275,6 +283,27 @@ def test_project_from_runs(tmp_path):
     held = json.load(open(out / "projection.json"))["heldout"]
     assert held["cores"] is None                           # no hvdps emulate record: no shared cores
     assert [(e["workers"], e["held_out"]) for e in held["entries"]] == [(2, False), (4, False), (8, True)]
+
+
+@pytest.mark.process
+def test_project_from_runs_costs_each_at_its_own_settings(tmp_path):
+    """Horovod at its default cycle and at 10 ms, measured at the same step: the check costs each at
+    the cycle it ran at, and the projection draws the 10 ms one on a row of its own."""
+    fake_sync_run(tmp_path / "runs" / "horovod-1", "horovod", 1, 0.002, 0.002)
+    fake_sync_run(tmp_path / "runs" / "horovod-2", "horovod", 2, 0.002, 0.004, exchange_s=0.002)
+    fake_sync_run(tmp_path / "runs" / "horovod-2-slow", "horovod", 2, 0.002, 0.004, exchange_s=0.002,
+                  settings=(("cycle_time_ms", "10"),))
+    out = tmp_path / "p"
+    r = run([os.path.join(BIN, "hvdps"), "project", "--from", str(tmp_path / "runs"),
+             "--bandwidth_gbps", "10", "--latency_us", "20", "--max_workers", "8", "--out", str(out)], timeout=180)
+    assert r.returncode == 0, r.stderr
+    data = json.load(open(out / "projection.json"))
+    checked = {c["run"]: c["projected_step_s"] for c in data["checked"]}
+    assert checked["horovod-2-slow"] > checked["horovod-2"] + 5e-3, checked
+    arches = {x["arch"] for x in data["rows"]}
+    assert "Horovod [cycle_time_ms=10]" in arches
+    assert any("overlap of horovod sync [cycle_time_ms=10] x2" in a for a in arches), arches
+    assert "Horovod [cycle_time_ms=10]" in (out / "projection.md").read_text()
 
 
 def test_a_run_with_a_slow_worker_is_neither_checked_nor_called_contended(tmp_path):
@@ -384,6 +413,43 @@ def test_projected_horovod_step_is_the_ring_schedule():
     step, _ = pj.projected_step(row, None, pj.single_layer(M), Everywhere(ring), methods.tuning())
     # one gradient ready at the end of backprop: one fused ring after it (and a cycle's wait)
     assert C + 4 / 3 * M / B + 4 * A <= step <= C + 4 / 3 * M / B + 4 * A + 1e-3
+
+
+@pytest.mark.parametrize("settings, field, value", [
+    ((("cycle_time_ms", "10"),), "cycle_s", 10e-3),                       # a setting its cost model takes
+    ((("fusion_threshold_mb", "32"),), "fusion_bytes", 32 << 20),
+    ((("cycle_time_ms", "0.1"), ("fp16_allreduce", "true")), "cycle_s", 1e-4),  # fp16: no option of that name
+    ((("fp16_allreduce", "true"),), "cycle_s", 1e-3),                     # the defaults stand
+    ((), "cycle_s", 1e-3),
+])
+def test_a_run_is_costed_at_its_own_settings(settings, field, value):
+    """hvdps project --from costs each run at the settings it ran at: a setting and the cost model's
+    option of one knob share a name (horovod_train/method.py)."""
+    row = StepShape(backend="horovod", mode="sync", workers=3, compute_s=C, grad_bytes_per_step=M, settings=settings)
+    tuned = methods.tuning_at(row, methods.tuning())
+    assert getattr(tuned, field) == pytest.approx(value)
+    # and the step follows: a longer cycle is a longer wait for the fused buffer, a shorter one a shorter
+    step, _ = pj.projected_step(row, None, pj.single_layer(M), Everywhere(AlphaBeta(bandwidth=B, alpha=A)),
+                                methods.tuning())
+    at_default, _ = pj.projected_step(replace(row, settings=()), None, pj.single_layer(M),
+                                      Everywhere(AlphaBeta(bandwidth=B, alpha=A)), methods.tuning())
+    if field == "cycle_s":
+        assert (step > at_default, step < at_default) == (value > 1e-3, value < 1e-3)
+
+
+def test_a_run_at_its_own_settings_is_projected_on_a_row_of_its_own():
+    ring = AlphaBeta(bandwidth=B, alpha=A)
+    nets = {"allreduce": ring, "ps": ring}
+    ran = [("horovod", "sync", ()), ("horovod", "sync", (("cycle_time_ms", "0.1"), ("fp16_allreduce", "true"))),
+           ("mpi", "sync", ())]
+    own = cmd.own_rows(nets, ring, ran)
+    # only the part of its settings the cost model takes names the row; the defaults are the generic ring's
+    assert own["Horovod [cycle_time_ms=0.1]"][2:] == ("sync", (("cycle_time_ms", "0.1"),))
+    assert not any(k.startswith(("Horovod", "bare MPI")) and "[" not in k for k in own)
+    rows = pj.project(pj.single_layer(M), C, [4], nets, own=own)
+    fast = next(r for r in rows if r.arch == "Horovod [cycle_time_ms=0.1]")
+    generic = next(r for r in rows if r.arch == methods.scheduler(collective=True).panel)
+    assert fast.step_s < generic.step_s - 1e-4
 
 
 @pytest.mark.parametrize("where", ["out", "out/runs", "out/runs/ps-sync-w2-ps1"])

@@ -17,6 +17,7 @@ from hvdps import methods
 from hvdps.cost import crossover, heldout, stragglers
 from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.measure.rows import kept_rates, load_run, measured_interval
+from hvdps.measure.identity import settings_text
 from hvdps.measure.runs import identity_of, load_of, run_record
 from hvdps.cost.projection import (Checked, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
                                    project, projected_step, run_exchange_s, single_layer)
@@ -67,9 +68,10 @@ def load_found(path):
     """[Found] of every run under ``path``, each read from disk once for every part of the projection."""
     out = []
     for d in find_runs(path, unhealthy=True):
-        row = load_run(d)
+        row, record = load_run(d), run_record(d)
+        row = dataclasses.replace(row, identity=identity_of(row, record))   # its settings and repeat
         busy, cores = run_cores(d, row.header, row.curves.steps)
-        out.append(Found(row, run_record(d), busy, cores))
+        out.append(Found(row, record, busy, cores))
     return out
 
 
@@ -131,7 +133,7 @@ def from_runs(found, path, nets):
     # a folder of 48 runs would otherwise add 48 lines to the table and the plot
     largest = {}
     for r in timed:
-        key = (r.backend, r.mode)
+        key = (r.backend, r.mode, r.settings)
         size = (r.workers or 1, sum(n for _, n in r.tasks))
         if key not in largest or size >= (largest[key].workers or 1, sum(n for _, n in largest[key].tasks)):
             largest[key] = r
@@ -144,24 +146,37 @@ def from_runs(found, path, nets):
         if ov is None:
             continue
         label = method.cost.arch + f" (overlap of {r.backend}"
-        label += f" {r.mode or ''} x{r.workers}: {ov:.0%})".replace("  ", " ")
+        label += f" {r.mode or ''}{' [' + settings_text(r.settings) + ']' if r.settings else ''} x{r.workers}: {ov:.0%})".replace("  ", " ")
         measured[label] = (ov, method.cost)
         notes.append(f"{r.name}: compute {1e3 * r.compute_s:.2f} ms, step "
                      f"{1e3 * r.step_s:.2f} ms, exchange {1e3 * t:.2f} ms ({how}) -> overlap {ov:.0%}")
-    return compute, layers, measured, notes, [(r.backend, r.mode) for r in timed]
+    return compute, layers, measured, notes, [(r.backend, r.mode, r.settings) for r in timed]
+
+
+def costed_settings(method, settings):
+    """The part of a run's ``settings`` its method's cost model takes (an ``Option`` of that name)."""
+    flags = {o.flag for o in method.cost.options}
+    return tuple((name, value) for name, value in settings if name in flags)
 
 
 def own_rows(nets, ring, variants=()):
-    """{label: (method, fit, mode)}: the collective methods the projection draws on rows of their own,
-    those with a network fit of their own (TensorFlow's ring) and those whose step is not the exact
-    ring's (local SGD), each in the modes the runs measured (``variants``), else its first."""
+    """{label: (method, fit, mode, settings)}: the collective methods the projection draws on rows of
+    their own: those with a network fit of their own (TensorFlow's ring) and those whose step is not the
+    exact ring's (local SGD), each in the modes the runs measured (``variants``: (backend, mode,
+    settings) each), else its first; and each run measured at settings its cost model takes (Horovod's
+    cycle time), projected at those settings beside the defaults' generic rows."""
     out = {}
     for method in methods.METHODS.values():
-        net = nets.get(method.cost.network)
-        if not method.cost.collective or method.cost.exact and net in (None, ring):
+        if not method.cost.collective:
             continue
-        for mode in dict.fromkeys([m for b, m in variants if b == method.name] or [method.modes[0]]):
-            out[method.label(mode)] = (method, net or ring, mode)
+        net = nets.get(method.cost.network)
+        ran = [(m, costed_settings(method, st)) for b, m, st in variants if b == method.name]
+        if method.cost.exact and net in (None, ring):
+            ran = [(m, st) for m, st in ran if st]
+        elif not ran:
+            ran = [(method.modes[0], ())]
+        for mode, settings in dict.fromkeys(ran):
+            out[methods.label(method.name, mode, settings)] = (method, net or ring, mode, settings)
     return out
 
 
@@ -221,7 +236,7 @@ def heldout_of(found, layers, nets, tuning):
     cores = max(shared) if shared else None
     def terms_of(row):
         method = row.method
-        return method.cost.step_terms(row, row.shard_bytes, layers, nets, tuning)
+        return method.cost.step_terms(row, row.shard_bytes, layers, nets, methods.tuning_at(row, tuning))
 
     entries = heldout.analyse(rows, terms_of, cores)
     return entries, cores
@@ -470,7 +485,7 @@ def run_projection(args):
     write_atomic(os.path.join(args.out, "projection.md"), text + "\n![projection](projection.png)\n")
     write_atomic(os.path.join(args.out, "projection.json"), dumps({
                        "grad_bytes": grad, "layers": len(layers), "compute_s": compute, "ring": ring, "ps": servers,
-                       "own_fits": {label: net for label, (_, net, _) in own.items() if net != ring},
+                       "own_fits": {label: net for label, (_, net, _, _) in own.items() if net != ring},
                        "gpus_per_server": args.gpus_per_server, "straggler_cv": args.straggler_cv,
                        **{o.flag: getattr(args, o.flag) for o in methods.options()},
                        "measured_overlap": {label: ov for label, (ov, _) in inp.measured.items()}, "checked": checked,
@@ -552,7 +567,7 @@ def header_text(args, inp, grad, own, slow):
             f"{ps.alpha * 1e6:.1f} us; {args.gpus_per_server} worker(s) per server; " +
             "".join(f"{k}; " for k in knobs) + f"straggler cv {args.straggler_cv:g}" +
             "".join(f"; worker {r} at {f:g}x the others' compute" for r, f in slow.items()) + "\n\n")
-    for label, (_, net, _) in own.items():
+    for label, (_, net, _, _) in own.items():
         if net == ring:
             continue                 # costed on the ring's network, by a step model of its own
         text += (f"{label}: its own fit from {inp.comm_json}, {net.bandwidth * 8 / 1e9:.2f} Gbit/s, alpha "

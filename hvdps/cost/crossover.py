@@ -99,7 +99,8 @@ def points(rows):
 
 
 def _variant(r):
-    return r.backend, r.mode
+    """What one line of the crossover is: a method, its mode and its own settings."""
+    return r.backend, r.mode, r.settings
 
 
 def _name(variant):
@@ -158,7 +159,7 @@ def _workload(model, mine, rings, pss, project, layers, grid, marks):
     def projected(variant, runs, n, k=1):
         cost = methods.lookup(variant[0]).cost
         tasks = () if cost.collective else cost.tasks_at(k)
-        row = StepShape(backend=variant[0], mode=variant[1], workers=n, tasks=tasks,
+        row = StepShape(backend=variant[0], mode=variant[1], settings=variant[2], workers=n, tasks=tasks,
                         compute_s=_compute_at(runs, n), grad_bytes_per_step=grad)
         return project(row, None if cost.collective else cost.shard_bytes_at(layers, grad, k))
 

@@ -63,13 +63,14 @@ def contended_compute(row, cores):
 
 
 def variant(row):
-    """The runs one cores floor is fitted over: a method, its mode and its other tasks."""
-    return row.model or "-", row.backend, row.mode, row.tasks
+    """The runs one cores floor is fitted over: a method, its mode, its own settings and its other tasks."""
+    return row.model or "-", row.backend, row.mode, row.settings, row.tasks
 
 
 def family(row):
-    """The runs one set of link factors is fitted over: a method and its mode, whatever its other tasks."""
-    return variant(row)[:3]
+    """The runs one set of link factors is fitted over: a method, its mode and its own settings,
+    whatever its other tasks."""
+    return variant(row)[:4]
 
 
 def cpu_per_worker_step(row, cores):
@@ -144,6 +145,7 @@ class Modelled:
     cores_busy: Optional[float]
     terms: Dict[str, Any]
     modelled_s: float
+    settings: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def method(self):
@@ -176,6 +178,7 @@ class Entry:
     ratio: float
     held_out: bool
     fitted_at: Tuple[int, ...]
+    settings: Tuple[Tuple[str, str], ...] = ()
 
 
 def analyse(rows, terms_of, cores=None):
@@ -196,7 +199,7 @@ def analyse(rows, terms_of, cores=None):
             continue
         m = Modelled(run=r.name, model=r.model or "-", backend=r.backend, mode=r.mode, tasks=r.tasks,
                      workers=r.workers, compute_s=r.compute_s, step_s=r.step_s, cores_busy=r.cores_busy,
-                     terms=terms, modelled_s=combine(r.compute_s, terms))
+                     terms=terms, modelled_s=combine(r.compute_s, terms), settings=r.settings)
         by.setdefault(family(m), []).append(m)
     fits = {}
     for key, runs in by.items():
@@ -236,7 +239,7 @@ def analyse(rows, terms_of, cores=None):
                              cpu_per_worker_step_s=cpus.get(variant(r)),
                              cores_busy=r.cores_busy, floor_s=floor, predicted_step_s=predicted,
                              ratio=r.step_s / predicted, held_out=r.workers not in fitted_at,
-                             fitted_at=tuple(fitted_at)))
+                             fitted_at=tuple(fitted_at), settings=r.settings))
     return out
 
 

@@ -86,9 +86,10 @@ def project(layers, compute_s, workers, nets, shards=(1, 8), per_server=1, tunin
     """Rows of projected step time and efficiency for each worker count and architecture, each costed on
     the network of ``nets`` ({network: AlphaBeta}) its own model picks (``CostModel.net``).
 
-    ``own``: {label: (method, fit, mode)} for collective methods measured with a network of their own
-    (TensorFlow's ring) or with a step of their own (local SGD): each adds rows by its method's step
-    model (hvdps/methods.py) in that mode, on that fit.
+    ``own``: {label: (method, fit, mode, settings)} for collective methods measured with a network of
+    their own (TensorFlow's ring), with a step of their own (local SGD) or at settings of their own that
+    its cost model takes (Horovod's cycle time): each adds rows by its method's step model
+    (hvdps/methods.py) in that mode at those settings, on that fit.
 
     The generic rows are each panel's cost model's (hvdps/methods.py: ``schedulers``; ``generic_rows``):
     the ring's wait-free schedule, the parameter servers' at a fixed number of shards each (``shards``)
@@ -118,8 +119,9 @@ def project(layers, compute_s, workers, nets, shards=(1, 8), per_server=1, tunin
         for model in methods.schedulers():
             for label, res in model.generic_rows(layers, compute_s, n, nets, tuning, shards, per_server):
                 add(n, label, res, model.panel)
-        for label, (method, net, mode) in (own or {}).items():
-            add(n, label, _own_step(method, net, mode, layers, compute_s, n, grad, tuning), method.cost.panel)
+        for label, (method, net, mode, settings) in (own or {}).items():
+            add(n, label, _own_step(method, net, mode, settings, layers, compute_s, n, grad, tuning),
+                method.cost.panel)
         for label, (overlap, cost) in (measured or {}).items():
             generic = methods.panel_of(cost)
             t = generic.generic_exchange_s(n, grad, nets, shards[0], per_server)
@@ -129,10 +131,12 @@ def project(layers, compute_s, workers, nets, shards=(1, 8), per_server=1, tunin
     return rows
 
 
-def _own_step(method, net, mode, layers, compute_s, n, grad, tuning):
-    """A method's own rows: its step model in ``mode`` on its own fit ``net``, as a schedule."""
-    row = StepShape(workers=n, compute_s=compute_s, grad_bytes_per_step=grad, mode=mode)
-    step, _ = method.cost.projected_step(row, None, layers, Everywhere(net), tuning)
+def _own_step(method, net, mode, settings, layers, compute_s, n, grad, tuning):
+    """A method's own rows: its step model in ``mode`` at its own ``settings`` on its own fit ``net``,
+    as a schedule."""
+    row = StepShape(workers=n, compute_s=compute_s, grad_bytes_per_step=grad, backend=method.name, mode=mode,
+                    settings=settings)
+    step, _ = method.cost.projected_step(row, None, layers, Everywhere(net), methods.tuning_at(row, tuning))
     t = method.cost.exchange_s(row, Everywhere(net)) or 0.0
     return Scheduled(step_s=step, comm_s=t, exposed_s=step - compute_s, buffers=0,
                      overlap=max(0.0, min(1.0, (compute_s + t - step) / t)) if t else 0.0)
@@ -183,5 +187,5 @@ def projected_step(row, shard_bytes, layers, nets, tuning):
     method = row.method
     if method is None:
         return None, None
-    return method.cost.projected_step(row, shard_bytes, layers, nets, tuning)
+    return method.cost.projected_step(row, shard_bytes, layers, nets, methods.tuning_at(row, tuning))
 

@@ -14,6 +14,7 @@ class StepShape:
     backend: Optional[str] = None
     mode: Optional[str] = None
     tasks: Tuple[Tuple[str, int], ...] = ()     # besides the workers, by role (("ps", 2),)
+    settings: Tuple[Tuple[str, str], ...] = ()  # its method's own, as a run's ((name, value), ...)
 
     @property
     def method(self):

@@ -186,7 +186,7 @@ def _terms(cost, row, nets, roles, task, layers, tuning, shard_bytes):
     out = {}
     for kind in dict.fromkeys([*kinds.values(), "slowest"]):
         net = nets(kind, task)
-        terms = cost.step_terms(row, shard_bytes, layers, Everywhere(net), tuning)
+        terms = cost.step_terms(row, shard_bytes, layers, Everywhere(net), methods.tuning_at(row, tuning))
         if terms is None:
             return None
         for name, term in terms.items():

@@ -28,7 +28,7 @@ def section(entries, cores=None):
              "| method | fitted at | link factors |", "|---|---|---|"]
     seen = set()
     for e in entries:
-        key = (e.backend, e.mode)
+        key = (e.backend, e.mode, e.settings)
         if key not in seen:
             seen.add(key)
             lines.append(f"| {methods.label(*key)} | {', '.join(map(str, e.fitted_at))} workers | " +
