@@ -1,5 +1,5 @@
 # hvdps: one-command set-up on a fresh Debian machine (Python 3.9-3.13, root or sudo).
-#   make demo   set up everything, then run the side-by-side comparison on the bundled digits
+#   make demo   set up everything, then run the side-by-side comparison on the bundled digits, and a short tune
 #   make test   set up everything, then run the test suite
 # Set-up is idempotent: a stamp file records a verified install, so later calls are fast.
 
@@ -76,6 +76,10 @@ DEMO_ARGS ?=
 DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no_progress --log_every 4 --warmup_steps 4 \
     --probe_steps 20
 DEMO_REC_EPOCHS ?= 2
+# Then a short tune of the MLP (each method's settings searched, its best beside its defaults:
+# runs/demo-*/tune/report.md), bounded by DEMO_TUNE_BUDGET seconds; DEMO_TUNE_ARGS ends its flags.
+DEMO_TUNE_BUDGET ?= 300
+DEMO_TUNE_ARGS ?=
 demo: setup
 	-$(BIN)/hvdps compare $(DEMO_COMMON) --backends horovod,mpi,localsgd:8,mwms,ps --eval_every_epoch false --model mlp \
 	    --batch_size 32 --epochs $(DEMO_MLP_EPOCHS) --out $(DEMO_OUT)/mlp $(DEMO_ARGS)
@@ -88,6 +92,8 @@ demo: setup
 	    --max_workers 64 --out $(DEMO_OUT)/projection
 	-$(SUDO) $(BIN)/hvdps compare --workers 2 --backends mpi,ps:async --straggler 1:4 --model mlp --train_steps 300 \
 	    --no_progress --out $(DEMO_OUT)/straggler $(DEMO_ARGS)
+	-$(BIN)/hvdps tune --workers 2 --model mlp --backends horovod,mpi,mwms,ps --budget $(DEMO_TUNE_BUDGET) \
+	    --no_progress --out $(DEMO_OUT)/tune $(DEMO_TUNE_ARGS)
 
 # The comparison on an emulated cluster (root: network namespaces, tc tbf): EMU_HOSTS hosts, each link
 # EMU_RATE both ways, slow enough that the exchange dominates the MLP's step (1024 hidden units: M =

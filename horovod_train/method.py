@@ -5,7 +5,7 @@ Horovod's cycle time and fusion buffer) and the report's wording."""
 from hvdps.launchers import MPIRunLauncher
 from hvdps.cost.model import Network, Option
 from hvdps.cost.ring import Ring
-from hvdps.methods import Method, Setting
+from hvdps.methods import Axis, Method, Setting
 
 
 class HorovodLauncher(MPIRunLauncher):
@@ -36,6 +36,11 @@ SETTINGS = (
             low=0, high=1024),
 )
 
+# What hvdps tune searches (the default first): the cycle against steps of a millisecond, the fusion
+# buffer against a large model's layers, fp16 on the wire (which trains differently), grouping.
+SPACE = (Axis("cycle_time_ms", ("1", "0.1", "5")), Axis("fusion_threshold_mb", ("128", "8")),
+         Axis("fp16_allreduce", ("false", "true"), arithmetic=True), Axis("num_groups", ("0", "1")))
+
 _ALONE = "Horovod's machinery with no peer to exchange with (one worker: no all-reduce traffic, no slower rank)"
 
 METHODS = (
@@ -47,5 +52,6 @@ METHODS = (
                              "waiting for the slower rank",
                      "sparse_as_dense": "Horovod's negotiation, fusion and ring all-reduce of the gradients "
                                         "(embedding tables whole), and waiting for the slower rank"},
-           default_modes=("sync",), alone={"sync": _ALONE, "sparse_as_dense": _ALONE}, settings=SETTINGS),
+           default_modes=("sync",), alone={"sync": _ALONE, "sparse_as_dense": _ALONE}, settings=SETTINGS,
+           space=SPACE),
 )

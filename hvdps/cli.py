@@ -1,6 +1,7 @@
 """hvdps: one command, a subcommand for each thing a user does.
 
     hvdps compare --workers 1,2 --backends horovod,ps --out runs/cmp    # train side by side, one report
+    hvdps tune --workers 2 --backends horovod,mpi --budget 900          # each method at its best, then compared
     hvdps project --from runs/cmp/runs --bandwidth_gbps 25 ...          # those runs on another network
     hvdps emulate --hosts 4 --rate 50mbit --out runs/emu -- ...         # the comparison on shaped hosts (root)
     hvdps hosts hostfiles/hostfile.example                              # one inventory to every format
@@ -28,6 +29,7 @@ from hvdps.methods import METHODS
 # subcommand: (module whose main() it runs, what it does)
 TOOLS = {
     "compare": ("hvdps.commands.compare", "train one model several ways and report them side by side"),
+    "tune": ("hvdps.commands.tune", "search each method's own settings and compare the methods best against best"),
     "project": ("hvdps.commands.project", "project measured or described runs to other networks and worker counts"),
     "emulate": ("hvdps.commands.emulate", "run a comparison on an emulated cluster of shaped hosts (root)"),
     "hosts": ("hvdps.commands.hosts", "write one host inventory in every launcher's format"),

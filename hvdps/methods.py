@@ -91,6 +91,19 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class Axis:
+    """One dimension of what ``hvdps tune`` searches of a method (``Method.space``): ``name``, "mode"
+    (its modes), one of its settings or one of its launcher's task flags (a PS count); ``values``: the
+    candidates, each in the spelling ``--backends`` takes, the method's default first (a task flag's
+    default is the flag's own: ``values`` then lists the others); ``arithmetic``: whether its values
+    train differently (async updates, backup workers, local SGD's k, fp16 gradients), so its candidates
+    are judged by time to the target accuracy rather than by throughput alone."""
+    name: str
+    values: tuple
+    arithmetic: bool = False
+
+
+@dataclass(frozen=True)
 class Variant:
     """One entry of ``--backends``, parsed: the method, one of its modes, its settings ((name, value),
     ...: in the method's declaration order, each in its one spelling) and, where the entry sizes them,
@@ -138,6 +151,8 @@ class Method:
     exchange_timed: str = "MPI_Allreduce"
     # its own knobs a comparison may run it at (``Setting``: --backends NAME[SETTING=VALUE])
     settings: tuple = ()
+    # what hvdps tune searches of it (``Axis``: its modes, settings and task counts), () for its defaults only
+    space: tuple = ()
 
     @property
     def modes(self):
@@ -236,6 +251,7 @@ def check_entry(method, module):
         problems += [f"declares {o!r} as an option, not a hvdps.cost.model.Option"
                      for o in getattr(method.cost, "options", ()) if not isinstance(o, Option)]
         problems += _record_problems(method.records)
+        problems += _space_problems(method)
         if method.measured is not None and not (dataclasses.is_dataclass(method.measured)
                                                 and method.measured.__dataclass_params__.frozen):
             problems.append("declares its measures as something other than a frozen dataclass")
@@ -243,6 +259,41 @@ def check_entry(method, module):
         name = getattr(method, "name", repr(method))
         raise RuntimeError(f"{module}: method {name!r} " + "; ".join(problems))
     return method
+
+
+def axis_value(method, axis, value):
+    """A tuning axis' ``value`` in its one spelling, or None where it is not a value of that axis:
+    a mode as the method parses it, a setting's value, a task flag's count (1..4096)."""
+    if axis == "mode":
+        try:
+            return method.parse_mode(value)
+        except UsageError:
+            return None
+    setting = next((s for s in method.settings if s.name == axis), None)
+    if setting is not None:
+        return setting.parse(value)
+    if axis in {f.dest for f in method.launcher.task_flags}:
+        return str(int(value)) if value.isdigit() and 1 <= int(value) <= 4096 else None
+    return None
+
+
+def axis_names(method):
+    """The names a tuning axis of ``method`` may have: "mode", its settings, its task flags."""
+    return ("mode", *(s.name for s in method.settings), *(f.dest for f in method.launcher.task_flags))
+
+
+def _space_problems(method):
+    """What is wrong with a method's declared tuning space: an axis it cannot take, a value that is not its."""
+    problems = []
+    for axis in method.space:
+        if not isinstance(axis, Axis) or axis.name not in axis_names(method):
+            problems.append(f"declares a tuning axis {getattr(axis, 'name', axis)!r} that is not a mode, "
+                            f"setting or task flag of its own")
+            continue
+        bad = [v for v in axis.values if axis_value(method, axis.name, v) != v]
+        if bad or not axis.values:
+            problems.append(f"tuning axis {axis.name!r} has values that are not its own spelling: {bad}")
+    return problems
 
 
 def _record_problems(records):

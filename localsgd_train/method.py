@@ -8,7 +8,7 @@ from common.base.errors import UsageError
 from hvdps.cost import schedule
 from hvdps.launchers import MPIRunLauncher
 from hvdps.cost.ring import Ring
-from hvdps.methods import Method
+from hvdps.methods import Axis, Method
 from localsgd_train.main import MAX_LOCAL_STEPS
 
 DEFAULT_K = "8"
@@ -86,5 +86,6 @@ class LocalSGD(Method):
 
 METHODS = (
     LocalSGD("localsgd", {DEFAULT_K: f"local SGD (k={DEFAULT_K})"}, LocalSGDLauncher, LocalSGDRing(),
-             overhead={DEFAULT_K: f"averaging the weights with one MPI_Allreduce every {DEFAULT_K} steps"}),
+             overhead={DEFAULT_K: f"averaging the weights with one MPI_Allreduce every {DEFAULT_K} steps"},
+             space=(Axis("mode", (DEFAULT_K, "2", "32"), arithmetic=True),)),
 )

@@ -4,7 +4,7 @@ all-reduce as comm.json measures it ("mwms*" rows), and the report's wording."""
 from hvdps.launchers import TaskLauncher
 from hvdps.cost.model import Network
 from hvdps.cost.ring import Ring
-from hvdps.methods import Method, Setting
+from hvdps.methods import Axis, Method, Setting
 from mwms_train.backend import IMPLEMENTATIONS
 
 
@@ -24,5 +24,6 @@ METHODS = (
            settings=(Setting("implementation", str, "the collective all-reduce (CommunicationImplementation)",
                              choices=IMPLEMENTATIONS),
                      Setting("pack_size_mb", float, "gradients all-reduced in packs of this size "
-                             "(CommunicationOptions.bytes_per_pack; 0: TensorFlow decides)", low=0, high=1 << 20))),
+                             "(CommunicationOptions.bytes_per_pack; 0: TensorFlow decides)", low=0, high=1 << 20)),
+           space=(Axis("implementation", ("ring", "auto")), Axis("pack_size_mb", ("0", "4")))),
 )

@@ -15,7 +15,7 @@ from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskFlag, TaskLauncher
 from hvdps.cost.model import Network, Option, combine, summed_rates_step
 from hvdps import methods
-from hvdps.methods import Method
+from hvdps.methods import Axis, Method
 from ps_train.cluster import BACKUP, backups, base_mode
 from ps_train.placement import place_ps
 from ps_train.records import RECORDS
@@ -417,8 +417,10 @@ METHODS = (
                            "the PS round trip and the rest")},
            waits_alone=("the update on the PS before the token comes back (one worker: no one else to wait for)",
                         "the PS round trip and the rest"),
-             sections=(shards_section,), records=RECORDS, measured=PSMeasured),
+             sections=(shards_section,), records=RECORDS, measured=PSMeasured,
+           # what hvdps tune searches: the modes (each trains differently) and the PS task count
+           space=(Axis("mode", ("async", "sync", f"{BACKUP}1"), arithmetic=True), Axis("num_ps", ("1", "2")))),
     PSMethod("ps2", {"async": "PS v2 (TF2 strategy)"}, PS2Launcher, ParameterServers(),
            overhead={"async": "the coordinator's dispatch and the PS round trip"}, sections=(shards_section,),
-             records=RECORDS, measured=PSMeasured),
+             records=RECORDS, measured=PSMeasured, space=(Axis("num_ps", ("1", "2")),)),
 )

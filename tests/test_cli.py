@@ -24,6 +24,7 @@ COMPARE = [os.path.join(BIN, "hvdps"), "compare"]
 PROJECT = [os.path.join(BIN, "hvdps"), "project"]
 HOSTS = [os.path.join(BIN, "hvdps"), "hosts"]
 K8S = [os.path.join(BIN, "hvdps"), "k8s"]
+TUNE = [os.path.join(BIN, "hvdps"), "tune"]
 IMAGE = ["--image", "registry.example.com/hvdps:1"]
 MPIRUN = ["mpirun", "-np", "2", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
           "-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL", *HVD]
@@ -347,6 +348,22 @@ CASES = [
     (PROJECT, ["--bandwidth_gbps", "25", "--latency_us", "-1", "--step_compute_ms", "100"], {}, "error: --latency_us"),
     (PROJECT, [*BW, "--model_name", "vgg16", "--straggler_cv", "-1"], {}, "error: --straggler_cv must be in [0, 1], "
                                                                           "got -1.0"),
+    # ---- hvdps tune: the budget, the worker count, the space, the cluster, its folder
+    (TUNE, ["--budget", "0", "--out", "{tmp}/t"], {}, "error: --budget 0: at least 60 s"),
+    (TUNE, ["--budget", "nan", "--out", "{tmp}/t"], {}, "error: --budget must be a finite number"),
+    (TUNE, ["--budget", "soon", "--out", "{tmp}/t"], {}, "error: argument --budget: invalid float value"),
+    (TUNE, ["--workers", "1,2", "--out", "{tmp}/t"], {}, "error: --workers 1,2: hvdps tune tunes at one worker count"),
+    (TUNE, ["--backends", "horovod[cycle=1]", "--out", "{tmp}/t"], {}, "error: --backends horovod[cycle=1]: horovod has no axis 'cycle'"),
+    (TUNE, ["--backends", "horovod[cycle_time_ms=0.1|fast]", "--out", "{tmp}/t"], {},
+     "error: --backends horovod[cycle_time_ms=0.1|fast]: 'fast' is not a value of cycle_time_ms"),
+    (TUNE, ["--backends", "ps:async|eventually", "--out", "{tmp}/t"], {}, "error: --backends ps:async|eventually: 'eventually' is not a value of mode"),
+    (TUNE, ["--backends", "mpi,mpi", "--out", "{tmp}/t"], {}, "error: --backends names mpi twice"),
+    (TUNE, ["--backends", "horovod[num_groups=0|1", "--out", "{tmp}/t"], {}, "error: --backends 'horovod[num_groups=0|1': a '[' is not closed"),
+    (TUNE, ["--trial_steps", "0", "--out", "{tmp}/t"], {}, "error: --trial_steps must be"),
+    (TUNE, ["--straggler", "1:2,1:4", "--out", "{tmp}/t"], {}, "error: hvdps tune tunes for one cluster"),
+    (TUNE, ["--resume", "--out", "{tmp}/none"], {}, "error: --resume {tmp}/none: no tune there"),
+    (TUNE, ["--resume", "--out", "{tmp}/none", "--model", "cnn"], {}, "error: --resume takes the tune's flags from"),
+    (TUNE, ["--from", "{tmp}/none"], {}, "error: --from {tmp}/none: no tune there"),
     (K8S, [], {}, "error: the following arguments are required: --image"),
     (K8S, ["--image", "hvdps"], {}, "error: --image 'hvdps': name it with its tag"),
     (K8S, ["--image", "registry.example.com/hvdps:latest"], {}, "error: --image 'registry.example.com/hvdps:latest'"),
@@ -584,7 +601,7 @@ def _group_alive(pgid):
 def test_bad_input(files, entry, args, extra_env, message):
     fill = lambda text: text.replace("{tmp}", str(files))
     argv = [*entry, *[fill(a) for a in args]]
-    if entry not in (COMPARE, PROJECT, HOSTS) and "--train_dir" not in args:
+    if entry not in (COMPARE, PROJECT, HOSTS, TUNE) and "--train_dir" not in args:
         argv += ["--train_dir", str(files / "run")]
     before = snapshot(files)
     t0 = time.monotonic()
@@ -696,8 +713,8 @@ def test_hvdps_train_and_launch_help_list_every_method(group):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "error: a subcommand is needed (valid: compare, project, emulate, hosts, data, k8s, train, launch)"),
-    (["comapre"], "error: unknown subcommand 'comapre' (valid: compare, project, emulate, hosts, data, k8s, train, launch)"),
+    ([], "error: a subcommand is needed (valid: compare, tune, project, emulate, hosts, data, k8s, train, launch)"),
+    (["comapre"], "error: unknown subcommand 'comapre' (valid: compare, tune, project, emulate, hosts, data, k8s, train, launch)"),
     (["train"], f"error: hvdps train: unknown method none (valid: {VALID_BACKENDS})"),
     (["train", "mxnet"], f"error: hvdps train: unknown method 'mxnet' (valid: {VALID_BACKENDS})"),
     (["launch", "horovod:sync"], f"error: hvdps launch: unknown method 'horovod:sync' (valid: {VALID_BACKENDS})"),

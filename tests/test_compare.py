@@ -263,7 +263,7 @@ def test_signal_mid_run_stops_every_job_and_reports_what_finished(tmp_path, back
 ])
 def test_rebuilt_report_shows_every_distinct_config(configs, keys):
     """--from runs of one model with different settings: one config per run, never one for all."""
-    from hvdps.commands.compare import runs_configs
+    from hvdps.measure.runs import runs_configs
     from hvdps.measure.rows import Curves, RunRow
     from common.formats.schemas import Header, RunConfig
     rows = [RunRow(run_dir=d, model=m, curves=Curves(header=Header(type="header", backend="ps", mode="sync",

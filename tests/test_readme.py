@@ -41,17 +41,18 @@ FENCE = re.compile(r"^( *)```(\w*)\s*$")
 # comparison's flags after hvdps emulate's "--".
 TRAINS = re.compile(r"(?:(?<=horovod_train/main\.py)|(?<=mpi_train/main\.py)|(?<=ps_train/main\.py)"
                     r"|(?<=hvdps launch ps)|(?<=hvdps launch mwms))(?= --| \\$|$)"
-                    r"|(?:(?<=^hvdps compare)|(?<= --))(?= --workers)", re.M)
+                    r"|(?:(?<=^hvdps compare)|(?<=^hvdps tune)|(?<= --))(?= --workers)", re.M)
 STEPS = " --train_steps 20 --probe_steps 5"
 COMMANDS = ("make ", "hvdps ", "python ", "horovodrun ", "mpirun ", "sudo ", "TF_CONFIG=")
 # The pages whose blocks tests/test_docs.py walks, in this order, in one shell (the first activates the venv);
 # DOCS, the other pages, whose links are checked.
 PAGES = ("docs/methods.md", "docs/faults.md", "docs/unhealthy.md", "docs/clusters.md", "docs/kubernetes.md",
-         "docs/reference.md", "tests/README.md")
+         "docs/tune.md", "docs/reference.md", "tests/README.md")
 DOCS = ("docs/install.md", "docs/layout.md", "docs/metrics.md", "docs/projection.md", "docs/ps.md",
         "docs/localsgd.md", "docs/plugins.md", "docs/data.md", "hostfiles/README.md")
 SIZES = {
     "DEMO_ARGS": "--train_steps 12 --probe_steps 5 --backends horovod", "DEMO_WORKERS": "1",
+    "DEMO_TUNE_ARGS": "--backends mpi --train_steps 20 --probe_steps 5 --repeat 1",
     "PYTEST_ARGS": "-m unit tests/test_config.py", "FUZZ_EXAMPLES": "5",
     "EMU_HOSTS": "3", "EMU_COMPARE": "--workers 2 --backends horovod --model mlp --train_steps 20 --log_every 5 "
                                      "--warmup_steps 5",
@@ -140,7 +141,7 @@ class _Parsed(Exception):
     """Raised in place of parsing, carrying the parser a command built."""
 
 
-@pytest.mark.parametrize("command", ["compare", "project", "emulate", "hosts", "data", "k8s"])
+@pytest.mark.parametrize("command", ["compare", "tune", "project", "emulate", "hosts", "data", "k8s"])
 def test_the_reference_names_every_flag_of_every_command(command, monkeypatch):
     """docs/reference.md is the reference of every command: a flag added to a parser without a line
     there is named here. The parser is the command's own, taken as its main() is about to parse."""
@@ -155,7 +156,7 @@ def test_the_reference_names_every_flag_of_every_command(command, monkeypatch):
     section = section[:section.find("\n## ", 1)]
     flags = [a.option_strings[0] for a in got.value.args[0]._actions if a.option_strings and a.dest != "help"]
     assert len(flags) >= 2
-    shared = text[text.index("## `hvdps compare`"):] if command == "k8s" else ""
+    shared = text[text.index("## `hvdps compare`"):] if command in ("k8s", "tune") else ""
     missing = [f for f in flags if f"`{f}`" not in section and f"`{f}`" not in shared]
     assert not missing, missing
 
@@ -235,6 +236,8 @@ def test_every_readme_command_block_runs_in_order_on_a_fresh_checkout(tmp_path):
     rows = json.load(open(os.path.join(runs, demo[0], "results.json")))
     rows = rows["rows"] if isinstance(rows, dict) else rows
     assert sorted({r["model"] for r in rows}) == ["cnn", "mlp", "rec"] and all(r["status"] == "ok" for r in rows), rows
+    tuned = open(os.path.join(runs, demo[0], "tune", "report.md")).read()       # and its short tune's report
+    assert "| bare MPI | its defaults |" in tuned, tuned[:2000]
     # the README's own comparison ran every method it names, and its rebuild has the same rows
     cmp = json.load(open(os.path.join(runs, "cmp", "results.json")))
     again = json.load(open(os.path.join(runs, "cmp-again", "results.json")))

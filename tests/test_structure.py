@@ -157,8 +157,8 @@ def test_the_layer_check_sees_an_upward_import():
 # know nothing of how results are shown or asked for; rendering shows the cost model's and the
 # measurement's results; the command lines put all three together. (hvdps/ itself: the hvdps command, the method registry, the
 # launchers; install/: set-up; k8s/: Kubernetes manifests, written and checked.)
-JOBS = {"cost": set(), "measure": set(), "render": {"cost", "measure"},
-        "commands": {"cost", "measure", "render", "k8s"}, "install": set(), "k8s": set()}
+JOBS = {"cost": set(), "measure": set(), "tune": {"cost", "measure"}, "render": {"cost", "measure", "tune"},
+        "commands": {"cost", "measure", "render", "k8s", "tune"}, "install": set(), "k8s": set()}
 
 
 @pytest.mark.unit

@@ -229,6 +229,21 @@ class RunRecord(Strict):
     identity: Optional[RunIdentity] = None      # which run it is (None: written before runs recorded it)
 
 
+class TuneRecord(Strict):
+    """hvdps tune's tune.json: the command line the tune was started with (its --out and --budget
+    apart), which --resume and --from take its flags from."""
+    argv: List[Annotated[str, Field(max_length=4096)]]
+
+
+class TrialRecord(Strict):
+    """A tune's trial.json, written once the trial finished: its entry, stage, steps and wall time."""
+    entry: Text
+    stage: Text
+    steps: Optional[Annotated[int, Field(ge=1)]] = None
+    seconds: NonNeg
+    exit_code: Optional[int] = None
+
+
 # ------------------------------------------------------------------ ranks/<task>.json
 class StepQuantiles(Strict):
     """One rank's step times after the warm-up (common/trainer/steptimes.py: quantiles), seconds."""
@@ -584,6 +599,14 @@ def read_load(path):
 
 def read_run_record(path):
     return read_json(path, RunRecord, "a run record")
+
+
+def read_tune_record(path):
+    return read_json(path, TuneRecord, "a tune's record")
+
+
+def read_trial_record(path):
+    return read_json(path, TrialRecord, "a tune's trial record")
 
 
 def read_rank_file(path):

@@ -35,12 +35,13 @@ from common.base.files import take_folder, writable_dir
 from common.spec.plugins import plugins_bounded
 from common.base.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
-from hvdps.methods import (METHODS, add_task_flags, fewer_tasks, get_launcher, parse_variants, settings_argv,
+from hvdps.methods import (METHODS, add_task_flags, fewer_tasks, get_launcher, parse_variants,
                            task_flag_dests)
 from hvdps.measure.identity import RunId
 from hvdps.measure.repeats import alternating, merge
 from hvdps.measure.jobs import Interrupted, execute, own_signals
-from hvdps.measure.runs import PlannedRun, collect, environment_of, runs_from_dirs, with_scaling
+from hvdps.measure.plan import plan_run
+from hvdps.measure.runs import collect, environment_of, runs_configs, runs_from_dirs, with_scaling
 from hvdps.render.report import write_report
 from common.launch import remote
 from common.formats.schemas import read_links_spec
@@ -78,11 +79,6 @@ def make_remote(args):
     agent = remote.rsh_argv(args.rsh, args.hosts)
     network = args.network_interface or remote.mpi_network(hosts)
     return Remote(args.hosts, tuple(hosts), tuple(agent), bool(args.rsh), network, args.ps_placement or "own", port)
-
-
-def roles_of(launcher, remote, identity):
-    """{task: host} of one run across hosts, as its method's launcher places them (Launcher.roles)."""
-    return launcher.roles(list(remote.hosts), identity.workers, identity.tasks, remote.placement)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,15 +145,7 @@ def plan_runs(args, trainer_args, cores, remote=None, asked=None):
     for k, (shape, condition) in alternating(shapes, repeats):
         identity = dataclasses.replace(shape.identity, condition=condition.label if condition else None,
                                        repeat=k if repeats > 1 else None)
-        n, launcher = identity.workers, get_launcher(identity.method)
-        run_dir = os.path.join(args.out, "runs", identity.name)
-        argv = [*trainer_args, *settings_argv(identity.method, identity.settings), "--train_dir", run_dir]
-        cmd = launcher.command(n, argv, mode=identity.mode, tasks=identity.tasks,
-                               remote=remote)
-        runs.append(PlannedRun(identity.method, identity.mode, n, run_dir, name=identity.name, cmd=tuple(cmd),
-                               env=launcher.env(remote), oversubscribed=shape.processes > cores and not remote,
-                               roles=roles_of(launcher, remote, identity) if remote else None,
-                               condition=condition, tasks=shape.processes, identity=identity))
+        runs.append(plan_run(identity, condition, os.path.join(args.out, "runs"), trainer_args, cores, remote))
     return runs
 
 
@@ -217,7 +205,21 @@ def make_parser():
                    help="runs of each configuration, the methods' order reversed on every other pass (A B C, "
                         "C B A, ...); the table takes the median, and a difference is called real only when the "
                         "runs show it")
-    u = p.add_argument_group("an unhealthy cluster (each on its own runs, beside the healthy ones; as root)")
+    add_cluster_flags(p, "each on its own runs, beside the healthy ones; as root")
+    g.add_argument("--dry_run", dest="dry_run", action="store_true", help="print the commands, run nothing")
+    g.add_argument("--from", dest="from_dirs", nargs="+", default=None,
+                   help="rebuild the report from existing run directories")
+    g.add_argument("--no_progress", dest="progress", action="store_false")
+    p.set_defaults(train_dir="runs/compare")
+    p.bound("run_timeout", positive=True)
+    p.bound("repeat", 1, 100)
+    return p
+
+
+def add_cluster_flags(p, unhealthy_note):
+    """The flags of the cluster the runs go on: an unhealthy one (``unhealthy_note``: how its runs are
+    made), and other hosts; hvdps compare's and hvdps tune's alike."""
+    u = p.add_argument_group(f"an unhealthy cluster ({unhealthy_note})")
     u.add_argument("--straggler", default=None,
                    help="RANK:FACTOR[,RANK:FACTOR...]: worker RANK at 1/FACTOR of the CPU each task gets, by the "
                         "kernel's CPU cgroup quota; 1:1,1:2,1:4 runs every shape at each factor")
@@ -227,10 +229,6 @@ def make_parser():
     u.add_argument("--slow_link", default=None,
                    help="hN=RATE[,hN=RATE...]: under hvdps emulate, host N's link at RATE (tc's syntax) both ways, "
                         "run by run; h3=10mbit,h3=20mbit runs every shape at each rate")
-    g.add_argument("--dry_run", dest="dry_run", action="store_true", help="print the commands, run nothing")
-    g.add_argument("--from", dest="from_dirs", nargs="+", default=None,
-                   help="rebuild the report from existing run directories")
-    g.add_argument("--no_progress", dest="progress", action="store_false")
     h = p.add_argument_group("across hosts")
     h.add_argument("--hosts", default=None,
                    help="run on these hosts: a hostfile ('host slots=N' lines), h1:2,h2:2, or 'slurm' (the "
@@ -245,10 +243,6 @@ def make_parser():
     h.add_argument("--port", type=int, default=None, help="first port of the PS tasks on each host (default 2222)")
     h.add_argument("--links", default=None,
                    help="an emulated cluster's description (hvdps emulate writes it): sample its link counters")
-    p.set_defaults(train_dir="runs/compare")
-    p.bound("run_timeout", positive=True)
-    p.bound("repeat", 1, 100)
-    return p
 
 
 COMPARE_FLAGS = (*task_flag_dests(), "workers", "backends", "run_timeout", "repeat", "dry_run", "from_dirs", "progress",
@@ -265,25 +259,6 @@ def absolute_paths(args):
         target, sep, attr = getattr(args, flag).rpartition(":")
         if sep and (target.endswith(".py") or os.sep in target):
             setattr(args, flag, f"{os.path.abspath(target)}:{attr}")
-
-
-def runs_configs(rows):
-    """{workload: config}, one per workload whose runs share a config (training flags: the worker
-    count and output folder aside); a workload whose runs differ gets one entry per run folder,
-    so runs of different settings never hide behind one config."""
-    by_model = {}
-    for r in rows:
-        if r.header is not None and r.header.config is not None:
-            config = r.header.config.model_dump(exclude_unset=True)
-            by_model.setdefault(r.model or r.run_dir, []).append((r.run_dir, config))
-    out = {}
-    for model, entries in by_model.items():
-        same = lambda c: {k: v for k, v in c.items() if k not in ("train_dir", "resume")}
-        if all(same(c) == same(entries[0][1]) for _, c in entries):
-            out[model] = entries[0][1]
-        else:
-            out.update({f"{model} ({run_dir})": c for run_dir, c in entries})
-    return out
 
 
 def check_out(out, from_dirs):

@@ -2,6 +2,7 @@
 
     sudo hvdps emulate --hosts 4 --rate 100mbit -- --workers 2,3 --backends horovod,ps
     sudo hvdps emulate --hosts 3 -- --workers 2 --backends mpi,ps --slow_link h2=10mbit   # healthy, then h2 slow
+    sudo hvdps emulate --hosts 4 --rate 100mbit -- tune --workers 4 --backends horovod,ps   # a tune on it
     sudo hvdps emulate --cleanup          # remove what a killed run left behind
     sudo hvdps emulate --slurm --hosts 3 --sbatch hostfiles/slurm/ps.sbatch -- --workers 2 --backends horovod,ps
 
@@ -52,7 +53,7 @@ from hvdps.commands import compare
 
 def make_parser():
     p = Parser(prog="hvdps emulate", description=__doc__.splitlines()[0],
-                                usage="hvdps emulate --hosts N --rate RATE [--out DIR] -- [hvdps compare flags]")
+                                usage="hvdps emulate --hosts N --rate RATE [--out DIR] -- [hvdps compare flags | tune [hvdps tune flags]]")
     p.add_argument("--hosts", type=int, default=4, help="emulated hosts (2-32)")
     p.add_argument("--rate", default="100mbit", help="each host's link, both directions, in tc's syntax")
     p.add_argument("--link", action="append", default=[], metavar="hN=RATE",
@@ -171,12 +172,13 @@ def run_dir_of(output):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    command, rest = ("tune", rest[1:]) if rest[:1] == ["tune"] else ("compare", rest)   # -- tune ...: a tune
     args = make_parser().parse_args(ours)
     check_tools()
     cleanup_stale()
     if args.cleanup:
         return 0
-    links, out = validate(args, rest)
+    links, out = validate(args, rest, command)
     cluster = EmulatedCluster(args.hosts, args.rate, links=links)
     lab = SlurmLab(cluster, args.cpus_per_node) if args.slurm else None
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -196,7 +198,7 @@ def main(argv=None):
                   f"({args.cpus_per_node} CPUs each), partition lab", flush=True)
             code = submit_all(lab, args.sbatch, out)
         if rest or not args.sbatch:
-            code = run_comparison(cluster, lab, rest, desc, out, args.hosts) or code
+            code = run_comparison(cluster, lab, rest, desc, out, args.hosts, command) or code
     except KeyboardInterrupt:
         code = 130
     finally:
@@ -204,7 +206,7 @@ def main(argv=None):
     return code
 
 
-def validate(args, rest):
+def validate(args, rest, command="compare"):
     """(the hosts' own link rates, the output folder): every flag checked, and the comparison's flags
     after ``--`` held to what the cluster decides for it, before anything is built."""
     if not 2 <= args.hosts <= 32:
@@ -225,7 +227,7 @@ def validate(args, rest):
     out = os.path.abspath(args.out or os.path.join("runs", time.strftime("emulate-%Y%m%d-%H%M%S")))
     if os.path.exists(os.path.join(out, "report.md")):
         raise UsageError(f"--out {out} already holds a report; choose another directory")
-    if rest or not args.sbatch:
+    if (rest or not args.sbatch) and command == "compare":     # a tune checks its candidates itself
         check_cluster_memory(rest, available_memory())
     return links, out
 
@@ -250,10 +252,10 @@ def bring_up(cluster, args, links, out, names):
     return desc
 
 
-def run_comparison(cluster, lab, rest, desc, out, hosts):
-    """The comparison from the login node, through exactly the --hosts path (inside one SLURM allocation
-    of every host with a lab): its exit code, 130 when interrupted."""
-    compare = [sys.executable, "-m", "hvdps.commands.compare", "--network_interface", f"{cluster.subnet}.0/24",
+def run_comparison(cluster, lab, rest, desc, out, hosts, command="compare"):
+    """The comparison (or with ``-- tune``, the tune) from the login node, through exactly the --hosts
+    path (inside one SLURM allocation of every host with a lab): its exit code, 130 when interrupted."""
+    compare = [sys.executable, "-m", f"hvdps.commands.{command}", "--network_interface", f"{cluster.subnet}.0/24",
                "--links", desc, "--out", out, *rest]
     if lab:      # the whole comparison inside one allocation of every host, as on a real cluster
         cmd = ["salloc", "--quiet", f"--nodes={hosts}", "--ntasks-per-node=1",

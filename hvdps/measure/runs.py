@@ -6,7 +6,6 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
 from common.base.errors import UsageError
-from hvdps import methods
 from common.formats.schemas import read_links, read_metrics, read_run_record
 from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
 from hvdps.measure.load import contention
@@ -231,3 +230,22 @@ def _launch_order(run):
     record = run_record(run.run_dir)
     launched = record.launched_at if record is not None else None
     return (launched is None, launched or 0.0, run.backend, run.mode, run.workers)
+
+
+def runs_configs(rows):
+    """{workload: config}, one per workload whose runs share a config (training flags: the worker
+    count and output folder aside); a workload whose runs differ gets one entry per run folder,
+    so runs of different settings never hide behind one config."""
+    by_model = {}
+    for r in rows:
+        if r.header is not None and r.header.config is not None:
+            config = r.header.config.model_dump(exclude_unset=True)
+            by_model.setdefault(r.model or r.run_dir, []).append((r.run_dir, config))
+    out = {}
+    for model, entries in by_model.items():
+        same = lambda c: {k: v for k, v in c.items() if k not in ("train_dir", "resume")}
+        if all(same(c) == same(entries[0][1]) for _, c in entries):
+            out[model] = entries[0][1]
+        else:
+            out.update({f"{model} ({run_dir})": c for run_dir, c in entries})
+    return out

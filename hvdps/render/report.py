@@ -17,6 +17,7 @@ from hvdps import methods
 from hvdps.render.plots import write_plots
 from hvdps.render import unhealthy
 from hvdps.render.styles import name_of
+from hvdps.tune.hints import hints
 from hvdps.measure.identity import settings_text
 from common.inputs.records import SHARDING
 
@@ -155,6 +156,7 @@ def write_report(rows, out, configs, environment, every_run=None):
     table = runs_table(rows)
     # the healthy runs' verdict; with a slow or stalled worker, what each method keeps of itself comes first
     findings = unhealthy.verdicts(rows) + verdicts([r for r in rows if r.condition is None])
+    findings += hint_lines(hints(rows))
     reasons = explanations(rows)
     lines = report_lines(rows, table, findings, reasons, configs, environment, plots)
     write_atomic(os.path.join(out, "report.md"), "\n".join(lines))
@@ -260,6 +262,21 @@ def within_noise(a, b):
         return None
     gap = abs(a.samples_per_sec_mean - b.samples_per_sec_mean)
     return gap <= a.samples_per_sec_error + b.samples_per_sec_error
+
+
+def hint_lines(found):
+    """A paragraph for each run that its method's cost model says ran far from its best (hvdps/tune/hints.py):
+    the setting, the predicted factor, and the entry and the tune line that would check it."""
+    lines = []
+    for h in found:
+        method = methods.get(h.method)
+        label = method.label((method.default_modes or method.modes)[0])
+        lines += ["", f"**{label} ran far from its best ({h.run}):** its cost model, fed this run's step "
+                  f"({1e3 * h.step_s:.2f} ms) and compute ({1e3 * h.compute_s:.2f} ms), predicts {h.factor:.2f}x "
+                  f"the throughput at {h.setting}={h.value} (it ran at {h.ran_at}). Check it with "
+                  f"`--backends '{h.method},{h.entry}'`, or search its settings with "
+                  f"`hvdps tune --workers {h.workers} --backends {h.method}`."]
+    return lines
 
 
 def verdicts(rows):

@@ -1,0 +1,217 @@
+"""hvdps tune: each method's space, the cost model's pruning from a probe, successive halving, the
+finalists judged, and real tunes: one that picks the far better cycle time, stopped mid-trial and
+resumed without rerunning a finished trial."""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from common.base.errors import UsageError
+from hvdps.measure.rows import RunRow
+from hvdps.render.report import hint_lines
+from hvdps.tune import search, space
+from hvdps.tune.hints import hints
+from tests.conftest import BIN, REPO, env
+
+ARGS = argparse.Namespace(num_ps=[1])
+HOROVOD_CYCLES = "horovod[cycle_time_ms=0.1|10,fusion_threshold_mb=128,fp16_allreduce=false,num_groups=0]"
+
+
+def entries(text):
+    return {name: [c.entry for c in space.candidates(name, axes, ARGS)] for name, axes in space.parse_space(text).items()}
+
+
+@pytest.mark.parametrize("text, expected", [
+    # a method's declared space, the defaults first (a setting at its default is left out of the entry)
+    ("mpi", {"mpi": ["mpi:sync"]}),
+    (HOROVOD_CYCLES, {"horovod": ["horovod:sync", "horovod:sync[cycle_time_ms=0.1]", "horovod:sync[cycle_time_ms=10]"]}),
+    ("ps:async|sync[num_ps=1]", {"ps": ["ps:async[num_ps=1]", "ps:sync[num_ps=1]"]}),
+    ("ps:sync[num_ps=2]", {"ps": ["ps:async[num_ps=1]", "ps:sync[num_ps=2]"]}),     # the defaults still run
+    ("localsgd:2|8", {"localsgd": ["localsgd:8", "localsgd:2"]}),
+    ("mwms[implementation=ring,pack_size_mb=0|4]", {"mwms": ["mwms:sync", "mwms:sync[pack_size_mb=4]"]}),
+])
+def test_a_space_is_the_method_s_axes_narrowed_by_its_entry(text, expected):
+    assert entries(text) == expected
+
+
+def test_each_method_declares_its_space():
+    got = entries("horovod,mpi,mwms,ps,localsgd,gossip")
+    assert len(got["horovod"]) == 3 * 2 * 2 * 2 and got["horovod"][0] == "horovod:sync"
+    assert len(got["mwms"]) == 4 and len(got["ps"]) == 6 and got["localsgd"] == ["localsgd:8", "localsgd:2", "localsgd:32"]
+    assert got["gossip"] == ["gossip:ring"] and got["mpi"] == ["mpi:sync"]
+    ps = space.candidates("ps", space.parse_space("ps")["ps"], ARGS)
+    assert {c.group for c in ps} == {(), (("mode", "sync"),), (("mode", "backup1"),)}     # async, sync, backups
+
+
+@pytest.mark.parametrize("text, message", [
+    ("horovod[cycle=1]", r"horovod has no axis 'cycle' \(horovod tunes mode, cycle_time_ms"),
+    ("horovod[cycle_time_ms=0.1|x]", r"'x' is not a value of cycle_time_ms"),
+    ("horovod[cycle_time_ms=]", r"'' is not a value of cycle_time_ms"),
+    ("horovod[cycle_time_ms=2000]", r"'2000' is not a value of cycle_time_ms"),
+    ("horovod[cycle_time_ms=1,cycle_time_ms=2]", r"cycle_time_ms is given twice"),
+    ("ps:sometimes", r"'sometimes' is not a value of mode"),
+    ("mpi,mpi", r"names mpi twice"),
+    ("nccl", r"unknown backend|nccl"),
+    ("horovod[cycle_time_ms=1]:sync", r"axes go last"),
+    ("", r"--backends is empty"),
+])
+def test_bad_spaces_are_usage_errors(text, message):
+    with pytest.raises(UsageError, match=message):
+        space.parse_space(text)
+
+
+def probe(step_s=3.0e-3, compute_s=0.7e-3, backend="horovod", **kw):
+    return RunRow(run_dir=f"/x/{backend}-sync-w2", backend=backend, mode="sync", workers=2, status="ok", step_s=step_s,
+                  compute_s=compute_s, grad_bytes_per_step=30040, samples_per_sec_median=64 / step_s, **kw)
+
+
+def test_the_probe_s_network_gives_its_step_and_the_model_prunes_the_far_worse():
+    """On 1 ms steps the model, fitted to the probe, predicts the 10 ms cycle far slower: it is not run."""
+    cands = space.candidates("horovod", space.parse_space(HOROVOD_CYCLES)["horovod"], ARGS)
+    p = probe()
+    tuning = search.methods.tuning()
+    net = search.probe_network(p, tuning)
+    predicted = {c: search.predict(c, p, net, tuning) for c in cands}
+    assert predicted[cands[0]] == pytest.approx(p.step_s, rel=1e-3)          # the defaults: the probe's own step
+    ranked = {r.candidate.entry: r for r in search.rank(cands, predicted)}
+    assert ranked["horovod:sync[cycle_time_ms=10]"].pruned.startswith("predicted")
+    assert ranked["horovod:sync[cycle_time_ms=0.1]"].pruned is None
+    assert ranked["horovod:sync[cycle_time_ms=0.1]"].predicted_s < p.step_s
+
+
+def test_a_setting_the_model_sees_no_move_in_is_not_run_but_the_defaults_always_are():
+    cands = space.candidates("horovod", space.parse_space(
+        "horovod[cycle_time_ms=1,fusion_threshold_mb=128|8,fp16_allreduce=false|true,num_groups=0]")["horovod"], ARGS)
+    predicted = {c: 2e-3 for c in cands}             # one layer of 30 kB: the fusion buffer changes nothing
+    ranked = {r.candidate.entry: r for r in search.rank(cands, predicted)}
+    assert "nothing to move" in ranked["horovod:sync[fusion_threshold_mb=8]"].pruned
+    assert ranked["horovod:sync"].pruned is None
+    # fp16 trains differently and the model does not see it: run, beside the defaults
+    assert ranked["horovod:sync[fp16_allreduce=true]"].pruned is None
+
+
+def _measured(rates, budget_after=None):
+    calls = []
+
+    def measure(c, rung, steps):
+        if budget_after is not None and len(calls) >= budget_after:
+            raise search.OutOfBudget("no time left")
+        calls.append((c.entry, rung, steps))
+        return RunRow(run_dir="x", status="ok", samples_per_sec_median=rates[c.entry] * (1 + 0.01 * rung))
+    return measure, calls
+
+
+def test_halving_keeps_the_best_third_and_picks_the_far_better_value():
+    text = "horovod[cycle_time_ms=0.1|0.5|2|5|10,fusion_threshold_mb=128,fp16_allreduce=false,num_groups=0]"
+    cands = space.candidates("horovod", space.parse_space(text)["horovod"], ARGS)[1:]
+    rates = {c.entry: 10_000 / float(dict(c.variant.settings)["cycle_time_ms"]) for c in cands}
+    measure, calls = _measured(rates)
+    finalists, trials, stopped = search.halve(cands, measure, 100)
+    assert [c.entry for c in finalists] == ["horovod:sync[cycle_time_ms=0.1]"] and stopped is None
+    assert [(rung, steps) for _, rung, steps in calls] == [(0, 100)] * 5 + [(1, 300)] * 2
+    # the budget ends it after three trials: each kind's best so far goes on
+    measure, calls = _measured({**rates, "horovod:sync[cycle_time_ms=0.1]": 1.0}, budget_after=3)
+    finalists, trials, stopped = search.halve(cands, measure, 100)
+    assert [c.entry for c in finalists] == ["horovod:sync[cycle_time_ms=0.5]"] and stopped == "no time left"
+
+
+def _final(tta, rate, acc=0.95):
+    return RunRow(run_dir="x", status="ok", time_to_target=tta, samples_per_sec_median=rate, final_test_accuracy=acc)
+
+
+def test_finalists_that_train_differently_are_judged_by_time_to_accuracy():
+    ps = space.candidates("ps", space.parse_space("ps[num_ps=1]")["ps"], ARGS)
+    async_, sync, backup = ps
+    # async is fastest per sample but slowest to the target: time to accuracy decides
+    best, how = search.best_of([(async_, _final(9.0, 9000)), (sync, _final(5.0, 6000)), (backup, _final(None, 7000))], async_)
+    assert best[0] == sync and how == search.BY_TIME
+    # times within TIME_TIE of each other are a tie (an evaluation's granularity, the noise): throughput breaks it
+    best, _ = search.best_of([(async_, _final(5.5, 9000)), (sync, _final(5.0, 6000))], async_)
+    assert best[0] == async_
+    # one arithmetic: throughput, but not at the cost of the accuracy
+    horovod = space.candidates("horovod", space.parse_space(HOROVOD_CYCLES)["horovod"], ARGS)
+    best, how = search.best_of([(horovod[0], _final(None, 3000, 0.93)), (horovod[1], _final(None, 5000, 0.80))],
+                               horovod[0])
+    assert best[0] == horovod[0] and how == "throughput, accuracy held"
+
+
+def test_a_plain_comparison_is_told_horovod_s_cycle_time_on_the_mlp():
+    """The report's hint: Horovod at its 1 ms cycle on 1 ms steps, the model predicts more at 0.1 ms."""
+    found = hints([probe(), probe(backend="mpi", step_s=1.3e-3)])
+    assert [(h.method, h.setting, h.value) for h in found] == [("horovod", "cycle_time_ms", "0.1")]
+    [line] = [x for x in hint_lines(found) if x]
+    assert "predicts" in line and "cycle_time_ms=0.1" in line and "--backends 'horovod,horovod:sync[cycle_time_ms=0.1]'" in line
+    assert "hvdps tune --workers 2 --backends horovod" in line
+    assert not hints([probe(step_s=50e-3, compute_s=49e-3)])        # a 50 ms step: a cycle is noise
+
+
+def _tune_argv(out, budget=400):
+    return [os.path.join(BIN, "hvdps"), "tune", "--workers", "2", "--model", "mlp", "--batch_size", "4",
+            "--backends", HOROVOD_CYCLES, "--budget", str(budget), "--repeat", "2", "--trial_steps", "200",
+            "--no_progress", "--out", str(out)]
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"no {what} within {timeout} s")
+
+
+def _ours_alive(out):
+    r = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
+    return [p for p in r.stdout.split() if int(p) != os.getpid()]
+
+
+@pytest.mark.process
+def test_a_tune_stopped_mid_trial_resumes_and_picks_the_far_better_cycle_time(tmp_path):
+    """A tune of Horovod's cycle (0.1 ms, 10 ms and its 1 ms default, on steps of about a millisecond):
+    stopped by a signal while its first final run trains, nothing of it is left running; --resume
+    reads the finished probe back (its folder untouched) and ends with 0.1 ms as Horovod's best."""
+    out = tmp_path / "tune"
+    p = subprocess.Popen(_tune_argv(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                         env=env(), start_new_session=True)
+    try:
+        probe_done = out / "trials" / "probe" / "horovod-sync-w2" / "trial.json"
+        _wait_for(probe_done.exists, 120, "finished probe")
+        # the 10 ms cycle pruned, 0.1 ms alone of its kind: straight to the final, beside the defaults
+        final = out / "final" / "runs" / "horovod-sync-w2-r1" / "metrics.jsonl"
+        _wait_for(final.exists, 120, "final run")
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "hvdps tune --resume --out" in err and "Traceback" not in err
+    _wait_for(lambda: not _ours_alive(out), 20, "end of the stopped tune's processes")
+    before = probe_done.stat().st_mtime_ns, (probe_done.parent / "metrics.jsonl").stat().st_ino
+    r = subprocess.run([os.path.join(BIN, "hvdps"), "tune", "--resume", "--no_progress", "--out", str(out)],
+                       capture_output=True, text=True, cwd=REPO, env=env(), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (probe_done.stat().st_mtime_ns, (probe_done.parent / "metrics.jsonl").stat().st_ino) == before
+    assert "[probe]" not in r.stderr                                        # the finished probe is not rerun
+    report = (out / "report.md").read_text()
+    assert "| Horovod | cycle_time_ms=0.1 |" in report, report
+    assert "horovod:sync[cycle_time_ms=10]: pruned" in report
+    assert (out / "tune.png").read_bytes()[:4] == b"\x89PNG" and (out / "final" / "report.md").exists()
+    best = (out / "best" / "winner.sh").read_text()
+    assert "--backends 'horovod:sync[cycle_time_ms=0.1]'" in best and "--cycle_time_ms 0.1" in best
+    assert "horovod:sync[cycle_time_ms=0.1] --workers 2" in (out / "best" / "winner.sbatch").read_text()
+    assert "kind: MPIJob" in (out / "best" / "winner.yaml").read_text()
+    # the report again from the folder, into another: the same verdict, nothing rerun
+    again = tmp_path / "again"
+    r = subprocess.run([os.path.join(BIN, "hvdps"), "tune", "--from", str(out), "--out", str(again)],
+                       capture_output=True, text=True, cwd=REPO, env=env(), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| Horovod | cycle_time_ms=0.1 |" in (again / "report.md").read_text()
+    assert not (again / "trials").exists()
+    state = json.loads((out / "tune.json").read_text())
+    assert "--budget" not in state["argv"] and HOROVOD_CYCLES in state["argv"]
