@@ -111,6 +111,24 @@ def test_the_throughput_meter_is_paused_after_each_evaluation_and_checkpoint(cfg
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("cfg, seen, evals", [
+    # every 25 updates as well as each epoch's end (31, 62): a corpus' epoch is thousands of steps
+    ({"eval_every_steps": 25}, range(1, 62), [(1, 25), (1, 31), (2, 50), (2, 62)]),
+    ({"eval_every_steps": 25, "eval_every_epoch": False}, range(1, 62), [(1, 25), (2, 50), (2, 62)]),
+    ({"eval_every_steps": 25, "eval_every_epoch": False}, [3, 30, 61], [(1, 30), (1, 61), (2, 62)]),
+    # ^ async jumps: 61 crossed epoch 1's end, so it is labelled the epoch that ended, as epoch-end evals are
+    ({"eval_every_epoch": False}, range(1, 62), [(2, 62)]),                        # the end alone
+])
+def test_evaluations_every_n_updates_are_crossed_like_the_others(cfg, seen, evals):
+    b, log, _, _ = books(chief=False, **cfg)
+    b.backend.gradient_bytes = lambda model: 0
+    for s in seen:
+        b.after_update(s, 1.0)
+    b.finish(62)
+    assert log.evals == evals
+
+
+@pytest.mark.unit
 def test_only_the_chief_saves_but_every_rank_decides_alike():
     chief, _, saves_chief, _ = books(chief=True)
     other, _, saves_other, _ = books(chief=False)

@@ -41,9 +41,9 @@ CASES = [
     (MPI, ["--loop", "fit"], {}, "error: unrecognized arguments: --loop fit"),
     (MPI, [], {"HOROVOD_RANK": "0"}, "error: the mpi backend needs mpirun"),   # under horovodrun's Gloo
     # ---- Horovod trainer
-    (HVD, ["--model", "alexnet"], {}, "error: unknown model 'alexnet' (valid: mlp, cnn, rec, resnet50, resnet101, "
+    (HVD, ["--model", "alexnet"], {}, "error: unknown model 'alexnet' (valid: mlp, cnn, rec, transformer, resnet50, resnet101, "
                                        "inception_v3, vgg16, mobilenet_v2, or module:function"),
-    (HVD, ["--dataset", "cifar"], {}, "error: unknown dataset 'cifar' (valid: digits, mnist, synthetic, clicks, tfrecord, or "),
+    (HVD, ["--dataset", "cifar"], {}, "error: unknown dataset 'cifar' (valid: digits, mnist, synthetic, clicks, pysrc, tfrecord, or "),
     (HVD, ["--batch_size", "-1"], {}, "error: --batch_size must be positive, got -1"),
     (HVD, ["--batch_size", "x"], {}, "error: argument --batch_size: invalid int value: 'x'"),
     (HVD, ["--dataset", "mnist"], {}, "error: --dataset mnist needs --data_dir"),

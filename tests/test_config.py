@@ -32,7 +32,7 @@ def test_seed_flag_names_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(model="vgg"), "unknown model 'vgg' (valid: mlp, cnn, rec, resnet50, resnet101, inception_v3, vgg16, "
+    (dict(model="vgg"), "unknown model 'vgg' (valid: mlp, cnn, rec, transformer, resnet50, resnet101, inception_v3, vgg16, "
                         "mobilenet_v2, or module:function"),
     (dict(dataset="imagenet"), "valid: digits, mnist, synthetic, clicks"),
     (dict(batch_size=-1), "--batch_size must be positive"),

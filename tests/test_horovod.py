@@ -86,7 +86,7 @@ def test_two_ranks_equal_one_process_with_double_batch(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "vgg"], "error: unknown model 'vgg' (valid: mlp, cnn, rec, resnet50, resnet101, inception_v3"),
+    (["--model", "vgg"], "error: unknown model 'vgg' (valid: mlp, cnn, rec, transformer, resnet50, resnet101, inception_v3"),
     (["--batch_size", "-4"], "error: --batch_size must be positive"),
     (["--num_groups", "-1"], "error: --num_groups must be >= 0, got -1"),
     (["--dataset", "mnist", "--data_dir", "/nonexistent"], "error: --data_dir /nonexistent: no such directory"),

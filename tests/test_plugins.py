@@ -126,7 +126,7 @@ BROKEN_CASES = [
                                         "examples (5, 5, 1)"),
     ("--dataset", "{d}/dataraise.py:load", "error: --dataset {d}/dataraise.py:load: the plug-in raised "
                                            "FileNotFoundError: /data/train.npz"),
-    ("--dataset", "nocolon", "error: unknown dataset 'nocolon' (valid: digits, mnist, synthetic, clicks, tfrecord, or "
+    ("--dataset", "nocolon", "error: unknown dataset 'nocolon' (valid: digits, mnist, synthetic, clicks, pysrc, tfrecord, or "
                              "module:function"),
 ]
 

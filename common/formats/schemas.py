@@ -296,6 +296,7 @@ class RunConfig(Strict):
     target_accuracy: Optional[Fraction] = None
     warmup_steps: Optional[Index] = None
     eval_every_epoch: Optional[bool] = None
+    eval_every_steps: Optional[Index] = None
 
 
 class Header(Strict):

@@ -26,6 +26,7 @@ from common.base import procs   # procs.machine_memory() read at call time: test
 from common.inputs.records import (READING, check_sharding, fingerprint, locate_damage, locate_undecodable,
                                    shard_digests, spec_of, stream)
 from common.spec.plugins import load_dataset, is_plugin, call
+from common.inputs.pysrc import load_pysrc
 from common.spec.datasets import Pipelines, InputContext
 
 IDX_IMAGES_MAGIC = 2051
@@ -220,7 +221,7 @@ def input_spec(cfg):
         spec = record_spec(cfg)
         return tuple(spec.shape), spec.classes
     if data:
-        return data.shape or data.pixels(cfg), data.num_classes(cfg)
+        return data.input_shape(cfg), data.num_classes(cfg)
     pipes = plugin_pipelines(cfg)
     if pipes is not None:
         return pipes.input_shape, pipes.classes
@@ -237,20 +238,22 @@ LOADERS = {
     "mnist": (lambda cfg: load_mnist(cfg.data_dir), lambda cfg: cfg.data_dir),
     "clicks": (load_clicks, lambda cfg: "clicks"),
     "synthetic": (load_synthetic, lambda cfg: "synthetic"),
+    "pysrc": (load_pysrc, lambda cfg: "pysrc"),
 }
 
 
 MAX_CLASSES = 2 ** 24         # a label above this is a corrupt file, not a class (ImageNet-21k has 21,841)
 
 
-def check_arrays(arrays, source, num_classes=None, ids=False):
+def check_arrays(arrays, source, num_classes=None, ids=False, text=False):
     """Every data set, built-in or plug-in, before any process joins a job: arrays that would
     train silently wrong are refused in one line. Features must be real numbers (a complex
     part would be dropped), finite (one NaN turns every weight NaN within a step or two) and
     of a non-empty shape; labels integers (a float label would be truncated) within
     ``num_classes`` (or at most MAX_CLASSES for a plug-in, whose classes the labels define),
     checked before the cast to int32 that would wrap 2**32 + 1 to 1. ``ids``: the features are
-    categorical ids (clicks), kept as integers."""
+    categorical ids (clicks), kept as integers. ``text``: byte sequences with a label per position
+    (pysrc), both kept as they are (uint8: a corpus is 4 bytes a byte less as int32)."""
     out = []
     memory = procs.machine_memory()
     for split, x, y in (("train", arrays[0], arrays[1]), ("test", arrays[2], arrays[3])):
@@ -281,16 +284,20 @@ def check_arrays(arrays, source, num_classes=None, ids=False):
                 raise DataError(f"{source}: x_{split} has values beyond float32's range (|x| > 3.4e38) in "
                                 f"{int(big.sum())} example(s), the first at index {int(np.argmax(big))}: they "
                                 f"would train as infinity; scale the features")
-        if y.dtype.kind not in "iu" or y.ndim != 1 or len(y) != len(x):
-            raise DataError(f"{source}: y_{split} has shape {y.shape} and dtype {y.dtype}; expected {len(x)} "
-                            f"integer class ids")
+        labels = x.shape if text else (len(x),)
+        if y.dtype.kind not in "iu" or y.shape != labels:
+            raise DataError(f"{source}: y_{split} has shape {y.shape} and dtype {y.dtype}; expected "
+                            f"{' x '.join(map(str, labels))} integer class ids")
         low, high = int(y.min()), int(y.max())
         limit = num_classes if num_classes is not None else MAX_CLASSES
         if low < 0 or high >= limit:
             what = f"{num_classes} classes" if num_classes is not None else f"at most {MAX_CLASSES} classes"
             raise DataError(f"{source}: y_{split} holds class ids {low}..{high}; expected 0..{limit - 1} "
                             f"({what})")
-        out += [x if ids else x.astype(np.float32, copy=False), y.astype(np.int32, copy=False)]
+        if text:
+            out += [x, y]
+        else:
+            out += [x if ids else x.astype(np.float32, copy=False), y.astype(np.int32, copy=False)]
     return tuple(out)
 
 
@@ -327,14 +334,14 @@ def load_arrays(cfg):
     if plugin_pipelines(cfg) is not None:
         raise DataError(f"--dataset {cfg.dataset} gives tf.data pipelines: they are read as they are, not as arrays")
     key = (cfg.dataset, cfg.data_dir, cfg.seed, tuple(cfg.image_shape), cfg.num_classes,
-           cfg.synthetic_samples, cfg.embedding_rows)
+           cfg.synthetic_samples, cfg.embedding_rows, cfg.seq_len)
     if key not in _CACHE:
         if data is None:
             arrays, source, classes = _plugin_output(cfg), f"--dataset {cfg.dataset}", None
         else:
             load, source = LOADERS[data.name]
             arrays, source, classes = load(cfg), source(cfg), data.num_classes(cfg)
-        _CACHE[key] = check_arrays(arrays, source, classes, ids=bool(data and data.ids))
+        _CACHE[key] = check_arrays(arrays, source, classes, ids=bool(data and data.ids), text=bool(data and data.text))
     return _CACHE[key]
 
 

@@ -8,19 +8,28 @@ tests need every backend and every worker count to start from the same point.
 import numpy as np
 
 from common.inputs.data import input_spec, make_dataset
-from common.spec.builtins import model_of
+from common.spec.builtins import model_of, TRANSFORMER_SIZES
 from common.spec.plugins import build_model as build_plugin, seed_everything, is_plugin
 from common.spec.keras3 import refuse_graph_mode, is_wrapped
 
 
-def _numpy_initializer(tf, seed, kind):
+def _numpy_initializer(tf, seed, kind, draws=None):
+    """A Keras initializer drawing from NumPy at ``seed``. ``draws`` (a list holding a count, shared by
+    every initializer of one model build): each call draws at ``seed`` plus the count so far, so
+    layers that clone their initializer from its config (MultiHeadAttention's query, key, value and
+    output kernels) still start apart, and the same build draws the same weights in every backend (the
+    variables are created in the same order in eager, graph and strategy code)."""
     class NumpyInit(tf.keras.initializers.Initializer):
         def __init__(self, seed, kind):
             self.seed, self.kind = seed, kind
 
         def __call__(self, shape, dtype=None, **kwargs):
             shape = tuple(int(s) for s in shape)
-            rng = np.random.RandomState(self.seed)
+            seed = self.seed
+            if draws is not None:
+                seed = (seed + 7919 * draws[0]) % 2 ** 32
+                draws[0] += 1
+            rng = np.random.RandomState(seed)
             if self.kind == "zeros":
                 value = np.zeros(shape, np.float32)
             elif self.kind == "embedding":   # Keras' Embedding default: uniform in [-0.05, 0.05]
@@ -52,6 +61,9 @@ def build_model(cfg, check_step=True):
         return build(weights=None, input_shape=shape, classes=classes, classifier_activation=None)
     init = lambda i: dict(kernel_initializer=_numpy_initializer(tf, cfg.seed * 100 + i, "glorot"),
                           bias_initializer=_numpy_initializer(tf, 0, "zeros"))
+    if model.text:
+        draws = [0]
+        init = lambda kind: _numpy_initializer(tf, cfg.seed * 100, kind, draws)
     return BUILDERS[model.name](tf, tf.keras.layers, cfg, shape, classes, init)
 
 
@@ -93,9 +105,56 @@ def _rec(tf, L, cfg, shape, classes, init):
     ], name="rec")
 
 
+def _transformer(tf, L, cfg, shape, classes, init):
+    """A decoder-only, byte-level language model of ``--transformer_size``, GPT-2's layout: token and
+    position embeddings, blocks of causal Keras MultiHeadAttention and a GELU MLP, each behind a
+    LayerNormalization and added back (pre-norm residuals), a final LayerNormalization, and logits
+    from the token embedding itself (tied: the output layer is the embedding's transpose). No dropout:
+    every backend and worker count must compute the same function. Its logits are [batch, seq_len,
+    classes]: a next-byte distribution at every position."""
+    size = TRANSFORMER_SIZES[cfg.transformer_size]
+    width, positions = size.width, shape[0]
+    dense = lambda units, **kw: dict(units=units, kernel_initializer=init("glorot"), bias_initializer=init("zeros"), **kw)
+
+    class Positions(L.Layer):
+        """Adds a learned vector per position."""
+        def build(self, input_shape):
+            self.table = self.add_weight(name="positions", shape=(positions, width), initializer=init("embedding"))
+
+        def call(self, h):
+            return h + tf.cast(self.table, h.dtype)[None, :tf.shape(h)[1]]
+
+    class TiedLogits(L.Layer):
+        """Logits as the hidden state times the token embedding's transpose; the table is reached through
+        a function, so it is the embedding's weight alone (not tracked, nor counted, twice)."""
+        def __init__(self, table, **kw):
+            super().__init__(**kw)
+            self.table = table
+
+        def call(self, h):
+            return tf.matmul(h, tf.cast(self.table(), h.dtype), transpose_b=True)
+
+    ids = L.Input(shape, dtype="int32", name="bytes")
+    embedding = L.Embedding(classes, width, embeddings_initializer=init("embedding"), name="tokens")
+    h = Positions(name="positions")(embedding(ids))
+    for b in range(size.layers):
+        a = L.LayerNormalization(epsilon=1e-5, name=f"block{b}_ln1")(h)
+        a = L.MultiHeadAttention(size.heads, width // size.heads, kernel_initializer=init("glorot"),
+                                 bias_initializer=init("zeros"), name=f"block{b}_attention")(
+            a, a, use_causal_mask=True)
+        h = L.Add(name=f"block{b}_add1")([h, a])
+        m = L.LayerNormalization(epsilon=1e-5, name=f"block{b}_ln2")(h)
+        m = L.Dense(**dense(size.mlp, activation="gelu"), name=f"block{b}_mlp_in")(m)
+        m = L.Dense(**dense(width), name=f"block{b}_mlp_out")(m)
+        h = L.Add(name=f"block{b}_add2")([h, m])
+    h = L.LayerNormalization(epsilon=1e-5, name="final_ln")(h)
+    logits = TiedLogits(lambda: embedding.embeddings, name="logits")(h)
+    return tf.keras.Model(ids, logits, name=f"transformer_{size.name}")
+
+
 # Each built-in model's builder, by the name common/spec/builtins.py declares it under (a Keras
 # application is built from its declaration).
-BUILDERS = {"mlp": _mlp, "cnn": _cnn, "rec": _rec}
+BUILDERS = {"mlp": _mlp, "cnn": _cnn, "rec": _rec, "transformer": _transformer}
 
 
 def check_plugin(cfg, graph_mode=False):
@@ -261,11 +320,12 @@ def eval_batch_sums(logits, labels):
 
     Sums, not means, so workers' and batches' parts add up to the whole test
     set exactly; the eager (Horovod) and graph (PS) evaluations both use it.
+    A language model's every position is an example (its accuracy: next-byte).
     """
     import tensorflow as tf
     labels = tf.cast(labels, tf.int32)
     losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-    correct = tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels)
+    correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
     return tf.stack([tf.reduce_sum(tf.cast(losses, tf.float64)),
                      tf.reduce_sum(tf.cast(correct, tf.float64)),
                      tf.cast(tf.size(labels), tf.float64)])

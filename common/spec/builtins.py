@@ -20,12 +20,19 @@ class BuiltinData:
     shape_from_flags: bool = False            # generated at --image_shape x --num_classes
     streamed: bool = False                    # read from files as it trains, never loaded as arrays
     writable: bool = True                     # hvdps data writes it as TFRecord shards
+    text: bool = False                        # byte sequences of --seq_len, a label per position (the next byte)
 
     def pixels(self, cfg):
-        """The image shape (H, W, C) of its examples, or None (ids, or known only from its files)."""
-        if self.ids or self.streamed:
+        """The image shape (H, W, C) of its examples, or None (ids, text, or known only from its files)."""
+        if self.ids or self.streamed or self.text:
             return None
         return tuple(cfg.image_shape) if self.shape_from_flags else self.shape
+
+    def input_shape(self, cfg):
+        """One example's input as the model takes it, or None (known only from its files)."""
+        if self.text:
+            return (cfg.seq_len,)
+        return self.shape or self.pixels(cfg)
 
     def num_classes(self, cfg):
         return self.classes if self.classes is not None else cfg.num_classes
@@ -38,6 +45,29 @@ class BuiltinModel:
     ids: bool = False               # embeds categorical ids (needs a data set of ids)
     application: str = ""           # tf.keras.applications' class (weights=None)
     min_side: int = 0               # an application's smallest input side (3-channel images)
+    text: bool = False              # a language model: byte sequences in, a next-byte distribution per position out
+
+
+@dataclass(frozen=True)
+class TransformerSize:
+    """A decoder-only transformer's shape (``--transformer_size``): blocks, width, heads, the MLP's
+    width, and the vocabulary and context it was published with (what the projection builds; training
+    takes the data's: 256 bytes, ``--seq_len``)."""
+    name: str
+    layers: int
+    width: int
+    heads: int
+    mlp: int
+    vocab: int
+    context: int
+
+
+# tiny: what CI and the demo train in seconds (0.12 M weights); gpt2_small: GPT-2's 124 M-weight shape
+# (Radford et al. 2019: 12 blocks of 768 wide, 12 heads, a 50,257-token vocabulary, 1,024 positions).
+TRANSFORMER_SIZES = {t.name: t for t in (
+    TransformerSize("tiny", layers=2, width=64, heads=4, mlp=256, vocab=256, context=64),
+    TransformerSize("gpt2_small", layers=12, width=768, heads=12, mlp=3072, vocab=50257, context=1024),
+)}
 
 
 DATA = {d.name: d for d in (
@@ -46,6 +76,7 @@ DATA = {d.name: d for d in (
                 needs="--dataset mnist needs --data_dir (a folder with mnist.npz or the IDX files)"),
     BuiltinData("synthetic", shape_from_flags=True),
     BuiltinData("clicks", shape=(CLICK_FEATURES,), classes=2, ids=True, writable=False),
+    BuiltinData("pysrc", classes=256, text=True, writable=False),
     BuiltinData("tfrecord", streamed=True, writable=False,
                 needs="--dataset tfrecord needs --data_dir (a folder of TFRecord shards written by `hvdps data`)"),
 )}
@@ -53,7 +84,7 @@ DATA = {d.name: d for d in (
 # Keras applications: the models of Horovod's and tf_cnn_benchmarks' published scaling tables, with the
 # smallest input side each accepts.
 MODELS = {m.name: m for m in (
-    BuiltinModel("mlp"), BuiltinModel("cnn"), BuiltinModel("rec", ids=True),
+    BuiltinModel("mlp"), BuiltinModel("cnn"), BuiltinModel("rec", ids=True), BuiltinModel("transformer", text=True),
     BuiltinModel("resnet50", application="ResNet50", min_side=32),
     BuiltinModel("resnet101", application="ResNet101", min_side=32),
     BuiltinModel("inception_v3", application="InceptionV3", min_side=75),

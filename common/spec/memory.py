@@ -67,8 +67,28 @@ def _cnn(cfg, shape, classes):
                                     f"the CNN's {params:.3g} weights and one batch's activations")]
 
 
+def transformer_parameters(size, vocab, positions):
+    """The weights of common/model/models.py's transformer: embeddings (the output layer tied to the
+    tokens'), per block attention (four D x D kernels and biases), the MLP and two LayerNormalizations."""
+    d, m = size.width, size.mlp
+    block = 4 * d * d + 4 * d + 2 * d * m + m + d + 4 * d
+    return vocab * d + positions * d + size.layers * block + 2 * d
+
+
+def _transformer(cfg, shape, classes):
+    size = builtins.TRANSFORMER_SIZES[cfg.transformer_size]
+    tokens, d = cfg.batch_size * cfg.seq_len, size.width
+    params = transformer_parameters(size, classes, cfg.seq_len)
+    # per token and block: about 12 D-wide and 2 MLP-wide float32 activations kept for the backward pass,
+    # and each head's row of attention scores and probabilities
+    activations = 4 * tokens * size.layers * (12 * d + 2 * size.mlp + 2 * size.heads * cfg.seq_len)
+    return [(f"--transformer_size {size.name} x --seq_len {cfg.seq_len} x --batch_size {cfg.batch_size}",
+             20 * params + activations + 12 * tokens * classes,
+             f"the transformer's {params:.3g} weights, one batch's activations and its logits")]
+
+
 # What each built-in model holds beyond its data, by the name common/spec/builtins.py declares it under.
-MODEL_MEMORY = {"mlp": _mlp, "cnn": _cnn, "rec": _embeddings}
+MODEL_MEMORY = {"mlp": _mlp, "cnn": _cnn, "rec": _embeddings, "transformer": _transformer}
 
 
 def check_memory(cfg):

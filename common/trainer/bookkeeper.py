@@ -97,7 +97,7 @@ class Bookkeeper:
             # the last evaluation and checkpoint are finish()'s, at the job's final update: an
             # async chief sees the end while other workers' updates are still landing
             return out
-        if end or (cfg.eval_every_epoch and epoch_ended):
+        if end or (cfg.eval_every_epoch and epoch_ended) or crossed(prev, step, cfg.eval_every_steps):
             out.append("eval")
         if end or (crossed(prev, step, cfg.checkpoint_steps) if cfg.checkpoint_steps
                    else cfg.checkpoint_every_epoch and epoch_ended):
@@ -123,12 +123,14 @@ class Bookkeeper:
         if self.paused:                           # the next throughput interval begins here, past the pause
             self.log.resumed(step, extra.get("samples_seen"))
             self.paused = False
-        due = self.due(self.last, step, epoch)
-        self.last = step
+        prev, self.last = self.last, step
+        due = self.due(prev, step, epoch)
         if epoch:
             self.label = epoch
-        elif epoch is None:                       # crossed into the next epoch: the one that ended
-            self.label = max(1, self.plan.epoch_of(step))
+        elif epoch is None and crossed(prev, step, self.plan.updates_per_epoch):
+            self.label = max(1, self.plan.epoch_of(step))   # crossed into the next epoch: the one that ended
+        elif epoch is None:                       # inside an epoch (an eval every N updates): that epoch
+            self.label = self.plan.epoch_label(step)
         if "log" in due and self.losses:
             self.write_log(step, **extra)
         if "eval" in due:

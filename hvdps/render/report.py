@@ -353,8 +353,9 @@ def _caveats(runs):
 
 
 def _evaluates_each_epoch(r):
+    """Whether the run evaluated along the way (each epoch, or every --eval_every_steps), not only at its end."""
     config = r.header.config if r.header else None
-    return config is None or config.eval_every_epoch is not False
+    return config is None or config.eval_every_epoch is not False or bool(config.eval_every_steps)
 
 
 def method_note(rows):
@@ -363,8 +364,8 @@ def method_note(rows):
     span = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}") if counts else "no"
     repeats = max((r.repeats or 1 for r in rows), default=1)
     text = ("Verdicts rank the runs at each workload's largest worker count by time to the target accuracy "
-            "(from the trainer's start to the first evaluation at or above it: each epoch's, "
-            "or with --eval_every_epoch false only the last, when the time is the whole run's), "
+            "(from the trainer's start to the first evaluation at or above it: each epoch's and every "
+            "--eval_every_steps updates', or with --eval_every_epoch false and no --eval_every_steps only the last, when the time is the whole run's), "
             "then by median throughput. ")
     if repeats > 1:
         return text + (f"Each configuration ran up to {repeats} times, the methods' order reversed on every other "
