@@ -15,7 +15,7 @@ from common.model.models import build_model, loss_fn, make_optimizer, train_step
 from common.model.probe import compute_step_time
 from common.trainer.checkpoints import Checkpoints
 from common.model.evaluation import eval_sums, finish_eval
-from common.model.optim import create_slots, make_lr_schedule
+from common.model.optim import create_slots, loss_scale_of, loss_scaled, make_lr_schedule
 from common.trainer.run_dir import check_resume_compatible, refuse_finished
 from allreduce.deadline import StepDeadline
 from allreduce.roster import step_failure
@@ -46,6 +46,10 @@ class AllreduceAdapter(Adapter):
 
     def lr(self, step):
         return self._lr(step)
+
+    def log_extra(self, step):
+        scale = loss_scale_of(self.optimizer)     # mixed_float16: the same on every rank (their sums agree)
+        return {} if scale is None else {"loss_scale": scale}
 
     def evaluate(self, step):
         key = (self.backend.rank, self.backend.world_size)      # elastic: the world may have changed
@@ -86,6 +90,7 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None, t
         optimizer = make_optimizer(cfg, make_lr_schedule(cfg, plan))   # all-reduce: lr scaled by the workers
         if loop == "fit":
             optimizer = backend.wrap_optimizer(optimizer)   # all-reduce: inside Keras' train step
+        optimizer = loss_scaled(cfg, optimizer)  # mixed_float16: outside the exchange, which carries it scaled
         create_slots(model, optimizer)           # all-reduce: every rank has the slots rank 0 restores
 
     checkpoints = Checkpoints(cfg, model, optimizer)

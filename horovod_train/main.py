@@ -23,6 +23,7 @@ from common.spec.config import build_parser, from_args
 from common.inputs.data import num_examples
 from common.base.errors import cli
 from common.model.models import build_model, make_optimizer
+from common.model.optim import loss_scaled
 from common.trainer.run_dir import check_resume_compatible, check_train_dir
 from common.base.procs import launcher_rank
 from allreduce.sync_loop import train_allreduce
@@ -52,7 +53,8 @@ def main(argv=None):
     if args.elastic:                             # Horovod: the world may shrink and grow (elastic.py)
         if backend.is_chief:
             mark_elastic_job(cfg.train_dir)
-        return train_elastic(cfg, args, backend, build_model(cfg), make_optimizer(cfg, cfg.learning_rate), num_train)
+        return train_elastic(cfg, args, backend, build_model(cfg),
+                             loss_scaled(cfg, make_optimizer(cfg, cfg.learning_rate)), num_train)
 
     # Horovod: each rank runs 1/size of an epoch's steps, the lr scaled by the workers with a warm-up,
     # rank 0's state broadcast, gradients all-reduced through DistributedGradientTape (--loop custom)

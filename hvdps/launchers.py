@@ -164,6 +164,10 @@ class Launcher:
         """
         raise NotImplementedError
 
+    def check(self, cfg):
+        """Refuse (a UsageError) what this method's trainer would refuse of the shared training flags
+        ``cfg`` at its start, before any task of a comparison starts (a precision it cannot take)."""
+
     def task_lines(self, cmd):
         """[(task, command line)] that ``cmd`` (this launcher's, across hosts) starts on each host,
         for the dry run; [] where one launcher line starts everything (mpirun)."""

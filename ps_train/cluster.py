@@ -71,8 +71,22 @@ def base_mode(mode):
     return "sync" if backups(mode) else mode
 
 
+def check_precision(ps_api, precision):
+    """TensorFlow 2's ParameterServerStrategy cannot take ``--precision mixed_float16``: Keras'
+    LossScaleOptimizer refuses every strategy whose variables are not one copy per replica (it would
+    unscale a gradient once per worker, not once per variable), and float16 without a loss scale
+    loses the small gradients. One line before any task starts (the trainer, its launcher and hvdps
+    compare ask this)."""
+    if ps_api == "v2" and precision == "mixed_float16":
+        raise UsageError("--precision mixed_float16 cannot run under TensorFlow 2's ParameterServerStrategy "
+                         "(ps2): Keras' LossScaleOptimizer takes only strategies with a copy of every variable per "
+                         "replica; use --precision mixed_bfloat16 (no loss scale needed), or the classic PS (ps, "
+                         "--ps_api v1), whose loss scale lives on the PS")
+
+
 def check_ps_flags(args):
     """The PS flags that do not depend on the cluster (the launcher checks them once, too)."""
+    check_precision(args.ps_api, getattr(args, "precision", "float32"))
     given = next((f for f in ("sync", "replicas_to_aggregate", "backup_workers") if getattr(args, f)), None)
     if args.ps_api == "v2" and given:
         raise UsageError(f"--{given} needs --ps_api v1: TensorFlow 2's ParameterServerStrategy is asynchronous only")

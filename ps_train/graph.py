@@ -17,7 +17,7 @@ from typing import Any
 from common.inputs.data import make_dataset
 from common.spec.keras3 import refuse_graph_mode
 from common.model.models import build_model, eval_batch_sums, make_optimizer, state_updates, total_loss
-from common.model.optim import make_lr_schedule
+from common.model.optim import loss_scaled, make_lr_schedule
 from common.trainer.backend import MIN_SHARD_BYTES
 
 
@@ -42,13 +42,15 @@ class TrainGraph:
     eval_sums: Any = None  # chief only: [loss sum, correct, count] of one test batch
     weights: Any = None    # the model's weights, a split one read whole (its shards concatenated)
     owners: Any = None     # {id(shard): the partitioned variable it is part of}
+    loss_scale: Any = None  # mixed_float16: the dynamic loss scale, on the PS
 
 
 def build_graph(cfg, backend, plan):
     import tensorflow as tf
     v1 = tf.compat.v1
     owners = {}
-    with v1.device(backend.device_setter()), split_variables(tf, backend.num_ps, owners):   # PS: on the PS
+    with v1.device(backend.device_setter()), split_variables(tf, backend.num_ps, owners,  # PS: on the PS
+                                                              whole=cfg.precision != "float32"):
         global_step = v1.train.get_or_create_global_step()
         model = build_model(cfg)
         refuse_graph_mode(cfg, model)            # a Keras 3 plug-in: one line (common/spec/keras3.py)
@@ -74,7 +76,9 @@ def build_graph(cfg, backend, plan):
         schedule = make_lr_schedule(cfg, plan)
         with v1.device(global_step.device):      # PS: computed where the update reads it
             learning_rate = schedule(global_step)
-        optimizer = backend.wrap_optimizer(make_optimizer(cfg, learning_rate, api="v1"))  # PS: sync wraps
+        unscaled = make_optimizer(cfg, learning_rate, api="v1")
+        scaled = loss_scaled(cfg, unscaled, api="v1")   # mixed_float16: the loss scaled
+        optimizer = backend.wrap_optimizer(scaled)   # PS: sync wraps, around the loss scale: it sees the average
         zeros = v1.zeros_initializer()
         with v1.device(global_step.device):      # PS: bookkeeping beside the global step (see below)
             worker_steps = v1.get_variable("hvdps/worker_steps", [plan.workers], tf.int64, zeros,
@@ -87,6 +91,8 @@ def build_graph(cfg, backend, plan):
         if backend.sync:                         # PS: SyncReplicasOptimizer places its own update
             with local_step_read_once(tf, backend.device):
                 minimize = optimizer.apply_gradients(grads, global_step=global_step)
+        elif scaled is not unscaled:             # PS: one finiteness check over every task's gradients
+            minimize = optimizer.apply_gradients(grads, global_step=global_step)   # skips a step whole
         else:                                    # PS: each task updates its own variables
             minimize = apply_on_each_ps(tf, cfg, schedule, grads, global_step)
         # Run with the update, not chained after it (a second PS round trip inside every
@@ -109,7 +115,8 @@ def build_graph(cfg, backend, plan):
         graph = TrainGraph(global_step, model, loss, learning_rate, schedule, optimizer, train_op, worker_steps,
                            worker_done, mark_done, saver=None, sync_wait=sync_wait, input_wait=input_wait,
                            data_init=data_iterator.initializer, data_skip=data_skip,
-                           weights=whole_weights(model.weights, owners), owners=owners)
+                           weights=whole_weights(model.weights, owners), owners=owners,
+                           loss_scale=scaled.loss_scale_tensor() if scaled is not unscaled else None)
         if backend.is_chief:
             graph.eval_init, graph.eval_sums = _eval_ops(tf, cfg, model)
     # Relative paths in the 'checkpoint' index: a copied or moved run directory
@@ -123,7 +130,7 @@ def build_graph(cfg, backend, plan):
 
 
 @contextlib.contextmanager
-def split_variables(tf, num_ps, owners):
+def split_variables(tf, num_ps, owners, whole=False):
     """Trainable variables created in this block are split over the ``num_ps`` PS tasks when large.
 
     A variable creator (the hook every ``tf.Variable`` goes through, Keras' included) makes a
@@ -135,9 +142,14 @@ def split_variables(tf, num_ps, owners):
     the shards as slices of one tensor) each work shard by shard. Each shard is initialised
     with its slice of the full initial value, so the model starts exactly as unsplit.
     ``owners`` receives {id(shard): partitioned variable}.
+
+    ``whole``: under a mixed-precision policy nothing is split. Keras reads each variable of a mixed
+    layer through an AutoCastVariable, which wraps a resource variable and refuses a partitioned one;
+    the variables are placed whole, round robin, and the header's ``ps_shard_bytes`` says what each
+    task then holds.
     """
     v1 = tf.compat.v1
-    if num_ps < 2:
+    if num_ps < 2 or whole:
         yield owners
         return
     partitioner = v1.min_max_variable_partitioner(max_partitions=num_ps, axis=0, min_slice_size=MIN_SHARD_BYTES)

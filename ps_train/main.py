@@ -390,10 +390,12 @@ class ChiefAdapter(Adapter):
             self.save(None)
 
     def read_counters(self):
-        """Every worker's applied batches and (sync) seconds waited for tokens, in one PS read."""
-        if self.graph.sync_wait is None:
-            return self.read(self.graph.worker_steps), None
-        return tuple(self.read([self.graph.worker_steps, self.graph.sync_wait]))
+        """Every worker's applied batches, (sync) seconds waited for tokens and (mixed_float16) the loss
+        scale, in one PS read: (counts, waits or None, scale or None)."""
+        g = self.graph
+        wanted = [g.worker_steps] + [t for t in (g.sync_wait, g.loss_scale) if t is not None]
+        got = iter(self.read(wanted))
+        return next(got), *(next(got) if t is not None else None for t in (g.sync_wait, g.loss_scale))
 
     def lr(self, step):
         # the schedule's own value at this update, not a read of the rate on the PS: a session run
@@ -401,9 +403,11 @@ class ChiefAdapter(Adapter):
         return self.graph.schedule.at(step)
 
     def log_extra(self, step):                   # PS: every worker's progress, from the PS
-        counts, waits = self.read_counters()
+        counts, waits, scale = self.read_counters()
         self.lost = self.tracker.update(counts)
         extra = {"worker_steps": counts.tolist(), "lost_workers": self.lost}
+        if scale is not None:
+            extra["loss_scale"] = float(scale)
         if waits is not None:
             extra.update(sync_wait_s=self.waits.update(step, waits, counts), sync_wait_total_s=waits.tolist())
         return extra
@@ -439,7 +443,7 @@ class ChiefAdapter(Adapter):
         return seconds
 
     def finish_extra(self, final):
-        counts, waits = self.read_counters()
+        counts, waits, _ = self.read_counters()
         extra = {"lost_workers": self.lost, "worker_steps": counts.tolist(), "input_s": input_wait(self.input_waits)}
         if waits is not None:
             extra.update(sync_wait_total_s=waits.tolist(), wait_s=self.waits.median())

@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 
 from common.base.errors import UsageError
 from common.formats.schemas import read_launch_record
+from ps_train.cluster import check_precision
 from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskFlag, TaskLauncher
 from hvdps.cost.model import Network, Option, combine, summed_rates_step
@@ -258,6 +259,9 @@ class PS2Launcher(PSLauncher):
     only, and one more process, the chief that coordinates (it does not train)."""
     graph_mode = False
     trainer_flags = ("--ps_api", "v2")
+
+    def check(self, cfg):
+        check_precision("v2", cfg.precision)
     ends = "chief"               # the coordinator ends the job; it releases the PS tasks and workers
     coordinators = 1
 

@@ -106,8 +106,12 @@ class StrategyBackend(Backend):
         wait_for_ports(self.cluster["worker"], self.startup_timeout, "worker")
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(self.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
-        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=MIN_SHARD_BYTES, max_shards=self.num_ps)
+        # Under a mixed policy, no partitioner: Keras reads a mixed layer's variables through
+        # AutoCastVariables, which wrap resource variables and refuse a ShardedVariable; the strategy
+        # then places each variable whole, round robin (the header's placement says where).
+        partitioner = None if cfg.precision != "float32" else \
+            tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=MIN_SHARD_BYTES,
+                                                                       max_shards=self.num_ps)
         try:
             self.strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
             self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)

@@ -297,6 +297,7 @@ class RunConfig(Strict):
     warmup_steps: Optional[Index] = None
     eval_every_epoch: Optional[bool] = None
     eval_every_steps: Optional[Index] = None
+    precision: Optional[Text] = None
 
 
 class Header(Strict):
@@ -335,6 +336,7 @@ class Step(_AtStep):
     type: Literal["step"]
     samples_seen: Index
     samples_per_sec: Optional[NonNeg] = None
+    loss_scale: Optional[Positive] = None       # --precision mixed_float16: the dynamic loss scale then
 
 
 class Eval(_AtStep):

@@ -5,12 +5,15 @@ from TensorFlow's RNG: TF draws different numbers in eager mode (Horovod) and in
 graph mode (the PS backend's between-graph replication), and the equivalence
 tests need every backend and every worker count to start from the same point.
 """
+import contextlib
+
 import numpy as np
 
 from common.inputs.data import input_spec, make_dataset
 from common.spec.builtins import model_of, TRANSFORMER_SIZES
 from common.spec.plugins import build_model as build_plugin, seed_everything, is_plugin
 from common.spec.keras3 import refuse_graph_mode, is_wrapped
+from common.model.optim import is_loss_scaled
 
 
 def _numpy_initializer(tf, seed, kind, draws=None):
@@ -48,9 +51,29 @@ def _numpy_initializer(tf, seed, kind, draws=None):
 
 
 def build_model(cfg, check_step=True):
-    """An uncompiled Keras model for ``cfg.model`` whose input follows ``cfg.dataset``; a plug-in's
-    is checked with one training step unless a strategy owns its variables (``check_step``)."""
+    """An uncompiled Keras model for ``cfg.model`` whose input follows ``cfg.dataset``, its layers made
+    under ``--precision``'s policy; a plug-in's is checked with one training step unless a strategy owns
+    its variables (``check_step``)."""
     import tensorflow as tf
+    with precision_policy(tf, cfg.precision):
+        return _build(tf, cfg, check_step)
+
+
+@contextlib.contextmanager
+def precision_policy(tf, precision):
+    """Keras' global mixed-precision policy set to ``precision`` while a model is built, and put back
+    after: a layer keeps the policy it was made under (its compute dtype, its float32 variables), and
+    nothing else of the process (a probe's model of another run, a test's) inherits it."""
+    mp = tf.keras.mixed_precision
+    previous = mp.global_policy()
+    mp.set_global_policy(precision)
+    try:
+        yield
+    finally:
+        mp.set_global_policy(previous)
+
+
+def _build(tf, cfg, check_step):
     shape, classes = input_spec(cfg)
     model = model_of(cfg)
     if model is None:
@@ -243,9 +266,21 @@ def gradient_sizes(cfg, model):
 
 
 def loss_fn():
-    """The criterion Keras' ``fit`` is compiled with (it adds ``model.losses`` itself)."""
+    """The criterion Keras' ``fit`` is compiled with (it adds ``model.losses`` itself), on float32
+    logits as ``total_loss``'s."""
     import tensorflow as tf
-    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def cross_entropy(labels, logits):
+        return tf.keras.losses.sparse_categorical_crossentropy(labels, float32(tf, logits), from_logits=True)
+    return cross_entropy
+
+
+def float32(tf, logits):
+    """Logits as float32 before the softmax and the loss: a model built under a mixed policy computes
+    them in bfloat16 or float16, whose 8 or 11 bits of mantissa would round the cross-entropy of a
+    256-way (or 1,000-way) softmax and whose float16 range would overflow its exponentials (Keras'
+    mixed-precision guide keeps the model's outputs in float32 for this reason)."""
+    return tf.cast(logits, tf.float32) if logits.dtype != tf.float32 else logits
 
 
 def total_loss(model, labels, logits):
@@ -258,8 +293,9 @@ def total_loss(model, labels, logits):
     strategy, and the same formula must hold under every backend.
     """
     import tensorflow as tf
+    logits = float32(tf, logits)
     loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
-    return loss + tf.add_n(model.losses) if model.losses else loss
+    return loss + tf.add_n([tf.cast(extra, tf.float32) for extra in model.losses]) if model.losses else loss
 
 
 def state_updates(model, inputs):
@@ -284,16 +320,27 @@ def train_step_fn(model, optimizer, wrap_tape=None):
     all-reduced), the compute probe leaves it alone, and the TF2 strategy's chief
     runs it per replica. Callers wrap it in ``tf.function`` (or ``strategy.run``).
     The loss is ``common.model.models.total_loss``, the model's own losses included.
+
+    Under ``--precision mixed_float16`` the optimizer is Keras' LossScaleOptimizer (optim.loss_scaled):
+    the loss is multiplied by its scale before the gradient, so that small gradients survive float16,
+    and the gradients divided by it again after the exchange, as Horovod's and Keras' guides do it.
+    Every rank unscales the same all-reduced sums, so every rank skips a non-finite step and halves its
+    scale alike; the wire carries the float32 gradients of the float32 variables either way.
     """
     import tensorflow as tf
+
+    scaled = is_loss_scaled(optimizer)
 
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = total_loss(model, y, model(x, training=True))
+            target = optimizer.get_scaled_loss(loss) if scaled else loss    # mixed_float16: loss x scale
         if wrap_tape is not None:
             tape = wrap_tape(tape)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        grads = tape.gradient(target, model.trainable_variables)   # exchanged scaled, as they were computed
+        if scaled:
+            grads = optimizer.get_unscaled_gradients(grads)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))   # skipped, scale halved, if not finite
         return loss
     return step
 
@@ -323,7 +370,7 @@ def eval_batch_sums(logits, labels):
     A language model's every position is an example (its accuracy: next-byte).
     """
     import tensorflow as tf
-    labels = tf.cast(labels, tf.int32)
+    labels, logits = tf.cast(labels, tf.int32), float32(tf, logits)
     losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
     return tf.stack([tf.reduce_sum(tf.cast(losses, tf.float64)),

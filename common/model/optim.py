@@ -56,6 +56,65 @@ def make_lr_schedule(cfg, plan):
     return _schedule_class()(cfg.learning_rate, cfg.learning_rate * scale, warmup)
 
 
+def loss_scaled(cfg, optimizer, api="keras"):
+    """``optimizer`` behind Keras' dynamic loss scaling under ``--precision mixed_float16``, as it is
+    otherwise. Outside any distribution wrapper's own (Horovod's DistributedOptimizer for ``--loop
+    fit``, the classic PS's SyncReplicasOptimizer goes outside it), so the gradients it unscales and
+    checks are the exchanged ones and every worker agrees on a skipped step. Keras' LossScaleOptimizer
+    (its scale starts at 2**15, halves on a non-finite gradient, doubles after
+    ``--loss_scale_growth_steps`` finite ones, 2,000 as Keras') for
+    the eager loops; TensorFlow's v1 MixedPrecisionLossScaleOptimizer, the same dynamic rule, for a
+    ``tf.compat.v1.train`` optimizer in a graph."""
+    if cfg.precision != "mixed_float16":
+        return optimizer
+    import tensorflow as tf
+    growth = cfg.loss_scale_growth_steps
+    if api == "v1":
+        scale = tf.compat.v1.mixed_precision.DynamicLossScale(initial_loss_scale=2 ** 15, increment_period=growth)
+        return _counted_class()(optimizer, scale)
+    return tf.keras.mixed_precision.LossScaleOptimizer(optimizer, dynamic_growth_steps=growth)
+
+
+_COUNTED = []
+
+
+def _counted_class():
+    """TensorFlow's v1 MixedPrecisionLossScaleOptimizer, except that a step whose update it skips (a
+    non-finite gradient) still advances the global step. Every loop counts such a step as an update
+    taken, as Keras' does, and the classic PS's global step is what its books, its workers' data
+    streams and SyncReplicasOptimizer's tokens are counted in: a step that left it behind would end
+    the run late and past the data each worker was given."""
+    if _COUNTED:
+        return _COUNTED[0]
+    import tensorflow as tf
+
+    class EveryStepCounted(tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer):
+        def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+            update = super().apply_gradients(grads_and_vars, None, name)
+            if global_step is None:
+                return update
+            with tf.control_dependencies([update]):
+                return tf.compat.v1.assign_add(global_step, 1).op
+
+        def loss_scale_tensor(self):
+            """The scale now, as a tensor on the task that holds it (the classic PS chief logs it)."""
+            return self._loss_scale()
+
+    _COUNTED.append(EveryStepCounted)
+    return EveryStepCounted
+
+
+def is_loss_scaled(optimizer):
+    """Whether ``optimizer`` is Keras' LossScaleOptimizer (its step scales the loss and unscales the
+    gradients: common/model/models.py, train_step_fn)."""
+    return hasattr(optimizer, "get_scaled_loss") and hasattr(optimizer, "inner_optimizer")
+
+
+def loss_scale_of(optimizer):
+    """The loss scale a Keras LossScaleOptimizer holds now, as a float; None for any other optimizer."""
+    return float(optimizer.loss_scale) if is_loss_scaled(optimizer) else None
+
+
 def create_slots(model, optimizer):
     """Create the optimizer's variables (slots, iteration count) now, on every rank.
 
@@ -63,4 +122,4 @@ def create_slots(model, optimizer):
     before rank 0 restores and broadcasts, or ranks 1..n-1 hang in the broadcast
     (Horovod and bare MPI alike).
     """
-    optimizer._create_all_weights(model.trainable_variables)
+    getattr(optimizer, "inner_optimizer", optimizer)._create_all_weights(model.trainable_variables)

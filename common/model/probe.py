@@ -16,6 +16,7 @@ import time
 
 from common.inputs.data import input_failure, make_dataset
 from common.model.models import build_model, make_optimizer, state_updates, total_loss, train_step_fn
+from common.model.optim import loss_scaled
 
 WARMUP = 5          # untimed probe steps: tracing, first allocations
 CHUNK = 5           # steps per timed interval: as the throughput meter, the median of interval means
@@ -44,7 +45,7 @@ def compute_step_time(cfg, session_config=None):
 def _eager(cfg, ds):
     import tensorflow as tf
     model = build_model(cfg)
-    step = tf.function(train_step_fn(model, make_optimizer(cfg, cfg.learning_rate)), autograph=False)
+    step = tf.function(train_step_fn(model, loss_scaled(cfg, make_optimizer(cfg, cfg.learning_rate))), autograph=False)
 
     batches = iter(ds)                           # as the training loop: next batch, step, read the loss
     return _timed(lambda: float(step(*next(batches))), WARMUP + cfg.probe_steps)
@@ -73,7 +74,8 @@ def _graph(cfg, session_config):
         model = build_model(cfg)
         logits = model(x, training=True)
         loss = total_loss(model, y, logits)
-        train_op = tf.group(make_optimizer(cfg, cfg.learning_rate, api="v1").minimize(
+        optimizer = loss_scaled(cfg, make_optimizer(cfg, cfg.learning_rate, api="v1"), api="v1")
+        train_op = tf.group(optimizer.minimize(
             loss, var_list=model.trainable_variables), *state_updates(model, x))
         init = v1.global_variables_initializer()
     with v1.Session(graph=graph, config=session_config) as sess:

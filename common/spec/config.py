@@ -43,6 +43,10 @@ MODEL_TARGETS = {"transformer": 0.52, "*": 0.9}
 TARGETS_HELP = "0.52 for the transformer (next-byte accuracy), else 0.9"
 TRANSFORMER_SIZES = tuple(builtins.TRANSFORMER_SIZES)
 OPTIMIZERS = ("sgd", "momentum", "adam")
+# Keras' mixed-precision policies (tf.keras.mixed_precision.Policy): float32, or layers computing in
+# bfloat16 / float16 with their variables (and so their gradients, and what every method sends) in
+# float32. float16's narrow range needs the loss scaled (common/model/optim.py: loss_scaled).
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +76,8 @@ class Config:
     seq_len: int = 64                       # text (pysrc): bytes per sequence, the transformer's context
     transformer_size: str = "tiny"          # transformer: its shape (common/spec/builtins.py: TRANSFORMER_SIZES)
     eval_every_steps: int = 0               # >0: also evaluate every N global updates (a corpus' long epochs)
+    precision: str = "float32"              # Keras' mixed-precision policy the model is built under (PRECISIONS)
+    loss_scale_growth_steps: int = 2000     # mixed_float16: finite steps before the loss scale doubles (Keras')
     shuffle: bool = True
     eval_every_epoch: bool = True
     resume: bool = False
@@ -136,7 +142,7 @@ def _known_or_plugin(name, value, allowed):
 
 
 POSITIVE = ("batch_size", "learning_rate", "hidden_units", "log_every", "num_classes", "synthetic_samples",
-            "embedding_rows", "embedding_dim", "shuffle_buffer", "seq_len")
+            "embedding_rows", "embedding_dim", "shuffle_buffer", "seq_len", "loss_scale_growth_steps")
 MAX_SEQ_LEN = 1 << 16       # positions: the attention of one sequence is seq_len^2 scores a head
 
 
@@ -169,6 +175,7 @@ def validate(cfg):
         raise UsageError(f"--image_shape {','.join(map(str, cfg.image_shape))}: {math.prod(cfg.image_shape):,} values "
                          f"an example; hvdps takes at most {MAX_EXAMPLE_VALUES:,} (256 MiB of float32)")
     _one_of("transformer_size", cfg.transformer_size, TRANSFORMER_SIZES)
+    _one_of("precision", cfg.precision, PRECISIONS)
     if cfg.seq_len > MAX_SEQ_LEN:
         raise UsageError(f"--seq_len must be at most {MAX_SEQ_LEN}, got {cfg.seq_len}")
     data, model = builtins.data_of(cfg), builtins.model_of(cfg)
@@ -257,6 +264,12 @@ def build_parser(description, prog=None):
     g.add_argument("--transformer_size", default=d.transformer_size, choices=TRANSFORMER_SIZES,
                    help="the transformer's shape: tiny (2 blocks of 64, 0.12 M weights), gpt2_small (GPT-2's: 12 "
                         "blocks of 768, 12 heads)")
+    g.add_argument("--precision", default=d.precision, choices=PRECISIONS,
+                   help="Keras' mixed-precision policy: layers compute in bfloat16 or float16, their variables and "
+                        "gradients stay float32 (mixed_float16: the loss scaled by Keras' LossScaleOptimizer)")
+    g.add_argument("--loss_scale_growth_steps", type=int, default=d.loss_scale_growth_steps,
+                   help="mixed_float16: finite steps after which the dynamic loss scale doubles (Keras' "
+                        "dynamic_growth_steps); a step with a non-finite gradient is skipped and halves it")
     g.add_argument("--shuffle", type=boolean, default=d.shuffle, help="a new order of the data every epoch (dealt out to the workers)")
     g.add_argument("--eval_every_epoch", type=boolean, default=d.eval_every_epoch,
                    help="test accuracy after every epoch (false: only at the end)")
@@ -292,6 +305,7 @@ def build_parser(description, prog=None):
     p.bound("momentum", 0, 1)
     p.bound("target_accuracy", 0, 1, positive=True)
     p.bound("seq_len", 1, MAX_SEQ_LEN)
+    p.bound("loss_scale_growth_steps", 1, 2 ** 31 - 1)
     return p
 
 

@@ -156,7 +156,8 @@ class RunLog:
         samples = samples_seen if samples_seen is not None else step * self.plan.samples_per_update
         rate = self.meter.update(step, samples)
         self.metrics.step(step, samples, loss, rate, **extra)
-        self.tb.scalars(step, samples, loss=loss, samples_per_sec=rate, learning_rate=lr)
+        self.tb.scalars(step, samples, loss=loss, samples_per_sec=rate, learning_rate=lr,
+                        loss_scale=extra.get("loss_scale"))
         self.progress.update(step, loss=float(loss), **({"samples/s": rate} if rate else {}))
 
     def paused(self):

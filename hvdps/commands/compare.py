@@ -37,7 +37,7 @@ from common.base.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
 from hvdps.methods import (METHODS, add_task_flags, fewer_tasks, get_launcher, parse_variants,
                            task_flag_dests)
-from hvdps.measure.identity import RunId
+from hvdps.measure.identity import RunId, workload_name
 from hvdps.measure.repeats import alternating, merge
 from hvdps.measure.jobs import Interrupted, execute, own_signals
 from hvdps.measure.plan import plan_run
@@ -93,7 +93,7 @@ def run_shapes(args):
     """[Shape] of every configuration the flags ask for, in order: what plan_runs makes runs of,
     and what the memory checks (here, hvdps emulate's, hvdps k8s's) count."""
     shapes = []
-    workload = getattr(args, "model", None) or "-"
+    workload = workload_name(getattr(args, "model", None), getattr(args, "precision", None))
     for variant in parse_variants(args.backends):
         launcher = get_launcher(variant.method)
         for tasks in launcher.task_choices(args, variant.tasks):
@@ -330,6 +330,8 @@ def validate(args, cfg):
     asked = Asked(tuple(run_shapes(args)), tuple(found))
     # a plug-in's training step (Keras 3 under the classic PS)
     check_plugin(cfg, graph_mode=any(get_launcher(s.identity.method).graph_mode for s in asked.shapes))
+    for method in dict.fromkeys(s.identity.method for s in asked.shapes):
+        get_launcher(method).check(cfg)          # what a method's trainer refuses of the flags (a precision)
     for n in sorted({s.identity.workers for s in asked.shapes}, reverse=True):  # the same refusal every run would
         check_input(cfg, n)             # meet, once, before any starts (a dry run too): the most workers first
     if not args.hosts and not args.dry_run:    # every task on this machine

@@ -27,6 +27,14 @@ def tasks_text(tasks):
     return ",".join(f"{role}={n}" for role, n in tasks)
 
 
+def workload_name(model, precision=None):
+    """What a run's workload is called (its identity, the report's headings and panels): the model, and
+    its precision where that is not float32 (``transformer mixed_bfloat16``), so that a comparison
+    read back beside another at another precision keeps the two apart."""
+    model = model or "-"
+    return model if precision in (None, "float32") else f"{model} {precision}"
+
+
 @dataclass(frozen=True)
 class RunId:
     """``tasks``: ((role, count), ...) the job starts besides its workers, as its method's launcher

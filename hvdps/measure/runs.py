@@ -9,7 +9,7 @@ from common.base.errors import UsageError
 from common.formats.schemas import read_links, read_metrics, read_run_record
 from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
 from hvdps.measure.load import contention
-from hvdps.measure.identity import RunId
+from hvdps.measure.identity import RunId, workload_name
 from hvdps.measure.rows import Links, Load, RunRow, Startup, load_run, measured_interval
 from hvdps.measure.timeline import rank_files, write_timeline
 
@@ -86,7 +86,8 @@ def identity_of(row, record):
     header = row.header
     if header is None:
         return None
-    return RunId(header.model or "-", header.backend, header.mode, header.world_size, tasks=row.tasks,
+    precision = header.config.precision if header.config else None
+    return RunId(workload_name(header.model, precision), header.backend, header.mode, header.world_size, tasks=row.tasks,
                  condition=row.condition)
 
 

@@ -12,7 +12,7 @@ import tempfile
 from common.base.files import make_dirs, write_atomic
 from common.base.procs import REPO, child_env
 from hvdps.measure.plan import plan_run
-from hvdps.measure.identity import RunId
+from hvdps.measure.identity import RunId, workload_name
 
 SBATCH = os.path.join(REPO, "hostfiles", "slurm", "compare.sbatch")
 K8S_TIMEOUT_S = 120
@@ -71,7 +71,7 @@ def write_best(tuned, out, args, trainer_args, workers):
     the verdict best against best."""
     into = os.path.join(out, "best")
     make_dirs(into)
-    workload = args.model or "-"
+    workload = workload_name(args.model, args.precision)
     notes = []
     for m in tuned.methods:
         if not m.best:
