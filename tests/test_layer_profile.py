@@ -23,6 +23,7 @@ def test_cnn_by_hand():
 @pytest.mark.parametrize("name, params_m, gflops", [
     ("resnet50", 25.6, 7.8), ("resnet101", 44.6, 15.2), ("inception_v3", 23.8, 11.5),
     ("vgg16", 138.4, 30.9), ("mobilenet_v2", 3.5, 0.6),
+    ("gpt2_small", 124.4, 291.8),     # GPT-2 small at 1,024 tokens: 2 x 85 M x 1,024 + logits 79 G + attention 39 G
 ])
 def test_shipped_profiles(name, params_m, gflops):
     # published sizes: ResNet-50 25.6 M parameters / 4.1 G multiply-adds, VGG-16 138 M / 15.5 G, ...
@@ -30,6 +31,21 @@ def test_shipped_profiles(name, params_m, gflops):
     assert sum(r.grad_bytes for r in layers) / 4e6 == pytest.approx(params_m, abs=0.1)
     assert sum(r.flops for r in layers) / 1e9 == pytest.approx(gflops, abs=0.1)
     assert all(r.grad_bytes == sum(r.tensors) for r in layers)
+
+
+def test_transformer_by_hand():
+    cfg = make_config(model="transformer", dataset="pysrc", seq_len=16)     # tiny: 2 blocks of 64, 4 heads
+    model = build_model(cfg)
+    rows = {r.name: r for r in layer_profile(model)}
+    t, d, v = 16, 64, 256
+    # the tied logits (h x table^T, 2 x T x V x d) count with the embedding, beside its lookup's 4 per output
+    # value: its gradient is done last
+    assert rows["tokens"].grad_bytes == 4 * v * d and rows["tokens"].flops == 2 * t * v * d + 4 * t * d
+    # four projections of d x d (2 x kernel x T) and, over the heads, QK^T and the weighted sum of V
+    assert rows["block0_attention"].flops == 2 * 4 * d * d * t + 4 * t * t * d
+    assert rows["block0_mlp_in"].flops == 2 * d * 256 * t
+    assert sum(r.grad_bytes for r in rows.values()) == gradient_bytes(model)
+    assert "logits" not in rows                 # no weights of its own: its bytes are the embedding's
 
 
 def test_shipped_profile_matches_keras():

@@ -85,9 +85,16 @@ def _build(tf, cfg, check_step):
     init = lambda i: dict(kernel_initializer=_numpy_initializer(tf, cfg.seed * 100 + i, "glorot"),
                           bias_initializer=_numpy_initializer(tf, 0, "zeros"))
     if model.text:
-        draws = [0]
-        init = lambda kind: _numpy_initializer(tf, cfg.seed * 100, kind, draws)
+        return build_transformer(tf, cfg, shape, classes)
     return BUILDERS[model.name](tf, tf.keras.layers, cfg, shape, classes, init)
+
+
+def build_transformer(tf, cfg, shape, classes):
+    """The transformer of ``cfg`` on sequences of ``shape`` over ``classes`` tokens, its weights drawn
+    in order from ``cfg.seed`` (the projection's layer profile builds GPT-2's vocabulary and context)."""
+    draws = [0]
+    init = lambda kind: _numpy_initializer(tf, cfg.seed * 100, kind, draws)
+    return _transformer(tf, tf.keras.layers, cfg, shape, classes, init)
 
 
 def _mlp(tf, L, cfg, shape, classes, init):
@@ -150,9 +157,9 @@ def _transformer(tf, L, cfg, shape, classes, init):
     class TiedLogits(L.Layer):
         """Logits as the hidden state times the token embedding's transpose; the table is reached through
         a function, so it is the embedding's weight alone (not tracked, nor counted, twice)."""
-        def __init__(self, table, **kw):
+        def __init__(self, table, tied_to, **kw):
             super().__init__(**kw)
-            self.table = table
+            self.table, self.tied_to = table, tied_to      # tied_to: the layer profile counts its FLOPs there
 
         def call(self, h):
             return tf.matmul(h, tf.cast(self.table(), h.dtype), transpose_b=True)
@@ -171,7 +178,7 @@ def _transformer(tf, L, cfg, shape, classes, init):
         m = L.Dense(**dense(width), name=f"block{b}_mlp_out")(m)
         h = L.Add(name=f"block{b}_add2")([h, m])
     h = L.LayerNormalization(epsilon=1e-5, name="final_ln")(h)
-    logits = TiedLogits(lambda: embedding.embeddings, name="logits")(h)
+    logits = TiedLogits(lambda: embedding.embeddings, embedding.name, name="logits")(h)
     return tf.keras.Model(ids, logits, name=f"transformer_{size.name}")
 
 

@@ -354,7 +354,8 @@ def make_parser():
                    help="parameters (millions) of a model known only by size (no layers: nothing overlaps)")
     p.add_argument("--model_name", dest="model_name", default=None,
                    help="a model whose layers ship with hvdps: resnet50, resnet101, inception_v3, vgg16, "
-                        "mobilenet_v2 (ImageNet shapes)")
+                        "mobilenet_v2 (ImageNet shapes), gpt2_small (GPT-2 small: 1,024 tokens of a 50,257 "
+                        "vocabulary)")
     p.add_argument("--gpus_per_server", dest="gpus_per_server", type=int, default=1)
     p.add_argument("--straggler_cv", dest="straggler_cv", type=float, default=0.03,
                    help="per-step coefficient of variation of a worker's compute; synchronous training "
