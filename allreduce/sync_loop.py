@@ -22,6 +22,7 @@ from allreduce.roster import step_failure
 from common.base.errors import UsageError
 from common.trainer.runlog import RunLog
 from common.trainer.steptimes import StepTimes
+from common.trainer.backend import check_jit
 
 
 class AllreduceAdapter(Adapter):
@@ -82,6 +83,7 @@ class AllreduceAdapter(Adapter):
 def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None, timeouts=None):
     """From a joined backend to the summary: plan, model, restore, broadcast, train, finish.
     ``timeouts``: (--step_timeout, --startup_timeout), each step bounded (allreduce/deadline.py)."""
+    check_jit(cfg, backend)                      # XLA: an exchange inside the step needs XLA kernels
     if cfg.resume:                               # all-reduce: every rank refuses a changed world alike
         check_resume_compatible(cfg, cfg.train_dir, backend)
     plan = backend.plan(cfg, num_train)          # all-reduce: each rank runs 1/size of an epoch's steps
@@ -131,9 +133,9 @@ def train_allreduce(cfg, backend, num_train, loop="custom", extra_header=None, t
 def run_custom(backend, model, optimizer, train_ds, start_step, total_steps, books, peers=None, deadline=None):
     import tensorflow as tf
     # autograph=False: the step is straight-line code (a model's own control flow is Keras'); AutoGraph would
-    # parse and rewrite its source and what it calls in every process before step 1
+    # parse and rewrite its source and what it calls in every process before step 1; jit_compile: XLA
     train_step = tf.function(backend.distribute(train_step_fn(model, optimizer, wrap_tape=backend.wrap_tape)),
-                             autograph=False)  # all-reduce
+                             autograph=False, jit_compile=books.cfg.jit_compile or None)  # all-reduce
     step, waits = start_step, []
     times = StepTimes(f"rank:{backend.rank}", books.cfg.log_every, books.cfg.warmup_steps,
                       getattr(backend, "exchange_times", None))     # all-reduce: the exchange where timed
@@ -202,7 +204,8 @@ def run_fit(backend, model, optimizer, train_ds, start_step, total_steps, books,
                 deadline.end()
             books.after_update(self.step, float(logs["loss"]))
 
-    model.compile(optimizer=optimizer, loss=loss_fn(), metrics=["accuracy"], run_eagerly=False)
+    model.compile(optimizer=optimizer, loss=loss_fn(), metrics=["accuracy"], run_eagerly=False,
+                  jit_compile=books.cfg.jit_compile)
     try:
         model.fit(train_ds, steps_per_epoch=total_steps - start_step, epochs=1, verbose=0,
                   callbacks=backend.keras_callbacks() + [Hook()])   # all-reduce: broadcast + metric averaging

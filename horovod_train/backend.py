@@ -43,6 +43,38 @@ def add_horovod_args(parser):
     return parser
 
 
+# Horovod's XLA ops (horovod/tensorflow/xla_mpi_ops.cc, registered when HOROVOD_ENABLE_XLA_OPS=1):
+# the custom call an XLA-compiled step runs its all-reduce through. Horovod compiles that file only
+# with CUDA or ROCm (it runs on the GPU's stream), so a CPU build's library lacks the symbol.
+XLA_CUSTOM_CALL = b"CallbackHVDAllreduce"
+
+
+def xla_ops_built():
+    """Whether this Horovod's TensorFlow library holds its XLA ops, read from the library's bytes
+    (importing it would import TensorFlow): a GPU build's has ``XLA_CUSTOM_CALL``."""
+    import glob
+    import importlib.util
+    import mmap
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    for root in spec.submodule_search_locations:
+        for path in glob.glob(os.path.join(root, "tensorflow", "mpi_lib*.so")):
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                if data.find(XLA_CUSTOM_CALL) >= 0:
+                    return True
+    return False
+
+
+def jit_refusal():
+    """Why Horovod cannot compile its step here (None where its XLA ops are built)."""
+    if xla_ops_built():
+        return None
+    return ("Horovod as built here has no XLA ops (HOROVOD_ENABLE_XLA_OPS): Horovod builds them only with CUDA or "
+            "ROCm (horovod/tensorflow/xla_mpi_ops.cc runs on the GPU's stream), and without them its "
+            "all-reduce op has no XLA kernel; on a GPU build, --jit_compile true runs them")
+
+
 def tuning_env(args):
     """Flags -> the environment variables Horovod reads at init (explicit env wins if flag unset)."""
     if args.commit_steps < 1:
@@ -82,8 +114,13 @@ class HorovodBackend(AllreduceBackend):
         self.hvd = None
         self.threads = None
 
+    def jit_refusal(self):
+        return jit_refusal()
+
     def setup(self, cfg):
         os.environ.update(self.env)
+        if cfg.jit_compile:                              # Horovod: its XLA ops, registered when it loads
+            os.environ["HOROVOD_ENABLE_XLA_OPS"] = "1"
         yield_when_idle()                                # MPI: a waiting rank gives its core back
         import horovod.tensorflow.keras as hvd
         hvd.init()                                       # Horovod: join the ring

@@ -14,6 +14,10 @@ class HorovodLauncher(MPIRunLauncher):
     main = ("horovod_train", "main.py")
     dense_mode = "sparse_as_dense"
 
+    def jit_refusal(self):
+        from horovod_train.backend import jit_refusal
+        return jit_refusal()
+
 
 # What the projection's wait-free schedule (hvdps/cost/schedule.py: ring_step) takes of Horovod: the
 # background thread's cycle and the fusion buffer, at Horovod's own defaults since 0.21.

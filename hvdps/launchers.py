@@ -17,6 +17,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 
+from common.base.errors import UsageError
 from common.base.flags import counts
 from common.base.procs import REPO, launcher_rank, loopback_only_env
 from common.launch.remote import take_slots
@@ -166,7 +167,17 @@ class Launcher:
 
     def check(self, cfg):
         """Refuse (a UsageError) what this method's trainer would refuse of the shared training flags
-        ``cfg`` at its start, before any task of a comparison starts (a precision it cannot take)."""
+        ``cfg`` at its start, before any task of a comparison starts (a precision it cannot take, or
+        ``--jit_compile`` where its ``jit_refusal`` says why not). A method with checks of its own
+        calls this too."""
+        why = self.jit_refusal() if cfg.jit_compile else None
+        if why:
+            raise UsageError(f"--jit_compile: {why}")
+
+    def jit_refusal(self):
+        """Why this method's trainer refuses ``--jit_compile`` (its backend's ``jit_refusal``), None
+        where it takes it."""
+        return None
 
     def task_lines(self, cmd):
         """[(task, command line)] that ``cmd`` (this launcher's, across hosts) starts on each host,

@@ -17,9 +17,18 @@ from allreduce.backend import ring_wire
 from allreduce.mpi import MPIJob
 
 
+# Why the step cannot be XLA-compiled: its exchange is a Python callback inside it.
+JIT_REFUSAL = ("bare MPI all-reduces inside the training step through tf.numpy_function (mpi4py's "
+               "Allreduce), a Python callback that XLA cannot compile; Horovod's XLA ops (a GPU build) "
+               "are the all-reduce that runs inside a compiled step")
+
+
 class MPIBackend(MPIJob):
     name = "mpi"
     mode = "sync"
+
+    def jit_refusal(self):
+        return JIT_REFUSAL
 
     def wire_bytes(self, sizes, plan):
         """Open MPI picks its own algorithm per size; the ring's volume is the lower bound shown.

@@ -10,6 +10,10 @@ class MPILauncher(MPIRunLauncher):
     """The bare-MPI reference (mpi_train): mpirun, this package's main."""
     main = ("mpi_train", "main.py")
 
+    def jit_refusal(self):
+        from mpi_train.backend import JIT_REFUSAL
+        return JIT_REFUSAL
+
 
 METHODS = (
     Method("mpi", {"sync": "bare MPI"}, MPILauncher, Ring(dense_modes=("sync",), polls=True),

@@ -34,6 +34,10 @@ from tf_cluster.listen import choose_address, restrict_listening
 from common.base.procs import wait_for_ports
 
 IMPLEMENTATIONS = ("ring", "auto", "nccl")
+# Why the step cannot be XLA-compiled: the strategy's all-reduce runs inside it, across processes.
+JIT_REFUSAL = ("MWMS all-reduces inside the training step with TensorFlow's collective all-reduce "
+               "(CollectiveReduceV2 over gRPC), which XLA cannot compile across workers: tensorflow#45940 "
+               "and #58961")
 
 
 class MWMSBackend(AllreduceBackend):
@@ -42,6 +46,9 @@ class MWMSBackend(AllreduceBackend):
     name = "mwms"
     mode = "sync"
     strategy_owns_variables = True
+
+    def jit_refusal(self):
+        return JIT_REFUSAL
 
     def __init__(self, cluster, index, implementation="ring", pack_size_mb=0.0, step_timeout=60.0,
                  startup_timeout=60.0):

@@ -5,13 +5,16 @@ from hvdps.launchers import TaskLauncher
 from hvdps.cost.model import Network
 from hvdps.cost.ring import Ring
 from hvdps.methods import Axis, Method, Setting
-from mwms_train.backend import IMPLEMENTATIONS
+from mwms_train.backend import IMPLEMENTATIONS, JIT_REFUSAL
 
 
 class MWMSLauncher(TaskLauncher):
     """One task per worker, each told the cluster and its index (``python -m mwms_train.launch``,
     locally or --hosts through the remote shell); its all-reduce is TensorFlow's collective ops over gRPC."""
     module = "mwms_train.launch"
+
+    def jit_refusal(self):
+        return JIT_REFUSAL
 
 
 METHODS = (

@@ -84,9 +84,24 @@ def check_precision(ps_api, precision):
                          "--ps_api v1), whose loss scale lives on the PS")
 
 
+def jit_refusal(ps_api):
+    """Why a PS job cannot compile its step with XLA: the step reads and updates variables that live on
+    the PS tasks, and an XLA cluster runs on one device with its resources on that device."""
+    if ps_api == "v2":
+        return ("TensorFlow 2's ParameterServerStrategy (ps2) keeps the variables on the PS tasks, and an "
+                "XLA-compiled function takes only resources of its own device: each worker's step reads "
+                "and updates the PS tasks' variables remotely")
+    return ("the classic PS (ps) trains a TF1 graph whose variables and updates are placed on the PS "
+            "tasks; XLA compiles one device's ops (tf.function(jit_compile=True) is TF2's), and the "
+            "step's reads and updates are on other tasks' devices")
+
+
 def check_ps_flags(args):
     """The PS flags that do not depend on the cluster (the launcher checks them once, too)."""
     check_precision(args.ps_api, getattr(args, "precision", "float32"))
+    why = jit_refusal(args.ps_api) if getattr(args, "jit_compile", False) else None
+    if why:
+        raise UsageError(f"--jit_compile: {why}")
     given = next((f for f in ("sync", "replicas_to_aggregate", "backup_workers") if getattr(args, f)), None)
     if args.ps_api == "v2" and given:
         raise UsageError(f"--{given} needs --ps_api v1: TensorFlow 2's ParameterServerStrategy is asynchronous only")

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 from common.base.errors import UsageError
 from common.formats.schemas import read_launch_record
-from ps_train.cluster import check_precision
+from ps_train.cluster import check_precision, jit_refusal
 from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskFlag, TaskLauncher
 from hvdps.cost.model import Network, Option, combine, summed_rates_step
@@ -253,17 +253,24 @@ class PSLauncher(TaskLauncher):
     def launcher_argv(self, workers, mode, tasks):
         return ["--num_ps", str(num_ps(tasks)), "--num_workers", str(workers), *self.mode_argv(mode)]
 
+    def jit_refusal(self):
+        return jit_refusal("v1")
+
 
 class PS2Launcher(PSLauncher):
     """TensorFlow 2's ParameterServerStrategy: the same launcher with ``--ps_api v2``; asynchronous
     only, and one more process, the chief that coordinates (it does not train)."""
     graph_mode = False
     trainer_flags = ("--ps_api", "v2")
+    ends = "chief"               # the coordinator ends the job; it releases the PS tasks and workers
+    coordinators = 1
 
     def check(self, cfg):
         check_precision("v2", cfg.precision)
-    ends = "chief"               # the coordinator ends the job; it releases the PS tasks and workers
-    coordinators = 1
+        super().check(cfg)
+
+    def jit_refusal(self):
+        return jit_refusal("v2")
 
     def tf_tasks(self, workers, tasks):
         return {"chief": 1, **super().tf_tasks(workers, tasks)}

@@ -298,6 +298,7 @@ class RunConfig(Strict):
     eval_every_epoch: Optional[bool] = None
     eval_every_steps: Optional[Index] = None
     precision: Optional[Text] = None
+    jit_compile: Optional[bool] = None
 
 
 class Header(Strict):

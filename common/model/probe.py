@@ -45,7 +45,8 @@ def compute_step_time(cfg, session_config=None):
 def _eager(cfg, ds):
     import tensorflow as tf
     model = build_model(cfg)
-    step = tf.function(train_step_fn(model, loss_scaled(cfg, make_optimizer(cfg, cfg.learning_rate))), autograph=False)
+    step = tf.function(train_step_fn(model, loss_scaled(cfg, make_optimizer(cfg, cfg.learning_rate))), autograph=False,
+                       jit_compile=cfg.jit_compile or None)   # the compute as training ran it
 
     batches = iter(ds)                           # as the training loop: next batch, step, read the loss
     return _timed(lambda: float(step(*next(batches))), WARMUP + cfg.probe_steps)

@@ -78,6 +78,7 @@ class Config:
     eval_every_steps: int = 0               # >0: also evaluate every N global updates (a corpus' long epochs)
     precision: str = "float32"              # Keras' mixed-precision policy the model is built under (PRECISIONS)
     loss_scale_growth_steps: int = 2000     # mixed_float16: finite steps before the loss scale doubles (Keras')
+    jit_compile: bool = False               # the training step compiled by XLA (tf.function(jit_compile=True))
     shuffle: bool = True
     eval_every_epoch: bool = True
     resume: bool = False
@@ -270,6 +271,9 @@ def build_parser(description, prog=None):
     g.add_argument("--loss_scale_growth_steps", type=int, default=d.loss_scale_growth_steps,
                    help="mixed_float16: finite steps after which the dynamic loss scale doubles (Keras' "
                         "dynamic_growth_steps); a step with a non-finite gradient is skipped and halves it")
+    g.add_argument("--jit_compile", type=boolean, default=d.jit_compile,
+                   help="the training step compiled by XLA (tf.function(jit_compile=True)); refused in one "
+                        "line by a method whose exchange inside the step XLA cannot compile")
     g.add_argument("--shuffle", type=boolean, default=d.shuffle, help="a new order of the data every epoch (dealt out to the workers)")
     g.add_argument("--eval_every_epoch", type=boolean, default=d.eval_every_epoch,
                    help="test accuracy after every epoch (false: only at the end)")

@@ -6,6 +6,7 @@ broadcasts, metric reductions) is ``allreduce.backend.AllreduceBackend``; what a
 method adds lives in ps_train/. This module imports no backend: each main constructs its own, and
 the application tier (``hvdps/``) asks the method registry for launchers.
 """
+from common.base.errors import UsageError
 from common.model.models import gradient_bytes
 
 
@@ -49,9 +50,23 @@ class Backend:
         allreduce/backend.py, the parameter servers' in ps_train/backend.py)."""
         return {}
 
+    def jit_refusal(self):
+        """Why this method's training step cannot be compiled by XLA (``--jit_compile``), in words for
+        one error line that name the method (its launcher's ``jit_refusal`` says the same); None where it can. Every op of a jit-compiled step needs an XLA kernel, and an
+        exchange inside the step (a custom op, a Python callback) may have none."""
+        return None
+
     def gradient_bytes(self, model):
         """Bytes of one gradient as this method sends it (the summary's ``grad_bytes_per_step``)."""
         return gradient_bytes(model)
 
     def shutdown(self, code=0):
         """Leave the job; ``code`` is the trainer's result (the PS chief passes it on to the PS tasks)."""
+
+
+def check_jit(cfg, backend):
+    """``--jit_compile`` refused in one line where ``backend`` cannot compile its step (its
+    ``jit_refusal``), before the model is built."""
+    why = backend.jit_refusal() if cfg.jit_compile else None
+    if why:
+        raise UsageError(f"--jit_compile: {why}")

@@ -64,7 +64,7 @@ def check_resume_compatible(cfg, train_dir, backend=None):
     old = read_config(path)
     for key in ("model", "dataset", "batch_size", "hidden_units", "image_shape", "num_classes", "seed",
                 "synthetic_samples", "embedding_rows", "embedding_dim", "optimizer", "shuffle", "seq_len",
-                "transformer_size", "precision"):
+                "transformer_size", "precision", "jit_compile"):
         if getattr(old, key) != getattr(cfg, key):
             raise UsageError(f"--resume: {key} was {getattr(old, key)!r} in {path}, now "
                              f"{getattr(cfg, key)!r}")

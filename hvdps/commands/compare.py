@@ -93,7 +93,8 @@ def run_shapes(args):
     """[Shape] of every configuration the flags ask for, in order: what plan_runs makes runs of,
     and what the memory checks (here, hvdps emulate's, hvdps k8s's) count."""
     shapes = []
-    workload = workload_name(getattr(args, "model", None), getattr(args, "precision", None))
+    workload = workload_name(getattr(args, "model", None), getattr(args, "precision", None),
+                             getattr(args, "jit_compile", False))
     for variant in parse_variants(args.backends):
         launcher = get_launcher(variant.method)
         for tasks in launcher.task_choices(args, variant.tasks):

@@ -151,7 +151,7 @@ def run(args, parser, argv, resuming):
         return dry_run(spaces, workers, condition, trainer_args, args)
     remote = compare.make_remote(args)
     links = compare.load_links(args.links) if args.links else None
-    trials = Trials(args.from_dir or args.out, workload_name(args.model, args.precision), workers, trainer_args, condition, remote, links,
+    trials = Trials(args.from_dir or args.out, workload_name(args.model, args.precision, args.jit_compile), workers, trainer_args, condition, remote, links,
                     run_timeout=args.run_timeout, clock=Clock(args.budget), live=not args.from_dir,
                     progress=Progress() if args.progress else None)
     if not args.from_dir:
@@ -216,7 +216,7 @@ def without_out(argv):
 def dry_run(spaces, workers, condition, trainer_args, args):
     """The space each method searches, and its probe's exact line."""
     print(compare.dry_run_preamble())
-    trials = Trials(args.out, workload_name(args.model, args.precision), workers, trainer_args, condition, compare.make_remote(args))
+    trials = Trials(args.out, workload_name(args.model, args.precision, args.jit_compile), workers, trainer_args, condition, compare.make_remote(args))
     for name, cands in spaces.items():
         print(f"# {name}: {len(cands)} candidate(s): " + ", ".join(c.entry for c in cands))
         planned = trials.plan(cands[0], "probe")

@@ -27,12 +27,13 @@ def tasks_text(tasks):
     return ",".join(f"{role}={n}" for role, n in tasks)
 
 
-def workload_name(model, precision=None):
-    """What a run's workload is called (its identity, the report's headings and panels): the model, and
-    its precision where that is not float32 (``transformer mixed_bfloat16``), so that a comparison
-    read back beside another at another precision keeps the two apart."""
-    model = model or "-"
-    return model if precision in (None, "float32") else f"{model} {precision}"
+def workload_name(model, precision=None, jit_compile=False):
+    """What a run's workload is called (its identity, the report's headings and panels): the model, its
+    precision where that is not float32, and ``xla`` where XLA compiled its step (``transformer
+    mixed_bfloat16 xla``), so that a comparison read back beside another keeps the two apart."""
+    parts = [model or "-", *([precision] if precision not in (None, "float32") else []),
+             *(["xla"] if jit_compile else [])]
+    return " ".join(parts)
 
 
 @dataclass(frozen=True)

@@ -86,8 +86,8 @@ def identity_of(row, record):
     header = row.header
     if header is None:
         return None
-    precision = header.config.precision if header.config else None
-    return RunId(workload_name(header.model, precision), header.backend, header.mode, header.world_size, tasks=row.tasks,
+    config = header.config
+    return RunId(workload_name(header.model, config and config.precision, config and config.jit_compile), header.backend, header.mode, header.world_size, tasks=row.tasks,
                  condition=row.condition)
 
 

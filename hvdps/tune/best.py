@@ -71,7 +71,7 @@ def write_best(tuned, out, args, trainer_args, workers):
     the verdict best against best."""
     into = os.path.join(out, "best")
     make_dirs(into)
-    workload = workload_name(args.model, args.precision)
+    workload = workload_name(args.model, args.precision, args.jit_compile)
     notes = []
     for m in tuned.methods:
         if not m.best:
