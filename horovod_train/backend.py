@@ -5,6 +5,9 @@ rank its GPU or its share of the CPU cores, wrapping the optimizer/tape for ring
 all-reduce, broadcasting rank 0's state and averaging metrics: the members of
 ``allreduce.backend.AllreduceBackend``, plus ``refresh`` for elastic runs.
 """
+import glob
+import importlib.util
+import mmap
 import os
 
 import numpy as np
@@ -52,9 +55,6 @@ XLA_CUSTOM_CALL = b"CallbackHVDAllreduce"
 def xla_ops_built():
     """Whether this Horovod's TensorFlow library holds its XLA ops, read from the library's bytes
     (importing it would import TensorFlow): a GPU build's has ``XLA_CUSTOM_CALL``."""
-    import glob
-    import importlib.util
-    import mmap
     spec = importlib.util.find_spec("horovod")
     if spec is None or not spec.submodule_search_locations:
         return False

@@ -2,6 +2,7 @@
 labels, the mpirun line that starts it, its cost model (a ring whose exchange starts during
 back-propagation, Horovod's background thread and tensor fusion, with the projection's flags for
 Horovod's cycle time and fusion buffer) and the report's wording."""
+from horovod_train.backend import jit_refusal
 from hvdps.launchers import MPIRunLauncher
 from hvdps.cost.model import Network, Option
 from hvdps.cost.ring import Ring
@@ -15,7 +16,6 @@ class HorovodLauncher(MPIRunLauncher):
     dense_mode = "sparse_as_dense"
 
     def jit_refusal(self):
-        from horovod_train.backend import jit_refusal
         return jit_refusal()
 
 

@@ -2,6 +2,7 @@
 mpirun line as Horovod's with this package's trainer, and a ring costed with the all-reduce network
 Horovod's measurements fit (one MPI_Allreduce after back-propagation)."""
 from hvdps.launchers import MPIRunLauncher
+from mpi_train.backend import JIT_REFUSAL
 from hvdps.cost.ring import Ring
 from hvdps.methods import Method
 
@@ -11,7 +12,6 @@ class MPILauncher(MPIRunLauncher):
     main = ("mpi_train", "main.py")
 
     def jit_refusal(self):
-        from mpi_train.backend import JIT_REFUSAL
         return JIT_REFUSAL
 
 

@@ -35,9 +35,11 @@ from common.base.procs import wait_for_ports
 
 IMPLEMENTATIONS = ("ring", "auto", "nccl")
 # Why the step cannot be XLA-compiled: the strategy's all-reduce runs inside it, across processes.
-JIT_REFUSAL = ("MWMS all-reduces inside the training step with TensorFlow's collective all-reduce "
-               "(CollectiveReduceV2 over gRPC), which XLA cannot compile across workers: tensorflow#45940 "
-               "and #58961")
+# TensorFlow 2.21 on CPU: "Collectives are not yet implemented for CPU devices when compiling with XLA"
+# (UnimplementedError at the first step); XLA's GPU collectives are not tried here (no GPU).
+JIT_REFUSAL = ("MWMS all-reduces inside the training step with TensorFlow's collective all-reduce, and "
+               "TensorFlow's XLA has no collectives for CPU devices (\"Collectives are not yet implemented "
+               "for CPU devices when compiling with XLA\")")
 
 
 class MWMSBackend(AllreduceBackend):

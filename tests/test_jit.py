@@ -25,8 +25,8 @@ TAKEN = ("localsgd:4", "gossip")
 @pytest.mark.unit
 @pytest.mark.parametrize("backend, words", sorted(REFUSED.items()))
 def test_a_method_that_cannot_compile_its_step_is_refused_in_one_line(tmp_path, backend, words):
-    r = run([os.path.join(BIN, "hvdps"), "compare", "--dry_run", "--workers", "2", "--backends", f"mpi,{backend}"
-             if backend != "mpi" else "mpi", "--jit_compile", "true", "--out", "x"], cwd=str(tmp_path), timeout=120)
+    r = run([os.path.join(BIN, "hvdps"), "compare", "--dry_run", "--workers", "2", "--backends", f"localsgd:4,{backend}",
+             "--jit_compile", "true", "--out", "x"], cwd=str(tmp_path), timeout=120)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith("error: --jit_compile: ") and words in lines[0], lines[0]
@@ -97,6 +97,7 @@ def test_the_methods_that_take_it_train_compiled(tmp_path):
     rows = results["rows"]
     assert len(rows) == len(TAKEN) and all(x["status"] == "ok" for x in rows)
     assert list(results["config"]) == ["mlp xla"]                 # its workload kept apart from a plain run's
+    assert {x["model"] for x in rows} == {"mlp xla"}              # in every table and panel too
     for x in rows:
         assert x["final_test_accuracy"] > 0.5, x
         config = json.load(open(os.path.join(x["run_dir"], "config.json")))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from common.formats.schemas import read_metrics
 from common.trainer.metrics import BREAKDOWN_FIELDS
 from hvdps import methods
-from hvdps.measure.identity import settings_text, tasks_text
+from hvdps.measure.identity import settings_text, tasks_text, workload_name
 
 if TYPE_CHECKING:
     from common.formats.schemas import Eval, Gradient, Header, Step
@@ -83,7 +83,7 @@ class RunRow:
     mode: Optional[str] = None
     workers: Optional[int] = None
     tasks: Tuple[Tuple[str, int], ...] = ()    # its tasks besides the workers, by role (("ps", 2),)
-    model: Optional[str] = None
+    model: Optional[str] = None              # the workload: the model, its precision and xla (workload_of)
     dataset: Optional[str] = None
     batch_per_worker: Optional[int] = None
     global_batch: Optional[int] = None
@@ -265,6 +265,15 @@ def kept_rates(run, healthy, stalled):
 
 
 
+def workload_of(header):
+    """The workload a run's header describes (its model, and its precision and ``xla`` where they are
+    not the defaults: hvdps/measure/identity.py), so that every table, panel and verdict keeps runs of
+    one model at two precisions apart."""
+    config = header.config
+    return workload_name(header.model, config and config.precision, config and config.jit_compile) \
+        if header.model else None
+
+
 def load_run(run_dir, name="metrics.jsonl"):
     """One run's typed row for tables, with its records (``row.curves``). What a run lacks is None."""
     recs = read_metrics(os.path.join(run_dir, name), methods.record_fields())
@@ -275,7 +284,7 @@ def load_run(run_dir, name="metrics.jsonl"):
     figures = {}
     if header is not None:
         figures.update(backend=header.backend, mode=header.mode, workers=header.world_size, tasks=tuple(header.tasks.items()),
-                       model=header.model, dataset=header.dataset, batch_per_worker=header.batch_size_per_worker,
+                       model=workload_of(header), dataset=header.dataset, batch_per_worker=header.batch_size_per_worker,
                        global_batch=header.global_batch_size,
                        target_accuracy=header.config.target_accuracy if header.config else None)
     last_eval = evals[-1] if evals else None

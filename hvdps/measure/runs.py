@@ -9,8 +9,8 @@ from common.base.errors import UsageError
 from common.formats.schemas import read_links, read_metrics, read_run_record
 from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
 from hvdps.measure.load import contention
-from hvdps.measure.identity import RunId, workload_name
-from hvdps.measure.rows import Links, Load, RunRow, Startup, load_run, measured_interval
+from hvdps.measure.identity import RunId
+from hvdps.measure.rows import Links, Load, RunRow, Startup, load_run, measured_interval, workload_of
 from hvdps.measure.timeline import rank_files, write_timeline
 
 
@@ -86,8 +86,7 @@ def identity_of(row, record):
     header = row.header
     if header is None:
         return None
-    config = header.config
-    return RunId(workload_name(header.model, config and config.precision, config and config.jit_compile), header.backend, header.mode, header.world_size, tasks=row.tasks,
+    return RunId(workload_of(header) or "-", header.backend, header.mode, header.world_size, tasks=row.tasks,
                  condition=row.condition)
 
 
@@ -234,14 +233,15 @@ def _launch_order(run):
 
 
 def runs_configs(rows):
-    """{workload: config}, one per workload whose runs share a config (training flags: the worker
-    count and output folder aside); a workload whose runs differ gets one entry per run folder,
-    so runs of different settings never hide behind one config."""
+    """{workload: config} (a row's model is its workload: precision and ``xla`` included), one per
+    workload whose runs share a config (training flags: the worker count and output folder aside); a
+    workload whose runs differ gets one entry per run folder, so runs of different settings never
+    hide behind one config."""
     by_model = {}
     for r in rows:
         if r.header is not None and r.header.config is not None:
             config = r.header.config.model_dump(exclude_unset=True)
-            by_model.setdefault(r.model or r.run_dir, []).append((r.run_dir, config))
+            by_model.setdefault(r.model or r.run_dir, []).append((r.run_dir, config))   # the workload
     out = {}
     for model, entries in by_model.items():
         same = lambda c: {k: v for k, v in c.items() if k not in ("train_dir", "resume")}
