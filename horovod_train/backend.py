@@ -72,7 +72,7 @@ def jit_refusal():
         return None
     return ("Horovod as built here has no XLA ops (HOROVOD_ENABLE_XLA_OPS): Horovod builds them only with CUDA or "
             "ROCm (horovod/tensorflow/xla_mpi_ops.cc runs on the GPU's stream), and without them its "
-            "all-reduce op has no XLA kernel; on a GPU build, --jit_compile true runs them")
+            "all-reduce op has no XLA kernel (a GPU build's ops would take --jit_compile: not run here)")
 
 
 def tuning_env(args):

@@ -17,7 +17,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-from common.base.errors import UsageError
+from common.trainer.backend import check_jit
 from common.base.flags import counts
 from common.base.procs import REPO, launcher_rank, loopback_only_env
 from common.launch.remote import take_slots
@@ -170,9 +170,7 @@ class Launcher:
         ``cfg`` at its start, before any task of a comparison starts (a precision it cannot take, or
         ``--jit_compile`` where its ``jit_refusal`` says why not). A method with checks of its own
         calls this too."""
-        why = self.jit_refusal() if cfg.jit_compile else None
-        if why:
-            raise UsageError(f"--jit_compile: {why}")
+        check_jit(cfg, self)
 
     def jit_refusal(self):
         """Why this method's trainer refuses ``--jit_compile`` (its backend's ``jit_refusal``), None

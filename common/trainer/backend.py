@@ -52,8 +52,9 @@ class Backend:
 
     def jit_refusal(self):
         """Why this method's training step cannot be compiled by XLA (``--jit_compile``), in words for
-        one error line that name the method (its launcher's ``jit_refusal`` says the same); None where it can. Every op of a jit-compiled step needs an XLA kernel, and an
-        exchange inside the step (a custom op, a Python callback) may have none."""
+        one error line that name the method (its launcher's ``jit_refusal`` says the same); None where
+        it can. Every op of a jit-compiled step needs an XLA kernel, and an exchange inside the step
+        (a custom op, a Python callback) may have none."""
         return None
 
     def gradient_bytes(self, model):
@@ -65,8 +66,8 @@ class Backend:
 
 
 def check_jit(cfg, backend):
-    """``--jit_compile`` refused in one line where ``backend`` cannot compile its step (its
-    ``jit_refusal``), before the model is built."""
+    """``--jit_compile`` refused in one line where ``backend`` (a trainer's backend, or a method's
+    launcher before any task starts) cannot compile its step (its ``jit_refusal``)."""
     why = backend.jit_refusal() if cfg.jit_compile else None
     if why:
         raise UsageError(f"--jit_compile: {why}")
