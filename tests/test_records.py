@@ -171,14 +171,25 @@ def example(**features):
         feature={k.replace("__", "/"): feature(v) for k, v in features.items()})).SerializeToString()
 
 
+TEXT = bytes(range(256)) * 4 + b"def f(x):\n    return x\n" * 40      # every byte value, and some Python
+SEQ = 8
+
+
+def text_arrays():
+    """(x_train, y_train, x_test, y_test) of TEXT as pysrc cuts a split: sequences of SEQ bytes, each
+    label the byte after its position."""
+    from common.inputs.pysrc import sequences
+    return (*sequences(TEXT[:1000], SEQ), *sequences(TEXT[1000:], SEQ))
+
+
 def one_file_set(tmp_path, layout):
     """The test arrays as one training file of ``layout`` (images: values in [0, 1]); its path, spec."""
-    x, y, xt, yt = arrays()
+    x, y, xt, yt = text_arrays() if layout == "text" else arrays()
     if layout == "imagenet":
         x, xt = np.clip(x, 0, 1), np.clip(xt, 0, 1)
     out = str(tmp_path / layout)
-    write(out, (x, y, xt, yt), CLASSES, shards=1, layout=layout)
-    return os.path.join(out, "train-00000-of-00001" + (".tfrecord" if layout == "plain" else "")), out
+    write(out, (x, y, xt, yt), 256 if layout == "text" else CLASSES, shards=1, layout=layout)
+    return os.path.join(out, "train-00000-of-00001" + (".tfrecord" if layout != "imagenet" else "")), out
 
 
 def replace_record(path, index, data):
@@ -241,6 +252,10 @@ BAD_EXAMPLES = [
     ("imagenet", BOMB, "image/encoded declares 30000x30000 pixels, more than hvdps decodes (268,435,456 values"),
     ("imagenet", example(image__encoded=jpeg_declaring(20000, 16000), image__class__label=1),
      "image/encoded declares 20000x16000 pixels, more than hvdps decodes"),
+    ("text", example(x=bytes(SEQ + 1)), "no 'tokens' feature (present: x)"),
+    ("text", example(tokens=7), "feature 'tokens' is an int64_list, expected a bytes_list"),
+    ("text", example(tokens=bytes(SEQ)), f"feature 'tokens' holds {SEQ} bytes; the data set's sequences are {SEQ} "
+                                         f"bytes and the one after ({SEQ + 1})"),
 ]
 
 
@@ -257,7 +272,9 @@ def test_a_first_record_unlike_its_layout_is_named_before_any_task_starts(tmp_pa
 def _read_all(out, spec=None):
     from common.inputs.data import read_batches
     spec = spec or spec_of(out)
-    for _ in read_batches(stream(out, spec, "train", 0, 1, 4, seed=7, steps_per_epoch=10, num_steps=10), "rank 0"):
+    steps = sum(spec.train.records) // 4                     # every record read
+    for _ in read_batches(stream(out, spec, "train", 0, 1, 4, seed=7, steps_per_epoch=steps, num_steps=steps),
+                          "rank 0"):
         pass
 
 
@@ -278,6 +295,9 @@ DAMAGE = [
     ("plain", "delete", "No such file or directory (the file went away during training)"),
     ("imagenet", example(image__encoded=jpeg_declaring(20000, 16000), image__class__label=1),
      "record 3: image/encoded declares more pixels than hvdps decodes"),
+    ("text", example(tokens=bytes(SEQ)), f"record 3: feature 'tokens' is not the {SEQ + 1} bytes of a sequence"),
+    ("text", example(x=bytes(SEQ + 1)), "tokens (data type: string) is required but could not be found"),
+    ("text", "flip", "record 3: a damaged record (bad CRC, or cut short)"),
 ]
 
 
@@ -329,6 +349,54 @@ def test_the_imagenet_layout_holds_the_arrays_as_images_with_1_based_labels(tmp_
     got = list(stream(out, spec, "test", 0, 1, N_TEST))[0]
     np.testing.assert_allclose(got[0].numpy(), np.rint(xt * 255) / 255, atol=1e-6)
     assert got[1].numpy().tolist() == yt.tolist()
+
+
+@pytest.mark.unit
+def test_the_text_layout_streams_the_sequences_and_their_next_bytes_as_in_memory(tmp_path):
+    """Each record is a sequence and the byte after it: the test split streams back the arrays byte for
+    byte (uint8, as in memory), and an epoch of the training split is every sequence once, each label
+    the next byte of its own sequence."""
+    x, y, xt, yt = text_arrays()
+    _, out = one_file_set(tmp_path, "text")
+    spec = spec_of(out)
+    assert (spec.layout, spec.shape, spec.dtype, spec.classes) == ("text", [SEQ], "uint8", 256)
+    (gx, gy), = list(stream(out, spec, "test", 0, 1, len(xt)))
+    assert gx.dtype.name == gy.dtype.name == "uint8" and gx.shape == (len(xt), SEQ)
+    np.testing.assert_array_equal(gx.numpy(), xt)
+    np.testing.assert_array_equal(gy.numpy(), yt)
+    spe = len(x) // 4
+    assert len(x) % 4 == 0
+    seen = []
+    for bx, by in stream(out, spec, "train", 0, 1, 4, seed=7, steps_per_epoch=spe, num_steps=spe):
+        np.testing.assert_array_equal(bx.numpy()[:, 1:], by.numpy()[:, :-1])
+        seen += [r.tobytes() + n.tobytes() for r, n in zip(bx.numpy(), by.numpy()[:, -1:])]
+    whole = [r.tobytes() + n.tobytes() for r, n in zip(x, y[:, -1:])]
+    assert len(seen) == len(whole) == spe * 4 and sorted(seen) == sorted(whole)     # the same sequences, once each
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("flags, says", [
+    (["--model", "mlp"], "its shards are text, a next byte to predict at every position: use --model transformer, "
+                         "not mlp"),
+    (["--model", "transformer", "--seq_len", "16"], f"its sequences are {SEQ} bytes; --seq_len is 16 (pass --seq_len "
+                                                    f"{SEQ}, or write the shards at --seq_len 16)"),
+    (["--model", "transformer", "--seq_len", str(SEQ), "--plain"], "its shards are the plain layout; --model "
+                                                                   "transformer reads the text layout's byte sequences "
+                                                                   "(hvdps data --dataset pysrc)"),
+])
+def test_a_model_the_shards_do_not_fit_is_refused_in_the_plan(tmp_path, capsys, monkeypatch, shards, flags, says):
+    """The model and the layout, and --seq_len and the sequences, agree before any task starts: the
+    header records the flags, so a flag the files overrode would record what the model never read."""
+    from hvdps.cli import main
+    monkeypatch.setattr("common.spec.plugins._budget", None)
+    plain = "--plain" in flags
+    data = shards if plain else one_file_set(tmp_path, "text")[1]
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--dry_run", "--backends", "horovod", "--workers", "2", "--dataset", "tfrecord",
+              "--data_dir", data, *[f for f in flags if f != "--plain"], "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err == f"error: --data_dir {data}: {says}\n", err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.unit
@@ -469,6 +537,12 @@ def test_every_method_trains_from_shards_to_its_target(tmp_path, backends, epoch
     (["--layout", "imagenet", "--dataset", "synthetic", "--test_shards", "300"],
      "error: --test_shards 300: the test split has only"),
     (["--layout", "tiff"], "error: argument --layout: invalid choice"),
+    (["--dataset", "pysrc", "--layout", "plain"], "error: --layout plain: the text layout is for --dataset pysrc, "
+                                                  "and pysrc is written in the text layout only"),
+    (["--layout", "text"], "error: --layout text: the text layout is for --dataset pysrc"),
+    (["--dataset", "pysrc", "--image_format", "png"], "error: --image_format and --resize are for --layout imagenet"),
+    (["--dataset", "pysrc", "--seq_len", "0"], "error: --seq_len must be positive, got 0"),
+    (["--dataset", "pysrc", "--seq_len", "65537"], "error: --seq_len must be at most 65536, got 65537"),
     (["--layout", "imagenet", "--dataset", "synthetic", "--synthetic_samples", "0"],
      "error: --synthetic_samples must be in [1, 1099511627776], got 0"),
 ])

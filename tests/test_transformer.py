@@ -197,3 +197,21 @@ def test_sync_ps_trains_the_transformer_as_one_process_at_twice_the_batch(tmp_pa
     out = str(tmp_path / "ps")
     lockstep(lambda: launch(1, 2, *EQUIV, "--sync", "--batch_size", "8", "--train_dir", out), out)
     assert_big_batch_equal(out, one_process, model="transformer", dataset="pysrc", seq_len=16)
+
+
+@pytest.mark.process
+def test_the_corpus_written_as_text_shards_trains_two_workers_as_one_at_twice_the_batch(tmp_path):
+    """hvdps data --dataset pysrc writes the text layout; streamed from it (each record a sequence
+    and the byte after it), 2 Horovod ranks at batch 8 end with the weights of one process at 16."""
+    data = str(tmp_path / "pysrc")
+    r = run([os.path.join(BIN, "hvdps"), "data", "--dataset", "pysrc", "--seq_len", "16", "--shards", "4",
+             "--out", data], timeout=300)
+    ok(r)
+    assert r.stderr == "" and f"--data_dir {data} --model transformer --seq_len 16" in r.stdout, r.stdout + r.stderr
+    files = [*EQUIV[:EQUIV.index("--dataset")], "--dataset", "tfrecord", "--data_dir", data,
+             *EQUIV[EQUIV.index("--dataset") + 2:]]
+    ok(run([os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, HVD, *files,
+            "--batch_size", "8", "--train_dir", str(tmp_path / "two")], timeout=300))
+    ok(run([sys.executable, HVD, *files, "--batch_size", "16", "--train_dir", str(tmp_path / "one")], timeout=300))
+    assert_big_batch_equal(str(tmp_path / "two"), str(tmp_path / "one"), model="transformer", dataset="pysrc",
+                           seq_len=16)

@@ -3,6 +3,7 @@
 TensorFlow waits forever for a task that never comes up, and Open MPI refuses
 to start as root; both are turned here into bounded, explained behaviour.
 """
+import contextlib
 import hashlib
 import os
 import shutil
@@ -193,3 +194,21 @@ def run_bounded(argv, timeout, **kw):
         except (ProcessLookupError, PermissionError):
             pass
     return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
+@contextlib.contextmanager
+def native_stderr_quiet():
+    """File descriptor 2 to nowhere while TensorFlow starts in this process: its C++ start-up lines
+    (absl's, written before TF_CPP_MIN_LOG_LEVEL applies: "failed call to cuInit: ... CUDA error" on
+    a machine without a GPU) would otherwise end a command's output. What goes wrong comes back as
+    an exception, said after the descriptor is restored."""
+    sys.stderr.flush()
+    saved, sink = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(sink, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(sink)

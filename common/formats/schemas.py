@@ -448,9 +448,11 @@ class RecordSet(Strict):
     ``plain``, each record an ``x`` feature (the example's values, raw ``dtype`` bytes of ``shape``)
     and a ``y`` int64 class id; ``imagenet``, tf_cnn_benchmarks' records, an encoded JPEG or PNG in
     ``image/encoded`` and its class in ``image/class/label``, the images ``shape`` (H, W, C) as
-    stored, or resized to it (``resize``). Class ids run from ``first_label`` (ImageNet's are 1-based)
-    to ``first_label + classes - 1``; training sees them from 0."""
-    layout: Literal["plain", "imagenet"]
+    stored, or resized to it (``resize``); ``text``, a language model's sequences, each record a
+    ``tokens`` feature of ``shape[0] + 1`` bytes (the model reads the first ``shape[0]``, and each is
+    labelled with the byte after it), ``classes`` the byte values. Class ids run from ``first_label``
+    (ImageNet's are 1-based) to ``first_label + classes - 1``; training sees them from 0."""
+    layout: Literal["plain", "imagenet", "text"]
     shape: Annotated[List[Count], Field(min_length=1, max_length=8)]
     dtype: Literal["float32", "int32", "uint8"]
     classes: Annotated[int, Field(ge=1, le=1 << 24)]
@@ -465,6 +467,10 @@ class RecordSet(Strict):
             raise ValueError("the imagenet layout holds 8-bit images: dtype uint8, shape [H, W, C] with C 1 or 3")
         if self.layout == "plain" and (self.dtype == "uint8" or self.resize):
             raise ValueError("the plain layout holds float32 or int32 values of a fixed shape (no uint8, no resize)")
+        if self.layout == "text" and (self.dtype != "uint8" or len(self.shape) != 1 or self.classes > 256
+                                      or self.first_label or self.resize):
+            raise ValueError("the text layout holds byte sequences: dtype uint8, shape [sequence length], at most "
+                             "256 classes from 0, no resize")
         if math.prod(self.shape) > MAX_EXAMPLE_VALUES:
             raise ValueError(f"shape {self.shape} is {math.prod(self.shape):,} values an example; hvdps takes at most "
                              f"{MAX_EXAMPLE_VALUES:,} (256 MiB of float32)")

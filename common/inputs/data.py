@@ -19,6 +19,7 @@ import numpy as np
 
 from common.base.errors import UsageError, InputError, describe, RunError
 from common.base.files import check_regular
+from common.spec import builtins
 from common.spec.builtins import data_of, model_of
 from common.spec.datasets import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES  # noqa: F401  (read here by tests)
 from common.spec.plan import make_plan, steps_per_epoch
@@ -306,7 +307,28 @@ def record_spec(cfg):
     key = ("tfrecord", os.path.abspath(cfg.data_dir))
     if key not in _CACHE:
         _CACHE[key] = spec_of(cfg.data_dir)
+    check_layout(cfg, _CACHE[key])
     return _CACHE[key]
+
+
+def check_layout(cfg, spec):
+    """A built-in model and the shards' layout agree, and a flag the shards fix is the shards' value:
+    a language model reads text sequences of ``--seq_len`` bytes, any other model no text (the run's
+    header records the flags, so a flag the data overrode would record what the model never saw)."""
+    model = model_of(cfg)
+    if model is None:
+        return
+    where = f"--data_dir {cfg.data_dir}"
+    if model.text and spec.layout != "text":
+        raise DataError(f"{where}: its shards are the {spec.layout} layout; --model {cfg.model} reads the text "
+                        f"layout's byte sequences (hvdps data --dataset pysrc)")
+    if spec.layout == "text" and not model.text:
+        lms = " or ".join(m.name for m in builtins.MODELS.values() if m.text)
+        raise DataError(f"{where}: its shards are text, a next byte to predict at every position: use --model "
+                        f"{lms}, not {cfg.model}")
+    if spec.layout == "text" and spec.shape[0] != cfg.seq_len:
+        raise DataError(f"{where}: its sequences are {spec.shape[0]} bytes; --seq_len is {cfg.seq_len} (pass "
+                        f"--seq_len {spec.shape[0]}, or write the shards at --seq_len {cfg.seq_len})")
 
 
 def _plugin_output(cfg):

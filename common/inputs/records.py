@@ -1,7 +1,9 @@
 """TFRecord shards as a data set: written once (``hvdps data``), then streamed by every worker.
 
 Layout ``plain``: one ``tf.train.Example`` per example, ``x`` (its values as raw little-endian
-``dtype`` bytes) and ``y`` (an int64 class id). ``dataset.json`` beside the shards holds the shape,
+``dtype`` bytes) and ``y`` (an int64 class id). Layout ``text``: a language model's sequences, one
+``tokens`` feature of L + 1 bytes each, read as the L bytes the model sees and the L bytes after each
+(the labels), the layout of a tokenized corpus. ``dataset.json`` beside the shards holds the shape,
 the dtype, the classes and each file's record count (common/formats/schemas.py: ``RecordSet``), so the run
 plan knows the data set's size without reading a record, and a resumed run can tell the same data.
 
@@ -136,7 +138,7 @@ def _example_type():
     return _EXAMPLE[0]
 
 
-FEATURES = {"plain": ("x", "y"), "imagenet": ("image/encoded", "image/class/label")}
+FEATURES = {"plain": ("x", "y"), "imagenet": ("image/encoded", "image/class/label"), "text": ("tokens", None)}
 ITEMSIZE = {"float32": 4, "int32": 4, "uint8": 1}
 
 
@@ -167,6 +169,11 @@ def check_example(data, spec, where):
         raise RecordError(f"{where}: not a tf.train.Example ({type(exc).__name__})")
     x_name, y_name = FEATURES[spec.layout]
     x = _one_value(example, x_name, "bytes_list", where)
+    if spec.layout == "text":              # every byte is a class of 256: only the length can be wrong
+        if len(x) != spec.shape[0] + 1:
+            raise RecordError(f"{where}: feature 'tokens' holds {len(x)} bytes; the data set's sequences are "
+                              f"{spec.shape[0]} bytes and the one after ({spec.shape[0] + 1})")
+        return
     label = _one_value(example, y_name, "int64_list", where)
     last = spec.first_label + spec.classes - 1
     if not spec.first_label <= label <= last:
@@ -389,6 +396,19 @@ def encode_image(image, image_format):
     return out.getvalue()
 
 
+def as_sequences(x, y, split):
+    """A text split's (x, y) (n, L) byte arrays, y each x one byte on, as (n, L + 1) sequences and their
+    next bytes, with None for the labels the layout no longer stores; anything else is refused."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim != 2 or y.shape != x.shape or x.dtype != np.uint8 or y.dtype != np.uint8:
+        raise RecordError(f"x_{split}: the text layout holds byte sequences with a label per position (two uint8 "
+                          f"arrays of one shape [n, L]), not x {list(x.shape)} of {x.dtype} and y {list(y.shape)}")
+    if not np.array_equal(x[:, 1:], y[:, :-1]):
+        raise RecordError(f"y_{split}: not each sequence's next bytes: the text layout stores a sequence and the "
+                          f"byte after it")
+    return np.concatenate([x, y[:, -1:]], axis=1), None
+
+
 def as_images(x, source):
     """Arrays as 8-bit images for the imagenet layout: [0, 1] floats scaled to 0..255, integers kept."""
     if x.ndim != 4 or x.shape[3] not in (1, 3):
@@ -407,6 +427,10 @@ def as_images(x, source):
 def _example(layout, x, label, image_format):
     import tensorflow as tf
     x_name, y_name = FEATURES[layout]
+    if layout == "text":                   # x: the sequence and the byte after it
+        return tf.train.Example(features=tf.train.Features(feature={
+            x_name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[x.astype(np.uint8).tobytes()]))}
+        )).SerializeToString()
     value = encode_image(x, image_format) if layout == "imagenet" else x.astype(f"<{x.dtype.str[1:]}").tobytes()
     return tf.train.Example(features=tf.train.Features(feature={
         x_name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value])),
@@ -503,10 +527,14 @@ def _describe(out_dir, **fields):
 def write(out_dir, arrays, classes, shards, test_shards=1, layout="plain", image_format="png"):
     """``arrays`` (x_train, y_train, x_test, y_test, as checked by common.inputs.data.check_arrays) as
     TFRecord shards of ``layout`` in ``out_dir``, with dataset.json; returns the spec path. The
-    imagenet layout stores each example as an image (lossless PNG unless told) with a 1-based label."""
+    imagenet layout stores each example as an image (lossless PNG unless told) with a 1-based label;
+    the text layout each sequence with the byte after it (its labels are those bytes)."""
     x_train = np.asarray(arrays[0])
     first = 1 if layout == "imagenet" else 0
-    if layout == "imagenet":
+    if layout == "text":
+        arrays = (*as_sequences(arrays[0], arrays[1], "train"), *as_sequences(arrays[2], arrays[3], "test"))
+        dtype = "uint8"
+    elif layout == "imagenet":
         dtype = "uint8"
         arrays = (as_images(x_train, "x_train"), arrays[1], as_images(np.asarray(arrays[2]), "x_test"), arrays[3])
     else:
@@ -518,6 +546,9 @@ def write(out_dir, arrays, classes, shards, test_shards=1, layout="plain", image
     make_dirs(out_dir)
     parts = {}
     for split, x, y, n in (("train", arrays[0], arrays[1], shards), ("test", arrays[2], arrays[3], test_shards)):
+        if layout == "text":                       # x: each sequence and the byte after it, y unused
+            parts[split] = _write_split(out_dir, split, n, len(x), (_example(layout, s, 0, None) for s in x), layout)
+            continue
         x, y = np.asarray(x).astype(dtype, copy=False), np.asarray(y)
         examples = (_example(layout, x[j], int(y[j]) + first, image_format) for j in range(len(x)))
         parts[split] = _write_split(out_dir, split, n, len(x), examples, layout)
@@ -582,13 +613,27 @@ def _parser(spec):
     decoded one by one) or a batch (plain: one vectorized parse)."""
     import tensorflow as tf
     x_name, y_name = FEATURES[spec.layout]
-    features = {x_name: tf.io.FixedLenFeature([], tf.string), y_name: tf.io.FixedLenFeature([], tf.int64)}
+    features = {x_name: tf.io.FixedLenFeature([], tf.string)}
+    if y_name:
+        features[y_name] = tf.io.FixedLenFeature([], tf.int64)
     shape, classes, first = list(spec.shape), spec.classes, spec.first_label
     label_rule = f"a label outside {first}..{first + classes - 1} (the {classes} classes of the data set)"
 
     def label(y, files, index):
         y = tf.reshape(y, [-1]) - first
         return y, _check(tf, (y >= 0) & (y < classes), tf.reshape(files, [-1]), tf.reshape(index, [-1]), label_rule)
+
+    if spec.layout == "text":
+        length = shape[0] + 1
+
+        def parse_text(serialized, files, index):
+            tokens = tf.io.parse_example(serialized, features)[x_name]
+            size_ok = _check(tf, tf.equal(tf.strings.length(tokens), length), files, index,
+                             f"feature 'tokens' is not the {length} bytes of a sequence and the byte after it")
+            with tf.control_dependencies([size_ok]):   # uint8, as the arrays in memory: the same step either way
+                t = tf.reshape(tf.io.decode_raw(tokens, tf.uint8), [-1, length])
+            return t[:, :-1], t[:, 1:]
+        return tf.autograph.experimental.do_not_convert(parse_text), False
 
     if spec.layout == "plain":
         dtype = {"float32": tf.float32, "int32": tf.int32}[spec.dtype]

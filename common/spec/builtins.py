@@ -76,7 +76,7 @@ DATA = {d.name: d for d in (
                 needs="--dataset mnist needs --data_dir (a folder with mnist.npz or the IDX files)"),
     BuiltinData("synthetic", shape_from_flags=True),
     BuiltinData("clicks", shape=(CLICK_FEATURES,), classes=2, ids=True, writable=False),
-    BuiltinData("pysrc", classes=256, text=True, writable=False),
+    BuiltinData("pysrc", classes=256, text=True),
     BuiltinData("tfrecord", streamed=True, writable=False,
                 needs="--dataset tfrecord needs --data_dir (a folder of TFRecord shards written by `hvdps data`)"),
 )}

@@ -5,6 +5,7 @@
     hvdps data --dataset my_data.py:load --shards 64 --out data/mine    # your arrays (a data plug-in)
     hvdps data --dataset synthetic --layout imagenet --image_shape 224,224,3 --num_classes 1000 \
         --synthetic_samples 100000 --shards 128 --out data/imagenet     # tf_cnn_benchmarks' layout, any size
+    hvdps data --dataset pysrc --seq_len 64 --shards 8 --out data/pysrc  # Python's standard library as text
     hvdps data --describe /data/imagenet --image_shape 224,224,3        # real ImageNet TFRecords: dataset.json
     hvdps compare --dataset tfrecord --data_dir data/digits ...         # then train from the files
 
@@ -24,6 +25,7 @@ import sys
 
 from common.base.errors import UsageError, cli
 from common.base.files import staged_folder
+from common.base.procs import native_stderr_quiet
 from common.base.flags import Parser, shape, size
 from common.spec import builtins
 from common.spec.config import Config, make_config
@@ -44,17 +46,18 @@ def main(argv=None):
     if args.describe is not None:
         return describe(args)
     data = validate(args)
+    args.layout = args.layout or ("text" if data and data.text else "plain")
     extra = {"image_shape": args.image_shape} if args.image_shape else {}
     classes = d.num_classes if args.num_classes is None else args.num_classes
     streamed = args.layout == "imagenet" and bool(data and data.shape_from_flags)   # generated record by record
     # the config checks the flags; a streamed set is never held, so its size is not the arrays' estimate
     cfg = make_config(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, num_classes=classes,
                       synthetic_samples=min(args.synthetic_samples, 8) if streamed else args.synthetic_samples,
-                      **extra)
+                      seq_len=args.seq_len, model="transformer" if args.layout == "text" else d.model, **extra)
     image_format = args.image_format or ("jpeg" if streamed else "png")
     if os.path.lexists(os.path.join(args.out, SPEC)):
         raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
-    with staged_folder(args.out, "--out", "a data set") as stage:   # renamed into place only when whole
+    with staged_folder(args.out, "--out", "a data set") as stage, native_stderr_quiet():   # renamed when whole
         if streamed:
             train, test = args.synthetic_samples, min(SYNTHETIC_TEST_SAMPLES, max(8, args.synthetic_samples // 4))
             check_free_space(stage, estimated_bytes(train + test, math.prod(cfg.image_shape), "imagenet",
@@ -70,7 +73,8 @@ def main(argv=None):
     path = os.path.join(args.out, SPEC)
     print(f"{train} training and {test} test examples in {args.shards} + {args.test_shards} "
           f"TFRecord file(s), {args.layout} layout: {path}")
-    print(f"train from them: hvdps compare --dataset tfrecord --data_dir {args.out} ...")
+    model = f" --model transformer --seq_len {args.seq_len}" if args.layout == "text" else ""
+    print(f"train from them: hvdps compare --dataset tfrecord --data_dir {args.out}{model} ...")
     return 0
 
 
@@ -82,9 +86,10 @@ def make_parser(d):
     p.add_argument("--data_dir", default=None, help="mnist: a folder with mnist.npz or the 4 MNIST IDX files")
     p.add_argument("--shards", type=int, default=8, help="files of the training split")
     p.add_argument("--test_shards", type=int, default=1, help="files of the test split")
-    p.add_argument("--layout", default="plain", choices=("plain", "imagenet"),
-                   help="plain: raw feature bytes and a label; imagenet: encoded images and 1-based labels, "
-                        "as tf_cnn_benchmarks reads")
+    p.add_argument("--layout", default=None, choices=("plain", "imagenet", "text"),
+                   help="plain (the default for arrays): raw feature bytes and a label; imagenet: encoded images "
+                        "and 1-based labels, as tf_cnn_benchmarks reads; text (pysrc's, and its only one): each "
+                        "sequence and the byte after it")
     p.add_argument("--image_format", default=None, choices=("jpeg", "png"),
                    help="the imagenet layout's encoding (png for arrays: lossless; jpeg for synthetic images)")
     p.add_argument("--resize", type=size, default=None,
@@ -98,6 +103,8 @@ def make_parser(d):
     p.add_argument("--num_classes", type=int, default=None, help=f"synthetic data (default {d.num_classes}); "
                    f"--describe: the classes (default 1000)")
     p.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples, help="synthetic data: examples")
+    p.add_argument("--seq_len", type=int, default=d.seq_len, help=f"text: bytes a sequence (default {d.seq_len}); "
+                   f"training from the shards takes the same --seq_len")
     for name in ("shards", "test_shards"):
         p.bound(name, 1, 1 << 20)
     p.bound("synthetic_samples", 1, 1 << 40)
@@ -106,9 +113,14 @@ def make_parser(d):
 
 def validate(args):
     """The flags' rules between each other: the built-in data set named (None: a plug-in's arrays)."""
-    if args.layout == "plain" and (args.image_format or args.resize):
+    if args.layout in (None, "plain", "text") and (args.image_format or args.resize):
         raise UsageError("--image_format and --resize are for --layout imagenet")
     data = builtins.DATA.get(args.dataset)          # None: a plug-in's arrays
+    text = bool(data and data.text)
+    if args.layout and (args.layout == "text") != text:
+        texts = " or ".join(d.name for d in builtins.DATA.values() if d.text)
+        raise UsageError(f"--layout {args.layout}: the text layout is for --dataset {texts}, and {texts} is written "
+                         f"in the text layout only (its labels are a byte at every position)")
     generated = " or ".join(d.name for d in builtins.DATA.values() if d.shape_from_flags)
     if args.resize and not (data and data.shape_from_flags):
         raise UsageError(f"--resize is for a {generated} set (arrays are stored at their own size)")

@@ -4,14 +4,13 @@ The command line of the projection (hvdps/cost/projection.py): it reads the inpu
 measured comm.json, an emulated cluster's links, flags), picks the network each method is costed
 with, and writes projection.md/json/png (hvdps/render/projection.py).
 """
-import contextlib
 import dataclasses
 import os
 import sys
 
 from common.base.errors import UsageError, cli
 from common.base.files import make_dirs, write_atomic
-from common.base.procs import REPO
+from common.base.procs import REPO, native_stderr_quiet
 from common.formats.schemas import read_cluster_description, read_comm, read_config
 from hvdps import methods
 from hvdps.cost import crossover, heldout, stragglers
@@ -85,24 +84,6 @@ def model_layers_of(run_dir):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ start-up chatter stays out
     with native_stderr_quiet():
         return layer_profile(build_model(read_config(os.path.join(run_dir, "config.json"))))
-
-
-@contextlib.contextmanager
-def native_stderr_quiet():
-    """File descriptor 2 to nowhere while TensorFlow starts in this process: its C++ start-up lines
-    (absl's, written before TF_CPP_MIN_LOG_LEVEL applies: "failed call to cuInit: ... CUDA error" on
-    a machine without a GPU) would otherwise end a projection's output. What goes wrong comes back as
-    an exception, said after the descriptor is restored."""
-    sys.stderr.flush()
-    saved, sink = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(sink, 2)
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(sink)
 
 
 def from_runs(found, path, nets):
