@@ -177,6 +177,11 @@ class Launcher:
         where it takes it."""
         return None
 
+    def check_job(self, run):
+        """Refuse (a UsageError) what this method's trainer would refuse of one planned job ``run`` (a
+        RunId: its mode at its worker count) at its start, so that the plan, a dry run and the
+        manifests refuse it first."""
+
     def task_lines(self, cmd):
         """[(task, command line)] that ``cmd`` (this launcher's, across hosts) starts on each host,
         for the dry run; [] where one launcher line starts everything (mpirun)."""

@@ -41,6 +41,7 @@ from common.formats.schemas import RECORDS, Strict
 from hvdps.cost.model import CostModel, Option
 from hvdps.launchers import Launcher
 from hvdps.measure.identity import settings_text
+from common.base.numbers import whole
 
 
 # ------------------------------------------------------------------ the registry
@@ -273,7 +274,8 @@ def axis_value(method, axis, value):
     if setting is not None:
         return setting.parse(value)
     if axis in {f.dest for f in method.launcher.task_flags}:
-        return str(int(value)) if value.isdigit() and 1 <= int(value) <= 4096 else None
+        n = whole(value)
+        return str(n) if n is not None and 1 <= n <= 4096 else None
     return None
 
 
@@ -539,7 +541,7 @@ def parse_settings(method, item, text):
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, eq, value = (x.strip() for x in part.partition("="))
         if name in task_roles:
-            parsed = value if eq and value.isdigit() and 1 <= int(value) <= 4096 else None
+            parsed = value if eq and whole(value) is not None and 1 <= whole(value) <= 4096 else None
         else:
             parsed = declared[name].parse(value) if name in declared and eq else None
         if name not in declared and name not in task_roles:

@@ -10,13 +10,14 @@ from hvdps.launchers import MPIRunLauncher
 from hvdps.cost.ring import Ring
 from hvdps.methods import Axis, Method
 from localsgd_train.main import MAX_LOCAL_STEPS
+from common.base.numbers import whole
 
 DEFAULT_K = "8"
 
 
 def local_steps(mode):
     """k of a run's mode ('8'), or 1 for a mode that is not a number (a run recorded otherwise)."""
-    return int(mode) if str(mode).isdigit() and int(mode) >= 1 else 1
+    return max(whole(str(mode)) or 1, 1)
 
 
 class LocalSGDLauncher(MPIRunLauncher):
@@ -65,7 +66,7 @@ class LocalSGD(Method):
     overhead wording name it."""
 
     def parse_mode(self, text):
-        if not text.isdigit() or not 1 <= int(text) <= MAX_LOCAL_STEPS:
+        if whole(text) is None or not 1 <= whole(text) <= MAX_LOCAL_STEPS:
             raise UsageError(f"backend {self.name}'s mode is k, the steps between two averagings of the weights: "
                              f"a whole number from 1 to {MAX_LOCAL_STEPS} (e.g. {self.name}:{DEFAULT_K}), got '{text}'")
         return str(int(text))

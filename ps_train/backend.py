@@ -19,7 +19,7 @@ from common.base.errors import UsageError
 from common.launch.hosts import parse_address
 from common.spec.plan import make_plan
 from common.base.procs import wait_for_ports
-from ps_train.cluster import mode_name, replicas
+from ps_train.cluster import check_aggregation, mode_name, replicas
 from ps_train import stop
 
 
@@ -48,13 +48,9 @@ class PSBackend(Backend):
         self.tasks = {"ps": self.num_ps}
         self.replica_list = replicas(cluster)
         self.world_size = len(self.replica_list)
+        check_aggregation(self.world_size, backup_workers, replicas_to_aggregate if sync else 0)
         if backup_workers:                       # K backups: an update waits for the first N - K
-            if backup_workers >= self.world_size:
-                raise UsageError(f"--backup_workers {backup_workers} leaves no gradient to wait for: at most "
-                                 f"{self.world_size - 1} with {self.world_size} workers")
             replicas_to_aggregate = self.world_size - backup_workers
-        if sync and not 0 <= replicas_to_aggregate <= self.world_size:
-            raise UsageError(f"--replicas_to_aggregate {replicas_to_aggregate} must be 1..{self.world_size}")
         self.replicas_to_aggregate = (replicas_to_aggregate or self.world_size) if sync else 1
         self.startup_timeout, self.step_timeout = startup_timeout, step_timeout
         self.is_ps = job == "ps"

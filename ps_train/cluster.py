@@ -9,6 +9,7 @@ import os
 from common.base.errors import UsageError
 from common.launch.hosts import parse_address
 from tf_cluster.spec import parse_cluster_spec, parse_tf_config, tf_config_of, validate_cluster
+from common.base.numbers import whole
 
 JOBS = ("ps", "worker", "chief")
 
@@ -63,7 +64,7 @@ def mode_name(sync, backup_workers=0):
 
 def backups(mode):
     """K of a ``backupK`` mode; 0 for any other."""
-    return int(mode[len(BACKUP):]) if mode and mode.startswith(BACKUP) and mode[len(BACKUP):].isdigit() else 0
+    return (whole(mode[len(BACKUP):]) or 0) if mode and mode.startswith(BACKUP) else 0
 
 
 def base_mode(mode):
@@ -112,6 +113,19 @@ def check_ps_flags(args):
             raise UsageError(f"--{flag} must be >= 0, got {getattr(args, flag)}")
     if args.replicas_to_aggregate and args.backup_workers:
         raise UsageError("--backup_workers K means --replicas_to_aggregate N - K: give one of them")
+
+
+def check_aggregation(workers, backup_workers=0, replicas_to_aggregate=0, spell=None):
+    """Sync training's counts against the job's ``workers``: backup workers leave a gradient to wait
+    for, and an update aggregates 1..N of them. The trainer's rule at its start, which the launcher
+    and the plan apply first; ``spell(k)``: how the line names K backups (the flag, or a plan's mode)."""
+    spell = spell or (lambda k: f"--backup_workers {k}")
+    if backup_workers and backup_workers >= workers:
+        raise UsageError(f"{spell(backup_workers)} leaves no gradient to wait for: " +
+                         (f"at most {spell(workers - 1)} with {workers} workers" if workers > 1 else
+                          "1 worker has none to spare"))
+    if not 0 <= replicas_to_aggregate <= workers:
+        raise UsageError(f"--replicas_to_aggregate {replicas_to_aggregate} must be 1..{workers}")
 
 
 def resolve_cluster(args, environ=None):

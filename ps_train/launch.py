@@ -36,7 +36,7 @@ from tf_cluster.spec import cluster_addresses
 from tf_cluster.supervise import Cluster, last_words, refuse_chosen, run_cluster
 from common.launch import remote
 from ps_train.main import make_parser as trainer_parser
-from ps_train.cluster import check_ps_flags, mode_name
+from ps_train.cluster import check_aggregation, check_ps_flags, mode_name
 from ps_train.placement import place_ps
 from common.spec.plugins import plugins_bounded
 from common.inputs.data import check_input
@@ -45,6 +45,7 @@ from tf_cluster.listen import bindable, resolve
 from common.trainer.run_dir import check_resume_compatible, check_train_dir
 from common.formats.schemas import read_checkpoint_index
 from common.trainer.metrics import read_metrics
+from common.base.numbers import whole
 
 CHOSEN_BY_LAUNCHER = ("job_name", "task_index", "ps_hosts", "worker_hosts", "chief_host", "cluster_spec")
 
@@ -161,6 +162,8 @@ def parse_args(argv):
     with plugins_bounded(args.run_timeout, "--run_timeout"):   # these checks import and call plug-ins
         cfg = from_args(args)
         check_ps_flags(args)
+        if args.sync and args.ps_api == "v1":
+            check_aggregation(args.num_workers, args.backup_workers, args.replicas_to_aggregate)
         check_input(cfg, args.num_workers)
         check_plugin(cfg, graph_mode=args.ps_api == "v1")
     if args.resume:              # refused here, before a task starts or launch.json is written
@@ -193,7 +196,7 @@ def checkpoint_step(train_dir):
     path = os.path.join(train_dir, "checkpoints", "checkpoint")
     latest = read_checkpoint_index(path) if os.path.lexists(path) else None
     tail = latest.rsplit("-", 1)[-1] if latest else ""
-    return int(tail) if tail.isdigit() else None
+    return whole(tail)
 
 
 def last_logged_step(train_dir):

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 from common.base.errors import UsageError
 from common.formats.schemas import read_launch_record
-from ps_train.cluster import check_precision, jit_refusal
+from ps_train.cluster import check_aggregation, check_precision, jit_refusal
 from hvdps.cost import fits, schedule
 from hvdps.launchers import TaskFlag, TaskLauncher
 from hvdps.cost.model import Network, Option, combine, summed_rates_step
@@ -22,6 +22,7 @@ from ps_train.placement import place_ps
 from ps_train.records import RECORDS
 from ps_train import tokens
 from ps_train.report import ps_details, shards_section
+from common.base.numbers import whole
 
 
 def _divides_gpus_per_server(towers, args):
@@ -256,6 +257,12 @@ class PSLauncher(TaskLauncher):
     def jit_refusal(self):
         return jit_refusal("v1")
 
+    def check_job(self, run):
+        try:
+            check_aggregation(run.workers, backups(run.mode), spell=lambda k: f"{run.method}:{BACKUP}{k}")
+        except UsageError as exc:
+            raise UsageError(f"run {run.name}: {exc}")
+
 
 class PS2Launcher(PSLauncher):
     """TensorFlow 2's ParameterServerStrategy: the same launcher with ``--ps_api v2``; asynchronous
@@ -379,10 +386,10 @@ class PSMethod(Method):
     def parse_mode(self, text):
         if "sync" in self.modes and text.startswith(BACKUP):
             k = text[len(BACKUP):]
-            if not k.isdigit() or not 1 <= int(k) <= MAX_BACKUPS:
+            if whole(k) is None or not 1 <= whole(k) <= MAX_BACKUPS:
                 raise UsageError(f"backend {self.name}:{BACKUP}K: K backup workers, a whole number from 1 to "
                                  f"{MAX_BACKUPS} (e.g. {self.name}:{BACKUP}1), got '{text}'")
-            return f"{BACKUP}{int(k)}"
+            return f"{BACKUP}{whole(k)}"
         return super().parse_mode(text)
 
     def label(self, mode):

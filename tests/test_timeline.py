@@ -50,3 +50,33 @@ def test_a_run_becomes_one_trace_with_a_track_per_rank(tmp_path):
     check_timeline(str(run_dir), ["rank:0", "rank:1"])
     assert trace({}, None) is None
     assert json.load(open(run_dir / "timeline.json"))["traceEvents"][0]["args"]["name"] == "run"
+
+
+DAMAGED = [
+    ("cut", lambda text: text[: len(text) // 2], "not valid JSON"),
+    ("far future", lambda text: text.replace("1700000000.006", "1e303"), "unix times"),
+    ("a task of Unicode digits", lambda text: text.replace('"rank:1"', '"rank:\u00b2"'), None),
+]
+
+
+@pytest.mark.parametrize("name, damage, says", DAMAGED, ids=[d[0] for d in DAMAGED])
+def test_a_damaged_rank_file_is_named_and_left_out_and_reading_never_writes(tmp_path, name, damage, says):
+    """What each rank wrote is read, never rewritten: a file that does not read is left out and named
+    (the report says so); a task numbered in other than ASCII digits is ordered, not a traceback; and
+    nothing a timeline holds is past JSON (no Infinity)."""
+    from hvdps.measure.timeline import rank_files
+    run_dir = tmp_path / "run"
+    (run_dir / "ranks").mkdir(parents=True)
+    for task, start in (("rank:0", 1_700_000_000.0), ("rank:1", 1_700_000_000.002)):
+        (run_dir / "ranks" / (task.replace(":", "-") + ".json")).write_text(_rank(task, start).model_dump_json())
+    one = run_dir / "ranks" / "rank-1.json"
+    one.write_text(damage(one.read_text()))
+    damaged = []
+    ranks = rank_files(str(run_dir), damaged)
+    if says:
+        assert list(ranks) == ["rank:0"] and len(damaged) == 1, (ranks, damaged)
+        assert damaged[0].startswith("ranks/rank-1.json: ") and says in damaged[0], damaged
+    else:
+        assert sorted(ranks) == ["rank:0", "rank:\u00b2"] and damaged == []
+    write_timeline(str(run_dir), 0.001)
+    json.loads((run_dir / "timeline.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in a timeline"))

@@ -14,6 +14,7 @@ one, is refused in one line.
 import json
 
 from common.base.errors import UsageError
+from common.base.numbers import whole
 
 INDEX = "JOB_COMPLETION_INDEX"        # Kubernetes, in every pod of an Indexed Job
 JOBSET = "HVDPS_JOBSET"               # labels['jobset.sigs.k8s.io/jobset-name']
@@ -35,9 +36,9 @@ def parse_tasks(text, source=TASKS):
     out = {}
     for part in str(text).split(","):
         role, sep, count = part.strip().partition(":")
-        if not sep or role not in ROLES or not count.strip().isdigit():
+        n = whole(count.strip())
+        if not sep or role not in ROLES or n is None:
             raise UsageError(f"{source}: expected ROLE:COUNT[,ROLE:COUNT...] with roles {', '.join(ROLES)}, got {text!r}")
-        n = int(count)
         if not 1 <= n <= MAX_TASKS or role in out:
             raise UsageError(f"{source}: {role} listed twice or with a count outside 1..{MAX_TASKS}, in {text!r}")
         out[role] = n
@@ -58,10 +59,10 @@ def cluster_of(jobset, subdomain, tasks, port):
 
 
 def _whole(environ, name, low, high):
-    text = str(environ.get(name, "")).strip()
-    if not text.isdigit() or not low <= int(text) <= high:
+    n = whole(str(environ.get(name, "")).strip())
+    if n is None or not low <= n <= high:
         raise UsageError(f"{name}={environ.get(name, '')!r}: expected a whole number in {low}..{high}")
-    return int(text)
+    return n
 
 
 def pod_tf_config(environ):

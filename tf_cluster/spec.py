@@ -9,6 +9,7 @@ from common.base.errors import UsageError
 from common.formats.schemas import parse_json
 from common.launch.hosts import parse_address, read_listing
 from tf_cluster.jobset import pod_tf_config
+from common.base.numbers import whole
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 
@@ -88,9 +89,10 @@ def role_counts(text):
         if role not in ROLES or role == "worker":
             raise UsageError(f"{part!r}: expected ROLE=N with ROLE one of {', '.join(r for r in ROLES if r != 'worker')}"
                              " (the rest of the slots are workers)")
-        if not (eq and count.isdigit() and 1 <= int(count) <= 4096) or role in out:
+        n = whole(count)
+        if not (eq and n is not None and 1 <= n <= 4096) or role in out:
             raise UsageError(f"{part!r}: expected {role}=N once, N from 1 to 4096")
-        out[role] = int(count)
+        out[role] = n
     return tuple(out.items())
 
 
@@ -171,6 +173,7 @@ def task_of(environ, argv):
                 flags[name] = arg.split("=", 1)[1]
             elif arg == name and i + 1 < len(argv):
                 flags[name] = argv[i + 1]
-    if not flags.get("--task_index", "").isdigit():
+    index = whole(flags.get("--task_index", ""))
+    if index is None:
         return None
-    return flags.get("--job_name", "worker"), int(flags["--task_index"])
+    return flags.get("--job_name", "worker"), index

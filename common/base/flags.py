@@ -12,6 +12,7 @@ import shlex
 import sys
 
 from common.base.errors import UsageError
+from common.base.numbers import integer, real, whole
 
 
 def check_finite(name, value):
@@ -22,7 +23,7 @@ def check_finite(name, value):
 
 def shape(text):
     try:
-        shape = tuple(int(x) for x in text.split(","))
+        shape = tuple(integer(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected H,W,C such as 28,28,1, got '{text}'")
     return shape
@@ -57,15 +58,16 @@ def interface_or_cidr(text):
 def size(text):
     """H,W: an image's height and width, each from 1 to 65536."""
     parts = text.split(",")
-    if len(parts) != 2 or not all(p.strip().isdigit() and 0 < int(p) <= 1 << 16 for p in parts):
+    sizes = [whole(p.strip()) for p in parts]
+    if len(parts) != 2 or not all(n is not None and 0 < n <= 1 << 16 for n in sizes):
         raise argparse.ArgumentTypeError(f"expected H,W (two sizes from 1 to 65536), got '{text}'")
-    return tuple(int(p) for p in parts)
+    return tuple(sizes)
 
 
 def megabytes(text):
     """A comma-separated list of sizes in MiB (``1,10,100``), each > 0 and at most 1 TiB -> bytes."""
     try:
-        sizes = [float(x) for x in text.split(",")]
+        sizes = [real(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected sizes in MiB such as 1,10,100, got '{text}'")
     if not all(math.isfinite(x) and 0 < x <= 2 ** 20 for x in sizes):
@@ -77,7 +79,7 @@ def counts(text):
     """``1,2,4`` -> (1, 2, 4): positive counts, sorted and without repeats, each at most 1 << 20
     (a comparison's sizes: its workers, a method's tasks of one role)."""
     try:
-        found = sorted({int(x) for x in str(text).split(",") if x.strip()})
+        found = sorted({integer(x) for x in str(text).split(",") if x.strip()})
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4, got '{text}'")
     if not found or found[0] < 1 or found[-1] > 1 << 20:
@@ -158,6 +160,10 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._bounds = {}
+        # type=int and type=float read ASCII numbers only (common/base/numbers.py): argparse looks a
+        # flag's type up here, in a registry its argument groups share, and names it in its line
+        self.register("type", int, integer)
+        self.register("type", float, real)
 
     def bound(self, dest, low=0, high=None, positive=False):
         self._bounds[dest] = (low, high, positive)

@@ -14,6 +14,7 @@ import sys
 import time
 
 from common.base.errors import RunError
+from common.base.numbers import whole
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIM_SOURCE = os.path.join(REPO, "common", "native", "bind_to.c")
@@ -117,7 +118,7 @@ _RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "S
 
 def under_launcher():
     """True when mpirun, horovodrun or srun started this process."""
-    return any(os.environ.get(name, "").isdigit() for name in _RANK_ENV)
+    return any(whole(os.environ.get(name, "")) is not None for name in _RANK_ENV)
 
 
 def launcher_rank(environ=None, default=0):
@@ -125,8 +126,8 @@ def launcher_rank(environ=None, default=0):
     where no launcher did."""
     environ = os.environ if environ is None else environ
     for name in _RANK_ENV:
-        if environ.get(name, "").isdigit():
-            return int(environ[name])
+        if whole(environ.get(name, "")) is not None:
+            return whole(environ[name])
     return default
 
 

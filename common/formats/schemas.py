@@ -270,7 +270,7 @@ class RankFile(Strict):
     @model_validator(mode="after")
     def _ordered(self):
         for i, (step, start, end, *_rest) in enumerate(self.spans):
-            if step is None or start is None or end is None or step != int(step) or start > 1e11:
+            if step is None or start is None or end is None or step != int(step) or start > 1e11 or end > 1e11:
                 raise ValueError(f"spans[{i}]: expected [step, start, end, input_s, exchange_s] with a whole step "
                                  f"and Unix times")
             if end < start:

@@ -8,6 +8,7 @@ import re
 
 from common.base.errors import UsageError
 from common.base.files import MiB, read_input
+from common.base.numbers import whole
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9\-\.]*[A-Za-z0-9])?$|^\[[0-9a-fA-F:]+\]$")
 
@@ -45,7 +46,7 @@ def parse_hostfile_text(text, source="<hostfile>"):
             key = key.replace("-", "_")
             if key in given:
                 raise UsageError(f"{where}: {key} given twice")
-            if not value.isdigit() or int(value) < 1:
+            if whole(value) is None or whole(value) < 1:
                 raise UsageError(f"{where}: {key} must be a positive integer, got {value!r}")
             if int(value) > MAX_SLOTS:
                 raise UsageError(f"{where}: {key} must be at most {MAX_SLOTS}, got {value}")
@@ -85,7 +86,7 @@ def parse_host_list(text, source="-H"):
         if not sep:
             host, slots = item, "1"
         _check_host(host, source)
-        if not slots.isdigit() or int(slots) < 1:
+        if whole(slots) is None or whole(slots) < 1:
             raise UsageError(f"{source}: slots for {host} must be a positive integer, got {slots!r}")
         if int(slots) > MAX_SLOTS:
             raise UsageError(f"{source}: slots for {host} must be at most {MAX_SLOTS}, got {slots}")
@@ -99,7 +100,7 @@ def parse_address(addr, where):
         raise UsageError(f"{where}: expected host:port, got {addr!r}")
     host, _, port = addr.rpartition(":")
     _check_host(host, where)
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if whole(port) is None or not 0 < whole(port) < 65536:
         raise UsageError(f"{where}: port must be 1-65535, got {port!r}")
     return host, int(port)
 

@@ -38,7 +38,7 @@ def slurm_hosts(env=None):
         raise UsageError(f"--hosts slurm: cannot expand SLURM_JOB_NODELIST={nodelist!r} with scontrol: {exc}")
     slots = []
     for part in (env.get("SLURM_TASKS_PER_NODE") or "").split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        m = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", part.strip())
         if m:
             slots += [int(m.group(1))] * int(m.group(2) or 1)
     if len(slots) != len(names):

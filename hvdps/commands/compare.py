@@ -32,6 +32,7 @@ from common.spec.memory import TF_PROCESS_BYTES, memory_estimate
 from common.inputs.data import check_input
 from common.base.errors import UsageError, cli
 from common.base.files import take_folder, writable_dir
+from common.base.numbers import integer
 from common.spec.plugins import plugins_bounded
 from common.base.procs import REPO, available_memory, child_env
 from hvdps.launchers import Remote
@@ -56,7 +57,7 @@ MAX_LOCAL_WORKERS = 1024      # the local launchers' bound (ps_train.launch, mwm
 
 def parse_workers(text, flag="--workers"):
     try:
-        counts = sorted({int(x) for x in str(text).split(",") if x.strip()})
+        counts = sorted({integer(x) for x in str(text).split(",") if x.strip()})
     except ValueError:
         raise UsageError(f"{flag} expects numbers like 1,2,4, got {text!r}")
     if not counts or counts[0] < 1:
@@ -333,6 +334,8 @@ def validate(args, cfg):
     check_plugin(cfg, graph_mode=any(get_launcher(s.identity.method).graph_mode for s in asked.shapes))
     for method in dict.fromkeys(s.identity.method for s in asked.shapes):
         get_launcher(method).check(cfg)          # what a method's trainer refuses of the flags (a precision)
+    for s in asked.shapes:                       # and of each job at its start (a mode at its worker count)
+        get_launcher(s.identity.method).check_job(s.identity)
     for n in sorted({s.identity.workers for s in asked.shapes}, reverse=True):  # the same refusal every run would
         check_input(cfg, n)             # meet, once, before any starts (a dry run too): the most workers first
     if not args.hosts and not args.dry_run:    # every task on this machine
@@ -389,7 +392,7 @@ def run_all(args, runs, links):
 
 def report(args, cfg, runs, interrupted):
     """The report of what ran, and the comparison's exit code."""
-    every_run = collect(runs)
+    every_run = collect(runs, ran=not args.from_dirs)
     rows = with_scaling(merge(every_run))   # a row per configuration: the median over its --repeat runs
     # {workload: config} from the runs' own headers, live or --from alike, so a rebuilt report is the
     # live one; this command's config only where no run of it recorded one (every run failed at start)

@@ -12,8 +12,8 @@ that mpirun starts. Every run writes to its own folder on one ReadWriteMany clai
 written (hvdps/k8s/validate.py: kubernetes-validate and the CRDs' published schemas, strict).
 """
 import os
-import re
 import shlex
+import stat
 import sys
 
 import yaml
@@ -22,7 +22,7 @@ from common.base.errors import UsageError, cli
 from common.base.files import make_dirs, write_atomic
 from common.spec.config import argv_of, build_parser, from_args
 from hvdps.commands.compare import run_shapes
-from hvdps.k8s import manifests, validate
+from hvdps.k8s import grammar, manifests, validate
 from hvdps.methods import add_task_flags, get_launcher, settings_argv, task_flag_dests
 from tf_cluster.jobset import DNS_LABEL, MAX_TASKS, host_of
 
@@ -62,25 +62,19 @@ def make_parser():
 
 
 def check(args):
-    """The flags that enter a manifest, each refused in one line."""
-    image = args.image.strip()
-    if not image or any(c.isspace() for c in image) or ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest"):
-        raise UsageError(f"--image {args.image!r}: name it with its tag (REGISTRY/NAME:TAG, not :latest), as the "
-                         f"cluster pulls it")
+    """The flags that enter a manifest, each refused in one line where the API server, the kubelet or
+    kubernetes-validate would refuse it (hvdps/k8s/grammar.py)."""
+    problems = [grammar.image_problem("--image", args.image),
+                *(grammar.label_problem(f"--{flag}", getattr(args, flag))
+                  for flag in ("claim", "namespace") if getattr(args, flag) is not None),
+                grammar.quantity_problem("--storage", args.storage, "10Gi"),
+                grammar.quantity_problem("--cpu", args.cpu, "4 or 500m") if args.cpu is not None else None,
+                grammar.version_problem("--kubernetes_version", args.kubernetes_version, validate.versions())]
+    problem = next((p for p in problems if p), None)
+    if problem:
+        raise UsageError(problem)
     if not os.path.isabs(args.results_path) or any(c.isspace() for c in args.results_path):
         raise UsageError(f"--results_path {args.results_path!r}: an absolute path without spaces")
-    for flag in ("claim", "namespace"):
-        value = getattr(args, flag)
-        if value is not None and (not value or len(value) > DNS_LABEL or not value.replace("-", "").isalnum()
-                                  or value != value.lower() or value[0] == "-" or value[-1] == "-"):
-            raise UsageError(f"--{flag} {value!r}: not a DNS label (lower-case letters, digits and '-', "
-                             f"at most {DNS_LABEL})")
-    if not re.fullmatch(r"\d+(\.\d+)?(m|Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?", args.storage):
-        raise UsageError(f"--storage {args.storage!r}: a Kubernetes quantity such as 10Gi")
-    if args.cpu is not None and not re.fullmatch(r"\d+(\.\d+)?m?", args.cpu):
-        raise UsageError(f"--cpu {args.cpu!r}: a CPU quantity such as 4 or 500m")
-    if not re.fullmatch(r"1\.\d+\.\d+", args.kubernetes_version):
-        raise UsageError(f"--kubernetes_version {args.kubernetes_version!r}: expected 1.MINOR.PATCH")
 
 
 def manifest_of(args, run, trainer_args):
@@ -133,14 +127,15 @@ def write(path, header, docs):
 def generate(args, parser, argv):
     """{file name: (header, [documents])} of every manifest, each checked; nothing is written here."""
     check(args)
-    from_args(args)                               # the trainer flags, checked as every trainer checks them
+    cfg = from_args(args)                         # the trainer flags, checked as every trainer checks them
     trainer_args = argv_of(args, parser, skip=K8S_FLAGS)
     cmd = " " + shlex.join(without_out(argv))
     files = {}
-    for shape in run_shapes(args):
-        run = shape.identity
-        if run.workers < 2:
-            continue                              # one worker needs no cluster: hvdps train
+    shapes = [shape.identity for shape in run_shapes(args) if shape.identity.workers >= 2]   # one: hvdps train
+    for method in dict.fromkeys(run.method for run in shapes):
+        get_launcher(method).check(cfg)           # what each trainer refuses of the flags at its start
+    for run in shapes:
+        get_launcher(run.method).check_job(run)   # and of its job: a mode at its worker count
         name = run.name
         kind, doc, run_dir = manifest_of(args, run, trainer_args)
         header = HEADER.format(cmd=cmd, what=WHAT[kind], claim=args.claim, path=run_dir,
@@ -180,6 +175,9 @@ def main(argv=None):
     for fname in files:                           # a file of the user's is never overwritten
         path = os.path.join(args.out, fname)
         if os.path.lexists(path):
+            if not stat.S_ISREG(os.lstat(path).st_mode):     # a FIFO would block the read; a link, a folder
+                raise UsageError(f"--out {args.out}: {fname} is there and is not a regular file; choose another "
+                                 f"folder")
             try:
                 with open(path) as f:
                     first = f.readline()

@@ -30,6 +30,7 @@ from hvdps.measure.links import run_cores
 from hvdps.measure.timeline import rank_files
 from common.base.flags import Parser, check_finite
 from common.spec.plugins import plugins_bounded
+from common.base.numbers import whole
 
 
 def find_runs(path, unhealthy=False):
@@ -240,8 +241,8 @@ def cpu_per_step(run_dir):
     out = {}
     for task, rank in rank_files(run_dir).items():
         kind, _, index = task.partition(":")
-        if kind in ("rank", "worker") and index.isdigit() and rank.cpu_s_per_step:
-            out[int(index)] = rank.cpu_s_per_step
+        if kind in ("rank", "worker") and whole(index) is not None and rank.cpu_s_per_step:
+            out[whole(index)] = rank.cpu_s_per_step
     return out
 
 

@@ -31,10 +31,10 @@ from common.spec.config import argv_of, build_parser, from_args
 from common.spec.plugins import plugins_bounded
 from hvdps.commands import compare
 from hvdps.measure import conditions
-from hvdps.measure.identity import workload_name
+from hvdps.measure.identity import RunId, workload_name
 from hvdps.measure.cgroups import CpuController
 from hvdps.measure.jobs import Interrupted, own_signals
-from hvdps.methods import METHODS, add_task_flags, task_flag_dests
+from hvdps.methods import METHODS, add_task_flags, get_launcher, task_flag_dests
 from hvdps.render.tune import write_tune_report
 from hvdps.tune import best, space
 from hvdps.tune.trials import Clock, Trials, say
@@ -131,7 +131,9 @@ def validate(args, cfg):
     check_finite("budget", args.budget)
     if args.budget < MIN_BUDGET_S:
         raise UsageError(f"--budget {args.budget:g}: at least {MIN_BUDGET_S} s, a probe of each method at full length")
-    spaces = {name: space.candidates(name, axes, args) for name, axes in space.parse_space(args.backends).items()}
+    # a candidate its trainer would refuse at this worker count (K backup workers of K) is no candidate
+    spaces = {name: [c for c in space.candidates(name, axes, args) if runs_at(c, workers[0])]
+              for name, axes in space.parse_space(args.backends).items()}
     found = compare.cluster_conditions(args)
     if len(found) > 2:
         raise UsageError("hvdps tune tunes for one cluster: one --straggler factor, --stall or --slow_link")
@@ -140,6 +142,16 @@ def validate(args, cfg):
     shim.resume, shim.from_dirs, shim.repeat = False, [args.from_dir] if args.from_dir else None, 1
     asked = compare.validate(shim, cfg)
     return spaces, workers[0], (found[1] if len(found) > 1 else None), asked, shim
+
+
+def runs_at(candidate, workers):
+    """Whether ``candidate``'s job at ``workers`` workers is one its trainer starts (Launcher.check_job)."""
+    v = candidate.variant
+    try:
+        get_launcher(v.method).check_job(RunId("", v.method, v.mode, workers, tuple(v.tasks or ())))
+    except UsageError:
+        return False
+    return True
 
 
 def run(args, parser, argv, resuming):

@@ -51,6 +51,11 @@ def crd_validator(api_version, kind):
     return jsonschema.Draft7Validator(schema)
 
 
+def versions():
+    """The Kubernetes versions kubernetes-validate holds schemas for ("1.25.0", ...)."""
+    return kubernetes_validate.utils.all_versions()
+
+
 def _core(doc, version):
     """Errors of one core-kind document by kubernetes-validate, strict."""
     try:

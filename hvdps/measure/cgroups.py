@@ -12,6 +12,7 @@ import time
 
 from common.base.errors import UsageError
 from common.base.procs import exists
+from common.base.numbers import whole
 
 # CFS bandwidth control runs a group for its quota, then holds it to the period's end: with the default
 # 100 ms period a worker at 1/4 runs 25 ms and stops 75 ms, a stall more than a slow CPU. 10 ms keeps
@@ -118,7 +119,7 @@ class CpuController:
         the mount points such a comparison made inside an emulated cluster."""
         for path in glob.glob(PRIVATE_MOUNT + "*"):
             pid = path[len(PRIVATE_MOUNT):]
-            if pid.isdigit() and not exists(int(pid)) and path != self.root:
+            if whole(pid) is not None and not exists(whole(pid)) and path != self.root:
                 try:
                     os.rmdir(path)          # the namespace that mounted it has gone: an empty folder here
                 except OSError:

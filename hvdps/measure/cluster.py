@@ -28,7 +28,7 @@ OMPI_TMP = "/tmp/hvdps-ompi"      # one Open MPI session folder per emulated hos
 PREFIX = "hvdps-"
 
 
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit)$", re.I)
+_RATE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(bit|kbit|mbit|gbit)$", re.I)
 
 
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -40,7 +40,7 @@ def parse_links(texts, hosts):
     out = {}
     for part in (p.strip() for text in texts for p in text.split(",")):
         host, sep, rate = part.partition("=")
-        m = re.fullmatch(r"h(\d+)", host.strip())
+        m = re.fullmatch(r"h([0-9]+)", host.strip())
         if not sep or not m or not rate.strip():
             raise UsageError(f"--link expects hN=RATE like h2=10mbit (host 2's own link), got {part!r}")
         i = int(m.group(1))

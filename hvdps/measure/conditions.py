@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from common.base.errors import UsageError
+from common.base.numbers import integer, real
 from hvdps.measure.cluster import parse_rate
 
 MAX_FACTOR = 1000.0
@@ -74,7 +75,7 @@ class SlowLink:
 
 def _number(text, flag, what, lo, hi, whole=False):
     try:
-        value = int(text) if whole else float(text)
+        value = integer(text) if whole else real(text)
     except ValueError:
         raise UsageError(f"{flag}: {what} must be a{' whole' if whole else ''} number, got {text!r}")
     if not math.isfinite(value) or not lo <= value <= hi:
@@ -117,7 +118,7 @@ def parse_slow_links(text):
     for part in str(text).split(","):
         part = part.strip()
         host, sep, rate = part.partition("=")
-        m = re.fullmatch(r"h([1-9]\d{0,2})", host.strip())
+        m = re.fullmatch(r"h([1-9][0-9]{0,2})", host.strip())
         if not sep or not m or not rate.strip():
             raise UsageError(f"--slow_link expects hN=RATE like h3=10mbit (host 3's link at 10 Mbit/s), got {part!r}")
         parse_rate(rate.strip(), "--slow_link")

@@ -15,7 +15,7 @@ from common.base.files import make_dirs, open_new, write_atomic
 from common.base.procs import REPO, child_env
 from common.formats.schemas import RunRecord
 from common.trainer.metrics import read_metrics
-from hvdps.measure import unhealthy
+from hvdps.measure import reaper, unhealthy
 from hvdps.measure.conditions import SlowLink
 from hvdps.measure.links import Sampler
 from hvdps.measure.load import LoadSampler
@@ -41,6 +41,11 @@ def execute(runs, timeout, done, progress=True, links=None, controller=None):
     the hosts' link counters while each job runs (hvdps.measure.links); every local job's and the
     machine's CPU is sampled (hvdps.measure.load). A run with a slow or stalled worker has it applied
     through ``controller`` (the CPU cgroup) while its job runs, and undone before the job is stopped."""
+    with reaper.supervising():     # whatever ends this process, its jobs, groups and links end too
+        return _execute(runs, timeout, done, progress, links, controller)
+
+
+def _execute(runs, timeout, done, progress, links, controller):
     from tqdm import tqdm
     env, repo = child_env(), REPO
     bar = tqdm(runs, desc="runs", unit="run", disable=None if progress else True,  # None: off when not a TTY
@@ -54,9 +59,12 @@ def execute(runs, timeout, done, progress=True, links=None, controller=None):
         started, launched_at = time.monotonic(), time.time()
         sampler = Sampler(links.counters, links.ports) if links else None
         stopped_by, timed_out = None, False
+        token = reaper.job_token(run.name)
+        reaper.tell(job=token)            # before it starts: a process of it is found by the token alone
         with open_new(log_path) as log:
-            p = subprocess.Popen(list(run.cmd), stdout=log, stderr=subprocess.STDOUT, env={**env, **run.env},
-                                 cwd=repo, start_new_session=True)
+            p = subprocess.Popen(list(run.cmd), stdout=log, stderr=subprocess.STDOUT,
+                                 env={**env, **run.env, reaper.TOKEN: token}, cwd=repo, start_new_session=True)
+            reaper.tell(job=token, group=p.pid)
             load = None if run.roles else LoadSampler(p.pid)    # across hosts: their cores, not ours
             acting = None
             try:
@@ -72,6 +80,7 @@ def execute(runs, timeout, done, progress=True, links=None, controller=None):
             except RunError:              # a condition that could not be applied or undone: no job left behind
                 stop_job(p)
                 raise
+        reaper.tell(job_ended=token)
         seconds = time.monotonic() - started
         if os.path.isdir(run.run_dir):     # so a report rebuilt with --from still knows the start-up cost
             _save_records(run, seconds, launched_at, code, acting, sampler, links, load)

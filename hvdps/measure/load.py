@@ -31,6 +31,7 @@ from common.base.files import write_atomic
 from hvdps.measure.rows import measured_interval
 from hvdps.measure.links import Periodic, _at, read_cpu_steal
 from common.formats.schemas import read_load
+from common.base.numbers import whole
 
 # A run is *shared* when, over its measured interval, other processes than its own and the
 # comparison's, and the hypervisor's other tenants, took more than this share of the machine's cores.
@@ -63,8 +64,8 @@ def split_ticks(root):
     parent's children's ticks when the parent reaped it."""
     stats = {}
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            s = _stat(int(name))
+        if whole(name) is not None:
+            s = _stat(whole(name))
             if s:
                 stats[int(name)] = s
     children = {}

@@ -128,6 +128,7 @@ class RunRow:
     condition: Optional[str] = None
     unhealthy: Optional[Any] = None
     rank_steps: Optional[Dict[str, Any]] = None   # {task: its step times' n, p50, p95, max} (ranks/<task>.json)
+    left_out: Tuple[str, ...] = ()                # its files that did not read ("ranks/rank:1.json: why")
     load: Load = Load()
     # repeated runs (hvdps compare --repeat; hvdps/measure/repeats.py): which run this is, and on a
     # configuration's row its runs' count and their own figures

@@ -46,9 +46,11 @@ class PlannedRun:
     identity: Optional[RunId] = None         # which run it is (hvdps/measure/identity.py)
 
 
-def collect(runs):
+def collect(runs, ran=False):
     """A typed row (hvdps/measure/rows.py: RunRow) per planned or found run: its records, then what the
-    launcher saw (exit, interruption, oversubscription), start-up, links and scaling."""
+    launcher saw (exit, interruption, oversubscription), start-up, links and scaling. ``ran``: these
+    runs have just run, and each run's timeline.json is written into its folder; runs found on disk
+    (--from, a finished trial) are only read."""
     rows = []
     for run in runs:
         if os.path.exists(os.path.join(run.run_dir, "metrics.jsonl")):
@@ -72,7 +74,7 @@ def collect(runs):
                       startup=startup_of(row, (done and done.seconds) or (record.seconds if record else None),
                                          (done and done.launched_at) or (record.launched_at if record else None)))
         row = links_of(row, run.roles or (record.roles if record else None))
-        row = replace(row, rank_steps=ranks_of(row)) if os.path.isdir(run.run_dir) else row
+        row = ranks_of(row, write=ran) if os.path.isdir(run.run_dir) else row
         rows.append(row)
     return with_scaling(rows)
 
@@ -90,14 +92,16 @@ def identity_of(row, record):
                  condition=row.condition)
 
 
-def ranks_of(row):
-    """{task: its step-time quantiles} from what each rank wrote (ranks/<task>.json), and the run's
-    timeline.json made from them (hvdps/measure/timeline.py); None where no rank wrote."""
-    ranks = rank_files(row.run_dir)
-    if not ranks:
-        return None
-    write_timeline(row.run_dir, row.compute_s)
-    return {task: rank.step_s for task, rank in ranks.items() if rank.step_s is not None} or None
+def ranks_of(row, write=False):
+    """``row`` with {task: its step-time quantiles} from what each rank wrote (ranks/<task>.json), the
+    files that do not read named in its ``left_out``; ``write``: the run's timeline.json made from them
+    too (hvdps/measure/timeline.py), by the comparison that ran it."""
+    damaged = []
+    ranks = rank_files(row.run_dir, damaged)
+    if ranks and write:
+        write_timeline(row.run_dir, row.compute_s)
+    steps = {task: rank.step_s for task, rank in ranks.items() if rank.step_s is not None} or None
+    return replace(row, rank_steps=steps, left_out=tuple(damaged))
 
 
 def load_of(row):

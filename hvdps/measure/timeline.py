@@ -23,17 +23,21 @@ import os
 from common.base.files import write_atomic
 from common.formats.schemas import SchemaError, read_rank_file
 from common.trainer.steptimes import RANKS_DIR
+from common.base.numbers import whole
 
 TIMELINE = "timeline.json"
 
 
-def rank_files(run_dir):
-    """{task: RankFile} of the run's ranks, in task order; a file that does not read is left out."""
+def rank_files(run_dir, damaged=None):
+    """{task: RankFile} of the run's ranks, in task order. A file that does not read is left out, and
+    named in ``damaged`` (a list, when given) as "ranks/<file>: why", for the report to say so."""
     out = {}
     for path in sorted(glob.glob(os.path.join(run_dir, RANKS_DIR, "*.json"))):
         try:
             rank = read_rank_file(path)
-        except SchemaError:
+        except SchemaError as exc:
+            if damaged is not None:
+                damaged.append(f"{RANKS_DIR}/{os.path.basename(path)}: {str(exc).split(': ', 1)[-1]}")
             continue
         out[rank.task] = rank
     return dict(sorted(out.items(), key=lambda kv: _order(kv[0])))
@@ -41,7 +45,7 @@ def rank_files(run_dir):
 
 def _order(task):
     role, _, index = task.partition(":")
-    return (role, int(index) if index.isdigit() else 0)
+    return (role, whole(index) or 0)
 
 
 def parts(span, compute_s=None):
@@ -84,11 +88,12 @@ def trace(ranks, compute_s=None, name="run"):
 
 
 def write_timeline(run_dir, compute_s=None):
-    """timeline.json beside the run's ranks; its path, or None when no rank wrote spans."""
+    """timeline.json beside the run's ranks, written by the comparison that ran it (a rebuild with
+    --from reads, and writes only into its --out); its path, or None when no rank wrote spans."""
     ranks = rank_files(run_dir)
     doc = trace(ranks, compute_s, os.path.basename(run_dir.rstrip(os.sep)))
     if doc is None:
         return None
     path = os.path.join(run_dir, TIMELINE)
-    write_atomic(path, json.dumps(doc))
+    write_atomic(path, json.dumps(doc, allow_nan=False))     # the rank files' schema bounds every time
     return path

@@ -38,7 +38,9 @@ from typing import Optional
 from common.base.errors import RunError
 from hvdps.measure.cgroups import GROUP_PREFIX, CpuController, quota_us
 from hvdps.measure.cluster import shape_link
+from hvdps.measure import reaper
 from hvdps.measure.conditions import Stall, Straggler, link_of
+from common.base.numbers import whole
 
 POLL_S = 0.1                      # how often the job's process tree is looked at for new workers
 
@@ -49,7 +51,7 @@ def descendants(root_pid, proc="/proc"):
     /proc/<pid>/stat."""
     children = {}
     for entry in os.listdir(proc):
-        if not entry.isdigit():
+        if whole(entry) is None:
             continue
         try:
             stat = open(os.path.join(proc, entry, "stat")).read()
@@ -136,6 +138,7 @@ class Injector:
             self.controller = controller or CpuController.find()
             q, period = quota_us(condition.factor, cores, tasks)
             self.group = self.controller.create(f"{GROUP_PREFIX}{os.getpid()}-{name}", q, period)
+            reaper.tell(group=self.group, root=self.controller.root)   # removed even if this process is killed
             self.applied.factor, self.applied.quota_us, self.applied.period_us = condition.factor, q, period
             self.applied.controller = f"cgroup v{self.controller.version}"
         else:
@@ -206,8 +209,8 @@ class Injector:
         for t in self.threads:
             t.join(timeout=5)
         self._signal(signal.SIGCONT)         # nothing stays stopped, whatever ended the run
-        if self.group:
-            self.controller.remove(self.group)
+        if self.group and self.controller.remove(self.group):
+            reaper.tell(group_removed=self.group)
         return False
 
 
@@ -233,6 +236,8 @@ class LinkShaper:
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             raise RunError(f"--slow_link {self.condition.port}={self.condition.rate}: tc refused it: {exc}")
         self.shaped = True
+        reaper.tell(link=self.key, normal=[self.host_ns, self.switch, self.condition.port, f"{int(self.normal)}bit",
+                                           self.queue_ms, "change"])      # set back even if this process is killed
         self.applied.first_applied_s = 0.0
         return self
 
@@ -244,6 +249,7 @@ class LinkShaper:
             except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
                 raise RunError(f"could not set {self.condition.port}'s link back to {self.normal / 1e6:g} Mbit/s "
                                f"({err}); the runs after this one would be on the slow link")
+            reaper.tell(link_restored=self.key)
         return False
 
 

@@ -207,6 +207,8 @@ def _status_cell(r):
         status += " (oversubscribed)"
     if r.load.shared:
         status += f" (shared: {contention_words(r)})"
+    if r.left_out:
+        status += f" (left out, damaged: {'; '.join(r.left_out)})"
     return status
 
 

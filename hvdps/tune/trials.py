@@ -103,7 +103,7 @@ class Trials:
         write_atomic(os.path.join(planned.run_dir, DONE),
                      TrialRecord(entry=candidate.entry, stage=stage, steps=steps, seconds=seconds,
                                  exit_code=ran[0].outcome.returncode).model_dump_json())
-        row = collect(ran)[0]
+        row = collect(ran, ran=True)[0]
         self.count += 1
         if self.progress:
             self.progress(candidate, stage, row, self.clock)
