@@ -342,6 +342,19 @@ def test_a_slow_link_runs_beside_its_healthy_twin(tmp_path):
     assert 0.8 <= held[0]["ratio"] <= 1.25, held
 
 
+# A comparison's side of a slow link, as hvdps/measure/jobs.py holds it: supervised, shaped, then waiting
+SHAPE_AND_WAIT = """
+import json, sys, time
+from common.formats.schemas import LinksSpec
+from hvdps.measure import reaper, unhealthy
+from hvdps.measure.conditions import SlowLink
+with reaper.supervising():
+    with unhealthy.LinkShaper(SlowLink("h2", "2mbit"), LinksSpec(**json.loads(sys.argv[1]))):
+        print("shaped", flush=True)
+        time.sleep(120)
+"""
+
+
 def test_one_host_gets_a_link_of_its_own():
     """--link h2=10mbit: host 2's link shaped to 10 Mbit/s at both ends (its eth0 and its switch port),
     the others to the cluster's rate, and the description says each host's own rate."""
@@ -364,6 +377,22 @@ def test_one_host_gets_a_link_of_its_own():
                     assert (shaper.applied.host, shaper.applied.rate_bps) == (cluster.addrs[int(port[1]) - 1], 2e6)
                     raise RuntimeError("the run failed")
             assert f"rate {own}" in qdisc(ns, "eth0") and f"rate {own}" in qdisc(cluster.sw, port)
+        # and when the comparison that slowed it is killed outright, its supervisor sets it back
+        shaping = subprocess.Popen([sys.executable, "-c", SHAPE_AND_WAIT, json.dumps(cluster.describe())], cwd=REPO,
+                                   env=env(), stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert shaping.stdout.readline().strip() == "shaped"
+            assert "rate 2Mbit" in qdisc(cluster.hosts[1], "eth0") and "rate 2Mbit" in qdisc(cluster.sw, "h2")
+            shaping.kill()
+            shaping.wait(timeout=10)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and "rate 10Mbit" not in qdisc(cluster.sw, "h2"):
+                time.sleep(0.1)
+            assert "rate 10Mbit" in qdisc(cluster.hosts[1], "eth0") and "rate 10Mbit" in qdisc(cluster.sw, "h2")
+        finally:
+            if shaping.poll() is None:
+                shaping.kill()
+                shaping.wait()
     finally:
         cluster.down()
     assert not [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
