@@ -164,7 +164,7 @@ class StepDeadline:
 
     def verdict(self, step, phase, limit):
         """(the line, whether this rank prints it)."""
-        bound = f"{limit:.0f}s (--step_timeout{' + --startup_timeout' if limit > self.step_timeout else ''})"
+        bound = f"{limit:g}s (--step_timeout{' + --startup_timeout' if limit > self.step_timeout else ''})"
         if phase == "input":
             return (f"rank {self.rank}: step {step}: no batch from the input pipeline for {bound}: its pipeline "
                     f"stalled", True)

@@ -44,7 +44,7 @@ class WorkerTracker:
         return self._sync_lost(lost) if lost else None
 
     def _sync_lost(self, lost):
-        return (f"{', '.join(lost)} made no step for {self.lost_after:.0f}s (sync mode needs every worker; "
+        return (f"{', '.join(lost)} made no step for {self.lost_after:g}s (sync mode needs every worker; "
                 f"--step_timeout): stopping")
 
     def wait_for_finish(self, read, graph, kick, grace=60.0):

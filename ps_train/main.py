@@ -186,7 +186,7 @@ def train(cfg, backend, plan, graph, start_log, ps_watch):
             except tf.errors.DeadlineExceededError:
                 session.check()                  # the queue runner's own error first, if it stopped
                 raise RunError((chief.blocked() if chief else None) or
-                               f"{backend.job}:{backend.index}: no update for {backend.step_timeout:.0f}s "
+                               f"{backend.job}:{backend.index}: no update for {backend.step_timeout:g}s "
                                f"({backend.mode} mode): a worker or PS was lost")
             except tf.errors.OutOfRangeError:
                 break                        # this worker's data stream is used up: its part is done
@@ -300,7 +300,7 @@ class Session:
                                                 max_wait_secs=backend.startup_timeout)
             if self.raw is None:
                 raise RunError(f"{backend.job}:{backend.index}: the chief did not initialise the model "
-                               f"within {backend.startup_timeout:.0f}s (--startup_timeout)")
+                               f"within {backend.startup_timeout:g}s (--startup_timeout)")
         if sync_local is not None:
             self.raw.run(sync_local)
         if tokens is not None:
@@ -490,7 +490,7 @@ def wait_until_initialised(tf, backend):
                 pass
             if time.monotonic() > deadline:
                 raise RunError(f"{backend.job}:{backend.index}: the chief did not initialise the model "
-                               f"within {backend.startup_timeout:.0f}s (--startup_timeout)")
+                               f"within {backend.startup_timeout:g}s (--startup_timeout)")
             time.sleep(0.2)
 
 

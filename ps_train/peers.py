@@ -84,12 +84,12 @@ class ChiefWatch:
             return
         who = f"{self.backend.job}:{self.backend.index}"
         print(f"{who}: chief {self.backend.chief_address} is gone; pausing until it is back "
-              f"(at most {self.backend.startup_timeout:.0f}s)", flush=True)
+              f"(at most {self.backend.startup_timeout:g}s)", flush=True)
         deadline = now + self.backend.startup_timeout
         while not port_open(self.backend.chief_address):
             self.on_wait()
             if time.monotonic() > deadline:
                 raise RunError(f"{who}: chief {self.backend.chief_address} did not come back within "
-                               f"{self.backend.startup_timeout:.0f}s (--startup_timeout)")
+                               f"{self.backend.startup_timeout:g}s (--startup_timeout)")
             time.sleep(PROBE_SECONDS)
         print(f"{who}: chief is back; continuing", flush=True)

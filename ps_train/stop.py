@@ -78,7 +78,7 @@ def serve_until_done(backend, poll_seconds=0.25):
             last_seen = time.monotonic()
         elif time.monotonic() - last_seen > backend.startup_timeout:
             raise RunError(f"{who}: chief {backend.chief_address} unreachable for "
-                           f"{backend.startup_timeout:.0f}s (--startup_timeout); giving up")
+                           f"{backend.startup_timeout:g}s (--startup_timeout); giving up")
 
 
 FIRST_TRY_SECONDS = 3.0   # one try at releasing a task; each next try may take twice as long
@@ -114,7 +114,7 @@ def signal_done(tasks, code=0, timeout=15.0, out=sys.stdout):
     result = dict(status)
     for (job, i, addr) in tasks:
         if result[f"{job}:{i}"].startswith("unreached"):
-            print(f"chief: could not release {job}:{i} ({addr}) within {timeout:.0f}s "
+            print(f"chief: could not release {job}:{i} ({addr}) within {timeout:g}s "
                   f"({result[f'{job}:{i}'][len('unreached: '):]}); it is left to its launcher",
                   file=out, flush=True)
     return result

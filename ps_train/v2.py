@@ -239,7 +239,7 @@ def schedule_all(backend, books, dog, train_step, iterators, first, plan, adapte
             pending.append((step, result))
         while pending and pending[0][0] <= step - lag:
             books.after_update(*fetched(pending.popleft(), adapter))
-            dog.kick(f"chief: no step finished for {backend.step_timeout:.0f}s (--step_timeout): "
+            dog.kick(f"chief: no step finished for {backend.step_timeout:g}s (--step_timeout): "
                      f"every worker lost?")
     while pending:                               # in order, each when it has run: honest timings
         books.after_update(*fetched(pending.popleft(), adapter))

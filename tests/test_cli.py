@@ -70,8 +70,8 @@ CASES = [
     # ---- PS trainer, one role
     (PS, [*PS_FLAGS, "--model", "alexnet"], {}, "error: unknown model 'alexnet'"),
     (PS, [*PS_FLAGS, "--optimizer", "lamb"], {}, "error: unknown optimizer 'lamb' (valid: sgd, momentum, adam)"),
-    (PS, [*PS_FLAGS, "--startup_timeout", "-1"], {}, "error: --startup_timeout must be in (0, 604800], got -1.0"),
-    (PS, [*PS_FLAGS, "--step_timeout", "1e17"], {}, "error: --step_timeout must be in (0, 604800], "
+    (PS, [*PS_FLAGS, "--startup_timeout", "-1"], {}, "error: --startup_timeout must be in [1, 604800], got -1.0"),
+    (PS, [*PS_FLAGS, "--step_timeout", "1e17"], {}, "error: --step_timeout must be in [1, 604800], "
                                                     "got 1e+17"),
     (PS, [*PS_FLAGS, "--replicas_to_aggregate", "2"], {}, "error: --replicas_to_aggregate applies to synchronous"),
     (LAUNCH, ["--replicas_to_aggregate", "2"], {}, "error: --replicas_to_aggregate applies to synchronous"),
@@ -79,6 +79,8 @@ CASES = [
     (COMPARE, ["--seed", "4294967296"], {}, "error: --seed must be in [0, 4294967295], got 4294967296"),
     (PS, [*PS_FLAGS, "--startup_timeout", "nan"], {}, "error: --startup_timeout must be a finite number, got nan"),
     (PS, [*PS_FLAGS, "--step_timeout", "inf"], {}, "error: --step_timeout must be a finite number, got inf"),
+    (COMPARE, ["--step_timeout", "0.001"], {}, "error: --step_timeout must be in [1, 604800], got 0.001"),
+    (HVD, ["--startup_timeout", "0.5"], {}, "error: --startup_timeout must be in [1, 604800], got 0.5"),
     (PS, [*PS_FLAGS, "--sync", "--replicas_to_aggregate", "-1"], {}, "error: --replicas_to_aggregate must be >= 0"),
     (PS, [*PS_FLAGS, "--backup_workers", "1"], {}, "error: --backup_workers applies to synchronous training"),
     (PS, [*PS_FLAGS, "--sync", "--backup_workers", "-1"], {}, "error: --backup_workers must be >= 0"),

@@ -112,6 +112,7 @@ def boolean(text):
 # (2**48 steps, bytes or seconds; a float above 1e15 is past every rate, size or time hvdps takes).
 FLAG_INT_MAX = 2 ** 48
 MAX_TIMEOUT_S = 7 * 24 * 3600      # a week: what any --*_timeout takes (TensorFlow: int64 milliseconds)
+MIN_TIMEOUT_S = 1.0                # a bound on a step or a start-up: below it, the bound is the scheduler's
 FLAG_FLOAT_MAX = 1e15
 
 

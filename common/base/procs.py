@@ -41,7 +41,7 @@ def wait_for_ports(addresses, timeout, what, flag="--startup_timeout"):
     for addr in addresses:
         while not port_open(addr, timeout=1.0):
             if time.monotonic() > deadline:
-                raise RunError(f"{what} {addr} did not come up within {timeout:.0f}s ({flag}); "
+                raise RunError(f"{what} {addr} did not come up within {timeout:g}s ({flag}); "
                                f"is it running and reachable?")
             time.sleep(0.2)
 

@@ -12,7 +12,7 @@ import os
 from typing import Optional, Tuple
 
 from common.base.errors import UsageError
-from common.base.flags import MAX_TIMEOUT_S, Parser, boolean, shape, check_finite
+from common.base.flags import MAX_TIMEOUT_S, MIN_TIMEOUT_S, Parser, boolean, shape, check_finite
 from common.spec import builtins
 from common.spec.datasets import MAX_EXAMPLE_VALUES
 from common.spec.memory import check_memory
@@ -303,8 +303,10 @@ def build_parser(description, prog=None):
                         "first step on top of --step_timeout (tracing, the first negotiation)")
     for name in POSITIVE:
         p.bound(name, positive=True)
-    for name in ("step_timeout", "startup_timeout"):     # TensorFlow takes them in int64 milliseconds
-        p.bound(name, 0, MAX_TIMEOUT_S, positive=True)
+    # TensorFlow takes them in int64 milliseconds; below a second no step of any model is bounded, only
+    # its scheduling (a 1 ms bound fails every rank at once, each naming itself)
+    for name in ("step_timeout", "startup_timeout"):
+        p.bound(name, MIN_TIMEOUT_S, MAX_TIMEOUT_S)
     p.bound("seed", 0, 2 ** 32 - 1)          # numpy's RandomState takes 32 bits
     p.bound("momentum", 0, 1)
     p.bound("target_accuracy", 0, 1, positive=True)

@@ -76,7 +76,7 @@ class Watchdog:
             self._last += unseen(now, looked, self.LOOK)
             looked = now
             if not self._paused and time.monotonic() - self._last > self.timeout:
-                print(f"error: {self.message} (no progress for {self.timeout:.0f}s)",
+                print(f"error: {self.message} (no progress for {self.timeout:g}s)",
                       file=sys.stderr, flush=True)
                 os._exit(self.code)
 
