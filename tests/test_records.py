@@ -685,10 +685,10 @@ def test_imagenet_files_without_a_description_are_counted_and_described(tmp_path
     os.remove(os.path.join(out, SPEC))
     with pytest.raises(RecordError) as exc:                 # the one command that makes them trainable
         spec_of(out)
-    assert f"look like ImageNet TFRecords: describe them once with `hvdps data --describe {out} " in str(exc.value)
+    assert f"look like ImageNet TFRecords: describe them once with `hvdps data --describe {out}` " in str(exc.value)
     assert main(["data", "--describe", out, "--image_shape", "2,3,1", "--num_classes", str(CLASSES)]) == 0
     described = spec_of(out)
-    assert described.train == written.train and described.test == written.test and described.resize
+    assert described.train == written.train and described.test == written.test and not described.resize
     assert (described.first_label, described.classes, described.shape) == (1, CLASSES, [2, 3, 1])
     os.remove(os.path.join(out, SPEC))
     with open(path, "r+b") as f:
@@ -699,6 +699,57 @@ def test_imagenet_files_without_a_description_are_counted_and_described(tmp_path
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("error:") == 1 and f"{path}: record {N_TRAIN - 1}: cut short" in err, err
     assert not os.path.exists(os.path.join(out, SPEC))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("flags, says", [
+    ([], None),                                              # what the records hold: 2x3 gray images, 5 classes
+    (["--image_shape", "224,224,3"], "its images are 2x3x1, labels 1..5 (the first 16 records of each of its 2 "
+                                     "files); --image_shape 224,224,3 would resize every one: leave it out"),
+    (["--image_shape", "2,3,3"], "its images are 2x3x1, labels 1..5 (the first 16 records of each of its 2 files); "
+                                 "--image_shape 2,3,3 asks for 3 channel(s)"),
+    (["--num_classes", "4"], "--num_classes 4 is fewer than label 5 needs (1-based)"),
+])
+def test_describe_reads_what_the_records_hold_and_refuses_a_flag_they_contradict(tmp_path, capsys, flags, says):
+    """--describe with no flag takes the images' size, channels and labels from the records (a set of
+    small images is never described as ImageNet's 224x224x3 and 1,000 classes); a flag the records
+    contradict is one line saying what they hold, and nothing is written."""
+    from hvdps.cli import main
+    _, out = one_file_set(tmp_path, "imagenet")
+    os.remove(os.path.join(out, SPEC))
+    if says is None:
+        assert main(["data", "--describe", out]) == 0
+        spec = spec_of(out)
+        assert (spec.shape, spec.classes, spec.first_label, spec.resize) == ([2, 3, 1], CLASSES, 1, False)
+        assert "train-00000-of-00001" in spec.train.files
+        assert f"{N_TRAIN} training and {N_TEST} validation records, 2x3x1 images, 5 classes (labels from 1)" in \
+            capsys.readouterr().out
+        return
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "--describe", out, *flags])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("error:") == 1 and err.startswith(f"error: --describe {out}: ") \
+        and says in err, err
+    assert not os.path.exists(os.path.join(out, SPEC))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("flags, says", [
+    (["--image_shape", "28,28,3"], "its dataset.json feeds the model 2x3x1 images; --image_shape 28,28,3 would not be "
+                                   "what it trains on: leave it out, or describe the files again"),
+    (["--num_classes", "7"], "its dataset.json holds 5 classes; --num_classes 7 would not be what it trains on"),
+])
+def test_a_trainer_flag_the_description_overrides_is_refused(tmp_path, capsys, monkeypatch, flags, says):
+    """The description decides what the pipeline feeds the model; a flag that says otherwise is refused
+    before any task starts, so the run's header never records a flag it did not use."""
+    from hvdps.cli import main
+    monkeypatch.setattr("common.spec.plugins._budget", None)
+    _, out = one_file_set(tmp_path, "imagenet")
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--dry_run", "--backends", "horovod", "--workers", "2", "--dataset", "tfrecord",
+              "--data_dir", out, *flags, "--out", str(tmp_path / "cmp")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith(f"error: --data_dir {out}: {says}"), err
 
 
 @pytest.mark.unit

@@ -301,6 +301,13 @@ class RunConfig(Strict):
     jit_compile: Optional[bool] = None
 
 
+class InputFed(Strict):
+    """What a run's input pipeline fed its model, whichever flag or description said it: each example's
+    shape and the classes its labels run over (for TFRecord shards, dataset.json's, not the flags')."""
+    shape: Annotated[List[Count], Field(min_length=1, max_length=8)]
+    classes: Count
+
+
 class Header(Strict):
     """The first record of a run: which method, at what size, on what. The application keys
     every row by backend, mode and workers, so a header without them is refused, not guessed."""
@@ -322,6 +329,7 @@ class Header(Strict):
     keras: Optional[Text] = None                            # which Keras built the model (common/spec/keras3.py)
     data_fingerprint: Optional[Text] = None                 # the training data's digest: --resume refuses others
     data_shards: Optional[Dict[Text, Text]] = None          # TFRecord shards: file -> content digest
+    input: Optional[InputFed] = None                      # what the pipeline fed the model
 
 
 class _AtStep(Strict):

@@ -24,8 +24,9 @@ from common.spec.builtins import data_of, model_of
 from common.spec.datasets import CLICK_FEATURES, SYNTHETIC_TEST_SAMPLES  # noqa: F401  (read here by tests)
 from common.spec.plan import make_plan, steps_per_epoch
 from common.base import procs   # procs.machine_memory() read at call time: tests set the machine's memory
-from common.inputs.records import (READING, check_sharding, fingerprint, locate_damage, locate_undecodable,
+from common.inputs.records import (READING, SPEC, check_sharding, fingerprint, locate_damage, locate_undecodable,
                                    shard_digests, spec_of, stream)
+from common.spec.config import Config
 from common.spec.plugins import load_dataset, is_plugin, call
 from common.inputs.pysrc import load_pysrc
 from common.spec.datasets import Pipelines, InputContext
@@ -230,6 +231,12 @@ def input_spec(cfg):
     return tuple(x_train.shape[1:]), int(max(y_train.max(), y_test.max())) + 1
 
 
+def input_fed(cfg):
+    """What the pipeline feeds the model, for the run's header: the shape of an example and the classes."""
+    shape, classes = input_spec(cfg)
+    return {"shape": [int(n) for n in shape], "classes": int(classes)}
+
+
 _CACHE = {}
 
 # Each built-in's loader and how its arrays' checks name it, under the name common/spec/builtins.py
@@ -329,6 +336,15 @@ def check_layout(cfg, spec):
     if spec.layout == "text" and spec.shape[0] != cfg.seq_len:
         raise DataError(f"{where}: its sequences are {spec.shape[0]} bytes; --seq_len is {cfg.seq_len} (pass "
                         f"--seq_len {spec.shape[0]}, or write the shards at --seq_len {cfg.seq_len})")
+    defaults = Config()
+    shape = "x".join(map(str, spec.shape))
+    if spec.layout == "imagenet" and tuple(cfg.image_shape) not in (tuple(defaults.image_shape), tuple(spec.shape)):
+        raise DataError(f"{where}: its {SPEC} feeds the model {shape} images"
+                        f"{' (resized)' if spec.resize else ''}; --image_shape {','.join(map(str, cfg.image_shape))} "
+                        f"would not be what it trains on: leave it out, or describe the files again")
+    if cfg.num_classes not in (defaults.num_classes, spec.classes):
+        raise DataError(f"{where}: its {SPEC} holds {spec.classes} classes; --num_classes {cfg.num_classes} would "
+                        f"not be what it trains on: leave it out, or describe the files again")
 
 
 def _plugin_output(cfg):

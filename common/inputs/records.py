@@ -62,9 +62,9 @@ def spec_of(data_dir):
     if not os.path.lexists(path):
         if glob.glob(os.path.join(data_dir, "train-*")) and glob.glob(os.path.join(data_dir, "validation-*")):
             raise RecordError(f"--data_dir {data_dir}: no {SPEC}; its train-* and validation-* files look like "
-                              f"ImageNet TFRecords: describe them once with `hvdps data --describe {data_dir} "
-                              f"--image_shape 224,224,3 --num_classes 1000` (their records counted, the first "
-                              f"checked), then train from them")
+                              f"ImageNet TFRecords: describe them once with `hvdps data --describe {data_dir}` "
+                              f"(their records counted, their images' size and labels read from the records), "
+                              f"then train from them")
         raise RecordError(f"--data_dir {data_dir}: no {SPEC} (write TFRecord shards with `hvdps data`)")
     spec = read_record_set(path)
     check_files(data_dir, spec)
@@ -493,13 +493,45 @@ def count_records(path):
     return sum(1 for _ in framing(path))
 
 
-def describe_imagenet(data_dir, shape, classes):
+SAMPLED = 16                 # records read of each file by --describe: its images' sizes and its labels
+IMAGENET_SHAPE = (224, 224, 3)
+MODES = {"1": 1, "L": 1, "P": 3, "RGB": 3, "CMYK": 3, "YCbCr": 3, "LA": 1, "RGBA": 3}   # decoded as TensorFlow does
+
+
+def sample_images(path, count=SAMPLED):
+    """[(height, width, channels, label)] of the first ``count`` records of an ImageNet-layout file, as
+    the records themselves hold them (each image's header, read without decoding; its label)."""
+    from PIL import Image
+    out = []
+    for n, _, data, _ in framing(path, "data"):
+        if n >= count:
+            break
+        where = f"{path}: record {n}"
+        example = _example_type().FromString(data)
+        encoded = _one_value(example, FEATURES["imagenet"][0], "bytes_list", where)
+        label = _one_value(example, FEATURES["imagenet"][1], "int64_list", where)
+        try:
+            with Image.open(io.BytesIO(encoded)) as image:
+                width, height = image.size
+                channels = MODES.get(image.mode, 3)
+        except Exception:              # what check_example names at the first record, in its words
+            raise RecordError(f"{where}: image/encoded does not decode as a JPEG or PNG image")
+        out.append((height, width, channels, label))
+    return out
+
+
+def describe_imagenet(data_dir, shape=None, classes=None):
     """dataset.json for a folder of ImageNet TFRecords as tf_cnn_benchmarks reads them (``train-*``
     and ``validation-*``, written by the Inception or TPU conversion scripts): records counted from
-    the files' framing, images resized to ``shape`` (theirs differ), labels 1-based."""
+    the files' framing; the images' sizes and channels and the labels read from the first
+    ``SAMPLED`` records of every file. Images of one size are trained at it; of several (real
+    ImageNet) resized to ``shape`` (224x224x3 unless given). Labels are 1-based unless a 0 is seen, the
+    classes ``classes`` or the largest label seen. A flag the files contradict (a size they all differ
+    from, fewer classes than a label, other channels) is refused naming what they hold. Returns
+    (the path, the RecordSet)."""
     if os.path.lexists(os.path.join(data_dir, SPEC)):
         raise RecordError(f"--describe {data_dir} already holds {SPEC}")
-    parts = {}
+    parts, seen = {}, []
     for split, pattern in (("train", "train-*"), ("test", "validation-*")):
         names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, pattern))
                        if not p.endswith(".tmp"))
@@ -507,14 +539,40 @@ def describe_imagenet(data_dir, shape, classes):
             raise RecordError(f"--describe {data_dir}: no files match {pattern} (tf_cnn_benchmarks' ImageNet names: "
                               f"train-00000-of-01024, validation-00000-of-00128)")
         parts[split] = {"files": names, "records": [count_records(os.path.join(data_dir, n)) for n in names]}
-    path = _describe(data_dir, layout="imagenet", shape=list(shape), dtype="uint8", classes=int(classes),
-                     first_label=1, resize=True, **parts)
+        for n in names:
+            seen += sample_images(os.path.join(data_dir, n))
+    files = len(parts["train"]["files"]) + len(parts["test"]["files"])
+    sizes = sorted({(h, w) for h, w, _, _ in seen})
+    channels = sorted({c for _, _, c, _ in seen})
+    low, high = min(label for *_, label in seen), max(label for *_, label in seen)
+    first = 0 if low == 0 else 1
+    held = (f"its images are {'x'.join(map(str, sizes[0]))}x{'/'.join(map(str, channels))}" if len(sizes) == 1 else
+            f"its images come in {len(sizes)} sizes, {'x'.join(map(str, sizes[0]))} to "
+            f"{'x'.join(map(str, sizes[-1]))}") + f", labels {low}..{high} (the first {SAMPLED} records of each of its " \
+        f"{files} files)"
+    if shape is not None:
+        if len(sizes) == 1 and tuple(shape[:2]) != sizes[0]:
+            raise RecordError(f"--describe {data_dir}: {held}; --image_shape {','.join(map(str, shape))} would resize "
+                              f"every one: leave it out to train them as they are")
+        if len(channels) == 1 and shape[2] != channels[0]:
+            raise RecordError(f"--describe {data_dir}: {held}; --image_shape {','.join(map(str, shape))} asks for "
+                              f"{shape[2]} channel(s)")
+    if classes is not None and high - first >= classes:
+        raise RecordError(f"--describe {data_dir}: {held}; --num_classes {classes} is fewer than label {high} needs"
+                          f"{' (1-based)' if first else ''}")
+    resize = len(sizes) > 1
+    if shape is None:
+        shape = IMAGENET_SHAPE if resize else (*sizes[0], channels[-1])
+    path = _describe(data_dir, layout="imagenet", shape=list(shape), dtype="uint8",
+                     classes=int(classes if classes is not None else high - first + 1), first_label=first,
+                     resize=resize, **parts)
     try:
-        check_files(data_dir, spec_of(data_dir))
+        spec = spec_of(data_dir)
+        check_files(data_dir, spec)
     except RecordError:
         os.remove(path)                   # a description of files that cannot be trained on is not kept
         raise
-    return path
+    return path, spec
 
 
 def _describe(out_dir, **fields):

@@ -19,7 +19,7 @@ from importlib import metadata
 from common.formats.schemas import read_metrics as read
 from common.base.files import make_dirs, open_append
 from common.base.errors import RunError
-from common.inputs.data import data_fingerprint, data_shards
+from common.inputs.data import data_fingerprint, data_shards, input_fed
 
 SCHEMA_VERSION = 3
 RECORD_TYPES = ("header", "step", "eval", "summary")
@@ -162,6 +162,7 @@ class MetricsWriter:
                          global_batch_size=plan.samples_per_update, plan=plan.to_dict(),
                          model=cfg.model, dataset=cfg.dataset, config=cfg.to_dict(),
                          data_fingerprint=data_fingerprint(cfg), data_shards=data_shards(cfg),
+                         input=input_fed(cfg),
                          host=socket.gethostname(), cpus=os.cpu_count(),
                          versions=library_versions(), start_time=self.start, **extra))
 

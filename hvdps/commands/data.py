@@ -6,7 +6,7 @@
     hvdps data --dataset synthetic --layout imagenet --image_shape 224,224,3 --num_classes 1000 \
         --synthetic_samples 100000 --shards 128 --out data/imagenet     # tf_cnn_benchmarks' layout, any size
     hvdps data --dataset pysrc --seq_len 64 --shards 8 --out data/pysrc  # Python's standard library as text
-    hvdps data --describe /data/imagenet --image_shape 224,224,3        # real ImageNet TFRecords: dataset.json
+    hvdps data --describe /data/imagenet                                # real ImageNet TFRecords: dataset.json
     hvdps compare --dataset tfrecord --data_dir data/digits ...         # then train from the files
 
 The arrays are read and checked as training reads them (common/inputs/data.py), so the shards hold what
@@ -96,12 +96,13 @@ def make_parser(d):
                    help="synthetic imagenet layout: training resizes the --image_shape images to H,W")
     p.add_argument("--out", default=None, help="the folder the shards and dataset.json go to")
     p.add_argument("--describe", default=None, metavar="DIR",
-                   help="write dataset.json for ImageNet TFRecords already in DIR (train-*, validation-*), "
-                        "resized to --image_shape (default 224,224,3), --num_classes 1000 (1-based labels)")
+                   help="write dataset.json for ImageNet TFRecords already in DIR (train-*, validation-*): their "
+                        "images' size and labels read from the records; images of several sizes resized to "
+                        "--image_shape (default 224,224,3)")
     p.add_argument("--seed", type=int, default=d.seed, help="synthetic data: the draw")
     p.add_argument("--image_shape", type=shape, default=None, help="synthetic data: H,W,C")
     p.add_argument("--num_classes", type=int, default=None, help=f"synthetic data (default {d.num_classes}); "
-                   f"--describe: the classes (default 1000)")
+                   f"--describe: the classes (default: the largest label the records hold)")
     p.add_argument("--synthetic_samples", type=int, default=d.synthetic_samples, help="synthetic data: examples")
     p.add_argument("--seq_len", type=int, default=d.seq_len, help=f"text: bytes a sequence (default {d.seq_len}); "
                    f"training from the shards takes the same --seq_len")
@@ -136,14 +137,16 @@ def validate(args):
 def describe(args):
     if not os.path.isdir(args.describe):
         raise UsageError(f"--describe {args.describe}: no such directory")
-    shape = args.image_shape or (224, 224, 3)
-    classes = 1000 if args.num_classes is None else args.num_classes
-    if len(shape) != 3 or min(shape) < 1 or shape[2] not in (1, 3):
+    shape, classes = args.image_shape, args.num_classes
+    if shape is not None and (len(shape) != 3 or min(shape) < 1 or shape[2] not in (1, 3)):
         raise UsageError(f"--image_shape {','.join(map(str, shape))}: H,W,C with C 1 or 3")
-    if not 1 <= classes <= 1 << 24:
+    if classes is not None and not 1 <= classes <= 1 << 24:
         raise UsageError(f"--num_classes must be in [1, 16777216], got {classes}")
-    path = describe_imagenet(args.describe, shape, classes)
-    print(f"described: {path}")
+    path, spec = describe_imagenet(args.describe, shape, classes)
+    size = "x".join(map(str, spec.shape))
+    print(f"described: {path}: {sum(spec.train.records)} training and {sum(spec.test.records)} validation records, "
+          f"{'resized to ' if spec.resize else ''}{size} images, {spec.classes} classes"
+          f"{' (labels from 1)' if spec.first_label else ''}")
     print(f"train from them: hvdps compare --dataset tfrecord --data_dir {args.describe} ...")
     return 0
 
