@@ -60,6 +60,24 @@ def run(argv, timeout=300, **kw):
     return subprocess.CompletedProcess(argv, p.returncode, out, err)
 
 
+def process_state(pid):
+    """The state letter /proc/<pid>/stat gives (R, S, T, Z, ...), None for a process that is gone."""
+    try:
+        text = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2]
+
+
+def living(pids):
+    """Those of ``pids`` that still run or are stopped (not gone, not a zombie waiting for its reaper)."""
+    return [pid for pid in pids if process_state(pid) not in (None, "Z", "X")]
+
+
+def stopped(pids):
+    return [pid for pid in pids if process_state(pid) in ("T", "t")]
+
+
 def descendants(root):
     """PIDs of every process below ``root`` (launchers put workers in groups of their own)."""
     children = {}

@@ -9,23 +9,11 @@ import time
 
 import pytest
 
-from conftest import BIN, REPO, env
+from conftest import BIN, REPO, env, living as _living, process_state as _state
 from hvdps.measure import cgroups, reaper
 
 V1 = "/sys/fs/cgroup/cpu"
 SLEEP = "import os, sys, time\nif sys.argv[1] == 'setsid':\n    os.setsid()\ntime.sleep(120)"
-
-
-def _state(pid):
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2]
-
-
-def _living(pids):
-    return [pid for pid in pids if _state(pid) not in (None, "Z", "X")]
 
 
 def _carrying(prefix):

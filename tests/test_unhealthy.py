@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from common.base.errors import UsageError
 from common.formats.schemas import LinksSpec, StepQuantiles, Unhealthy
-from conftest import BIN, REPO, check_timeline, env, run
+from conftest import BIN, REPO, check_timeline, env, living, run, stopped
 from hvdps.launchers import MPIRunLauncher, TaskLauncher
 from hvdps.measure import unhealthy
 from hvdps.measure.rows import RunRow
@@ -225,21 +225,7 @@ def _groups():
     return sorted(n for n in os.listdir(V1) if n.startswith(cgroups.GROUP_PREFIX))
 
 
-def _state(pid):
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2]
-
-
-def _living(pids):
-    """Those of ``pids`` that still run or are stopped (not gone, not a zombie waiting for its reaper)."""
-    return [pid for pid in pids if _state(pid) not in (None, "Z", "X")]
-
-
-def _stopped(pids):
-    return [pid for pid in pids if _state(pid) in ("T", "t")]
+_living, _stopped = living, stopped
 
 
 @pytest.mark.root
