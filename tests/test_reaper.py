@@ -66,10 +66,8 @@ KILLED = [
                  id="slow worker, mpirun"),
     pytest.param(["--backends", "horovod", "--stall", "1:2000:1500", "--train_steps", "400"], "stopped",
                  id="stalled worker, horovodrun"),
-    pytest.param(["--backends", "ps:backup1", "--workers", "3"], "training", id="backup workers, PS launcher"),
+    pytest.param(["--backends", "ps:backup1"], "training", id="backup workers, PS launcher"),
     pytest.param(["--backends", "mwms"], "training", id="healthy, MWMS launcher"),
-    pytest.param(["--backends", "ps2"], "training", id="healthy, TF2 PS"),
-    pytest.param(["--backends", "localsgd:4"], "training", id="healthy, local SGD"),
 ]
 
 
