@@ -53,7 +53,7 @@ def main(argv=None):
     # the config checks the flags; a streamed set is never held, so its size is not the arrays' estimate
     cfg = make_config(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed, num_classes=classes,
                       synthetic_samples=min(args.synthetic_samples, 8) if streamed else args.synthetic_samples,
-                      seq_len=args.seq_len, model="transformer" if args.layout == "text" else d.model, **extra)
+                      seq_len=args.seq_len, model=language_model() if args.layout == "text" else d.model, **extra)
     image_format = args.image_format or ("jpeg" if streamed else "png")
     if os.path.lexists(os.path.join(args.out, SPEC)):
         raise UsageError(f"--out {args.out} already holds a data set ({SPEC}); choose another folder")
@@ -73,9 +73,14 @@ def main(argv=None):
     path = os.path.join(args.out, SPEC)
     print(f"{train} training and {test} test examples in {args.shards} + {args.test_shards} "
           f"TFRecord file(s), {args.layout} layout: {path}")
-    model = f" --model transformer --seq_len {args.seq_len}" if args.layout == "text" else ""
+    model = f" --model {language_model()} --seq_len {args.seq_len}" if args.layout == "text" else ""
     print(f"train from them: hvdps compare --dataset tfrecord --data_dir {args.out}{model} ...")
     return 0
+
+
+def language_model():
+    """The built-in model that reads text (the one a text set is checked and trained for)."""
+    return next(m.name for m in builtins.MODELS.values() if m.text)
 
 
 def make_parser(d):
