@@ -771,6 +771,27 @@ def test_hvdps_data_describe_bad_input_is_one_line(tmp_path, capsys, argv, says)
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("content, says", [(b"", "train-00000-of-00001: empty, not a TFRecord file"),
+                                           (None, "train-00000-of-00001: record 0: not a tf.train.Example")])
+def test_describe_names_a_file_it_cannot_read_the_images_of(tmp_path, capsys, content, says):
+    """--describe reads records before it checks files: an empty file, or a record that is not an
+    Example, is one line naming the file, never a traceback."""
+    import tensorflow as tf
+    from hvdps.cli import main
+    for name in ("train-00000-of-00001", "validation-00000-of-00001"):
+        if content is None:
+            with tf.io.TFRecordWriter(str(tmp_path / name)) as w:
+                w.write(b"\xff" * 40)
+        else:
+            (tmp_path / name).write_bytes(content)
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "--describe", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("error:") == 1 and f"{tmp_path}/{says}" in err, err
+    assert not (tmp_path / SPEC).exists()
+
+
+@pytest.mark.unit
 def test_a_description_of_examples_too_large_to_hold_is_refused_before_anything_is_allocated(tmp_path):
     """dataset.json resizing images to 12000x12000x3 (432 million values an example: 107 GiB a batch of
     64) is refused as it is read, in one line, before a batch or a model of that size exists."""

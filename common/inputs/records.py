@@ -507,7 +507,10 @@ def sample_images(path, count=SAMPLED):
         if n >= count:
             break
         where = f"{path}: record {n}"
-        example = _example_type().FromString(data)
+        try:
+            example = _example_type().FromString(data)
+        except Exception as exc:      # protobuf's DecodeError, or a recursion limit on nested garbage
+            raise RecordError(f"{where}: not a tf.train.Example ({type(exc).__name__})")
         encoded = _one_value(example, FEATURES["imagenet"][0], "bytes_list", where)
         label = _one_value(example, FEATURES["imagenet"][1], "int64_list", where)
         try:
@@ -540,6 +543,7 @@ def describe_imagenet(data_dir, shape=None, classes=None):
                               f"train-00000-of-01024, validation-00000-of-00128)")
         parts[split] = {"files": names, "records": [count_records(os.path.join(data_dir, n)) for n in names]}
         for n in names:
+            check_first_record(os.path.join(data_dir, n))     # an empty or damaged file named as training would
             seen += sample_images(os.path.join(data_dir, n))
     files = len(parts["train"]["files"]) + len(parts["test"]["files"])
     sizes = sorted({(h, w) for h, w, _, _ in seen})
