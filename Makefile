@@ -158,11 +158,13 @@ test: setup
 	$(if $(filter file,$(origin PYTEST_ARGS)),$(BIN)/python -m pytest -q --timeout 900 --durations=$(DURATIONS) -m alone tests)
 
 # The property-based suites (tests/test_fuzz.py) at length: FUZZ_EXAMPLES per property, a new seed each
-# run, with Hypothesis' statistics (examples run, taken, refused). The unit tier runs them derandomized.
+# run unless FUZZ_SEED is set (the seed a failing run printed, to draw its examples again), with
+# Hypothesis' statistics (examples run, taken, refused). The unit tier runs them derandomized.
 FUZZ_EXAMPLES ?= 2000
+FUZZ_SEED ?=
 fuzz: setup
 	HVDPS_FUZZ=1 HVDPS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider -p no:warnings \
-	    --hypothesis-show-statistics tests/test_fuzz.py
+	    --hypothesis-show-statistics $(if $(FUZZ_SEED),--hypothesis-seed=$(FUZZ_SEED)) tests/test_fuzz.py
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py

@@ -3,8 +3,8 @@
 Every ```bash block of README.md runs, top to bottom, in one shell (``set -euo pipefail``, so
 ``. .venv/bin/activate`` in one block holds for the next and any failing line fails the test), in a copy of
 the repository's tracked files: no runs/, no build products, no earlier output. Sizes come from the
-variables the Makefile reads from the environment (DEMO_*, PYTEST_ARGS, FUZZ_EXAMPLES, EMU_COMPARE,
-SLURM_*: ``make demo`` runs its three workloads under Horovod alone, one worker, 12 steps; every
+variables the Makefile reads from the environment (DEMO_*, PYTEST_ARGS, FUZZ_EXAMPLES, FUZZ_SEED so that
+every walk draws the same examples, EMU_COMPARE, SLURM_*: ``make demo`` runs its three workloads under Horovod alone, one worker, 12 steps; every
 method's one-worker run is in the README's first comparison); the README's own trainer and comparison
 lines run as written, except that the fixed ports of the one-role-per-process lines (localhost:2222 ...)
 are mapped to free ones and each line that trains gets ``--train_steps 20 --probe_steps 5`` before its
@@ -53,7 +53,7 @@ DOCS = ("docs/install.md", "docs/layout.md", "docs/metrics.md", "docs/projection
 SIZES = {
     "DEMO_ARGS": "--train_steps 12 --probe_steps 5 --backends horovod", "DEMO_WORKERS": "1",
     "DEMO_TUNE_ARGS": "--backends mpi --train_steps 20 --probe_steps 5 --repeat 1",
-    "PYTEST_ARGS": "-m unit tests/test_config.py", "FUZZ_EXAMPLES": "5",
+    "PYTEST_ARGS": "-m unit tests/test_config.py", "FUZZ_EXAMPLES": "5", "FUZZ_SEED": "0",
     "EMU_HOSTS": "3", "EMU_COMPARE": "--workers 2 --backends horovod --model mlp --train_steps 20 --log_every 5 "
                                      "--warmup_steps 5",
     "SLURM_HOSTS": "2", "SLURM_JOBS": "--sbatch hostfiles/slurm/horovod.sbatch",

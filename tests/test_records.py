@@ -239,6 +239,7 @@ PIXELS = bytes(24)                          # SHAPE (2, 3, 1) of float32
 # (layout, the bad record, what the one line says)
 BAD_EXAMPLES = [
     ("plain", example(y=1), "no 'x' feature (present: y)"),
+    ("plain", example(**{"x\nz": PIXELS, "y": 1}), "no 'x' feature (present: 'x\\nz', y)"),   # a name read, quoted
     ("plain", example(x=1.5, y=1), "feature 'x' is a float_list, expected a bytes_list"),
     ("plain", example(x=PIXELS, y=b"1"), "feature 'y' is a bytes_list, expected an int64_list"),
     ("plain", example(x=b"12345", y=1), "feature 'x' holds 5 bytes; shape [2, 3, 1] of float32 is 24"),

@@ -30,6 +30,13 @@ class InputError(RunError):
     whichever worker read it, chief or not, since only that worker knows the file and record."""
 
 
+def shown(text):
+    """Text read from a user's file (a key, a feature's name) as an error line shows it: as written
+    when printable, quoted when not, so that a name holding a newline cannot break the one line."""
+    text = str(text)
+    return text if text.isprintable() and text.strip() == text and text else repr(text)
+
+
 def describe(exc):
     """One readable line for an exception, TensorFlow's included.
 

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 import numpy as np
 from pydantic import create_model
 
-from common.base.errors import UsageError
+from common.base.errors import UsageError, shown
 from common.base.files import MiB, read_input, check_regular
 from common.spec.config import Config
 from common.spec.datasets import MAX_EXAMPLE_VALUES
@@ -550,10 +550,8 @@ def parse_json(text, source, max_depth=MAX_DEPTH):
 
 
 def _key(part):
-    """A key as the error line shows it: as written when printable, quoted when not (a key holding a
-    newline must not break the one line)."""
-    text = str(part)
-    return text if text.isprintable() and text.strip() == text and text else repr(text)
+    """A key as the error line shows it (a key holding a newline must not break the one line)."""
+    return shown(part)
 
 
 def _where(loc):

@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from common.base.errors import UsageError, describe
+from common.base.errors import UsageError, describe, shown
 from common.base.files import MiB, check_regular, write_atomic, make_dirs
 from common.formats.schemas import read_record_set, RecordSet
 from common.spec.datasets import MAX_DECODED_VALUES
@@ -149,7 +149,7 @@ def _a(noun):
 def _one_value(example, name, kind, where):
     feature = example.features.feature
     if name not in feature:
-        raise RecordError(f"{where}: no '{name}' feature (present: {', '.join(sorted(feature)) or 'none'})")
+        raise RecordError(f"{where}: no '{name}' feature (present: {', '.join(map(shown, sorted(feature))) or 'none'})")
     got = feature[name].WhichOneof("kind")
     if got != kind:
         raise RecordError(f"{where}: feature '{name}' is {_a(got or 'empty feature')}, expected {_a(kind)}")
@@ -201,7 +201,7 @@ def check_example(data, spec, where):
     except UnidentifiedImageError:
         raise RecordError(f"{where}: image/encoded does not decode as a JPEG or PNG image")
     except (OSError, ValueError, SyntaxError) as exc:     # a known format, cut short or damaged
-        raise RecordError(f"{where}: image/encoded does not decode as a JPEG or PNG image ({exc})")
+        raise RecordError(f"{where}: image/encoded does not decode as a JPEG or PNG image ({describe(exc)})")
     if kind not in ("JPEG", "PNG"):
         raise RecordError(f"{where}: image/encoded is {kind}; the imagenet layout holds JPEG or PNG")
     if not spec.resize and [height, width] != list(spec.shape[:2]):
