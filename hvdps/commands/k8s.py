@@ -34,8 +34,8 @@ HEADER = (GENERATED + "{cmd}\n"
           "# Apply results-pvc.yaml first: the run writes to {path} on claim {claim}. Checked against\n"
           "# Kubernetes {version} (kubernetes-validate, strict) and the {crd} CRD's published schema.\n")
 WHAT = {"JobSet": "a JobSet (jobset.x-k8s.io/v1alpha2, JobSet v0.12), one pod per TensorFlow task",
-        "MPIJob": "an MPIJob (kubeflow.org/v2beta1, mpi-operator v0.8.1), mpirun's launcher and sshd workers"}
-CRD = {"JobSet": "JobSet v0.12.0", "MPIJob": "MPIJob v0.8.1"}
+        "MPIJob": "an MPIJob (kubeflow.org/v2beta1, mpi-operator v0.8.2), mpirun's launcher and sshd workers"}
+CRD = {"JobSet": "JobSet v0.12.0", "MPIJob": "MPIJob v0.8.2"}
 
 
 def make_parser():

@@ -4,7 +4,7 @@
   OpenAPI schemas, one set per version) with ``strict``: an unknown field is an error, as
   ``kubectl apply --validate=strict`` makes it.
 - JobSet and MPIJob go through the ``openAPIV3Schema`` of their released CRDs (hostfiles/k8s/crds/:
-  JobSet v0.12.0, mpi-operator v0.8.1; data, with their licence noted there) with ``jsonschema``,
+  JobSet v0.12.0, mpi-operator v0.8.2; data, with their licence noted there) with ``jsonschema``,
   closed the same way: an object schema that lists its properties and does not keep unknown fields
   (``x-kubernetes-preserve-unknown-fields``) refuses others, as the API server's strict field
   validation does. The pod and Job templates inside them go through ``kubernetes-validate`` too,
