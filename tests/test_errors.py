@@ -1,7 +1,7 @@
 """One readable line per failure, whatever raised it."""
 import pytest
 
-from common.base.errors import describe
+from common.base.errors import RunError, UsageError, describe
 
 
 class FakeOpError(Exception):
@@ -62,3 +62,14 @@ def test_an_error_said_before_a_teardown_is_said_once_and_first(monkeypatch, cap
     assert exc.value.code == code
     assert capsys.readouterr().err.splitlines() == ["error: chief: reading the training data: f: record 2",
                                                     "releasing the tasks"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kind, message, line", [
+    (UsageError, "unknown model '0\n' (valid: mlp)", "unknown model '0\\n' (valid: mlp)"),   # a config's value
+    (UsageError, "no 'x' feature (present: a\tb\x1b)", "no 'x' feature (present: a\\tb\\x1b)"),
+    (UsageError, "--namespace straße: not a label", "--namespace straße: not a label"),       # printable: as given
+    (RunError, "rank 1: lost\r\nrank 2", "rank 1: lost\\r\\nrank 2"),
+])
+def test_an_error_quoting_a_value_is_one_line_whatever_the_value_holds(kind, message, line):
+    assert str(kind(message)) == line

@@ -17,11 +17,26 @@ EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
 
-class UsageError(Exception):
+def one_line(text):
+    """``text`` with every character that is not printable (a newline, a tab, an escape) written as
+    its escape: a value read from a file or a flag and quoted in a message cannot break its one line."""
+    text = str(text)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class _OneLineError(Exception):
+    """An error whose message is one line whatever the values it quotes: ``error: ...`` is the line a
+    user (and every launcher's log) reads, so a quoted value holding a newline must not split it."""
+
+    def __init__(self, message="", *rest):
+        super().__init__(one_line(message), *rest)
+
+
+class UsageError(_OneLineError):
     """Bad flags, config, paths or input files: the user can fix it."""
 
 
-class RunError(Exception):
+class RunError(_OneLineError):
     """The run itself failed (lost peer, timeout): not a usage problem."""
 
 
