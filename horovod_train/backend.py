@@ -7,12 +7,14 @@ all-reduce, broadcasting rank 0's state and averaging metrics: the members of
 """
 import glob
 import importlib.util
+import math
 import mmap
 import os
 
 import numpy as np
 
 from allreduce.backend import AllreduceBackend, place_rank, ring_wire, yield_when_idle
+from allreduce.deadline import GRACE
 from common.base.files import make_dirs, write_atomic
 from common.spec.plan import make_plan
 from common.base.errors import UsageError
@@ -96,7 +98,21 @@ def tuning_env(args):
         env["HOROVOD_TIMELINE"] = os.path.abspath(args.timeline)
     if args.autotune:
         env["HOROVOD_AUTOTUNE"] = "1"
+    if "HOROVOD_GLOO_TIMEOUT_SECONDS" not in os.environ:     # horovodrun --gloo-timeout-seconds: yours wins
+        env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(gloo_timeout_s(args.step_timeout, args.startup_timeout))
     return env
+
+
+GLOO_MARGIN_S = 10     # past the longest bound and its grace: the rank that names the cause has spoken and exited
+
+
+def gloo_timeout_s(step_timeout, startup_timeout):
+    """Gloo's own bound on each of its operations, which Horovod reads at init (default 30 s): set
+    past the step deadline's longest bound (the first step's --step_timeout + --startup_timeout, and
+    the grace before a waiting rank speaks), so that under ``horovodrun --gloo`` a stopped or stalled
+    rank is named by the deadline (allreduce/deadline.py) rather than ending the job on Gloo's
+    receive timeout, a line that names no rank. Under MPI's controller Horovod does not read it."""
+    return math.ceil(step_timeout + startup_timeout + GRACE) + GLOO_MARGIN_S
 
 
 class HorovodBackend(AllreduceBackend):

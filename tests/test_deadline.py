@@ -3,7 +3,8 @@
 names itself; a rank waiting in its exchange names the peer of its host that the kernel holds
 stopped, says nothing of a peer that left, and names the other hosts' ranks otherwise. A pipeline
 that never yields is also run under MWMS and both PS trainers (a PS chief's evaluation bounded by its
-watchdog). The whole job, a stopped rank under mpirun, is in tests/test_mpi.py."""
+watchdog). Under horovodrun --gloo, Gloo's own bound on each operation is set past the deadline's. The
+whole job, a stopped rank under mpirun, is in tests/test_mpi.py."""
 import os
 import signal
 import socket
@@ -13,7 +14,11 @@ import time
 
 import pytest
 
-from allreduce.deadline import StepDeadline, state_of
+from unittest import mock
+
+from allreduce.deadline import GRACE, StepDeadline, state_of
+from horovod_train.main import make_parser
+from horovod_train.backend import tuning_env
 from allreduce.roster import Roster
 from tests.conftest import REPO, run
 from tests.test_roster import dead_pid
@@ -215,3 +220,17 @@ def test_a_watchdog_does_not_count_the_time_its_process_was_stopped(tmp_path):
     finally:
         p.kill()
     assert p.returncode == 0 and "error:" not in err and out.count("kicked") == 3, (out, err)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("flags, env, gloo", [
+    ([], {}, str(60 + 60 + int(GRACE) + 10)),                            # Gloo's 30 s would end the job first
+    (["--step_timeout", "4", "--startup_timeout", "1.5"], {}, str(4 + 2 + int(GRACE) + 10)),   # whole seconds, up
+    ([], {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"}, None),                   # horovodrun --gloo-timeout-seconds: kept
+])
+def test_gloo_waits_past_the_step_deadline_unless_told(flags, env, gloo):
+    """Under horovodrun --gloo a stopped rank must be named by the deadline, not by Gloo's receive timeout."""
+    with mock.patch.dict(os.environ, env, clear=False):
+        if not env:
+            os.environ.pop("HOROVOD_GLOO_TIMEOUT_SECONDS", None)
+        assert tuning_env(make_parser().parse_args(flags)).get("HOROVOD_GLOO_TIMEOUT_SECONDS") == gloo
