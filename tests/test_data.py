@@ -182,3 +182,30 @@ def test_digits_is_real_and_split_fixed():
         assert hashlib.sha256(f.read()).hexdigest() == \
             "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
     assert x.dtype == np.float32 and x.shape[1:] == (8, 8, 1) and 0 <= x.min() and x.max() == 1.0
+
+
+# A py_function's exception as TensorFlow 2.21 hands it on: under TF2 PS the coordinator's step raises it with
+# each remote task's frames replaced by "<stack traces unavailable>", and the worker that read it named.
+_REMOTE = ("Graph execution error:\n\nDetected at node EagerPyFunc defined at (most recent call last):\n"
+           "<stack traces unavailable>\nError in user-defined function passed to MapDataset:14 transformation with "
+           "iterator: Iterator::Root::Prefetch::Map:  {cause}\nTraceback (most recent call last):\n\n  File "
+           "\"p.py\", line 13, in bad\n\nValueError: record 30\n\n\t [[{{{{node EagerPyFunc}}}}]]\n"
+           "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling "
+           "/tensorflow.eager.EagerService/Enqueue:\n:UNKNOWN:Error received from peer")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("text, line", [
+    (_REMOTE.format(cause="ValueError: record 30 of my_store is damaged"),
+     "chief: reading the training data: the input pipeline on worker 1: it raised ValueError: record 30 of my_store "
+     "is damaged"),
+    (_REMOTE.format(cause="2 root error(s) found.\n  (0) INVALID_ARGUMENT: my_pkg.BadRecord: record 30"),
+     "chief: reading the training data: the input pipeline on worker 1: it raised my_pkg.BadRecord: record 30"),
+    ("Error in user-defined function passed to MapDataset:3 transformation with iterator: Iterator::Root::Map:  "
+     "Incompatible shapes: [3] vs [4]", "chief: reading the training data: the input pipeline: it raised "
+                                       "Incompatible shapes: [3] vs [4]"),
+])
+def test_a_pipeline_that_raises_is_named_by_its_exception_not_by_frames(text, line):
+    import tensorflow as tf
+    from common.inputs.data import input_failure
+    assert str(input_failure(tf.errors.InvalidArgumentError(None, None, text), "chief")) == line

@@ -291,6 +291,9 @@ def test_a_wrong_pipelines_dict_is_one_line(tmp_path, text, says):
     # as the array path refuses them: NaN features, an empty training split
     (".map(lambda x, y: (x * float('nan'), y))", "a batch with NaN or infinite features"),
     (".take(0)", "its train pipeline gave no batch (an empty training split)"),
+    # Python code of its own raising inside the pipeline: its exception, not TensorFlow's frames
+    (".map(lambda x, y: (x + 0 * tf.reduce_sum(tf.py_function(lambda v: (_ for _ in ()).throw(ValueError("
+     "'record 3 is damaged')), [y], tf.float32)), y))", "it raised ValueError: record 3 is damaged"),
 ])
 def test_a_bad_batch_from_a_plugin_ends_the_run_naming_it(tmp_path, tail, says):
     from common.spec.config import make_config

@@ -59,22 +59,35 @@ def test_what_is_still_open_when_the_pipe_closes_is_undone(monkeypatch):
             p.wait()
 
 
-# (what each case asks of hvdps compare, what shows the job is in the state the kill must end). A slow or
-# stalled worker's run follows its healthy twin, which is kept short (the slowed run lasts far longer).
+# (what each case asks of hvdps compare, what shows the job is in the state the kill must end): a healthy, a
+# slow and a stalled run under each launcher family (mpirun, horovodrun, TensorFlow's task launchers; the
+# PS launcher's slow run has a backup worker). A slow or stalled worker's run follows its healthy twin,
+# which is kept short (the slowed run lasts far longer). A slow worker's group needs root.
+ROOT = pytest.mark.root
 KILLED = [
-    pytest.param(["--backends", "mpi", "--straggler", "1:8", "--train_steps", "400"], "group", marks=pytest.mark.root,
+    pytest.param(["--backends", "mpi"], "training", id="healthy, mpirun"),
+    pytest.param(["--backends", "mpi", "--straggler", "1:8", "--train_steps", "400"], "group", marks=ROOT,
                  id="slow worker, mpirun"),
+    pytest.param(["--backends", "mpi", "--stall", "1:2000:1500", "--train_steps", "400"], "stopped",
+                 id="stalled worker, mpirun"),
+    pytest.param(["--backends", "horovod"], "training", id="healthy, horovodrun"),
+    pytest.param(["--backends", "horovod", "--straggler", "1:8", "--train_steps", "400"], "group", marks=ROOT,
+                 id="slow worker, horovodrun"),
     pytest.param(["--backends", "horovod", "--stall", "1:2000:1500", "--train_steps", "400"], "stopped",
                  id="stalled worker, horovodrun"),
-    pytest.param(["--backends", "ps:backup1"], "training", id="backup workers, PS launcher"),
     pytest.param(["--backends", "mwms"], "training", id="healthy, MWMS launcher"),
+    pytest.param(["--backends", "ps:backup1", "--straggler", "1:8", "--train_steps", "200"], "group", marks=ROOT,
+                 id="slow worker and a backup, PS launcher"),
+    pytest.param(["--backends", "mwms", "--stall", "1:2000:1500", "--train_steps", "200"], "stopped",
+                 id="stalled worker, MWMS launcher"),
 ]
+GONE_WITHIN_S = 10         # the issue's bound: no process of the job left, none stopped, no group
 
 
 @pytest.mark.process
 @pytest.mark.parametrize("flags, state", KILLED)
 def test_a_comparison_killed_by_sigkill_takes_its_job_and_groups_with_it(tmp_path, flags, state):
-    """SIGKILL to hvdps compare alone (not its group) while its job trains: within 15 s no process it
+    """SIGKILL to hvdps compare alone (not its group) while its job trains: within 10 s no process it
     started is left, running or stopped, and no CPU group of its own."""
     out = str(tmp_path / "cmp")
     steps = [] if "--train_steps" in flags else ["--train_steps", "100000"]
@@ -103,7 +116,7 @@ def test_a_comparison_killed_by_sigkill_takes_its_job_and_groups_with_it(tmp_pat
         p.wait(timeout=10)
         groups = lambda: [n for n in (os.listdir(V1) if os.path.isdir(V1) else [])
                           if n.startswith(f"{cgroups.GROUP_PREFIX}{p.pid}-")]
-        deadline = time.monotonic() + 15           # the supervisor kills the job, then removes its group
+        deadline = time.monotonic() + GONE_WITHIN_S    # the supervisor kills the job, then removes its group
         while time.monotonic() < deadline and (_carrying(prefix) or _living(job) or groups()):
             time.sleep(0.1)
         assert not _carrying(prefix) and not _living(job), "the job outlived the comparison"

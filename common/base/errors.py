@@ -70,7 +70,8 @@ def describe(exc):
         # else (TensorFlow 2.21: "Detected at node ...", indented frames, "Node: '...'", then the cause
         # on a line of its own, then "[[{{node ...}}]]") the first unindented line that is none of those
         plain = [line.strip() for line in lines[1:] if line.strip() and not line[:1].isspace()
-                 and not line.startswith(("Detected at node", "Node: ", "File ", "[[", "Original stack trace"))]
+                 and not line.startswith(("Detected at node", "Node: ", "File ", "[[", "Original stack trace",
+                                          "<stack traces unavailable>"))]   # a remote task's, in TF 2.21
         text = causes[-1] if causes else plain[0] if plain else text
     if re.search(r"\d+ root error\(s\) found", text):   # TF's aggregate: the first cause, "(0) KIND: ..."
         first = next((m for m in (re.match(r"\s*\(0\)\s*(.+)", line) for line in lines[1:]) if m), None)

@@ -480,6 +480,13 @@ def input_failure(exc, who):
     if PIPELINES and re.search(r"expected to contain \d+ elements? but contained only", text):
         return InputError(f"{who}: reading the training data: {PIPELINES[-1]}: its train pipeline gave no batch "
                           f"(an empty training split)")
+    raised = re.search(r"Error in user-defined function passed to \S+ transformation with iterator: \S+:\s+(.+)", text)
+    if raised:                   # Python code inside the pipeline raised (a py_function, a plug-in's parser)
+        worker = re.search(r"remote target /job:worker/replica:\d+/task:(\d+) while calling /tensorflow\.eager", text)
+        python = re.search(r"(?:^|\s)((?:[\w.]*\.)?[A-Z]\w*[a-z]\w*: [^\n]*)\nTraceback \(most recent call last\)", text)
+        cause = (python or raised).group(1).strip()     # a py_function's: "ValueError: ...", then its traceback
+        return InputError(f"{who}: reading the training data: {PIPELINES[-1] if PIPELINES else 'the input pipeline'}"
+                          f"{f' on worker {worker.group(1)}' if worker else ''}: it raised {cause}")
     if "Iterator" in text:
         return InputError(f"{who}: reading the training data: {describe(exc)}")
     return None
