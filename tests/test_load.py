@@ -33,6 +33,8 @@ def load(*samples, cores=2):
     ([(100, 0, 0, 0, 0, 0, 500), (110, 1500, 2000, 1400, 0, 0, 300)], (100, 110), (0.1, 1.4, 0.0, 0.0)),
     # an interval past the last sample: not known
     ([(100, 0, 0, 0, 0), (110, 1800, 2000, 1000, 5)], (105, 111), None),
+    # a failed run's tenth of a second, its processes exiting (the job's ticks falling): not measured
+    ([(100, 0, 0, 0, 0), (100.5, 90, 100, 0, 0)], (100.2, 100.3), None),
 ])
 def test_what_the_rest_of_the_machine_used(samples, interval, want):
     got = others_cores(load(*samples), interval)

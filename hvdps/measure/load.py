@@ -123,12 +123,14 @@ class Cores(NamedTuple):
 
 def others_cores(load, interval):
     """The ``Cores`` used over the Unix-time ``interval`` from a run's typed load record; None
-    without samples at both ends."""
+    without samples at both ends, or over less than two sampling periods: a job's tick sum drops
+    when its processes exit between two samples, which over a failed run's last tenth of a second
+    read as dozens of other cores."""
     if not interval or not load or len(load.samples) < 2:
         return None
     a, b = _at(load.samples, interval[0]), _at(load.samples, interval[1])
     seconds = interval[1] - interval[0]
-    if a is None or b is None or seconds <= 0:
+    if a is None or b is None or seconds < 2 * SAMPLE_EVERY:
         return None
     busy, job, own = ((b[i] - a[i]) / load.hz / seconds for i in (0, 2, 3))
     if len(a) < 6:
