@@ -1,10 +1,9 @@
 """The report's figures: throughput, accuracy against time, the per-step breakdown."""
 import math
 import os
-import textwrap
 
 from common.base.files import write_atomic
-from hvdps.render.styles import LEGEND_INSIDE, LEGEND_ROWS, name_of, series_styles
+from hvdps.render.styles import LEGEND_INSIDE, LEGEND_ROWS, name_of, series_styles, wrapped
 
 
 def _save(fig, out, name, legend_size):
@@ -53,7 +52,7 @@ def write_breakdown_plot(rows, out):
     for (model, group), (ax,) in zip(groups.items(), axes):
         group = sorted(group, key=lambda r: (_label(r), r.workers))
         # a bar is 1.1 inch wide: a method's name wraps at word boundaries so its neighbours' stay legible
-        labels = [textwrap.fill(_label(r), 16, break_long_words=False) + f"\n{r.workers} worker(s)"
+        labels = [wrapped(_label(r), 16) + f"\n{r.workers} worker(s)"
                   for r in group]
         compute = [1000 * min(r.compute_s, r.step_s) for r in group]
         overhead = [1000 * max(r.step_s - r.compute_s, 0.0) for r in group]

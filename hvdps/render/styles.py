@@ -1,4 +1,6 @@
 """What every plot shares: one colour and marker per series, and where a long legend goes."""
+import textwrap
+
 from hvdps import methods
 from hvdps.measure.identity import settings_text
 
@@ -19,6 +21,13 @@ LEGEND_INSIDE = 6                # more entries than this: one legend beside the
 
 
 LEGEND_ROWS = 24                 # entries per column of such a legend
+
+
+def wrapped(label, width):
+    """A run's name on lines of about ``width`` characters for a plot's axis, broken between words and
+    after each setting's comma, never inside a word: "[cycle_time_ms=0.1,fp16_allreduce=true]" is one
+    word to textwrap, which would cut it at "fp1"."""
+    return textwrap.fill(label.replace(",", ", "), width, break_long_words=False, break_on_hyphens=False)
 
 
 def name_of(r, healthy=False):

@@ -3,13 +3,13 @@ best settings and its gain over its own defaults (the final's medians and the ra
 repeats), each method's search (the model's ranking and pruning, every halving trial), and the
 final's own comparison report (final/report.md, written by hvdps compare's report)."""
 import os
-import textwrap
 
 from common.base.files import make_dirs, write_atomic
 from hvdps import methods
 from hvdps.measure.repeats import merge
 from hvdps.measure.runs import environment_of, runs_configs, with_scaling
 from hvdps.render.report import write_report
+from hvdps.render.styles import wrapped
 
 
 def _rate(row):
@@ -166,7 +166,7 @@ def plot(tuned, out):
             ax.bar(i + (j - 0.5) * 0.38, rate, width=0.36, color="#9e9e9e" if j == 0 else "#1f77b4",
                    yerr=[[rate - min(rates)], [max(rates) - rate]], capsize=3, label=what if i == 0 else None)
     ax.set_xticks(range(len(done)))
-    ax.set_xticklabels([textwrap.fill(m.defaults.label, 30) + "\nbest: " + textwrap.fill(m.best[0].label, 30)
+    ax.set_xticklabels([wrapped(m.defaults.label, 30) + "\nbest: " + wrapped(m.best[0].label, 30)
                         for m in done], fontsize=7)
     ax.set_ylabel("samples/s (median of the final's runs)")
     ax.set_title("Each method at its defaults and at its best")
