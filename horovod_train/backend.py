@@ -98,7 +98,9 @@ def tuning_env(args):
         env["HOROVOD_TIMELINE"] = os.path.abspath(args.timeline)
     if args.autotune:
         env["HOROVOD_AUTOTUNE"] = "1"
-    if "HOROVOD_GLOO_TIMEOUT_SECONDS" not in os.environ:     # horovodrun --gloo-timeout-seconds: yours wins
+    # horovodrun --gloo-timeout-seconds: yours wins. An elastic job keeps Horovod's: no step deadline
+    # there, Gloo's bound is what finds a hung peer before the survivors roll back (docs/faults.md)
+    if "HOROVOD_GLOO_TIMEOUT_SECONDS" not in os.environ and not args.elastic:
         env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(gloo_timeout_s(args.step_timeout, args.startup_timeout))
     return env
 

@@ -227,6 +227,7 @@ def test_a_watchdog_does_not_count_the_time_its_process_was_stopped(tmp_path):
     ([], {}, str(60 + 60 + int(GRACE) + 10)),                            # Gloo's 30 s would end the job first
     (["--step_timeout", "4", "--startup_timeout", "1.5"], {}, str(4 + 2 + int(GRACE) + 10)),   # whole seconds, up
     ([], {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30"}, None),                   # horovodrun --gloo-timeout-seconds: kept
+    (["--elastic"], {}, None),                          # no step deadline: Gloo's bound finds a hung peer
 ])
 def test_gloo_waits_past_the_step_deadline_unless_told(flags, env, gloo):
     """Under horovodrun --gloo a stopped rank must be named by the deadline, not by Gloo's receive timeout."""
