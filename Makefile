@@ -163,6 +163,7 @@ test: setup
 FUZZ_EXAMPLES ?= 2000
 FUZZ_SEED ?=
 fuzz: setup
+	@case "$(FUZZ_EXAMPLES)" in ''|*[!0-9]*|0) echo "error: FUZZ_EXAMPLES=$(FUZZ_EXAMPLES): a whole number of examples per property, at least 1"; exit 2;; esac
 	HVDPS_FUZZ=1 HVDPS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider -p no:warnings \
 	    --hypothesis-show-statistics $(if $(FUZZ_SEED),--hypothesis-seed=$(FUZZ_SEED)) tests/test_fuzz.py
 
