@@ -1,11 +1,14 @@
 """hvdps/measure/timeline.py: a run's ranks as one Chrome trace, each step's parts end to end."""
+import hashlib
 import json
+import os
 
 import pytest
 
 from common.formats.schemas import RankFile
 from conftest import check_timeline
 from hvdps.measure.timeline import parts, trace, write_timeline
+from tests.test_cli import _hvdps, _recorded_run
 
 
 @pytest.mark.parametrize("span, compute_s, want", [
@@ -80,3 +83,29 @@ def test_a_damaged_rank_file_is_named_and_left_out_and_reading_never_writes(tmp_
         assert sorted(ranks) == ["rank:0", "rank:\u00b2"] and damaged == []
     write_timeline(str(run_dir), 0.001)
     json.loads((run_dir / "timeline.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in a timeline"))
+
+
+def _tree(folder):
+    """{path under ``folder``: its bytes' SHA-256} of every file there."""
+    return {os.path.relpath(os.path.join(d, f), folder): hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
+            for d, _, files in os.walk(folder) for f in files}
+
+
+@pytest.mark.parametrize("name, damage, says", DAMAGED[:2], ids=[d[0] for d in DAMAGED[:2]])
+def test_compare_from_leaves_the_runs_it_reads_byte_identical_and_says_what_it_left_out(tmp_path, name, damage, says):
+    """A rebuild reads its sources and writes only into --out: a run folder with one rank file cut in half
+    or holding a span past any Unix time hashes the same after ``compare --from``, and the report names
+    the file it left out."""
+    run_dir = tmp_path / "runs" / "horovod-sync-w2"
+    _recorded_run(run_dir)
+    (run_dir / "ranks").mkdir()
+    for task, start in (("rank:0", 1_700_000_000.0), ("rank:1", 1_700_000_000.002)):
+        (run_dir / "ranks" / (task.replace(":", "-") + ".json")).write_text(_rank(task, start).model_dump_json())
+    one = run_dir / "ranks" / "rank-1.json"
+    one.write_text(damage(one.read_text()))
+    before = _tree(tmp_path / "runs")
+    code, _, err = _hvdps(["compare", "--from", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    assert code == 0, err
+    assert _tree(tmp_path / "runs") == before
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "left out, damaged: ranks/rank-1.json: " in report and says in report, report
