@@ -25,8 +25,8 @@ LEGEND_ROWS = 24                 # entries per column of such a legend
 
 def wrapped(label, width):
     """A run's name on lines of about ``width`` characters for a plot's axis, broken between words and
-    after each setting's comma, never inside a word: "[cycle_time_ms=0.1,fp16_allreduce=true]" is one
-    word to textwrap, which would cut it at "fp1"."""
+    after each setting's comma, never inside a word: a run's settings ("[A=1,B=2]") are one word to
+    textwrap, which would cut a setting's name in two."""
     return textwrap.fill(label.replace(",", ", "), width, break_long_words=False, break_on_hyphens=False)
 
 
