@@ -71,8 +71,8 @@ class AllreduceAdapter(Adapter):
     def final_weights(self):
         return self.model.get_weights()
 
-    def compute_s(self):
-        return compute_step_time(self.cfg)        # the step without the exchange
+    def compute_s(self, cfg=None):
+        return compute_step_time(cfg or self.cfg)   # the step without the exchange
 
     def finish_extra(self, final):
         extra = {"max_weight_divergence": self.backend.max_divergence(self.model)}   # all ranks alike?

@@ -436,9 +436,9 @@ class ChiefAdapter(Adapter):
     def final_weights(self):
         return self.read(self.graph.weights)
 
-    def compute_s(self):
+    def compute_s(self, cfg=None):
         self.kick()
-        seconds = compute_step_time(self.cfg, self.backend.session_config())   # the step without PS
+        seconds = compute_step_time(cfg or self.cfg, self.backend.session_config())   # the step without PS
         self.kick()
         return seconds
 

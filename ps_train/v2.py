@@ -337,11 +337,11 @@ class CoordinatorAdapter(Adapter):
         self.checkpoints.pull()                  # PS: the PS variables, read into the chief's copy
         return self.checkpoints.shadow_model.get_weights()
 
-    def compute_s(self):
+    def compute_s(self, cfg=None):
         # The step without the strategy, timed here (the workers only serve). Not after a lost
         # worker: TF 2.15 blocks the registration of a new tf.function while it retries.
         self.note_lost_workers()
-        return None if self.lost else compute_step_time(self.cfg)
+        return None if self.lost else compute_step_time(cfg or self.cfg)
 
     def finish_extra(self, final):
         # the input's share from the logged steps' waits (the others' results are never fetched)

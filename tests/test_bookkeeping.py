@@ -16,7 +16,10 @@ from tests.jobs import CKPT_STEPS, EPOCHS, LAUNCH, LOG_EVERY
 # ---------------------------------------------------------------- the rule, in process
 class FakeLog:
     def __init__(self):
-        self.steps, self.evals, self.pauses, self.resumes = [], [], 0, []
+        self.steps, self.evals, self.pauses, self.resumes, self.started = [], [], 0, [], 0
+
+    def training_started(self):
+        self.started += 1
 
     def step(self, step, loss, **extra):
         self.steps.append(step)
@@ -126,6 +129,21 @@ def test_evaluations_every_n_updates_are_crossed_like_the_others(cfg, seen, eval
         b.after_update(s, 1.0)
     b.finish(62)
     assert log.evals == evals
+
+
+@pytest.mark.unit
+def test_training_starts_at_the_first_update_once_for_each_log():
+    """Time to the target counts from the first update's end (MetricsWriter.training_started): told once
+    to each log, and again to a log that replaces it (elastic Horovod's chief log, made after a reset)."""
+    b, log, _, _ = books()
+    assert log.started == 0
+    for step in (1, 2, 3):
+        b.after_update(step, 0.5)
+    assert log.started == 1
+    b.log = later = FakeLog()
+    b.after_update(4, 0.5)
+    b.after_update(5, 0.5)
+    assert (log.started, later.started) == (1, 1)
 
 
 @pytest.mark.unit

@@ -31,6 +31,27 @@ def test_round_trip(tmp_path):
     assert recs[0]["config"]["batch_size"] == 8
 
 
+def test_time_to_target_counts_from_the_first_updates_end(tmp_path):
+    """Start-up (the process, the model, tracing, the first exchange) is not in the time to the target: a
+    long job pays it once. It is in the summary beside it (first_update_s)."""
+    cfg = make_config(batch_size=8)
+    w = MetricsWriter(str(tmp_path))
+    w.header(cfg, "mpi", "sync", 2, {}, make_plan(cfg, 1000, 2, 2))
+    w._t0 -= 5.0                                   # five seconds of start-up before the first update
+    w.training_started()
+    start = w.first_update_s
+    w.training_started()                           # told again: the first is kept
+    w.eval(1, 10, 0.4, 0.95, target=0.9)
+    w.summary("ok", 20, 320, throughput_stats([100, 110]), 0.4, 0.95, 4000)
+    w.close()
+    row = load_run(str(tmp_path))
+    summary = read_records(str(tmp_path / "metrics.jsonl"))[-1]
+    assert start >= 5.0 and summary["first_update_s"] == start
+    assert row.time_to_target == pytest.approx(row.curves.evals[0].wall_time - start)
+    assert row.time_to_target < 1.0
+    assert row.precision.policy == "float32" and row.precision.asked == "float32"
+
+
 def test_disabled_writer_writes_nothing(tmp_path):
     w = MetricsWriter(str(tmp_path / "x"), enabled=False)
     w.step(1, 1, 1.0, 1.0)

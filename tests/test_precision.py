@@ -169,3 +169,65 @@ def test_the_trainer_refuses_it_too():
     check_precision("v2", "mixed_bfloat16")
     with pytest.raises(UsageError, match="ParameterServerStrategy"):
         check_precision("v2", "mixed_float16")
+
+
+# --precision auto, on hardware described by its flags: the policy, and whether it is emulated
+AMD_AVX2 = {"avx2", "fma"}                                  # the 2-core EPYC of 0.25x bfloat16
+AMD_BF16 = {"avx2", "avx512f", "avx512_bf16"}               # bfloat16 dot products, no AMX
+INTEL_AMX = {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("flags, gpus, policy, words", [
+    (AMD_AVX2, (), "float32", "mixed_bfloat16 would be emulated"),
+    (AMD_BF16, (), "float32", "but no AMX, on which bfloat16 measured no faster than float32"),
+    (INTEL_AMX, (), "mixed_bfloat16", "bfloat16 matrix kernels on AMX"),
+    (AMD_AVX2, ((8, 0),), "mixed_bfloat16", "GPU compute capability 8.0"),
+    (AMD_AVX2, ((7, 0), (8, 6)), "mixed_float16", "no bfloat16 below 8.0"),
+    (AMD_AVX2, ((6, 1),), "float32", "no tensor cores"),
+])
+def test_auto_takes_a_mixed_policy_only_where_the_hardware_gains_from_it(flags, gpus, policy, words):
+    from common.spec.precision import Hardware, choose
+    choice = choose("auto", Hardware("AMD EPYC", frozenset(flags), gpus))
+    assert (choice.policy, choice.asked, choice.emulated) == (policy, "auto", False)
+    assert choice.why.startswith(f"--precision auto chose {policy}: ") and words in choice.why
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("asked, flags, gpus, emulated", [
+    ("mixed_bfloat16", AMD_AVX2, (), True),
+    ("mixed_bfloat16", AMD_BF16, (), False),
+    ("mixed_float16", AMD_BF16, (), True),
+    ("mixed_float16", AMD_AVX2, ((7, 5),), False),
+    ("mixed_bfloat16", AMD_AVX2, ((7, 5),), True),
+    ("float32", AMD_AVX2, (), False),
+])
+def test_a_policy_the_flag_names_is_taken_and_said_emulated_where_the_hardware_lacks_it(asked, flags, gpus, emulated):
+    from common.spec.precision import Hardware, choose
+    choice = choose(asked, Hardware("AMD EPYC", frozenset(flags), gpus))
+    assert (choice.policy, choice.emulated) == (asked, emulated)
+    assert ("emulated" in choice.why) is emulated
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("flags, policy", [(AMD_AVX2, "float32"), (INTEL_AMX, "mixed_bfloat16")])
+def test_the_flag_defaults_to_auto_and_the_config_holds_the_policy_it_chose(monkeypatch, flags, policy):
+    from common.spec import precision
+    from common.spec.config import build_parser, from_args
+    monkeypatch.setattr(precision, "hardware", lambda: precision.Hardware("cpu", frozenset(flags)))
+    cfg = from_args(build_parser("t").parse_args([]))
+    assert (cfg.precision, cfg.precision_auto) == (policy, True)
+    assert precision.of_config(cfg).why.startswith(f"--precision auto chose {policy}")
+    given = from_args(build_parser("t").parse_args(["--precision", "mixed_bfloat16"]))
+    assert (given.precision, given.precision_auto) == ("mixed_bfloat16", False)
+    assert precision.of_config(given).emulated is (policy == "float32")
+
+
+@pytest.mark.unit
+def test_the_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    from common.spec.precision import _cpu
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC  7B13\nflags\t\t: fpu avx2 avx512_bf16\n\n"
+                    "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n")
+    assert _cpu(str(info)) == ("AMD EPYC 7B13", frozenset({"fpu", "avx2", "avx512_bf16"}))
+    assert _cpu(str(tmp_path / "missing")) == ("", frozenset())

@@ -36,9 +36,15 @@ def test_what_is_still_open_when_the_pipe_closes_is_undone(monkeypatch):
     """A job's process in its group, one that left it for a session of its own, and one stopped are
     all killed; a job that ended, and a link set back, are left alone; a link still slow is set back."""
     token, other = "t-open", "t-ended"
+    # the one that escapes makes its own session (it must not lead one already: setsid would fail), and
+    # the reaper is served once it has, whatever the machine's load
     start = lambda how, t: subprocess.Popen([sys.executable, "-c", SLEEP, how], env={**os.environ, reaper.TOKEN: t},
-                                            start_new_session=True)
+                                            start_new_session=how == "stay")
     leader, escaped, stopped, kept = start("stay", token), start("setsid", token), start("stay", token), start("stay", other)
+    deadline = time.monotonic() + 30
+    while os.getsid(escaped.pid) != escaped.pid and escaped.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert os.getsid(escaped.pid) == escaped.pid, "the escaping process never made its own session"
     os.kill(stopped.pid, signal.SIGSTOP)
     restored = []
     monkeypatch.setattr("hvdps.measure.cluster.shape_link", lambda *args: restored.append(list(args)))

@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 
 from hvdps.measure.rows import Curves, RunRow, Startup
-from common.formats.schemas import Header
+from common.formats.schemas import Eval, Header, PrecisionChosen
 from hvdps.render.report import explanations, step_parts
 
 from hvdps.render.plots import write_breakdown_plot
@@ -115,11 +115,23 @@ def test_sentence_names_the_slowest_rank():
     assert "; 120,160 bytes per update through each PS task" in sentence
 
 
-def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=None, intervals=20):
+def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=None, intervals=20, evals=(),
+         precision=None):
+    """A verdict's row; ``evals`` ((update, accuracy), ...) its evaluations, ``precision`` (the flag, the
+    CPU's flags) its header's choice."""
+    header = None
+    if precision:
+        from common.spec.precision import Hardware, choose
+        asked, flags = precision
+        chosen = choose(asked, Hardware("CPU", frozenset(flags)))
+        header = Header(type="header", backend=backend, mode=mode, world_size=workers,
+                        precision=PrecisionChosen(**chosen.to_dict()))
+    curves = Curves(header=header, evals=tuple(Eval(type="eval", global_step=u, wall_time=float(u), accuracy=a)
+                                               for u, a in evals))
     return RunRow(run_dir=f"runs/{backend}-{mode}-w{workers}", status="ok", model="mlp", backend=backend,
                   mode=mode, workers=workers, samples_per_sec_median=median, samples_per_sec_mean=median,
                   samples_per_sec_error=err, intervals=intervals, time_to_target=ttt, final_test_accuracy=acc,
-                  target_accuracy=0.9, startup=Startup(startup_s=startup))
+                  target_accuracy=0.9, startup=Startup(startup_s=startup), curves=curves)
 
 
 @pytest.mark.unit
@@ -129,6 +141,25 @@ def vrow(backend, mode, workers, median, err=100.0, ttt=None, acc=0.95, startup=
      ["PS sync reaches the target accuracy 0.9 first, in 12.5 s", "never reached it: Horovod (ended at 0.82)",
       "Throughput: Horovod 6,330 samples/s: 1.39x PS sync (4,554)."],
      ["Horovod is fastest", "Horovod reaches"]),
+    # both reached it at their first evaluation: the time says when each evaluated, so throughput ranks
+    ([vrow("horovod", "sync", 2, 6000, ttt=0.9, evals=((44, 0.95), (88, 0.97))),
+      vrow("ps", "async", 2, 2000, ttt=0.6, evals=((88, 0.93),))],
+     ["every run reaches the target accuracy 0.9 at its first evaluation (Horovod at update 44, PS async at update 88)",
+      "ranked by throughput instead, Horovod first", "Throughput: Horovod 6,000 samples/s: 3.00x PS async"],
+     ["PS async reaches the target accuracy 0.9 first"]),
+    # one crossed later: time to the target ranks, as it measures training
+    ([vrow("horovod", "sync", 2, 6000, ttt=1.9, evals=((44, 0.85), (88, 0.95))),
+      vrow("ps", "async", 2, 2000, ttt=0.6, evals=((88, 0.93),))],
+     ["PS async reaches the target accuracy 0.9 first, in 0.6 s; then Horovod in 1.9 s"], ["first evaluation"]),
+    # the precision each trained in, and an emulated one named beside its runs
+    ([vrow("horovod", "sync", 2, 6000, ttt=1.0, precision=("mixed_bfloat16", ())),
+      vrow("ps", "sync", 2, 5000, ttt=2.0, precision=("mixed_bfloat16", ()))],
+     ["Precision: --precision mixed_bfloat16: emulated, CPU: no avx512_bf16 or amx_bf16.",
+      "**mixed_bfloat16 is emulated by this hardware** in Horovod, PS sync: their throughput measures the emulation"],
+     ["--precision auto chose"]),
+    ([vrow("horovod", "sync", 2, 6000, ttt=1.0, precision=("auto", ()))],
+     ["Precision: --precision auto chose float32: CPU: no avx512_bf16 or amx_bf16, so mixed_bfloat16 would be emulated"],
+     ["is emulated by this hardware"]),
     # both reached it: ranked by time, the ratio given
     ([vrow("horovod", "sync", 2, 6000, ttt=20.0), vrow("ps", "async", 2, 5000, ttt=10.0)],
      ["PS async reaches the target accuracy 0.9 first, in 10.0 s; then Horovod in 20.0 s (2.00x)"], ["never"]),

@@ -11,7 +11,10 @@ import time
 import pytest
 
 from common.base.errors import UsageError
-from hvdps.measure.rows import RunRow
+from dataclasses import replace
+
+from common.formats.schemas import Eval, Header
+from hvdps.measure.rows import Curves, RunRow
 from hvdps.render.report import hint_lines
 from hvdps.tune import search, space
 from hvdps.tune.hints import hints
@@ -137,6 +140,43 @@ def test_finalists_that_train_differently_are_judged_by_time_to_accuracy():
     best, how = search.best_of([(horovod[0], _final(None, 3000, 0.93)), (horovod[1], _final(None, 5000, 0.80))],
                                horovod[0])
     assert best[0] == horovod[0] and how == "throughput, accuracy held"
+
+
+def _first_eval_final(tta, rate, first_acc):
+    """A final that evaluated first at update 44 with ``first_acc`` (the target is 0.9)."""
+    evals = (Eval(type="eval", global_step=44, wall_time=1.0, accuracy=first_acc),
+             Eval(type="eval", global_step=88, wall_time=2.0, accuracy=0.95))
+    return replace(_final(tta, rate), target_accuracy=0.9, curves=Curves(evals=evals))
+
+
+def test_a_race_to_the_first_evaluation_is_judged_by_throughput():
+    """Every run at its target by its first evaluation: the time to it says when each first evaluated (a
+    PS job's start-up against a ring's), so throughput decides, in the verdict and among finalists."""
+    ps = space.candidates("ps", space.parse_space("ps[num_ps=1]")["ps"], ARGS)
+    async_, sync = ps[0], ps[1]
+    fast, slow = _first_eval_final(0.9, 23_000, 0.93), _first_eval_final(0.6, 7_000, 0.92)
+    ranked, how = search.verdict([("ps", slow), ("mpi", fast)])
+    assert [m for m, _ in ranked] == ["mpi", "ps"] and how == search.FIRST_EVAL
+    best, how = search.best_of([(async_, slow), (sync, fast)], async_)
+    assert best[0] == sync and how == "throughput, accuracy held"
+    # one of them crossed later: the time measures training, and ranks
+    later = _first_eval_final(1.9, 23_000, 0.85)
+    ranked, how = search.verdict([("mpi", later), ("ps", slow)])
+    assert [m for m, _ in ranked] == ["ps", "mpi"] and how == search.BY_TIME
+
+
+@pytest.mark.parametrize("rungs, full, steps", [
+    ((300, 300, 900), 110, 900),      # the MLP's 5 epochs are shorter than the last rung: the final runs 900
+    ((300,), 110, 300),
+    ((300, 900), 5000, None),         # a full length longer than any trial is kept
+    ((), 110, None),                  # no halving ran: the flags' length
+])
+def test_the_final_runs_at_least_the_last_rung(rungs, full, steps):
+    from hvdps.tune.tuner import MethodTuned, final_steps
+    header = Header(type="header", backend="mpi", mode="sync", world_size=2, plan={"worker_steps": full})
+    m = MethodTuned("mpi", (), probe=RunRow(run_dir="x", status="ok", curves=Curves(header=header)))
+    trials = [search.Trial(i, n, None, 1.0) for i, n in enumerate(rungs)]
+    assert final_steps([m], trials) == {"mpi": steps}
 
 
 def test_a_plain_comparison_is_told_horovod_s_cycle_time_on_the_mlp():

@@ -308,6 +308,15 @@ class InputFed(Strict):
     classes: Count
 
 
+class PrecisionChosen(Strict):
+    """The policy a run trained in and why (common/spec/precision.py: Choice): ``auto``'s choice or the
+    flag's, and whether the hardware emulates it."""
+    policy: Text
+    asked: Text
+    emulated: bool = False
+    why: Optional[Text] = None
+
+
 class Header(Strict):
     """The first record of a run: which method, at what size, on what. The application keys
     every row by backend, mode and workers, so a header without them is refused, not guessed."""
@@ -330,6 +339,7 @@ class Header(Strict):
     data_fingerprint: Optional[Text] = None                 # the training data's digest: --resume refuses others
     data_shards: Optional[Dict[Text, Text]] = None          # TFRecord shards: file -> content digest
     input: Optional[InputFed] = None                      # what the pipeline fed the model
+    precision: Optional[PrecisionChosen] = None           # the policy it trained in, and why
 
 
 class _AtStep(Strict):
@@ -406,7 +416,8 @@ class Summary(Strict):
     steps: Optional[Index] = None
     samples_seen: Optional[Index] = None
     throughput: Optional[Throughput] = None
-    time_to_target: Optional[NonNeg] = None
+    time_to_target: Optional[NonNeg] = None       # from the end of the first update (first_update_s)
+    first_update_s: Optional[NonNeg] = None       # the trainer's start to its first update's end
     final_test_accuracy: Optional[Fraction] = None
     final_test_loss: Optional[Finite] = None
     grad_bytes_per_step: Optional[NonNeg] = None
@@ -415,6 +426,7 @@ class Summary(Strict):
     gradient: Optional[Gradient] = None
     max_weight_divergence: Optional[NonNeg] = None
     peak_rss_mib: Optional[NonNeg] = None
+    float32_compute_s: Optional[NonNeg] = None   # an emulated policy's run: the same step timed in float32
 
 
 RECORDS = {"header": Header, "step": Step, "eval": Eval, "summary": Summary}

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 from common.base.errors import UsageError
 from common.base.flags import MAX_TIMEOUT_S, MIN_TIMEOUT_S, Parser, boolean, shape, check_finite
-from common.spec import builtins
+from common.spec import builtins, precision as precisions
 from common.spec.datasets import MAX_EXAMPLE_VALUES
 from common.spec.memory import check_memory
 from common.spec.plugins import is_plugin, load_callable
@@ -45,8 +45,9 @@ TRANSFORMER_SIZES = tuple(builtins.TRANSFORMER_SIZES)
 OPTIMIZERS = ("sgd", "momentum", "adam")
 # Keras' mixed-precision policies (tf.keras.mixed_precision.Policy): float32, or layers computing in
 # bfloat16 / float16 with their variables (and so their gradients, and what every method sends) in
-# float32. float16's narrow range needs the loss scaled (common/model/optim.py: loss_scaled).
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+# float32. float16's narrow range needs the loss scaled (common/model/optim.py: loss_scaled). The flag
+# also takes ``auto`` (its default): the policy this process's hardware gains from (common/spec/precision.py).
+PRECISIONS = precisions.POLICIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Config:
     transformer_size: str = "tiny"          # transformer: its shape (common/spec/builtins.py: TRANSFORMER_SIZES)
     eval_every_steps: int = 0               # >0: also evaluate every N global updates (a corpus' long epochs)
     precision: str = "float32"              # Keras' mixed-precision policy the model is built under (PRECISIONS)
+    precision_auto: bool = False            # chosen by --precision auto from the hardware (common/spec/precision.py)
     loss_scale_growth_steps: int = 2000     # mixed_float16: finite steps before the loss scale doubles (Keras')
     jit_compile: bool = False               # the training step compiled by XLA (tf.function(jit_compile=True))
     shuffle: bool = True
@@ -265,9 +267,11 @@ def build_parser(description, prog=None):
     g.add_argument("--transformer_size", default=d.transformer_size, choices=TRANSFORMER_SIZES,
                    help="the transformer's shape: tiny (2 blocks of 64, 0.12 M weights), gpt2_small (GPT-2's: 12 "
                         "blocks of 768, 12 heads)")
-    g.add_argument("--precision", default=d.precision, choices=PRECISIONS,
+    g.add_argument("--precision", default=precisions.AUTO, choices=(precisions.AUTO, *PRECISIONS),
                    help="Keras' mixed-precision policy: layers compute in bfloat16 or float16, their variables and "
-                        "gradients stay float32 (mixed_float16: the loss scaled by Keras' LossScaleOptimizer)")
+                        "gradients stay float32 (mixed_float16: the loss scaled by Keras' LossScaleOptimizer); auto: "
+                        "a mixed policy only where this process's hardware gains from it (a GPU's tensor cores, a "
+                        "CPU's AMX), else float32; the run's header says which and why")
     g.add_argument("--loss_scale_growth_steps", type=int, default=d.loss_scale_growth_steps,
                    help="mixed_float16: finite steps after which the dynamic loss scale doubles (Keras' "
                         "dynamic_growth_steps); a step with a non-finite gradient is skipped and halves it")
@@ -345,8 +349,12 @@ def argv_of(args, parser, skip=()):
 
 
 def from_args(args):
+    """The Config of parsed flags; ``--precision auto`` resolved here, on this process's hardware."""
     fields = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{k: v for k, v in vars(args).items() if k in fields and v is not None})
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    if given.get("precision") == precisions.AUTO:
+        given.update(precision=precisions.choose(precisions.AUTO).policy, precision_auto=True)
+    return Config(**given)
 
 
 def make_config(**kw):

@@ -19,6 +19,7 @@ update. Every backend's intervals are therefore counted in global updates.
 import os
 
 from common.model.models import gradient_sizes
+from common.spec.precision import of_config as precision_of
 from common.trainer.run_dir import save_weights_npz
 from common.trainer.watchdog import check_alive
 
@@ -56,8 +57,9 @@ class Adapter:
     def final_weights(self):
         raise NotImplementedError
 
-    def compute_s(self):
-        """The step timed without the distribution method (common.model.probe), or None."""
+    def compute_s(self, cfg=None):
+        """The step timed without the distribution method (common.model.probe), or None; ``cfg``: of
+        another config than the run's (the same step in float32, beside an emulated policy's)."""
         return None
 
     def finish_extra(self, final):
@@ -84,6 +86,7 @@ class Bookkeeper:
         self.label = max(1, plan.epoch_of(start))
         self.events = []                          # (update, what): what the run did
         self.paused = False                       # an evaluation or a checkpoint since the last update
+        self.started = None                       # the log an update has been told to: training started
 
     def due(self, prev, step, epoch=None):
         """What is due when the global step goes from ``prev`` to ``step``."""
@@ -117,6 +120,9 @@ class Bookkeeper:
         """Update ``step`` has been applied and ``loss`` is its (this worker's) loss, or None when
         only an epoch's end is told. ``extra`` goes into the step and eval records (elastic:
         samples_seen, world_size)."""
+        if self.started is not self.log:          # time to the target counts from the first update's end
+            self.log.training_started()           # (of each log: elastic Horovod's chief log comes later)
+            self.started = self.log
         if loss is not None:
             self.losses.append(loss)
             self.last_loss = loss
@@ -182,6 +188,9 @@ class Bookkeeper:
         if self.backend.is_chief:
             save_weights_npz(self.adapter.final_weights(), os.path.join(self.cfg.train_dir, "weights.npz"))
             compute_s = self.adapter.compute_s()
+            if compute_s and precision_of(self.cfg).emulated:     # what the emulation costs, measured here
+                extra["float32_compute_s"] = self.adapter.compute_s(self.cfg.replace(precision="float32",
+                                                                                     precision_auto=False))
             sizes = gradient_sizes(self.cfg, model)     # measured on a real batch
             wire = self.backend.wire_bytes(sizes, self.plan)
         extra.update(self.adapter.finish_extra(final))

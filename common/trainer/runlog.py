@@ -160,6 +160,11 @@ class RunLog:
                         loss_scale=extra.get("loss_scale"))
         self.progress.update(step, loss=float(loss), **({"samples/s": rate} if rate else {}))
 
+    def training_started(self):
+        """The first update has ended: time to the target counts from here (MetricsWriter.training_started)."""
+        if self.enabled:
+            self.metrics.training_started()
+
     def paused(self):
         """An evaluation or a checkpoint has just ended: it is in no throughput interval (ThroughputMeter.pause)."""
         if self.enabled:

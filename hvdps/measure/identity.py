@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from common.formats.schemas import RunIdentity
+from common.spec import precision as precisions
 
 
 def _label(text):
@@ -30,7 +31,10 @@ def tasks_text(tasks):
 def workload_name(model, precision=None, jit_compile=False):
     """What a run's workload is called (its identity, the report's headings and panels): the model, its
     precision where that is not float32, and ``xla`` where XLA compiled its step (``transformer
-    mixed_bfloat16 xla``), so that a comparison read back beside another keeps the two apart."""
+    mixed_bfloat16 xla``), so that a comparison read back beside another keeps the two apart. ``auto`` is
+    the policy it takes on this machine (common/spec/precision.py), as each trainer here resolves it."""
+    if precision == precisions.AUTO:
+        precision = precisions.choose(precisions.AUTO).policy
     parts = [model or "-", *([precision] if precision not in (None, "float32") else []),
              *(["xla"] if jit_compile else [])]
     return " ".join(parts)

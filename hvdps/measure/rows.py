@@ -111,6 +111,7 @@ class RunRow:
     bytes_per_step_per_worker: Optional[float] = None
     gradient: Optional["Gradient"] = None         # one worker's gradient of one batch, as measured
     peak_rss_mib: Optional[float] = None          # the chief's (rank 0's) peak resident memory
+    float32_compute_s: Optional[float] = None     # an emulated policy's run: its compute step timed in float32
     wire_rule: Optional[str] = None
     curves: Curves = Curves()
     # what its method measures of its own (``Method.measures``: an instance of its ``measured``), or None
@@ -175,6 +176,19 @@ class RunRow:
     def sparse_table_bytes(self):
         """Bytes of the embedding tables those rows come from (the gradient's)."""
         return self.gradient.sparse_table_bytes if self.gradient else None
+
+    @property
+    def precision(self):
+        """The policy it trained in and why (its header's PrecisionChosen), or None for a run that recorded none."""
+        return self.header.precision if self.header is not None else None
+
+    @property
+    def target_at_first_eval(self):
+        """Whether its first evaluation already reached its target accuracy: its time to the target then
+        measures how soon it first evaluated, not how fast it trained to the target."""
+        first = self.curves.evals[0] if self.curves.evals else None
+        return (self.time_to_target is not None and first is not None and first.accuracy is not None
+                and self.target_accuracy is not None and first.accuracy >= self.target_accuracy)
 
     def column(self, key):
         """A table column's value by name (results.csv, results.json): the row's own, else its
@@ -306,7 +320,7 @@ def summary_figures(summary):
     figures where the breakdown has none)."""
     figures = {"time_to_target": summary.time_to_target, "wall_time": summary.total_time, "steps": summary.steps,
                "grad_bytes_per_step": summary.grad_bytes_per_step, "gradient": summary.gradient,
-               "peak_rss_mib": summary.peak_rss_mib}
+               "peak_rss_mib": summary.peak_rss_mib, "float32_compute_s": summary.float32_compute_s}
     if summary.status:
         figures["status"] = summary.status
     tp = summary.throughput

@@ -284,9 +284,10 @@ def hint_lines(found):
 def verdicts(rows):
     """One paragraph per workload, at its largest worker count, ranked by what a user pays for.
 
-    First the time to the target accuracy (the run's own ``--target_accuracy``, from launch of
-    training to the first evaluation at or above it): who got there first, how much longer the
-    others took, and who never got there with the accuracy it ended at. A backend that is faster
+    First the time to the target accuracy (the run's own ``--target_accuracy``, from the end of its
+    first update to the first evaluation at or above it): who got there first, how much longer the
+    others took, and who never got there with the accuracy it ended at. Where every run got there at
+    its first evaluation, the time says only when each first evaluated: they are ranked by throughput. A backend that is faster
     per sample but never reaches the target does not win. Then throughput by median, with each
     difference called noise where the two runs' 95% intervals of the mean overlap. Then each
     run's own start-up (never an average over worker counts)."""
@@ -308,7 +309,16 @@ def verdicts(rows):
         # a caveat ends in a list of runs: the ranking after it is a sentence of its own
         head = f"- **{model}**, {n} worker(s), {runs}" + (f"{caveats}. " if caveats else ": ")
         opening = (lambda words: words[:1].upper() + words[1:]) if caveats else (lambda words: words)
-        if reached:
+        if len(reached) > 1 and not never and all(r.target_at_first_eval for r in reached):
+            # a race to the first evaluation: the time says when each evaluated, not how it trained
+            by_rate = sorted(reached, key=lambda r: -(r.samples_per_sec_median or 0.0))
+            text = head + opening(
+                f"every run reaches {goal} at its first evaluation ("
+                + ", ".join(f"{name_of(r)} at update {r.curves.evals[0].global_step}" for r in by_rate)
+                + "), so the time to it measures how soon each first evaluated, not how fast it trained: ranked "
+                f"by throughput instead, {name_of(by_rate[0])} first, every run's accuracy at or above the target "
+                f"(evaluate more often to time the crossing: --eval_every_steps)")
+        elif reached:
             best = reached[0]
             text = head + opening(f"{name_of(best)} reaches {goal} first, in {best.time_to_target:.1f} s")
             if not any(_evaluates_each_epoch(r) for r in reached):
@@ -323,12 +333,34 @@ def verdicts(rows):
             text += ("; never reached it: " if reached else ": ") + ", ".join(
                 f"{name_of(r)} (ended at {_fmt(r.final_test_accuracy)})" for r in never)
         text += "."
-        text += _throughput_sentence(at_n) + _bytes_sentence(at_n)
+        text += _throughput_sentence(at_n) + _bytes_sentence(at_n) + _precision_sentence(at_n)
         startups = [f"{name_of(r)} {r.startup.startup_s:.1f} s" for r in at_n if r.startup.startup_s is not None]
         if startups:
             text += " Start-up of these runs: " + ", ".join(startups) + "."
         out.append(text)
     return out
+
+
+def _precision_sentence(runs):
+    """The precision the runs trained in and why (their headers'), and which of them the hardware
+    emulated: an emulated policy's throughput measures the emulation, not the method."""
+    chosen = [r.precision for r in runs if r.precision is not None]
+    if not chosen:
+        return ""
+    text = "".join(f" Precision: {why}." for why in dict.fromkeys(c.why for c in chosen if c.why))
+    emulated = [r for r in runs if r.precision is not None and r.precision.emulated]
+    if emulated:
+        text += (f" **{emulated[0].precision.policy} is emulated by this hardware** in " +
+                 ", ".join(name_of(r) + _emulation_factor(r) for r in emulated) +
+                 ": their throughput measures the emulation (--precision auto or float32 measures the methods).")
+    return text
+
+
+def _emulation_factor(r):
+    """ " (its step at 0.20x float32's, as its probe timed both)", where the probe timed the step in float32 too."""
+    if not (r.compute_s and r.float32_compute_s):
+        return ""
+    return f" (its step at {r.float32_compute_s / r.compute_s:.2f}x float32's speed, as its probe timed both)"
 
 
 def contention_words(r):
@@ -366,9 +398,10 @@ def method_note(rows):
     span = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}") if counts else "no"
     repeats = max((r.repeats or 1 for r in rows), default=1)
     text = ("Verdicts rank the runs at each workload's largest worker count by time to the target accuracy "
-            "(from the trainer's start to the first evaluation at or above it: each epoch's and every "
-            "--eval_every_steps updates', or with --eval_every_epoch false and no --eval_every_steps only the last, when the time is the whole run's), "
-            "then by median throughput. ")
+            "(from the end of the trainer's first update, its start-up given apart, to the first evaluation at or "
+            "above it: each epoch's and every --eval_every_steps updates', or with --eval_every_epoch false and no "
+            "--eval_every_steps only the last, when the time is the whole run's; where every run reached it at "
+            "its first evaluation, by throughput), then by median throughput. ")
     if repeats > 1:
         return text + (f"Each configuration ran up to {repeats} times, the methods' order reversed on every other "
                        "pass (A B C, C B A, ...) so that a drift of the machine counts against each in turn; the "

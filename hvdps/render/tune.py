@@ -74,17 +74,19 @@ def _name(m, best):
 
 
 def best_table(tuned):
-    lines = ["| method | best settings | judged by | samples/s | repeats' range | time to target (s) | "
+    lines = ["| method | best settings | judged by | samples/s | repeats' range | time to target (s) | updates | "
              "defaults: samples/s | defaults: time to target (s) | gain over its defaults |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for m in tuned.methods:
         label = methods.get(m.method).label((methods.get(m.method).default_modes or methods.get(m.method).modes)[0])
         if m.failed:
-            lines.append(f"| {label} | {m.failed} | | | | | | | |")
+            lines.append(f"| {label} | {m.failed} | | | | | | | | |")
             continue
         best = m.best[1] if m.best else None
+        steps = f"{best.steps:,}" if best is not None and best.steps else "-"
         lines.append(f"| {label} | {_settings(m.best[0]) if m.best else '-'} | {m.judged_by} | {_rate(best)} | "
-                     f"{_spread(best)} | {_tta(best)} | {_rate(m.defaults_row)} | {_tta(m.defaults_row)} | {_gain(m)} |")
+                     f"{_spread(best)} | {_tta(best)} | {steps} | {_rate(m.defaults_row)} | {_tta(m.defaults_row)} | "
+                     f"{_gain(m)} |")
     return lines
 
 
@@ -123,6 +125,19 @@ def search_lines(tuned):
     return lines
 
 
+def _final_length(tuned):
+    """How long the final's runs were: the flags' full length, or the last rung's steps where that is
+    longer (tuner.final_steps), as steps a worker."""
+    steps = sorted({r.curves.header.plan.get("worker_steps") for r in tuned.final_rows
+                    if r.curves.header is not None and isinstance(r.curves.header.plan, dict)} - {None})
+    if not steps:
+        return "at full length"
+    said = f"{steps[0]:,}" if len(steps) == 1 else f"{steps[0]:,}-{steps[-1]:,}"
+    if steps[0] == max((t.steps for t in tuned.trials), default=0):
+        return f"for the last rung's {said} steps a worker (at least as long as a trial: steady state)"
+    return f"at full length ({said} steps a worker)"
+
+
 def write_tune_report(tuned, out, args, trainer_args, workers):
     """report.md (and tune.png, and final/'s comparison report) in ``out``; the verdicts' text."""
     make_dirs(out)
@@ -137,7 +152,8 @@ def write_tune_report(tuned, out, args, trainer_args, workers):
     lines = ["# hvdps tune: each method at its best", "",
              f"{args.model} at {workers} workers; budget {args.budget:g} s; halving from {args.trial_steps} steps "
              f"({', '.join(f'{n} trial(s) at rung {r}' for r, n in sorted(stages.items())) or 'no halving trial'}); "
-             f"the finalists and each method's defaults run at full length {tuned.repeats} time(s) in alternating order.",
+             f"the finalists and each method's defaults run {_final_length(tuned)} {tuned.repeats} time(s) in "
+             f"alternating order.",
              "", *top, *best_table(tuned), "", "![each method at its defaults and at its best](tune.png)", ""]
     if tuned.stopped:
         lines += [f"The budget ended the search early ({tuned.stopped}): each kind's best so far went on.", ""]

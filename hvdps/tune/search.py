@@ -209,7 +209,7 @@ def best_of(finals, defaults):
     base = next((r for c, r in ok if c == defaults), None)
     if len({c.group for c, _ in ok}) > 1:
         reached = [(c, r) for c, r in ok if r.time_to_target is not None]
-        if reached:
+        if reached and not at_first_eval([r for _, r in ok]):
             return by_time(reached)[0], BY_TIME
     held = [(c, r) for c, r in ok if accuracy_ok(r, base)] or ok
     return max(held, key=lambda cr: _rate(cr[1])), "throughput, accuracy held"
@@ -231,10 +231,23 @@ def by_time(pairs):
     return sorted(tied, key=lambda xr: -_rate(xr[1])) + [p for p in pairs if p not in tied]
 
 
+FIRST_EVAL = ("throughput: every run reached the target accuracy at its first evaluation, so the time to it "
+              "measures how soon each first evaluated, not how fast it trained")
+
+
+def at_first_eval(rows):
+    """Whether every one of ``rows`` (two or more) reached its target at its first evaluation: a race
+    that time to the target cannot judge (RunRow.target_at_first_eval)."""
+    return len(rows) > 1 and all(r.target_at_first_eval for r in rows)
+
+
 def verdict(bests):
     """[(method, row)] fastest first, and by what: time to the target where every one reached it
-    (``by_time``), else throughput."""
+    (``by_time``), unless every one reached it at its first evaluation; else throughput."""
     rows = [(m, r) for m, r in bests if r is not None]
+    by_rate = sorted(rows, key=lambda mr: -_rate(mr[1]))
+    if at_first_eval([r for _, r in rows]):
+        return by_rate, FIRST_EVAL
     if rows and all(r.time_to_target is not None for _, r in rows):
         return by_time(rows), BY_TIME
-    return sorted(rows, key=lambda mr: -_rate(mr[1])), "throughput"
+    return by_rate, "throughput"

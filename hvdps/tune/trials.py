@@ -71,8 +71,10 @@ class Trials:
                          repeat=repeat)
         folder = os.path.join(self.out, "final", "runs") if stage == "final" else os.path.join(self.out, "trials", stage)
         argv = list(self.trainer_args)
-        if steps is not None:     # a rung: so many steps, evaluated once, no checkpoint on the way
-            argv += ["--train_steps", str(steps), "--eval_every_epoch", "false", "--checkpoint_every_epoch", "false"]
+        if steps is not None:     # so many steps; a rung's evaluated once, with no checkpoint on the way
+            argv += ["--train_steps", str(steps)]
+            if stage != "final":  # a final evaluates as the flags say: its time to the target is judged
+                argv += ["--eval_every_epoch", "false", "--checkpoint_every_epoch", "false"]
         return plan_run(identity, self.condition, folder, argv, os.cpu_count() or 1, self.remote)
 
     def run(self, candidate, stage, steps=None, repeat=None, reserve=None):

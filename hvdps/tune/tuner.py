@@ -71,7 +71,7 @@ def tune(spaces, trials, steps0, repeats):
     kept = [r.candidate for m in live for r in m.ranked if r.pruned is None and r.candidate != m.defaults]
     repeats = _fit_repeats(trials, live, kept, repeats)
     finalists, halving, cut = search.halve(kept, lambda c, rung, steps: trials.run(c, f"r{rung}-s{steps}", steps), steps0)
-    finals, skipped, final_rows = _final(trials, live, finalists, repeats)
+    finals, skipped, final_rows = _final(trials, live, finalists, repeats, final_steps(live, halving))
     stopped = stopped or cut or skipped
     for m in live:
         rows = tuple((c, finals.get(c)) for c in _final_set(m, finalists))
@@ -104,15 +104,32 @@ def _fit_repeats(trials, live, kept, repeats):
     return repeats
 
 
-def _final(trials, live, finalists, repeats):
+def final_steps(live, halving):
+    """{method: the steps per worker its final runs, or None for the flags' own length}: at least the
+    last rung's, so that the verdict's throughput is the steady state the halving measured and not a
+    shorter run's start-up (Horovod's background thread and first negotiations weigh on 110 steps, not on
+    2,700). A method whose full length is longer keeps it."""
+    last = max((t.steps for t in halving), default=0)
+    out = {}
+    for m in live:
+        plan = m.probe.header.plan if m.probe is not None and m.probe.header is not None else None
+        full = plan.get("worker_steps") if isinstance(plan, dict) else None
+        out[m.method] = last if last and (full is None or last > full) else None
+    return out
+
+
+def _final(trials, live, finalists, repeats, steps=None):
     """({candidate: its merged row}, why a run was left out or None, every run) of the final: every method's final set, ``repeats`` times, the order
-    reversed on every other pass (as compare --repeat), within the budget left."""
+    reversed on every other pass (as compare --repeat), within the budget left; ``steps`` {method: steps
+    per worker or None} (final_steps)."""
+    steps = steps or {}
     order = [c for m in live for c in _final_set(m, finalists)]
     rows, skipped = {c: [] for c in order}, None
     for k in range(1, repeats + 1):
         for c in (order if k % 2 else order[::-1]):
             try:
-                rows[c].append(trials.run(c, "final", repeat=k if repeats > 1 else None, reserve=0.0))
+                rows[c].append(trials.run(c, "final", steps.get(c.method), repeat=k if repeats > 1 else None,
+                                          reserve=0.0))
             except OutOfBudget as exc:
                 skipped = skipped or f"the final: {exc}"
     return {c: merge(rs)[0] for c, rs in rows.items() if rs}, skipped, [r for rs in rows.values() for r in rs]
