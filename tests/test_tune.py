@@ -255,3 +255,26 @@ def test_a_tune_stopped_mid_trial_resumes_and_picks_the_far_better_cycle_time(tm
     assert not (again / "trials").exists()
     state = json.loads((out / "tune.json").read_text())
     assert "--budget" not in state["argv"] and HOROVOD_CYCLES in state["argv"]
+
+
+@pytest.mark.parametrize("flags, asked, added", [
+    ({"avx2"}, "auto", []),                                     # bfloat16 would be emulated: never a candidate
+    ({"avx2", "avx512_bf16"}, "auto", ["mixed_bfloat16"]),      # native, though auto keeps float32
+    ({"avx2", "avx512_bf16", "amx_bf16"}, "auto", ["float32"]), # auto took bfloat16: float32 beside it
+    ({"avx2", "avx512_bf16"}, "float32", []),                   # the flag names one: kept as it is
+])
+def test_precision_is_an_axis_of_every_method_where_the_hardware_computes_it(flags, asked, added):
+    """The defaults again in each policy the hardware computes natively, as an arithmetic of its own
+    (judged by time to the target), in a folder of its own (its run's name is its method's)."""
+    from common.spec.precision import Hardware
+    from hvdps.tune.trials import Trials
+    cands = space.candidates("mpi", space.parse_space("mpi")["mpi"], ARGS)
+    out = space.precision_candidates(cands, asked, Hardware("cpu", frozenset(flags)))
+    assert out[:len(cands)] == cands and [c.precision for c in out[len(cands):]] == added
+    for c in out[len(cands):]:
+        assert c.variant == cands[0].variant and c.group == (("precision", c.precision),)
+        assert c.label.endswith(f" in {c.precision}") and c.argv == ["--precision", c.precision]
+        trials = Trials("/t", lambda p=None: f"mlp {p or 'float32'}", 2, ["--model", "mlp"])
+        planned, base = trials.plan(c, "final"), trials.plan(cands[0], "final")
+        assert planned.run_dir != base.run_dir and "--precision" not in base.cmd
+        assert "--precision" in planned.cmd and c.precision in planned.cmd

@@ -132,16 +132,23 @@ def validate(args, cfg):
     if args.budget < MIN_BUDGET_S:
         raise UsageError(f"--budget {args.budget:g}: at least {MIN_BUDGET_S} s, a probe of each method at full length")
     # a candidate its trainer would refuse at this worker count (K backup workers of K) is no candidate
-    spaces = {name: [c for c in space.candidates(name, axes, args) if runs_at(c, workers[0])]
+    spaces = {name: space.precision_candidates([c for c in space.candidates(name, axes, args) if runs_at(c, workers[0])],
+                                               args.precision)
               for name, axes in space.parse_space(args.backends).items()}
     found = compare.cluster_conditions(args)
     if len(found) > 2:
         raise UsageError("hvdps tune tunes for one cluster: one --straggler factor, --stall or --slow_link")
     shim = copy.copy(args)
-    shim.backends = ",".join(c.entry for cs in spaces.values() for c in cs)
+    shim.backends = ",".join(dict.fromkeys(c.entry for cs in spaces.values() for c in cs))   # precisions share one
     shim.resume, shim.from_dirs, shim.repeat = False, [args.from_dir] if args.from_dir else None, 1
     asked = compare.validate(shim, cfg)
     return spaces, workers[0], (found[1] if len(found) > 1 else None), asked, shim
+
+
+def workload_of(args):
+    """(precision or None) -> the workload's name: a candidate's own policy, else the flags' (--precision auto
+    resolved on this machine)."""
+    return lambda precision=None: workload_name(args.model, precision or args.precision, args.jit_compile)
 
 
 def runs_at(candidate, workers):
@@ -163,7 +170,7 @@ def run(args, parser, argv, resuming):
         return dry_run(spaces, workers, condition, trainer_args, args)
     remote = compare.make_remote(args)
     links = compare.load_links(args.links) if args.links else None
-    trials = Trials(args.from_dir or args.out, workload_name(args.model, args.precision, args.jit_compile), workers, trainer_args, condition, remote, links,
+    trials = Trials(args.from_dir or args.out, workload_of(args), workers, trainer_args, condition, remote, links,
                     run_timeout=args.run_timeout, clock=Clock(args.budget), live=not args.from_dir,
                     progress=Progress() if args.progress else None)
     if not args.from_dir:
@@ -228,9 +235,9 @@ def without_out(argv):
 def dry_run(spaces, workers, condition, trainer_args, args):
     """The space each method searches, and its probe's exact line."""
     print(compare.dry_run_preamble())
-    trials = Trials(args.out, workload_name(args.model, args.precision, args.jit_compile), workers, trainer_args, condition, compare.make_remote(args))
+    trials = Trials(args.out, workload_of(args), workers, trainer_args, condition, compare.make_remote(args))
     for name, cands in spaces.items():
-        print(f"# {name}: {len(cands)} candidate(s): " + ", ".join(c.entry for c in cands))
+        print(f"# {name}: {len(cands)} candidate(s): " + ", ".join(c.entry + (f" --precision {c.precision}" if c.precision else "") for c in cands))
         planned = trials.plan(cands[0], "probe")
         print(shlex.join(planned.cmd))
     return 0

@@ -33,6 +33,8 @@ def _settings(candidate):
         parts.insert(0, f"mode {v.mode}")
     if v.tasks and methods.get(v.method).launcher.task_flags:
         parts.append(methods.tasks_said(v.method, v.tasks))
+    if candidate.precision:
+        parts.append(f"--precision {candidate.precision}")
     return ", ".join(parts) or "its defaults"
 
 
@@ -115,7 +117,7 @@ def search_lines(tuned):
                 t = next((t for t in tuned.trials if t.candidate == c and t.rung == rung), None)
                 cells.append(("-" if t is None else f"{t.samples_per_s:,.0f}" if t.samples_per_s else "failed"))
             pred = f"{1e3 * r.predicted_s:.2f}" if r.predicted_s else "-"
-            name = c.entry + (" (defaults)" if c == m.defaults else "")
+            name = c.entry + (f" --precision {c.precision}" if c.precision else "") + (" (defaults)" if c == m.defaults else "")
             if r.pruned:
                 name += f": pruned, {r.pruned}"
             row = finals.get(c)

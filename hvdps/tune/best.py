@@ -36,7 +36,8 @@ def sbatch_of(entry, workers, trainer_args):
 
 def commands_of(candidate, workers, trainer_args, workload):
     v = candidate.variant
-    identity = RunId(workload, v.method, v.mode, workers, tasks=tuple(v.tasks or ()), settings=v.settings)
+    identity = RunId(workload(candidate.precision or None), v.method, v.mode, workers, tasks=tuple(v.tasks or ()),
+                     settings=v.settings)
     run = plan_run(identity, None, "runs", list(trainer_args), os.cpu_count() or 1)
     return "\n".join([f"# {candidate.label}: its best found by hvdps tune",
                       "# the comparison's run of it:",
@@ -71,15 +72,16 @@ def write_best(tuned, out, args, trainer_args, workers):
     the verdict best against best."""
     into = os.path.join(out, "best")
     make_dirs(into)
-    workload = workload_name(args.model, args.precision, args.jit_compile)
+    workload = lambda precision=None: workload_name(args.model, precision or args.precision, args.jit_compile)
     notes = []
     for m in tuned.methods:
         if not m.best:
             continue
         c = m.best[0]
-        write_atomic(os.path.join(into, f"{c.method}.sh"), commands_of(c, workers, trainer_args, workload))
-        write_atomic(os.path.join(into, f"{c.method}.sbatch"), sbatch_of(c.entry, workers, trainer_args))
-        name, why = manifest_of(c, workers, trainer_args, args.image, into)
+        flags = list(trainer_args) + c.argv                   # its precision, where that is its best
+        write_atomic(os.path.join(into, f"{c.method}.sh"), commands_of(c, workers, flags, workload))
+        write_atomic(os.path.join(into, f"{c.method}.sbatch"), sbatch_of(c.entry, workers, flags))
+        name, why = manifest_of(c, workers, flags, args.image, into)
         if why:
             notes.append(f"{c.method}: no manifest ({why})")
     if tuned.best:

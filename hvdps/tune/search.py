@@ -91,7 +91,7 @@ def _modelled(method):
 def _twins(a, b):
     """Whether two candidates differ only in what the model sees (the same mode and unmodelled settings)."""
     seen = _modelled(methods.get(a.method))
-    rest = lambda c: (c.variant.mode, tuple(s for s in c.variant.settings if s[0] not in seen))
+    rest = lambda c: (c.variant.mode, c.precision, tuple(s for s in c.variant.settings if s[0] not in seen))
     return rest(a) == rest(b)
 
 

@@ -3,9 +3,10 @@
 ``ps:async|sync``), each a ``Variant`` as ``--backends`` would parse it, so a trial is a
 comparison's run of that entry and its folder has that run's name."""
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.base.errors import UsageError
+from common.spec import precision as precisions
 from hvdps import methods
 from hvdps.methods import Axis, Variant, entry_text
 
@@ -14,10 +15,17 @@ from hvdps.methods import Axis, Variant, entry_text
 class Candidate:
     """One point of a method's space: its entry (``variant``), its arithmetic (``group``: the values
     of its axes that train differently, which only time to accuracy may compare across) and how many
-    axes it moves away from the method's defaults (``changed``: a tie goes to the nearer)."""
+    axes it moves away from the method's defaults (``changed``: a tie goes to the nearer); ``precision``,
+    the policy it trains in where that is not the flags' own (precision_candidates), "" otherwise."""
     variant: Variant
     group: tuple = ()
     changed: int = 0
+    precision: str = ""
+
+    @property
+    def argv(self):
+        """The trainer flags it adds to the tune's own: its precision's."""
+        return ["--precision", self.precision] if self.precision else []
 
     @property
     def method(self):
@@ -33,7 +41,24 @@ class Candidate:
         """How the report names it: the method's label and its settings and tasks."""
         v = self.variant
         tasks = methods.tasks_said(v.method, v.tasks) if v.tasks and methods.get(v.method).launcher.task_flags else ""
-        return methods.label(v.method, v.mode, v.settings) + (f" ({tasks})" if tasks else "")
+        return (methods.label(v.method, v.mode, v.settings) + (f" ({tasks})" if tasks else "")
+                + (f" in {self.precision}" if self.precision else ""))
+
+
+def precision_candidates(cands, asked, hw=None):
+    """Every method's precision as one more axis of its space: the defaults' candidate again in each
+    mixed policy that the hardware computes natively (common/spec/precision.py) beside the one
+    ``--precision auto`` chose, judged by time to the target accuracy (a policy trains differently).
+    A policy the hardware would emulate is never a candidate (its trials would measure the emulation),
+    and a ``--precision`` the flags name is kept as it is: ``cands`` is then returned unchanged."""
+    if asked != precisions.AUTO or not cands:
+        return cands
+    hw = precisions.hardware() if hw is None else hw
+    chosen = precisions.choose(asked, hw).policy
+    others = [p for p in precisions.POLICIES if p != chosen and precisions.native(p, hw)]
+    base = cands[0]
+    return list(cands) + [replace(base, group=(*base.group, ("precision", p)), changed=base.changed + 1, precision=p)
+                          for p in others]
 
 
 def default_mode(method):

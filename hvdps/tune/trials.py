@@ -48,7 +48,7 @@ class Trials:
     """Runs (or reads back) the tune's trials. ``live``: run what has not finished (False: --from);
     ``reserve``: seconds the budget keeps for the final while halving runs."""
     out: str
-    workload: str
+    workload: object               # (precision) -> the workload's name (hvdps.measure.identity.workload_name)
     workers: int
     trainer_args: list
     condition: object = None
@@ -66,11 +66,13 @@ class Trials:
         """The PlannedRun of ``candidate``'s trial in ``stage`` ("probe", "r0-s300", "final") at ``steps``
         (None: the flags' own length), its ``repeat`` in the final."""
         v = candidate.variant
-        identity = RunId(self.workload, v.method, v.mode, self.workers, tasks=tuple(v.tasks or ()),
+        identity = RunId(self.workload(candidate.precision or None), v.method, v.mode, self.workers, tasks=tuple(v.tasks or ()),
                          settings=v.settings, condition=self.condition.label if self.condition else None,
                          repeat=repeat)
         folder = os.path.join(self.out, "final", "runs") if stage == "final" else os.path.join(self.out, "trials", stage)
-        argv = list(self.trainer_args)
+        if candidate.precision:   # a workload of its own: its folder name is its method's, so a folder of its own too
+            folder += "-" + candidate.precision.replace("_", "-")
+        argv = list(self.trainer_args) + candidate.argv
         if steps is not None:     # so many steps; a rung's evaluated once, with no checkpoint on the way
             argv += ["--train_steps", str(steps)]
             if stage != "final":  # a final evaluates as the flags say: its time to the target is judged
