@@ -76,14 +76,14 @@ DEMO_ARGS ?=
 DEMO_COMMON := --workers $(DEMO_WORKERS) --checkpoint_every_epoch false --no_progress --log_every 4 --warmup_steps 4 \
     --probe_steps 20
 DEMO_REC_EPOCHS ?= 2
-# The transformer (tiny preset) on the standard library's source, in mixed bfloat16, at 2 workers:
+# The transformer (tiny preset) on the standard library's source, in the precision --precision auto picks, at 2 workers:
 # Horovod, bare MPI and sync PS, evaluated every 100 updates so that the time to its 0.52 next-byte
 # accuracy is measured within DEMO_LM_STEPS (BENCHMARKS.md section 24: each of them passes it by update
 # 600, local SGD and gossip by 700; async PS, whose stale gradients cost it accuracy, only after 1,400).
-DEMO_LM_STEPS ?= 700
+DEMO_LM_STEPS ?= 600
 # Then a short tune of the MLP (each method's settings searched, its best beside its defaults:
 # runs/demo-*/tune/report.md), bounded by DEMO_TUNE_BUDGET seconds; DEMO_TUNE_ARGS ends its flags.
-DEMO_TUNE_BUDGET ?= 300
+DEMO_TUNE_BUDGET ?= 150
 DEMO_TUNE_ARGS ?=
 demo: setup
 	-$(BIN)/hvdps compare $(DEMO_COMMON) --backends horovod,mpi,localsgd:8,mwms,ps --eval_every_epoch false --model mlp \
@@ -92,7 +92,7 @@ demo: setup
 	    --batch_size 64 --epochs $(DEMO_CNN_EPOCHS) --out $(DEMO_OUT)/cnn $(DEMO_ARGS)
 	-$(BIN)/hvdps compare $(DEMO_COMMON) --backends horovod,horovod:sparse_as_dense,mpi,mwms,ps --model rec \
 	    --dataset clicks --batch_size 64 --epochs $(DEMO_REC_EPOCHS) --target_accuracy 0.75 --out $(DEMO_OUT)/rec $(DEMO_ARGS)
-	-$(BIN)/hvdps compare --workers 2 --backends horovod,mpi,ps:sync --model transformer --dataset pysrc --precision mixed_bfloat16 \
+	-$(BIN)/hvdps compare --workers 2 --backends horovod,mpi,ps:sync --model transformer --dataset pysrc \
 	    --train_steps $(DEMO_LM_STEPS) --eval_every_steps 100 --eval_every_epoch false --checkpoint_every_epoch false \
 	    --log_every 20 --probe_steps 20 --no_progress --out $(DEMO_OUT)/lm $(DEMO_ARGS)
 	$(BIN)/hvdps compare --from $(DEMO_OUT)/mlp/runs $(DEMO_OUT)/cnn/runs $(DEMO_OUT)/rec/runs $(DEMO_OUT)/lm/runs --out $(DEMO_OUT)

@@ -143,9 +143,11 @@ def test_finalists_that_train_differently_are_judged_by_time_to_accuracy():
 
 
 def _first_eval_final(tta, rate, first_acc):
-    """A final that evaluated first at update 44 with ``first_acc`` (the target is 0.9)."""
+    """A final that evaluated first at update 44 with ``first_acc`` (the target is 0.9), then reached it
+    at its fourth evaluation if not at its first."""
     evals = (Eval(type="eval", global_step=44, wall_time=1.0, accuracy=first_acc),
-             Eval(type="eval", global_step=88, wall_time=2.0, accuracy=0.95))
+             *(Eval(type="eval", global_step=44 * k, wall_time=1.0 + 0.2 * k, accuracy=0.85) for k in (2, 3)),
+             Eval(type="eval", global_step=176, wall_time=2.0, accuracy=0.95))
     return replace(_final(tta, rate), target_accuracy=0.9, curves=Curves(evals=evals))
 
 

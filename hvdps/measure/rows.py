@@ -190,6 +190,23 @@ class RunRow:
         return (self.time_to_target is not None and first is not None and first.accuracy is not None
                 and self.target_accuracy is not None and first.accuracy >= self.target_accuracy)
 
+
+    @property
+    def target_window(self):
+        """(earliest, latest) seconds in which it crossed its target: from its last evaluation below the
+        target (0 where the first was already at it) to the first at or above it (its time to the target),
+        or None where it never reached it. Two runs whose windows overlap are not told apart by time."""
+        if self.time_to_target is None or self.target_accuracy is None:
+            return None
+        hit = next((i for i, e in enumerate(self.curves.evals)
+                    if e.accuracy is not None and e.accuracy >= self.target_accuracy), None)
+        if hit is None:
+            return (self.time_to_target, self.time_to_target)
+        if hit == 0:
+            return (0.0, self.time_to_target)
+        before = self.curves.evals[hit - 1].wall_time - self.curves.evals[hit].wall_time + self.time_to_target
+        return (max(0.0, before), self.time_to_target)
+
     def column(self, key):
         """A table column's value by name (results.csv, results.json): the row's own, else its
         method's measures' (None for a run of another method)."""
@@ -336,3 +353,27 @@ def summary_figures(summary):
         figures[key] = value if value is not None else getattr(wire, key, None)
     figures["wire_rule"] = (wire.wire_rule if wire else None) or (split.wire_rule if split else None)
     return figures
+
+
+MIN_EVALS = 4       # a crossing at one of a run's first three evaluations is timed to a third of itself at best
+
+
+def _crossing(row):
+    """Which evaluation (1, 2, ...) first reached the row's target (the last where none did)."""
+    hit = [i for i, e in enumerate(row.curves.evals) if e.accuracy is not None and e.accuracy >= row.target_accuracy]
+    return hit[0] + 1 if hit else len(row.curves.evals)
+
+
+def unresolved(rows):
+    """Whether time to the target cannot rank ``rows`` (two or more, each reached it): every one reached
+    it at its first evaluation; even the slowest before its MIN_EVALS-th (what the time then holds
+    is mostly start-up, the first evaluation's tracing and the pauses, not training); or each crossed it
+    within the window of the fastest (between its last evaluation below the target and its first at
+    it). The evaluations were too far apart to tell."""
+    windows = [r.target_window for r in rows]
+    if len(rows) < 2 or None in windows or not all(r.curves.evals for r in rows):
+        return False
+    if all(r.target_at_first_eval for r in rows) or max(_crossing(r) for r in rows) < MIN_EVALS:
+        return True
+    fastest = min(windows, key=lambda w: w[1])
+    return all(w[0] <= fastest[1] for w in windows)

@@ -19,6 +19,7 @@ from hvdps.render import unhealthy
 from hvdps.render.styles import name_of
 from hvdps.tune.hints import hints
 from hvdps.measure.identity import settings_text
+from hvdps.measure.rows import unresolved
 from common.inputs.records import SHARDING
 
 
@@ -309,15 +310,8 @@ def verdicts(rows):
         # a caveat ends in a list of runs: the ranking after it is a sentence of its own
         head = f"- **{model}**, {n} worker(s), {runs}" + (f"{caveats}. " if caveats else ": ")
         opening = (lambda words: words[:1].upper() + words[1:]) if caveats else (lambda words: words)
-        if len(reached) > 1 and not never and all(r.target_at_first_eval for r in reached):
-            # a race to the first evaluation: the time says when each evaluated, not how it trained
-            by_rate = sorted(reached, key=lambda r: -(r.samples_per_sec_median or 0.0))
-            text = head + opening(
-                f"every run reaches {goal} at its first evaluation ("
-                + ", ".join(f"{name_of(r)} at update {r.curves.evals[0].global_step}" for r in by_rate)
-                + "), so the time to it measures how soon each first evaluated, not how fast it trained: ranked "
-                f"by throughput instead, {name_of(by_rate[0])} first, every run's accuracy at or above the target "
-                f"(evaluate more often to time the crossing: --eval_every_steps)")
+        if len(reached) > 1 and not never and unresolved(reached):
+            text = head + opening(_unresolved_words(reached, goal))
         elif reached:
             best = reached[0]
             text = head + opening(f"{name_of(best)} reaches {goal} first, in {best.time_to_target:.1f} s")
@@ -339,6 +333,22 @@ def verdicts(rows):
             text += " Start-up of these runs: " + ", ".join(startups) + "."
         out.append(text)
     return out
+
+
+def _unresolved_words(reached, goal):
+    """The verdict where time to the target cannot rank the runs (rows.unresolved): a race to the first
+    evaluations says when each evaluated, not how fast it trained, so they are ranked by throughput."""
+    by_rate = sorted(reached, key=lambda r: -(r.samples_per_sec_median or 0.0))
+    if all(r.target_at_first_eval for r in reached):
+        when = f"every run reaches {goal} at its first evaluation (" + ", ".join(
+            f"{name_of(r)} at update {r.curves.evals[0].global_step}" for r in by_rate) + ")"
+    else:
+        when = (f"every run reaches {goal} within a few evaluations, too far apart to time the crossing (" +
+                ", ".join(f"{name_of(r)} between {r.target_window[0]:.2f} and {r.target_window[1]:.2f} s"
+                          for r in by_rate) + ")")
+    return (when + ", so the time to it measures how soon each evaluated, not how fast it trained: ranked by "
+            f"throughput instead, {name_of(by_rate[0])} first, every run's accuracy at or above the target "
+            "(evaluate more often to time the crossing: --eval_every_steps)")
 
 
 def _precision_sentence(runs):

@@ -13,6 +13,7 @@ from hvdps.cost.model import Everywhere
 from hvdps.cost.projection import projected_step, single_layer
 from hvdps.cost.schedule import AlphaBeta
 from hvdps.cost.shape import StepShape
+from hvdps.measure.rows import unresolved
 
 PRUNE = 1.5       # a candidate the model predicts this many times its group's best step is not run
 SAME = 0.02       # two predictions this close: the setting between them moves nothing the model sees
@@ -231,14 +232,14 @@ def by_time(pairs):
     return sorted(tied, key=lambda xr: -_rate(xr[1])) + [p for p in pairs if p not in tied]
 
 
-FIRST_EVAL = ("throughput: every run reached the target accuracy at its first evaluation, so the time to it "
-              "measures how soon each first evaluated, not how fast it trained")
+FIRST_EVAL = ("throughput (every run reached the target accuracy within its first few evaluations, too far apart "
+              "to time the crossing: the time to it measures how soon each evaluated, not how fast it trained)")
 
 
 def at_first_eval(rows):
-    """Whether every one of ``rows`` (two or more) reached its target at its first evaluation: a race
-    that time to the target cannot judge (RunRow.target_at_first_eval)."""
-    return len(rows) > 1 and all(r.target_at_first_eval for r in rows)
+    """Whether time to the target cannot judge ``rows`` (two or more): every one reached its target at
+    its first evaluation, or each crossed it within the fastest's evaluation window (rows.unresolved)."""
+    return len(rows) > 1 and unresolved(rows)
 
 
 def verdict(bests):
