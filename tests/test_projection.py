@@ -212,9 +212,11 @@ def test_ps_layout_flags_reach_the_schedule(tmp_path):
     assert next(x for x in per_gpu if x.arch == "PS, 1 per server").efficiency < 0.5 * want.efficiency
 
 
-def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None, mode="sync", num_ps=0, settings=()):
+def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None, mode="sync", num_ps=0, settings=(),
+                  spans=False):
     """A finished run of the CNN (8x8 digits: 151,306 parameters) with a breakdown, as a trainer writes it;
-    with ``settings``, and its identity as hvdps compare records it beside the run."""
+    with ``settings``, and its identity as hvdps compare records it beside the run; with ``spans``, each
+    worker's ranks/worker-<i>.json: 40 logged steps of ``step_s``, no wait for the batch."""
     from common.spec.config import make_config
     from common.trainer.metrics import MetricsWriter, throughput_stats
     from common.spec.plan import make_plan
@@ -236,6 +238,12 @@ def fake_sync_run(d, backend, workers, compute_s, step_s, exchange_s=None, mode=
         ident = RunId("cnn", backend, mode, workers, settings=settings)
         record = run_record(PlannedRun(backend, mode, workers, str(d), identity=ident), 10.0, 0.0, 0)
         (d / "compare_run.json").write_text(record.model_dump_json())
+    if spans:
+        (d / "ranks").mkdir()
+        for i in range(workers):
+            doc = {"task": f"worker:{i}", "pid": 100 + i, "host": f"h{i}",
+                   "spans": [[k, 1000.0 + k * step_s, 1000.0 + (k + 1) * step_s, 0.0, None] for k in range(1, 41)]}
+            (d / "ranks" / f"worker-{i}.json").write_text(json.dumps(doc))
 
 
 @pytest.mark.process
@@ -274,15 +282,35 @@ def test_project_from_runs(tmp_path):
     assert (out / "crossover.png").read_bytes()[:4] == b"\x89PNG"
     assert "## Held out" not in text                       # one worker count per method: nothing to predict
     # PS at 2, 4 and 8 workers: fitted at 2 and 4, 8 predicted (hvdps/cost/heldout.py)
-    for n, step in ((4, 0.050), (8, 0.090)):
-        fake_sync_run(tmp_path / "runs" / f"ps-{n}", "ps", n, 0.010, step, num_ps=1)
+    # with its ranks' logged steps (ranks/*.json), each run is also replayed (hvdps/cost/replay.py)
+    import shutil
+    shutil.rmtree(tmp_path / "runs" / "ps-2")
+    # on 0.1 Gbit/s, sync PS's exchange is its PS link's 2(n M / B + alpha); each step 10 ms of compute + 1.1x it - 5 ms
+    def exchange(n):
+        return 2 * (n * 605224 / (0.1e9 / 8) + 20e-6)
+    for n in (2, 4, 8):
+        fake_sync_run(tmp_path / "runs" / f"ps-{n}", "ps", n, 0.010, 0.010 + 1.1 * exchange(n) - 0.005, num_ps=1,
+                      spans=True)
     r = run([os.path.join(BIN, "hvdps"), "project", "--from", str(tmp_path / "runs"),
-             "--bandwidth_gbps", "10", "--latency_us", "20", "--out", str(out)], timeout=180)
+             "--bandwidth_gbps", "0.1", "--latency_us", "20", "--max_workers", "16", "--out", str(out)], timeout=180)
     assert r.returncode == 0, r.stderr
-    assert "## Held out: fitted at the two smallest worker counts" in (out / "projection.md").read_text()
-    held = json.load(open(out / "projection.json"))["heldout"]
+    text = (out / "projection.md").read_text()
+    assert "## Held out: fitted at the two smallest worker counts" in text
+    assert "## Held out by replay" in text and "## Replayed at scale" in text
+    data = json.load(open(out / "projection.json"))
+    held = data["heldout"]
     assert held["cores"] is None                           # no hvdps emulate record: no shared cores
-    assert [(e["workers"], e["held_out"]) for e in held["entries"]] == [(2, False), (4, False), (8, True)]
+    assert [(e["projector"], e["workers"], e["held_out"]) for e in held["entries"]] == [
+        ("link terms", 2, False), ("link terms", 4, False), ("link terms", 8, True),
+        ("replay", 2, False), ("replay", 4, False), ("replay", 8, True)]
+    replayed = {e["workers"]: e for e in held["entries"] if e["projector"] == "replay"}
+    # every worker ready at 10 ms (the probe's compute): the fit is the line, and the held-out run is on it
+    assert [replayed[n]["ratio"] for n in (2, 4, 8)] == [pytest.approx(1.0, abs=1e-6)] * 3
+    assert (replayed[8]["factor"], replayed[8]["offset_s"]) == (pytest.approx(1.1), pytest.approx(-0.005))
+    assert replayed[8]["replayed_from"] == "ps-4"
+    assert held["trusted"]["PS sync"]["projector"] in ("replay", "link terms") and held["trusted"]["PS sync"]["why"]
+    assert [x["workers"] for x in data["replayed"]] == [1, 2, 4, 8, 16]
+    assert {x["replayed_from"] for x in data["replayed"]} == {"ps-8"}
 
 
 @pytest.mark.process

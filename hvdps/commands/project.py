@@ -13,7 +13,7 @@ from common.base.files import make_dirs, write_atomic
 from common.base.procs import REPO, native_stderr_quiet
 from common.formats.schemas import read_cluster_description, read_comm, read_config
 from hvdps import methods
-from hvdps.cost import crossover, heldout, stragglers
+from hvdps.cost import crossover, heldout, replay, stragglers
 from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.measure.rows import kept_rates, load_run, measured_interval
 from hvdps.measure.identity import settings_text
@@ -22,15 +22,14 @@ from hvdps.cost.projection import (Checked, TCP_GOODPUT, fit_from_comm, known_mo
                                    project, projected_step, run_exchange_s, single_layer)
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
 from hvdps.measure.conditions import parse_stragglers
-from hvdps.render.projection import _size, check_table, dumps, plot, table
+from hvdps.render.projection import _size, check_table, dumps, plot, replay_table, table
 from hvdps.render.report import contention_words
 from common.model.layer_profile import layer_profile
 from common.model.models import build_model
 from hvdps.measure.links import run_cores
-from hvdps.measure.timeline import rank_files
+from hvdps.measure.timeline import rank_files, readies, worker_index
 from common.base.flags import Parser, check_finite
 from common.spec.plugins import plugins_bounded
-from common.base.numbers import whole
 
 
 def find_runs(path, unhealthy=False):
@@ -224,6 +223,33 @@ def heldout_of(found, layers, nets, tuning):
     return entries, cores
 
 
+def replay_of(found, layers, nets, tuning):
+    """hvdps/cost/replay.py's runs of the healthy runs ``found``: each run's ranks' logged steps, with
+    its method's exchange at any n on the projection's network."""
+    def terms_of(row, n):
+        at = dataclasses.replace(row, workers=n)
+        return row.method.cost.step_terms(at, row.shard_bytes, layers, nets, methods.tuning_at(row, tuning))
+
+    def readies_of(row):
+        header = row.header
+        warmup = (header.config.warmup_steps if header and header.config else 0) or 0
+        start = (header.start_step if header else 0) or 0
+        return readies(rank_files(row.run_dir), row.compute_s, warmup + start)
+
+    return replay.runs_of([f.row for f in healthy_of(found)], terms_of, readies_of)
+
+
+def replayed_of(args, inp, tuning, held):
+    """(the replay's held-out entries, the projector trusted per method, each method replayed at the
+    projection's worker counts, their sections of projection.md) of the runs under --from."""
+    runs = replay_of(inp.found, inp.layers, inp.nets, tuning) if args.from_dir else []
+    entries, cores = replay.analyse(runs, held[1]), held[1]
+    scaled = replay.at_scale(runs, powers_of_two(1, args.max_workers), cores)
+    trusted = heldout_render.trusted(entries, held[0], [r.method for r in scaled])
+    text = "\n".join(heldout_render.replay_section(entries, held[0])) + "\n" if entries else ""
+    return entries, trusted, scaled, text + replay_table(scaled, trusted)
+
+
 def slow_links(cluster, healthy):
     """What differs in ``cluster``'s links from the ``healthy`` one's: "h2 at 10 Mbit/s" (None: nothing)."""
     if not cluster or not healthy:
@@ -240,9 +266,8 @@ def cpu_per_step(run_dir):
     workers, timed at the coordinator, give none)."""
     out = {}
     for task, rank in rank_files(run_dir).items():
-        kind, _, index = task.partition(":")
-        if kind in ("rank", "worker") and whole(index) is not None and rank.cpu_s_per_step:
-            out[whole(index)] = rank.cpu_s_per_step
+        if worker_index(task) is not None and rank.cpu_s_per_step:
+            out[worker_index(task)] = rank.cpu_s_per_step
     return out
 
 
@@ -456,6 +481,8 @@ def run_projection(args):
     held = heldout_of(inp.found, layers, nets, tuning) if args.from_dir else ([], None)
     if held[0]:
         text += "\n".join(heldout_render.section(*held)) + "\n"
+    replays, trusted, scaled, replayed_text = replayed_of(args, inp, tuning, held)
+    text += replayed_text
     sick = unhealthy_check(inp.found, args.from_dir, args.healthy_dir, layers, tuning) if args.from_dir else ([], [])
     if sick[0] or sick[1]:
         text += "\n".join(heldout_render.unhealthy_section(*sick)) + "\n"
@@ -473,7 +500,9 @@ def run_projection(args):
                        **{o.flag: getattr(args, o.flag) for o in methods.options()},
                        "measured_overlap": {label: ov for label, (ov, _) in inp.measured.items()}, "checked": checked,
                        "left_out": [{"run": name, "why": why} for name, why in left_out], "crossover": cross,
-                       "heldout": {"entries": held[0], "cores": held[1]},
+                       "heldout": {"entries": held[0] + replays, "cores": held[1],
+                                   "trusted": trusted},
+                       "replayed": scaled,
                        "unhealthy": {"entries": sick[0], "left_out": [{"run": n, "why": w} for n, w in sick[1]]},
                        "slow": slow, "rows": rows}))
     if cross:

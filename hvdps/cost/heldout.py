@@ -179,6 +179,7 @@ class Entry:
     held_out: bool
     fitted_at: Tuple[int, ...]
     settings: Tuple[Tuple[str, str], ...] = ()
+    projector: str = "link terms"
 
 
 def analyse(rows, terms_of, cores=None):

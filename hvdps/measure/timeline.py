@@ -97,3 +97,33 @@ def write_timeline(run_dir, compute_s=None):
     path = os.path.join(run_dir, TIMELINE)
     write_atomic(path, json.dumps(doc, allow_nan=False))     # the rank files' schema bounds every time
     return path
+
+
+WORKER_ROLES = ("rank", "worker")     # the tasks that train; a PS task serves, a chief or coordinator dispatches
+
+
+def worker_index(task):
+    """A training task's index ("rank:3", "worker:3" -> 3), or None for a serving or dispatching one."""
+    role, _, index = task.partition(":")
+    return whole(index) if role in WORKER_ROLES else None
+
+
+def readies(ranks, compute_s=None, after_step=0):
+    """((each worker's ready seconds, in task order) per logged step past ``after_step`` that every
+    worker logged): from its step's start to its gradient being ready, the wait for its batch plus
+    its compute as ``parts`` splits the step (hvdps/cost/replay.py replays them). ``ranks``:
+    {task: RankFile} (``rank_files``)."""
+    per = {}
+    for task, rank in ranks.items():
+        if worker_index(task) is None:
+            continue
+        steps = {}
+        for span in rank.spans:
+            if int(span[0]) > after_step:
+                input_part, compute_part, _ = parts(span, compute_s)
+                steps[int(span[0])] = input_part[2] + compute_part[2]
+        per[task] = steps
+    if not per:
+        return ()
+    common = sorted(set.intersection(*(set(s) for s in per.values())))
+    return tuple(tuple(per[t][k] for t in per) for k in common)

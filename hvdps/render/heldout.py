@@ -1,6 +1,7 @@
 """The held-out check rendered: its summary and report section."""
 from hvdps import methods
 from hvdps.cost.heldout import TOLERANCE
+from hvdps.cost.replay import mean_error, worst
 
 
 def summary(entries):
@@ -93,3 +94,73 @@ def unhealthy_section(entries, left_out=()):
     if left_out:
         lines += ["Not predicted: " + "; ".join(f"{n} ({w})" for n, w in left_out) + ".", ""]
     return lines
+
+
+def _fitted_error(entries, label):
+    errs = [abs(e.ratio - 1.0) for e in entries if not e.held_out and _label(e) == label]
+    return sum(errs) / len(errs) if errs else None
+
+
+def _label(e):
+    return e.backend if e.projector == "replay" else methods.label(e.backend, e.mode, e.settings)
+
+
+def trusted(replays, links, others=()):
+    """{method: {"projector", "why"}}: per method, the projector whose fit is closer to the runs it was
+    fitted on (the held-out runs are not looked at; to 0.1%), the replay where they tie or only it
+    fitted; ``others``: the methods replayed at scale without a held-out check, the replay trusted."""
+    out = {}
+    for label in dict.fromkeys(_label(e) for e in replays):
+        mine, theirs = _fitted_error(replays, label), _fitted_error(links, label)
+        if theirs is not None and mine is not None and round(theirs, 3) < round(mine, 3):
+            out[label] = {"projector": "link terms",
+                          "why": f"its fit is {100 * theirs:.1f}% from its fitted runs, the replay's {100 * mine:.1f}%"}
+        else:
+            out[label] = {"projector": "replay", "why": (
+                f"its fit is {100 * mine:.1f}% from its fitted runs" +
+                (f", the link terms' {100 * theirs:.1f}%" if theirs is not None else ", the link terms fitted none"))}
+    for label in others:
+        out.setdefault(label, {"projector": "replay", "why": "it replays the run's own steps; not checked "
+                                                             "held out (runs at fewer than three worker counts)"})
+    return out
+
+
+def replay_section(replays, links=()):
+    """Markdown lines: every run replayed from its method's fitted runs' timelines (hvdps/cost/replay.py)
+    beside the link terms' prediction of it, the mean error of each over the held-out runs, and the
+    projector trusted per method."""
+    if not replays:
+        return []
+    link_of = {e.run: e for e in links}
+    held = [e for e in replays if e.held_out]
+    mean, far = mean_error(replays), worst(replays)
+    link_held = [link_of[e.run] for e in held if e.run in link_of]
+    link_mean = sum(abs(e.ratio - 1) for e in link_held) / len(link_held) if link_held else None
+    lines = ["## Held out by replay: each run's ranks' steps played again at the other worker counts", "",
+             "Each method's runs at the two smallest worker counts give its fit: the step each took beyond "
+             "its slowest rank's ready (input + compute, from ranks/<task>.json) against its cost model's "
+             "exchange, a factor and an offset; every larger run is the largest fitted run's logged steps "
+             "replayed at its n, the slowest of n ranks drawn from the measured ranks' own steps "
+             "(hvdps/cost/replay.py, docs/projection.md)."]
+    if mean is not None:
+        lines[-1] += (f" **Held out: mean |measured / predicted - 1| {100 * mean:.1f}% over {len(held)} runs, "
+                      f"the furthest {100 * far:.1f}%**" +
+                      (f"; the link terms' on the same runs, {100 * link_mean:.1f}%." if link_mean is not None
+                       else "."))
+    lines += ["", "| method | fitted at | factor | offset (ms) | trusted | why |", "|---|---|---|---|---|---|"]
+    trust = trusted(replays, links)
+    seen = set()
+    for e in replays:
+        if e.backend not in seen:
+            seen.add(e.backend)
+            t = trust[e.backend]
+            lines.append(f"| {e.backend} | {', '.join(map(str, e.fitted_at))} workers | {e.factor:.2f} | "
+                         f"{1e3 * e.offset_s:+.1f} | {t['projector']} | {t['why']} |")
+    lines += ["", "| run | workers | | measured (ms) | replayed (ms) | measured / replayed | link terms: "
+              "measured / predicted | replayed from |", "|---|---|---|---|---|---|---|---|"]
+    for e in replays:
+        other = link_of.get(e.run)
+        lines.append(f"| {e.run} | {e.workers} | {'held out' if e.held_out else 'fitted'} | "
+                     f"{1e3 * e.measured_step_s:.1f} | {1e3 * e.predicted_step_s:.1f} | {e.ratio:.2f} | "
+                     f"{f'{other.ratio:.2f}' if other else '-'} | {e.replayed_from} |")
+    return lines + [""]

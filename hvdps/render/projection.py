@@ -87,3 +87,25 @@ def check_table(rows):
                    f"{1e3 * r.measured_step_s:.1f} | {1e3 * r.projected_step_s:.1f} | {r.ratio:.2f} | "
                    f"{r.how} |")
     return "\n".join(out)
+
+
+def replay_table(rows, trusted=None):
+    """Markdown: each method's step and efficiency replayed at every worker count from its largest
+    run's timeline (hvdps/cost/replay.py: ``at_scale``), the projector trusted for it beside."""
+    if not rows:
+        return ""
+    counts = sorted({r.workers for r in rows})
+    lines = ["## Replayed at scale: each method's own run played again at n workers", "",
+             "The largest run of each method, its ranks' logged steps replayed at n workers on the network "
+             "above, each on a host of its own, with its method's fit (factor x the cost model's exchange + "
+             "offset). Step in ms (efficiency).", "",
+             "| method | from | " + " | ".join(f"n = {n}" for n in counts) + " | trusted |",
+             "|---|---|" + "---|" * len(counts) + "---|"]
+    for method in dict.fromkeys(r.method for r in rows):
+        mine = {r.workers: r for r in rows if r.method == method}
+        first = next(iter(mine.values()))
+        cells = [f"{1e3 * mine[n].step_s:.1f} ({mine[n].efficiency:.0%})" if n in mine else "-" for n in counts]
+        trust = (trusted or {}).get(method, {}).get("projector", "-")
+        lines.append(f"| {method} | {first.replayed_from} | " + " | ".join(cells) + f" | {trust} |")
+    lines += [""] + [f"- {method}: {t['projector']} trusted, since {t['why']}." for method, t in (trusted or {}).items()]
+    return "\n".join(lines) + "\n\n"
