@@ -4,6 +4,7 @@ resumed without rerunning a finished trial."""
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -255,6 +256,18 @@ def test_a_tune_stopped_mid_trial_resumes_and_picks_the_far_better_cycle_time(tm
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| Horovod | cycle_time_ms=0.1 |" in (again / "report.md").read_text()
     assert not (again / "trials").exists()
+    # for a cluster of 64 workers on 25 Gbit/s: the finals replayed there, best/ for 64 (hvdps/tune/scale.py)
+    big = tmp_path / "big"
+    r = subprocess.run([os.path.join(BIN, "hvdps"), "tune", "--from", str(out), "--out", str(big), "--for_workers", "64",
+                        "--bandwidth_gbps", "25", "--latency_us", "10"],
+                       capture_output=True, text=True, cwd=REPO, env=env(), timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = (big / "report.md").read_text()
+    assert "## For 64 workers on 25 Gbit/s links, 10 us latency" in report
+    assert re.search(r"\| horovod \| Horovod \[cycle_time_ms=0\.1\] \| [\d,]+ \| [\d.]+ \| [\d,]+ \| 1 \|", report), report
+    assert "--workers 64" in (big / "best" / "winner.sh").read_text()
+    assert "--workers 64}" in (big / "best" / "winner.sbatch").read_text()
+    assert not (big / "trials").exists()
     state = json.loads((out / "tune.json").read_text())
     assert "--budget" not in state["argv"] and HOROVOD_CYCLES in state["argv"]
 
@@ -280,3 +293,45 @@ def test_precision_is_an_axis_of_every_method_where_the_hardware_computes_it(fla
         planned, base = trials.plan(c, "final"), trials.plan(cands[0], "final")
         assert planned.run_dir != base.run_dir and "--precision" not in base.cmd
         assert "--precision" in planned.cmd and c.precision in planned.cmd
+
+
+@pytest.mark.parametrize("flags, error", [
+    ({"for_workers": 64}, "give all three"),
+    ({"for_workers": 64, "bandwidth_gbps": 25.0}, "give all three"),
+    ({"bandwidth_gbps": 25.0, "latency_us": 10.0}, "give all three"),
+    ({"for_workers": 64, "bandwidth_gbps": float("nan"), "latency_us": 10.0}, "bandwidth"),
+])
+def test_the_cluster_a_tune_is_for_is_named_whole(flags, error):
+    from hvdps.commands import tune as tune_command
+    from common.base.errors import UsageError
+    args = argparse.Namespace(**{"for_workers": None, "bandwidth_gbps": None, "latency_us": None, **flags})
+    with pytest.raises(UsageError, match=error):
+        tune_command.target_of(args)
+
+
+def test_a_target_s_network_and_words():
+    from hvdps.commands import tune as tune_command
+    target = tune_command.target_of(argparse.Namespace(for_workers=64, bandwidth_gbps=25.0, latency_us=10.0))
+    assert target.said == "64 workers on 25 Gbit/s links, 10 us latency"
+    net = target.net.get("any network a cost model names")
+    assert (net.bandwidth, net.alpha) == (pytest.approx(25e9 / 8), pytest.approx(10e-6))
+
+
+@pytest.mark.parametrize("best, measured, alone, said", [
+    ("b", "a", True, "was ranked first by the projection alone"),
+    ("a", "a", False, "best at the tune's size and at the target"),
+])
+def test_the_report_says_which_best_the_measurement_did_not_check(best, measured, alone, said):
+    from hvdps.tune import scale
+    cands = {n: space.Candidate(variant=_variant(v)) for n, v in (("a", "1"), ("b", "0.1"))}
+    ranked = tuple(scale.AtTarget(candidate=cands[n], measured_rate=1000.0, step_s=0.004 if n == best else 0.005,
+                                  rate=0.0, replayed_from=f"run-{n}") for n in (best, "a" if best == "b" else "b"))
+    m = scale.MethodAtTarget(method="horovod", ranked=ranked, best=cands[best], measured_best=cands[measured])
+    assert m.by_projection_alone is alone
+    text = "\n".join(scale.section([m], scale.Target(64, 25.0, 10.0)))
+    assert said in text and "## For 64 workers on 25 Gbit/s links" in text
+
+
+def _variant(cycle):
+    from hvdps.methods import Variant
+    return Variant("horovod", "sync", settings=(("cycle_time_ms", cycle),))

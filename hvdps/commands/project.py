@@ -10,24 +10,22 @@ import sys
 
 from common.base.errors import UsageError, cli
 from common.base.files import make_dirs, write_atomic
-from common.base.procs import REPO, native_stderr_quiet
-from common.formats.schemas import read_cluster_description, read_comm, read_config
+from common.base.procs import REPO
+from common.formats.schemas import read_cluster_description, read_comm
 from hvdps import methods
 from hvdps.cost import crossover, heldout, replay, stragglers
 from hvdps.cost.schedule import AlphaBeta, Unfitted
 from hvdps.measure.rows import kept_rates, load_run, measured_interval
 from hvdps.measure.identity import settings_text
-from hvdps.measure.runs import identity_of, load_of, run_record
+from hvdps.measure.runs import identity_of, load_of, model_layers_of, run_record
 from hvdps.cost.projection import (Checked, TCP_GOODPUT, fit_from_comm, known_models, measured_overlap, powers_of_two,
                                    project, projected_step, run_exchange_s, single_layer)
 from hvdps.render import crossover as crossover_render, heldout as heldout_render
 from hvdps.measure.conditions import parse_stragglers
 from hvdps.render.projection import _size, check_table, dumps, plot, replay_table, table
 from hvdps.render.report import contention_words
-from common.model.layer_profile import layer_profile
-from common.model.models import build_model
 from hvdps.measure.links import run_cores
-from hvdps.measure.timeline import rank_files, readies, worker_index
+from hvdps.measure.timeline import rank_files, run_readies, worker_index
 from common.base.flags import Parser, check_finite
 from common.spec.plugins import plugins_bounded
 
@@ -77,13 +75,6 @@ def load_found(path):
 def healthy_of(found):
     """The runs the projection's fits and checks take: a healthy cluster's (no slow or stalled worker)."""
     return [f for f in found if f.unhealthy is None]
-
-
-def model_layers_of(run_dir):
-    """The run's model, rebuilt from its config.json, as per-layer gradient sizes and FLOPs."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ start-up chatter stays out
-    with native_stderr_quiet():
-        return layer_profile(build_model(read_config(os.path.join(run_dir, "config.json"))))
 
 
 def from_runs(found, path, nets):
@@ -224,19 +215,8 @@ def heldout_of(found, layers, nets, tuning):
 
 
 def replay_of(found, layers, nets, tuning):
-    """hvdps/cost/replay.py's runs of the healthy runs ``found``: each run's ranks' logged steps, with
-    its method's exchange at any n on the projection's network."""
-    def terms_of(row, n):
-        at = dataclasses.replace(row, workers=n)
-        return row.method.cost.step_terms(at, row.shard_bytes, layers, nets, methods.tuning_at(row, tuning))
-
-    def readies_of(row):
-        header = row.header
-        warmup = (header.config.warmup_steps if header and header.config else 0) or 0
-        start = (header.start_step if header else 0) or 0
-        return readies(rank_files(row.run_dir), row.compute_s, warmup + start)
-
-    return replay.runs_of([f.row for f in healthy_of(found)], terms_of, readies_of)
+    """hvdps/cost/replay.py's runs of the healthy runs ``found``, each its workers' logged steps."""
+    return replay.runs_of([f.row for f in healthy_of(found)], layers, nets, tuning, run_readies)
 
 
 def replayed_of(args, inp, tuning, held):

@@ -4,6 +4,8 @@
     hvdps tune --backends 'NAME[SETTING=V1|V2],ps:async|sync' ...   # a narrower space
     hvdps tune --resume --out runs/tune             # a killed tune, on from its last finished trial
     hvdps tune --from runs/tune --out runs/tune2    # the report again, no training
+    hvdps tune --from runs/tune --out runs/tune64 --for_workers 64 --bandwidth_gbps 25 --latency_us 10
+                                                    # ... ranked for that cluster by replaying its finals
     hvdps tune --dry_run ...                        # the space and the probes' commands
 
 Each method's defaults run first at full length (the probe: its compute, its exchange, its time to
@@ -34,9 +36,9 @@ from hvdps.measure import conditions
 from hvdps.measure.identity import RunId, workload_name
 from hvdps.measure.cgroups import CpuController
 from hvdps.measure.jobs import Interrupted, own_signals
-from hvdps.methods import METHODS, add_task_flags, get_launcher, task_flag_dests
+from hvdps.methods import METHODS, add_task_flags, get_launcher, task_flag_dests, tuning as methods_tuning
 from hvdps.render.tune import write_tune_report
-from hvdps.tune import best, space
+from hvdps.tune import best, scale, space
 from hvdps.tune.trials import Clock, Trials, say
 from hvdps.tune.tuner import tune
 
@@ -44,7 +46,7 @@ STATE = "tune.json"
 MIN_BUDGET_S = 60
 TUNE_FLAGS = (*task_flag_dests(), "workers", "backends", "budget", "trial_steps", "repeat", "run_timeout", "dry_run",
               "from_dir", "progress", "train_dir", "resume", "hosts", "rsh", "network_interface", "ps_placement", "port",
-              "links", "straggler", "stall", "slow_link", "image")
+              "links", "straggler", "stall", "slow_link", "image", "for_workers", "bandwidth_gbps", "latency_us")
 RESUMABLE = ("--resume", "--out", "--train_dir", "--budget", "--no_progress")
 
 
@@ -69,6 +71,11 @@ def make_parser():
     g.add_argument("--run_timeout", type=float, default=900, help="seconds before one trial is stopped")
     g.add_argument("--image", default="registry.example.com/hvdps:v1",
                    help="the image best/'s Kubernetes manifests name (push hostfiles/k8s/Dockerfile's build there)")
+    g.add_argument("--for_workers", type=int, default=None,
+                   help="the worker count of the cluster the tune is for: each method's finals replayed there "
+                        "(with --bandwidth_gbps and --latency_us), ranked by projected throughput, best/ for it")
+    g.add_argument("--bandwidth_gbps", type=float, default=None, help="--for_workers: its links' bandwidth, Gbit/s")
+    g.add_argument("--latency_us", type=float, default=None, help="--for_workers: its links' latency, microseconds")
     g.add_argument("--dry_run", action="store_true", help="print the space and the probes' commands, run nothing")
     g.add_argument("--from", dest="from_dir", default=None, help="rebuild the report of the tune in this folder")
     g.add_argument("--no_progress", dest="progress", action="store_false")
@@ -77,6 +84,9 @@ def make_parser():
     p.bound("run_timeout", positive=True)
     p.bound("repeat", 1, 20)
     p.bound("trial_steps", 10, 10 ** 6)
+    p.bound("for_workers", 2, 65536)
+    p.bound("bandwidth_gbps", 1e-6, 1e6)
+    p.bound("latency_us", 1e-3, 1e9)
     return p
 
 
@@ -115,7 +125,10 @@ def main(argv=None):
     if args.from_dir:                     # the tune's own flags, from its folder; the report into --out
         source = os.path.abspath(args.from_dir)
         gave_out = any(a.split("=")[0] in ("--out", "--train_dir", "--train-dir") for a in argv)
-        args = parser.parse_args(read_state(source, "--from") + ["--out", args.train_dir if gave_out else source])
+        target = [a for flag in ("for_workers", "bandwidth_gbps", "latency_us") if getattr(args, flag) is not None
+                  for a in (f"--{flag}", str(getattr(args, flag)))]       # this call's cluster, not the tune's
+        args = parser.parse_args(read_state(source, "--from") + target +
+                                 ["--out", args.train_dir if gave_out else source])
         args.from_dir = source
     compare.absolute_paths(args)
     with plugins_bounded(args.run_timeout, "--run_timeout"):
@@ -126,6 +139,7 @@ def validate(args, cfg):
     """Every refusal before --out is taken: the space, the worker count, the budget, the cluster, and
     everything a comparison of the space's candidates would refuse (hvdps/commands/compare.py: validate)."""
     workers = compare.parse_workers(args.workers)
+    target_of(args)
     if len(workers) != 1:
         raise UsageError(f"--workers {args.workers}: hvdps tune tunes at one worker count")
     check_finite("budget", args.budget)
@@ -143,6 +157,18 @@ def validate(args, cfg):
     shim.resume, shim.from_dirs, shim.repeat = False, [args.from_dir] if args.from_dir else None, 1
     asked = compare.validate(shim, cfg)
     return spaces, workers[0], (found[1] if len(found) > 1 else None), asked, shim
+
+
+def target_of(args):
+    """The cluster --for_workers names (hvdps/tune/scale.py: Target), or None: all three flags or none."""
+    given = [args.for_workers, args.bandwidth_gbps, args.latency_us]
+    if all(g is None for g in given):
+        return None
+    if any(g is None for g in given):
+        raise UsageError("--for_workers, --bandwidth_gbps and --latency_us name the cluster together: give all three")
+    for name in ("bandwidth_gbps", "latency_us"):
+        check_finite(name, getattr(args, name))
+    return scale.Target(args.for_workers, args.bandwidth_gbps, args.latency_us)
 
 
 def workload_of(args):
@@ -197,8 +223,14 @@ def run(args, parser, argv, resuming):
             controller.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    text = write_tune_report(tuned, args.out, args, trainer_args, workers)
-    best.write_best(tuned, args.out, args, trainer_args, workers)
+    target = target_of(args)
+    at = scale.rank(tuned, target, methods_tuning()) if target else None
+    text = write_tune_report(tuned, args.out, args, trainer_args, workers,
+                             extra=scale.section(at, target) if at else ())
+    if at:
+        best.write_best(scale.retuned(tuned, at), args.out, args, trainer_args, target.workers)
+    else:
+        best.write_best(tuned, args.out, args, trainer_args, workers)
     print(text)
     print(f"\nreport: {os.path.join(args.out, 'report.md')}")
     return 0 if all(m.failed is None for m in tuned.methods) else 1

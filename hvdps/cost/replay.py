@@ -269,10 +269,15 @@ def worst(entries) -> Optional[float]:
     return max(held) if held else None
 
 
-def runs_of(rows, terms_of, readies_of):
-    """[Replayed] of the multi-worker rows (hvdps.measure.rows.RunRow) whose ranks logged steps:
-    ``terms_of(row, n)``: its method's step terms for its shape at n workers on the projection's
-    network (or None); ``readies_of(row)``: its logged steps' readies (hvdps/measure/timeline.py)."""
+def runs_of(rows, layers, nets, tuning, readies_of):
+    """[Replayed] of the multi-worker rows (hvdps.measure.rows.RunRow) whose workers logged steps, each
+    with its method's exchange for its shape at any n on ``nets``, its own settings costed
+    (``methods.tuning_at``); ``readies_of(row)``: its logged steps' readies (hvdps/measure/timeline.py:
+    ``run_readies``). What hvdps project --from and hvdps tune --for_workers replay."""
+    def terms_of(row, n):
+        at = dataclasses.replace(row, workers=n)
+        return row.method.cost.step_terms(at, row.shard_bytes, layers, nets, methods.tuning_at(row, tuning))
+
     out = []
     for row in rows:
         method = row.method
@@ -284,9 +289,9 @@ def runs_of(rows, terms_of, readies_of):
         if not ready:
             continue
         family = (row.model or "-", row.backend, row.mode or "", str(row.settings))
-        out.append(Replayed(run=row.name, label=methods.label(row.backend, row.mode, row.settings), family=family, variant=family + (str(row.tasks),),
-                            workers=row.workers, step_s=row.step_s, readies=ready,
-                            exchange_at=_exchange_at(row, terms_of),
+        out.append(Replayed(run=row.name, label=methods.label(row.backend, row.mode, row.settings), family=family,
+                            variant=family + (str(row.tasks),), workers=row.workers, step_s=row.step_s,
+                            readies=ready, exchange_at=_exchange_at(row, terms_of),
                             lockstep=method.cost.lockstep(row.mode)))
     return out
 

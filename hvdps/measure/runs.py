@@ -6,7 +6,10 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Tuple
 
 from common.base.errors import UsageError
-from common.formats.schemas import read_links, read_metrics, read_run_record
+from common.base.procs import native_stderr_quiet
+from common.formats.schemas import read_config, read_links, read_metrics, read_run_record
+from common.model.layer_profile import layer_profile
+from common.model.models import build_model
 from hvdps.measure.links import LINKS_FILE, cores_busy, link_rows
 from hvdps.measure.load import contention
 from hvdps.measure.identity import RunId
@@ -254,3 +257,10 @@ def runs_configs(rows):
         else:
             out.update({f"{model} ({run_dir})": c for run_dir, c in entries})
     return out
+
+
+def model_layers_of(run_dir):
+    """The run's model, rebuilt from its config.json, as per-layer gradient sizes and FLOPs."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # TensorFlow's C++ start-up chatter stays out
+    with native_stderr_quiet():
+        return layer_profile(build_model(read_config(os.path.join(run_dir, "config.json"))))

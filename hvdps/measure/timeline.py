@@ -127,3 +127,11 @@ def readies(ranks, compute_s=None, after_step=0):
         return ()
     common = sorted(set.intersection(*(set(s) for s in per.values())))
     return tuple(tuple(per[t][k] for t in per) for k in common)
+
+
+def run_readies(row):
+    """``readies`` of a run (hvdps.measure.rows.RunRow): its workers' logged steps past its warm-up."""
+    header = row.header
+    warmup = (header.config.warmup_steps if header and header.config else 0) or 0
+    start = (header.start_step if header else 0) or 0
+    return readies(rank_files(row.run_dir), row.compute_s, warmup + start)

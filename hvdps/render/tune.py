@@ -140,8 +140,9 @@ def _final_length(tuned):
     return f"at full length ({said} steps a worker)"
 
 
-def write_tune_report(tuned, out, args, trainer_args, workers):
-    """report.md (and tune.png, and final/'s comparison report) in ``out``; the verdicts' text."""
+def write_tune_report(tuned, out, args, trainer_args, workers, extra=()):
+    """report.md (and tune.png, and final/'s comparison report) in ``out``; the verdicts' text. ``extra``:
+    lines after the verdicts (hvdps/tune/scale.py: the finals at the cluster --for_workers names)."""
     make_dirs(out)
     if tuned.final_rows:
         raw = list(tuned.final_rows)
@@ -162,11 +163,13 @@ def write_tune_report(tuned, out, args, trainer_args, workers):
     if tuned.final_rows:
         lines += ["The final runs' own comparison (every figure, plot and verdict of hvdps compare): "
                   "[final/report.md](final/report.md).", ""]
-    lines += ["Each method's best, as a command line, an sbatch script and a Kubernetes manifest: [best/](best/).", ""]
+    lines += list(extra)
+    lines += ["Each method's best, as a command line, an sbatch script and a Kubernetes manifest: [best/](best/)" +
+              (f", for {getattr(args, 'for_workers', None)} workers." if extra else "."), ""]
     lines += search_lines(tuned)
     write_atomic(os.path.join(out, "report.md"), "\n".join(lines) + "\n")
     plot(tuned, out)
-    return "\n".join(top + best_table(tuned))
+    return "\n".join(top + best_table(tuned) + list(extra))
 
 
 def plot(tuned, out):
