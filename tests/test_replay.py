@@ -107,3 +107,12 @@ def test_readies_from_rank_files():
     assert len(got) == 1                         # step 10 alone: the one both workers logged
     assert got[0] == (pytest.approx(0.007), pytest.approx(0.004))
     assert readies(ranks, compute_s=0.004, after_step=10) == ()
+
+
+def test_readies_of_workers_that_number_their_steps_apart_are_taken_in_order():
+    # TF2's PS: the coordinator gives step 4 to one worker, step 5 to the other
+    ranks = {f"worker:{i}": RankFile(task=f"worker:{i}", pid=i + 1, host="h",
+                                     spans=[[s, 100.0, 100.010, 0.002 * (i + 1), None] for s in steps])
+             for i, steps in enumerate([(4, 6, 8), (5, 7)])}
+    got = readies(ranks, compute_s=0.004)
+    assert got == ((pytest.approx(0.006), pytest.approx(0.008)),) * 2

@@ -110,7 +110,7 @@ def worker_index(task):
 
 def readies(ranks, compute_s=None, after_step=0):
     """((each worker's ready seconds, in task order) per logged step past ``after_step`` that every
-    worker logged): from its step's start to its gradient being ready, the wait for its batch plus
+    worker logged, or where no step number is common to them, each worker's k-th): from its step's start to its gradient being ready, the wait for its batch plus
     its compute as ``parts`` splits the step (hvdps/cost/replay.py replays them). ``ranks``:
     {task: RankFile} (``rank_files``)."""
     per = {}
@@ -126,7 +126,12 @@ def readies(ranks, compute_s=None, after_step=0):
     if not per:
         return ()
     common = sorted(set.intersection(*(set(s) for s in per.values())))
-    return tuple(tuple(per[t][k] for t in per) for k in common)
+    if common:
+        return tuple(tuple(per[t][k] for t in per) for k in common)
+    # workers that number their steps apart (TF2's PS: the coordinator hands each step to whichever
+    # worker is free): each one's k-th logged step together
+    ordered = [[s[k] for k in sorted(s)] for s in per.values()]
+    return tuple(zip(*ordered))
 
 
 def run_readies(row):
