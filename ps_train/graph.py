@@ -196,7 +196,7 @@ def whole_weights(weights, owners):
 
 
 def scaffold(graph, is_chief):
-    """The session's scaffold (main.Session): the graph's saver, and the sync wait zeroed by the chief.
+    """The session's scaffold (classic.Session): the graph's saver, and the sync wait zeroed by the chief.
 
     A restored chief finds every saved variable ready and the wait uninitialised:
     its local-init step (run once the saved ones are) zeroes it. The other

@@ -36,26 +36,27 @@ import os
 import sys
 import time
 
-import numpy as np
 
 from common.trainer.backend import MIN_SHARD_BYTES, Backend
-from common.inputs.data import input_failure, input_wait, make_dataset
-from common.base.errors import RunError, UsageError, describe
+from common.inputs.data import input_failure, input_wait, make_dataset, num_examples
+from common.base.errors import RunError, UsageError, describe, say_first
+from ps_train.stop import hard_exit
+from tf_cluster.listen import listen_only_on
 from common.launch.hosts import parse_address
 from common.model.models import build_model, make_optimizer, train_step_fn
 from common.spec.plan import make_plan
 from common.model.probe import compute_step_time
 from common.base.procs import port_open, wait_for_ports
 from common.trainer.bookkeeper import Adapter, Bookkeeper
-from common.trainer.checkpoints import Checkpoints
 from common.model.evaluation import eval_sums, finish_eval
 from common.model.optim import make_lr_schedule
 from common.trainer.steptimes import StepTimes
-from common.trainer.run_dir import refuse_finished
+from common.trainer.run_dir import check_resume_compatible, check_train_dir, refuse_finished
 from common.trainer.runlog import RunLog
 from common.trainer.watchdog import Watchdog
 from ps_train.backend import check_port_free, describe_placement, ps_wire, shard_bytes
 from ps_train import stop
+from ps_train.v2_checkpoints import MirroredCheckpoints, _sharded
 
 
 class StrategyBackend(Backend):
@@ -409,83 +410,6 @@ def shard_iterators(backend, cfg, plan, start):
     return coordinator_values.PerWorkerDistributedIterator(tuple(remote))
 
 
-def _sharded(model):
-    """{id(shard): the ShardedVariable}: Keras lists a partitioned variable's shards one by one."""
-    from tensorflow.python.distribute.sharded_variable import ShardedVariable
-    whole = {}
-    for layer in [model, *model.submodules]:
-        for value in vars(layer).values():
-            # a list attribute too: a Keras 3 plug-in's variables (common/spec/keras3.py)
-            for item in (value if isinstance(value, (list, tuple)) else [value]):
-                if isinstance(item, ShardedVariable):
-                    for shard in item.variables:
-                        whole[id(shard)] = item
-    return whole
-
-
-class MirroredCheckpoints:
-    """Checkpoints of the PS variables, written from a copy held on the chief.
-
-    Why a copy: TensorFlow 2.15 saves variables spread over several tasks
-    from a freshly traced function that it registers on every worker, and
-    while a lost worker is being waited for (the coordinator's recovery
-    thread holds the eager context), that registration blocks the chief for
-    good. Plain eager reads and assigns do not. So each save reads the PS
-    variables into an unsharded copy of the model and optimizer on the chief
-    and checkpoints that locally; a restore goes the other way. The files
-    have the Horovod trainer's layout (whole variables, slots, step).
-    """
-
-    def __init__(self, cfg, plan, model, optimizer):
-        self.shadow_model = build_model(cfg)     # outside the strategy's scope: on the chief
-        self.shadow_optimizer = make_optimizer(cfg, make_lr_schedule(cfg, plan))
-        self.shadow_optimizer._create_all_weights(self.shadow_model.trainable_variables)
-        self.inner = Checkpoints(cfg, self.shadow_model, self.shadow_optimizer)
-        self.pairs = _pairs(model, optimizer, self.shadow_model, self.shadow_optimizer)
-
-    def restore(self, cfg):
-        step = self.inner.restore(cfg)
-        if cfg.resume:
-            for whole, shards in self.pairs:     # PS: the restored values onto the PS tasks
-                value = whole.numpy()
-                cuts = np.cumsum([s.shape[0] for s in shards])[:-1] if len(shards) > 1 else []
-                for shard, part in zip(shards, np.split(value, cuts) if len(shards) > 1 else [value]):
-                    shard.assign(part)
-        return step
-
-    def pull(self):
-        for whole, shards in self.pairs:         # PS: plain eager reads of the PS variables
-            whole.assign(np.concatenate([s.numpy() for s in shards]) if len(shards) > 1 else shards[0].numpy())
-
-    def save(self, step):
-        self.pull()
-        self.inner.save(step)
-
-
-def _pairs(model, optimizer, shadow_model, shadow_optimizer):
-    """[(whole variable on the chief, [its shards on the PS tasks])] for weights, slots, step count."""
-    whole, groups = _sharded(model), []
-    for v in model.weights:                      # Keras lists a split variable's shards one by one
-        owner = whole.get(id(v))
-        if groups and owner is not None and groups[-1][0] is owner:
-            groups[-1][1].append(v)
-        else:
-            groups.append((owner, [v]))
-    shards_of = [shards for _, shards in groups]
-    if [tuple(w.shape) for w in shadow_model.weights] != \
-            [(sum(s.shape[0] for s in shards), *shards[0].shape[1:]) for shards in shards_of]:
-        raise RunError("chief: the model's PS variables do not match its copy on the chief")
-    pairs = list(zip(shadow_model.weights, shards_of))
-    trainable = {id(v) for v in model.trainable_variables}
-    for w, shards in zip(shadow_model.weights, shards_of):
-        if id(shards[0]) not in trainable:
-            continue
-        for slot in optimizer.get_slot_names():
-            pairs.append((shadow_optimizer.get_slot(w, slot), [optimizer.get_slot(s, slot) for s in shards]))
-    pairs.append((shadow_optimizer.iterations, [optimizer.iterations]))
-    return pairs
-
-
 def serve(backend):
     """A worker or PS task: serve until the chief releases it; the chief's code is printed."""
     print(f"{backend.job}:{backend.index} serving on {backend.address}", flush=True)
@@ -498,3 +422,32 @@ def fail_fast_env():
     """TensorFlow's documented setting for PS training: a call to a lost task fails at once
     (and the coordinator retries the step elsewhere) instead of waiting for it to return."""
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+
+
+def run(args, cfg, cluster, job, index, restrict):
+    """The same job with TensorFlow 2's strategy: the chief coordinates, workers and PS tasks serve."""
+    fail_fast_env()                           # PS: a lost worker's steps are retried on the others
+    backend = StrategyBackend(cluster, job, index, startup_timeout=args.startup_timeout,
+                                 step_timeout=args.step_timeout)
+    if backend.is_chief:
+        check_train_dir(cfg)
+        if cfg.resume:
+            check_resume_compatible(cfg, cfg.train_dir, backend)
+    if restrict:                                 # PS: listen on this task's address only
+        listen_only_on(backend, args.bind)
+    num_train = num_examples(cfg) if backend.is_chief else 0
+    backend.setup(cfg)                           # PS: servers start; the chief connects the strategy
+    if not backend.is_chief:                     # PS: workers and PS tasks serve until released
+        serve(backend)
+        hard_exit(0)
+    try:
+        lost = coordinate(cfg, backend, num_train)
+    except BaseException as exc:                 # PS: a failed chief still releases the servers
+        say_first(exc)                           # its line before the release: a crash there cannot lose it
+        backend.shutdown(2 if isinstance(exc, UsageError) else 1)
+        raise
+    if lost:
+        print(f"chief: finished without worker(s) {', '.join(lost)} (lost during training; their steps "
+              f"ran on the others)", flush=True)
+    backend.shutdown()                           # PS: every worker and PS task exits
+    hard_exit(0)

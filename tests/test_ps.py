@@ -63,7 +63,7 @@ def reaches_accuracy(r, out, num_ps, mode):
     spe = (1438 // 2) // 32
     target = 4 * spe * 2 // R                  # the same samples as Horovod's 4 epochs
     steps = curves["summary"]["steps"]
-    # async: a worker judges from the global step its own step read (ps_train.main.reached), so
+    # async: a worker judges from the global step its own step read (ps_train.classic.reached), so
     # the other worker may finish up to two steps already under way when the target is hit
     assert target <= steps <= target + (0 if R == 2 else 2)
     assert curves["summary"]["samples_seen"] == steps * 32 * R
@@ -377,10 +377,10 @@ def _flaky(failures, error):
 
 @pytest.mark.parametrize("error_name", ["UnavailableError", "AbortedError"])
 def test_reads_survive_a_transient_grpc_error(error_name, capsys):
-    """ps_train.main.retried: the chief's reads of the PS (counters, weights, a checkpoint) try the
+    """ps_train.classic.retried: the chief's reads of the PS (counters, weights, a checkpoint) try the
     same session again after a one-off Unavailable or Aborted, three times at most."""
     import tensorflow as tf
-    from ps_train.main import retried
+    from ps_train.classic import retried
     error = getattr(tf.errors, error_name)
     graph = tf.Graph()
     with graph.as_default():
@@ -428,9 +428,9 @@ def test_a_failed_call_is_blamed_on_a_ps_whose_port_is_closed(error, ports, blam
     (12, 13, True, True),      # past it (async: a peer's steps landed too)
 ])
 def test_a_worker_stops_at_the_target_from_its_own_read(fetched, now, stops, asks):
-    """ps_train.main.reached: the global step a step fetched may precede its own update, so near
+    """ps_train.classic.reached: the global step a step fetched may precede its own update, so near
     the target (10) the PS is read once more; far from it nothing more is read."""
-    from ps_train.main import reached
+    from ps_train.classic import reached
     asked = []
     assert reached(10, fetched, lambda: asked.append(1) or now) is stops
     assert bool(asked) is asks
