@@ -12,7 +12,7 @@ queue, shared by name across sessions) instead:
    for longer than --startup_timeout: a PS launched by hand never outlives a
    crashed job for good, yet a chief restarted within that time finds it alive.
 3. Workers stop at the target global step; one that loses a PS ends itself
-   (ps_train.main's liveness check); the local launcher (ps_train.launch)
+   (ps_train.classic's liveness check); the local launcher (ps_train.launch)
    kills whatever is left when the chief is gone.
 
 TF2's ParameterServerStrategy (``--ps_api v2``, ps_train/v2.py) uses the same

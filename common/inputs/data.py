@@ -1,4 +1,4 @@
-"""Data sets and deterministic sharding shared by both backends.
+"""Data sets and deterministic sharding shared by every method.
 
 Sharding rule (the reason the backends can be compared sample for sample):
 every epoch draws one permutation of the *whole* training set from

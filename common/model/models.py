@@ -1,4 +1,4 @@
-"""Models both backends train.
+"""Models every method trains.
 
 Initial weights of the MLP and CNN come from NumPy, seeded by ``cfg.seed``, not
 from TensorFlow's RNG: TF draws different numbers in eager mode (Horovod) and in

@@ -1,6 +1,6 @@
-"""The one run configuration both backends share.
+"""The one run configuration every method shares.
 
-The comparison is only fair if both trainers read the same flags into the same
+The comparison is only fair if every trainer reads the same flags into the same
 frozen object and save it next to their results, so a reader can check that two
 runs really trained the same model on the same data with the same batch.
 """
@@ -214,7 +214,7 @@ def validate(cfg):
 
 
 def build_parser(description, prog=None):
-    """Flags shared by both trainers; each backend adds its own on the result.
+    """Flags shared by every trainer; each method adds its own on the result.
 
     Keeps the flag names of the classic distributed-TF and Horovod examples
     (``--batch_size``, ``--learning_rate``, ``--train_steps``, ``--hidden_units``,
